@@ -1,0 +1,308 @@
+/*
+ * tpurt.h — the one public header of the torch_tpu engine ("TPU runtime").
+ *
+ * The runtime is C11 and knows nothing of PyTorch. It models an accelerator:
+ *   - chips ("devices") with their own address space and HBM capacity,
+ *   - a caching device allocator with per-device statistics,
+ *   - streams executed asynchronously by one worker each, events,
+ *   - host<->device and device<->device copies, strided copy/cast and fill,
+ *   - a pinned host allocator, a counter-based (Philox) generator,
+ *   - a persistent thread pool that kernels split their work over.
+ *
+ * Device pointers (tpurt_devptr) are opaque device addresses. They are NOT
+ * host pointers: dereferencing one on the host faults. Only code that runs
+ * on the device (kernels executed by a stream worker) translates them.
+ *
+ * Errors: every call that can fail returns a tpurt_status. On failure a
+ * human-readable message is available from tpurt_last_error() on the same
+ * thread. Errors raised inside asynchronous work are kept by the stream and
+ * returned (once) by the next synchronizing call on that stream or device,
+ * prefixed with the name of the operation that failed. The runtime never
+ * aborts on user error.
+ */
+#ifndef TPURT_H
+#define TPURT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TPURT_API_VERSION 1
+
+#if defined(__GNUC__)
+#define TPURT_API __attribute__((visibility("default")))
+#else
+#define TPURT_API
+#endif
+
+/* ------------------------------------------------------------------ status */
+
+typedef enum tpurt_status {
+  TPURT_OK = 0,
+  TPURT_ERR_INVALID_ARGUMENT = 1, /* bad shape, size, pointer, dtype */
+  TPURT_ERR_INVALID_DEVICE = 2,   /* device index out of range */
+  TPURT_ERR_OUT_OF_MEMORY = 3,    /* device or host allocation failed */
+  TPURT_ERR_NOT_SUPPORTED = 4,    /* valid request the runtime cannot do */
+  TPURT_ERR_KERNEL = 5,           /* an asynchronous operation failed */
+  TPURT_ERR_INDEX = 6,            /* index out of range (async or sync) */
+  TPURT_ERR_INTERNAL = 7
+} tpurt_status;
+
+/* Message of the last failing call on this thread ("" if none). */
+TPURT_API const char *tpurt_last_error(void);
+TPURT_API const char *tpurt_status_name(tpurt_status s);
+TPURT_API int tpurt_api_version(void);
+TPURT_API const char *tpurt_version_string(void);
+
+/* ---------------------------------------------------------------- dtypes */
+
+typedef enum tpurt_dtype {
+  TPURT_BOOL = 0,
+  TPURT_U8,
+  TPURT_I8,
+  TPURT_I16,
+  TPURT_I32,
+  TPURT_I64,
+  TPURT_F16,
+  TPURT_BF16,
+  TPURT_F32,
+  TPURT_F64,
+  TPURT_C64,  /* complex of two f32 */
+  TPURT_C128, /* complex of two f64 */
+  TPURT_U16,
+  TPURT_U32,
+  TPURT_U64,
+  TPURT_NUM_DTYPES
+} tpurt_dtype;
+
+TPURT_API size_t tpurt_dtype_size(tpurt_dtype dt);
+TPURT_API const char *tpurt_dtype_name(tpurt_dtype dt);
+
+/* A scalar value as the host gives it; converted to the target dtype with
+ * PyTorch's rules (float->int truncates, complex->real takes the real part,
+ * anything->bool is "!= 0"). */
+typedef enum { TPURT_SCALAR_BOOL, TPURT_SCALAR_INT, TPURT_SCALAR_FLOAT, TPURT_SCALAR_COMPLEX } tpurt_scalar_kind;
+typedef struct tpurt_scalar {
+  tpurt_scalar_kind kind;
+  int64_t i;      /* BOOL, INT */
+  double re, im;  /* FLOAT (re), COMPLEX (re, im) */
+} tpurt_scalar;
+
+/* Read one element of dtype dt at host address p as a scalar (used by the
+ * glue for .item() after copying the element to the host). */
+TPURT_API tpurt_scalar tpurt_scalar_load(tpurt_dtype dt, const void *p);
+
+/* ------------------------------------------------------------ lifecycle */
+
+/* Idempotent and thread-safe. Reads TPU_NUM_DEVICES (default 1, 1..64),
+ * TORCH_TPU_EMULATE (v5e | v6e | v7x, default v6e), TORCH_TPU_HBM_LIMIT
+ * (optional per-chip capacity cap in bytes, suffixes K/M/G accepted),
+ * TPU_LAUNCH_BLOCKING (1 = every launch waits for completion) and
+ * TPU_NUM_THREADS (thread pool size, default = usable cores). */
+TPURT_API tpurt_status tpurt_init(void);
+TPURT_API int tpurt_is_initialized(void);
+TPURT_API int tpurt_device_count(void);
+TPURT_API int tpurt_launch_blocking(void);
+TPURT_API void tpurt_set_launch_blocking(int on);
+
+typedef struct tpurt_device_props {
+  char name[64];          /* "TPU v6e (emulated)" */
+  char generation[8];     /* "v6e" */
+  uint64_t hbm_bytes;     /* HBM of the real chip (spec sheet) */
+  uint64_t total_memory;  /* capacity of this emulated chip (capped to the host) */
+  double peak_bf16_flops; /* spec sheet, per chip */
+  double peak_int8_ops;   /* spec sheet, per chip */
+  double hbm_bandwidth;   /* spec sheet, bytes/s */
+  int tensor_cores;       /* TensorCores per chip (spec sheet) */
+  int host_threads;       /* threads of the pool that executes kernels */
+} tpurt_device_props;
+
+TPURT_API tpurt_status tpurt_device_get_props(int dev, tpurt_device_props *out);
+
+/* Current device of the calling thread (like cudaSetDevice). Default 0. */
+TPURT_API int tpurt_get_device(void);
+TPURT_API tpurt_status tpurt_set_device(int dev);
+
+/* Waits for all streams of the device; returns a pending async error. */
+TPURT_API tpurt_status tpurt_device_synchronize(int dev);
+
+/* --------------------------------------------------------------- memory */
+
+typedef uint64_t tpurt_devptr; /* opaque device address, 0 = null */
+
+/* Device index encoded in a device address, or -1 if p is not one. */
+TPURT_API int tpurt_devptr_device(tpurt_devptr p);
+
+typedef struct tpurt_stream tpurt_stream;
+typedef struct tpurt_event tpurt_event;
+
+/* Caching allocator. Memory returned for stream s may be reused by later
+ * allocations on s as soon as it is freed (stream order makes this safe);
+ * s == NULL means the device's default stream. size 0 returns 0 (null).
+ * On exhaustion the allocator frees its cache and retries once, then
+ * returns TPURT_ERR_OUT_OF_MEMORY with a message giving the request, the
+ * capacity, the free memory and what is allocated and reserved. */
+TPURT_API tpurt_status tpurt_malloc(int dev, size_t size, tpurt_stream *s, tpurt_devptr *out);
+TPURT_API tpurt_status tpurt_free(tpurt_devptr p);
+/* Marks p as used by stream s too: its block is not reused before the work
+ * queued on s so far has completed. */
+TPURT_API tpurt_status tpurt_record_stream(tpurt_devptr p, tpurt_stream *s);
+/* Synchronizes the device, then returns unused cached segments. */
+TPURT_API tpurt_status tpurt_empty_cache(int dev);
+
+enum { TPURT_POOL_ALL = 0, TPURT_POOL_SMALL = 1, TPURT_POOL_LARGE = 2, TPURT_NUM_POOLS = 3 };
+
+typedef struct tpurt_stat {
+  int64_t current, peak, allocated, freed;
+} tpurt_stat;
+
+typedef struct tpurt_memory_stats {
+  tpurt_stat allocation[TPURT_NUM_POOLS];     /* number of live allocations */
+  tpurt_stat segment[TPURT_NUM_POOLS];        /* number of reserved segments */
+  tpurt_stat active[TPURT_NUM_POOLS];         /* live + freed-but-pending blocks */
+  tpurt_stat inactive_split[TPURT_NUM_POOLS]; /* free blocks inside used segments */
+  tpurt_stat allocated_bytes[TPURT_NUM_POOLS];
+  tpurt_stat reserved_bytes[TPURT_NUM_POOLS];
+  tpurt_stat active_bytes[TPURT_NUM_POOLS];
+  tpurt_stat inactive_split_bytes[TPURT_NUM_POOLS];
+  tpurt_stat requested_bytes[TPURT_NUM_POOLS];
+  int64_t num_alloc_retries;
+  int64_t num_ooms;
+  int64_t num_device_alloc;
+  int64_t num_device_free;
+  int64_t num_sync_all_streams;
+} tpurt_memory_stats;
+
+TPURT_API tpurt_status tpurt_memory_get_stats(int dev, tpurt_memory_stats *out);
+TPURT_API tpurt_status tpurt_memory_reset_peak(int dev);
+TPURT_API tpurt_status tpurt_memory_reset_accumulated(int dev);
+/* free = capacity - reserved; total = capacity. */
+TPURT_API tpurt_status tpurt_memory_get_info(int dev, size_t *free_bytes, size_t *total_bytes);
+
+/* Pinned host memory: page-aligned host buffers the device may read or
+ * write asynchronously. A freed buffer is reused only after the work that
+ * was queued on every stream at the time of the free has completed. */
+TPURT_API tpurt_status tpurt_host_alloc(size_t size, void **out);
+TPURT_API tpurt_status tpurt_host_free(void *p);
+/* 1 if p points anywhere inside a live pinned allocation. */
+TPURT_API int tpurt_host_is_pinned(const void *p);
+TPURT_API tpurt_status tpurt_host_empty_cache(void);
+
+typedef struct tpurt_host_stats {
+  tpurt_stat allocation;
+  tpurt_stat allocated_bytes;
+  tpurt_stat reserved_bytes;
+} tpurt_host_stats;
+TPURT_API void tpurt_host_get_stats(tpurt_host_stats *out);
+
+/* ------------------------------------------------------ streams, events */
+
+/* The default stream of dev (id 0). */
+TPURT_API tpurt_status tpurt_stream_default(int dev, tpurt_stream **out);
+/* A stream from the device's pool of TPURT_STREAM_POOL_SIZE streams
+ * (round robin, created on first use; ids 1..TPURT_STREAM_POOL_SIZE). */
+#define TPURT_STREAM_POOL_SIZE 8
+TPURT_API tpurt_status tpurt_stream_from_pool(int dev, int priority, tpurt_stream **out);
+/* Stream with a given id on dev (0 = default), created if needed. */
+TPURT_API tpurt_status tpurt_stream_get(int dev, int64_t id, tpurt_stream **out);
+TPURT_API int tpurt_stream_device(const tpurt_stream *s);
+TPURT_API int64_t tpurt_stream_id(const tpurt_stream *s);
+TPURT_API int tpurt_stream_priority(const tpurt_stream *s);
+
+/* Current stream of the calling thread for dev (default stream unless set). */
+TPURT_API tpurt_stream *tpurt_stream_current(int dev);
+TPURT_API tpurt_status tpurt_stream_set_current(tpurt_stream *s);
+
+/* Waits for all work queued on s; returns (and clears) a pending error. */
+TPURT_API tpurt_status tpurt_stream_synchronize(tpurt_stream *s);
+/* 1 if all work queued on s has completed, else 0. */
+TPURT_API int tpurt_stream_query(tpurt_stream *s);
+
+/* An operation executed on the device by the stream's worker. args points
+ * to a copy of the launch arguments. Return TPURT_OK or an error status
+ * with a message written into err (at most errlen bytes). */
+typedef tpurt_status (*tpurt_kernel_fn)(void *args, char *err, size_t errlen);
+#define TPURT_MAX_ARGS_INLINE 960
+/* Queues fn on s (args copied, any size). Returns immediately unless launch
+ * blocking is on, in which case it waits and returns the op's own error.
+ * name is a string with static lifetime ("aten::add", "copy_h2d", ...). */
+TPURT_API tpurt_status tpurt_launch(tpurt_stream *s, const char *name, tpurt_kernel_fn fn,
+                                    const void *args, size_t args_size);
+
+enum { TPURT_EVENT_DEFAULT = 0, TPURT_EVENT_TIMING = 1, TPURT_EVENT_BLOCKING_SYNC = 2 };
+TPURT_API tpurt_status tpurt_event_create(int flags, tpurt_event **out);
+/* Safe while records are pending: the event is freed once they are done. */
+TPURT_API void tpurt_event_destroy(tpurt_event *e);
+TPURT_API tpurt_status tpurt_event_record(tpurt_event *e, tpurt_stream *s);
+/* 1 if the last record has completed (or the event was never recorded). */
+TPURT_API int tpurt_event_query(tpurt_event *e);
+TPURT_API tpurt_status tpurt_event_synchronize(tpurt_event *e);
+/* Work queued on s after this call starts after e's last record completes. */
+TPURT_API tpurt_status tpurt_stream_wait_event(tpurt_stream *s, tpurt_event *e);
+/* Milliseconds between two completed records of timing events. */
+TPURT_API tpurt_status tpurt_event_elapsed_ms(tpurt_event *start, tpurt_event *end, float *ms);
+TPURT_API int tpurt_event_device(const tpurt_event *e); /* -1 if never recorded */
+
+/* ---------------------------------------------------------------- copies */
+
+/* Byte copies, ordered on stream s. Blocking forms (non_blocking == 0) wait
+ * for completion and return any pending error of s. Non-blocking forms
+ * return once queued: the host buffer must stay valid and unchanged until
+ * the stream reaches the copy (use pinned memory). Device-to-device copies
+ * between chips order themselves after the source chip's current stream. */
+TPURT_API tpurt_status tpurt_memcpy_h2d(tpurt_stream *s, tpurt_devptr dst, const void *src, size_t n,
+                                        int non_blocking);
+TPURT_API tpurt_status tpurt_memcpy_d2h(tpurt_stream *s, void *dst, tpurt_devptr src, size_t n,
+                                        int non_blocking);
+TPURT_API tpurt_status tpurt_memcpy_d2d(tpurt_stream *s, tpurt_devptr dst, tpurt_devptr src, size_t n);
+
+#define TPURT_MAX_DIMS 25
+
+/* Strided view of device memory: ptr already includes the storage offset;
+ * strides are in elements and may be 0 (broadcast) or negative. */
+typedef struct tpurt_view {
+  tpurt_devptr ptr;
+  tpurt_dtype dtype;
+  int ndim;
+  int64_t sizes[TPURT_MAX_DIMS];
+  int64_t strides[TPURT_MAX_DIMS];
+} tpurt_view;
+
+/* dst[i] = cast(src[i]) for every index of dst's shape; src must have the
+ * same shape (use stride 0 to broadcast). Both on s's device. Async. */
+TPURT_API tpurt_status tpurt_copy_strided(tpurt_stream *s, const tpurt_view *dst, const tpurt_view *src);
+/* dst[i] = value converted to dst's dtype. Async. */
+TPURT_API tpurt_status tpurt_fill(tpurt_stream *s, const tpurt_view *dst, tpurt_scalar value);
+
+/* ------------------------------------------------------------ thread pool */
+
+TPURT_API int tpurt_num_threads(void);
+typedef void (*tpurt_parallel_fn)(void *ctx, int64_t begin, int64_t end);
+/* Splits [0, n) into chunks of at least grain and runs fn over the pool;
+ * the caller takes part. Nested or concurrent calls run inline. */
+TPURT_API void tpurt_parallel_for(int64_t n, int64_t grain, tpurt_parallel_fn fn, void *ctx);
+
+/* ------------------------------------------------------------------ RNG */
+
+/* Philox-4x32-10 (Salmon et al., SC'11): counter-based, so the same
+ * (seed, offset) gives the same numbers whatever executes them. */
+TPURT_API void tpurt_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+
+/* Per-device generator state: a seed and a counter offset (in 128-bit
+ * Philox blocks). Kernels that draw n blocks reserve [offset, offset+n). */
+typedef struct tpurt_generator {
+  uint64_t seed;
+  uint64_t offset;
+} tpurt_generator;
+/* Returns the offset to use and advances the generator by n blocks. */
+TPURT_API uint64_t tpurt_generator_reserve(tpurt_generator *g, uint64_t n);
+/* Seed from the OS entropy source. */
+TPURT_API uint64_t tpurt_nondeterministic_seed(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TPURT_H */

@@ -1,0 +1,232 @@
+/*
+ * internal.h — cross-module internals of the tpurt runtime (not installed).
+ *
+ * Holds the runtime-wide configuration, the device/stream structures, the
+ * wait/notify primitive (spin then futex) shared by streams, events and the
+ * thread pool, the error helpers and inline half/bfloat16 conversions.
+ */
+#ifndef TPURT_INTERNAL_H
+#define TPURT_INTERNAL_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "tpurt.h"
+
+#define TPURT_INTERNAL __attribute__((visibility("hidden")))
+#define TPURT_MAX_DEVICES 64
+#define TPURT_STREAMS_PER_DEVICE (TPURT_STREAM_POOL_SIZE + 1)
+#define TPURT_ERRMSG_LEN 1024
+
+/* ------------------------------------------------------------ errors */
+/* Sets the thread's last error message and returns st. */
+TPURT_INTERNAL tpurt_status tpurt__err(tpurt_status st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Sets the message verbatim. */
+TPURT_INTERNAL tpurt_status tpurt__err_str(tpurt_status st, const char *msg);
+/* PyTorch-style size formatting ("N bytes", "x.xx KiB/MiB/GiB"). */
+TPURT_INTERNAL void tpurt__format_size(uint64_t size, char *buf, size_t len);
+
+/* --------------------------------------------------------- runtime config */
+typedef struct tpurt__config {
+  int num_devices;
+  int num_threads;
+  tpurt_device_props props; /* identical for every chip */
+} tpurt__config;
+TPURT_INTERNAL extern tpurt__config tpurt__cfg;
+TPURT_INTERNAL extern _Atomic int tpurt__inited;
+TPURT_INTERNAL extern _Atomic int tpurt__blocking;
+
+static inline tpurt_status tpurt__ensure_init(void) {
+  if (__builtin_expect(atomic_load_explicit(&tpurt__inited, memory_order_acquire), 1)) return TPURT_OK;
+  return tpurt_init();
+}
+#define TPURT__INIT_OR_RETURN()                   \
+  do {                                            \
+    tpurt_status _st = tpurt__ensure_init();      \
+    if (_st != TPURT_OK) return _st;              \
+  } while (0)
+TPURT_INTERNAL tpurt_status tpurt__check_device(int dev);
+
+/* ------------------------------------------------------- wait / notify */
+/* A wait word: waiters spin for a while, then sleep on a futex; notifiers
+ * bump the epoch and only issue a wake syscall when someone sleeps. */
+typedef struct tpurt__waiter {
+  _Atomic uint32_t epoch;
+  _Atomic uint32_t sleepers;
+} tpurt__waiter;
+TPURT_INTERNAL void tpurt__notify(tpurt__waiter *w);
+/* Waits until pred(ctx) != 0. */
+TPURT_INTERNAL void tpurt__wait(tpurt__waiter *w, int (*pred)(void *), void *ctx, int64_t spin_ns);
+TPURT_INTERNAL int64_t tpurt__now_ns(void);
+#define TPURT_SPIN_NS 50000
+
+static inline void tpurt__pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* ----------------------------------------------------------- streams */
+typedef struct tpurt__slot {
+  tpurt_kernel_fn fn;
+  const char *name;
+  void *heap_args; /* non-NULL when args did not fit inline */
+  uint64_t seq;
+  _Alignas(16) unsigned char args[TPURT_MAX_ARGS_INLINE];
+} tpurt__slot;
+
+struct tpurt_stream {
+  int dev;
+  int64_t id;
+  int priority;
+  uint32_t cap; /* ring slots */
+  tpurt__slot *ring;
+  pthread_mutex_t mu; /* producers */
+  _Alignas(64) _Atomic uint64_t tail; /* commands enqueued (= last seq) */
+  _Alignas(64) _Atomic uint64_t head; /* commands completed (= completed seq) */
+  _Alignas(64) tpurt__waiter work_w;  /* worker sleeps here */
+  tpurt__waiter done_w;               /* synchronizers / full producers */
+  pthread_mutex_t err_mu;
+  tpurt_status err;
+  char errmsg[TPURT_ERRMSG_LEN];
+  pthread_t thread;
+};
+
+struct tpurt_event {
+  int flags;
+  _Atomic int refs;
+  _Atomic int dev;
+  _Atomic uint64_t recorded; /* number of records issued */
+  _Atomic uint64_t done;     /* highest record counter completed */
+  _Atomic int64_t time_ns;   /* completion time of record `done` */
+  _Atomic(tpurt_stream *) stream;
+  tpurt__waiter w;
+};
+
+/* Default stream without error reporting (NULL on failure). */
+TPURT_INTERNAL tpurt_stream *tpurt__default_stream(int dev);
+/* Queue a command; returns its sequence number in *seq. */
+TPURT_INTERNAL tpurt_status tpurt__enqueue(tpurt_stream *s, const char *name, tpurt_kernel_fn fn,
+                                           const void *args, size_t args_size, uint64_t *seq);
+/* Waits until the stream completed command seq. */
+TPURT_INTERNAL void tpurt__stream_wait_seq(tpurt_stream *s, uint64_t seq);
+/* Takes (and clears) the pending error, setting last_error; TPURT_OK if none. */
+TPURT_INTERNAL tpurt_status tpurt__stream_take_error(tpurt_stream *s);
+/* Waits for every created stream of dev, without consuming errors. */
+TPURT_INTERNAL void tpurt__device_wait(int dev);
+static inline uint64_t tpurt__stream_enqueued(tpurt_stream *s) {
+  return atomic_load_explicit(&s->tail, memory_order_acquire);
+}
+static inline int tpurt__stream_reached(tpurt_stream *s, uint64_t seq) {
+  return atomic_load_explicit(&s->head, memory_order_acquire) >= seq;
+}
+/* Snapshot of every stream created so far (process-wide). */
+TPURT_INTERNAL int tpurt__all_streams(tpurt_stream ***out);
+/* NULL -> current stream of dev (dev < 0: current device). */
+TPURT_INTERNAL tpurt_status tpurt__resolve_stream(tpurt_stream **s, int dev);
+
+/* A fence: "stream s has completed seq". */
+typedef struct tpurt__fence {
+  tpurt_stream *s;
+  uint64_t seq;
+} tpurt__fence;
+
+/* ----------------------------------------------------------- memory */
+#define TPURT_DEVPTR_BASE 0xE000000000000000ull
+#define TPURT_DEVPTR_SHIFT 44
+#define TPURT_DEVPTR_OFFMASK ((1ull << TPURT_DEVPTR_SHIFT) - 1)
+static inline tpurt_devptr tpurt__devptr_make(int dev, uint64_t off) {
+  return TPURT_DEVPTR_BASE + ((uint64_t)dev << TPURT_DEVPTR_SHIFT) + off;
+}
+static inline uint64_t tpurt__devptr_offset(tpurt_devptr p) { return p & TPURT_DEVPTR_OFFMASK; }
+/* Backing storage of a device address; only for code running on a worker. */
+TPURT_INTERNAL void *tpurt__host_view(tpurt_devptr p);
+/* Checks that [p, p+n) lies in device dev's address space with backing.
+ * Sets last error and returns INVALID_ARGUMENT otherwise. */
+TPURT_INTERNAL tpurt_status tpurt__check_dev_range(int dev, tpurt_devptr p, int64_t lo, int64_t hi,
+                                                   const char *what);
+
+/* ------------------------------------------------------------ dtypes */
+/* Intermediate value for generic conversions. */
+typedef struct tpurt__val {
+  int cls; /* 0 signed int, 1 unsigned int, 2 floating / complex */
+  int64_t i;
+  uint64_t u;
+  double re, im;
+} tpurt__val;
+TPURT_INTERNAL tpurt__val tpurt__load(tpurt_dtype dt, const void *p);
+TPURT_INTERNAL void tpurt__store(tpurt_dtype dt, void *p, tpurt__val v);
+TPURT_INTERNAL tpurt__val tpurt__scalar_val(tpurt_scalar s);
+TPURT_INTERNAL int64_t tpurt__f2i64(double d);
+TPURT_INTERNAL uint64_t tpurt__f2u64(double d);
+
+static inline uint32_t tpurt__f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+static inline float tpurt__bits_f32(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+/* float -> bfloat16, round to nearest even, NaN stays (quiet) NaN. */
+static inline uint16_t tpurt__f32_to_bf16(float f) {
+  uint32_t x = tpurt__f32_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x0040u);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return (uint16_t)(x >> 16);
+}
+static inline float tpurt__bf16_to_f32(uint16_t h) { return tpurt__bits_f32((uint32_t)h << 16); }
+/* float -> IEEE half, round to nearest even (subnormals, overflow to inf,
+ * NaN kept quiet with its top payload bits). */
+static inline uint16_t tpurt__f32_to_f16(float f) {
+  uint32_t x = tpurt__f32_bits(f);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t a = x & 0x7fffffffu;
+  if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to inf */
+  if (a >= 0x38800000u) {                                   /* normal half */
+    uint32_t odd = (a >> 13) & 1u;
+    a += 0xc8000fffu + odd; /* rebias exponent (-112 << 23) and round */
+    return (uint16_t)(sign | (a >> 13));
+  }
+  /* subnormal or zero: let the FPU round (default mode is to nearest even) */
+  float v = tpurt__bits_f32(a) + 0.5f;
+  return (uint16_t)(sign | (tpurt__f32_bits(v) - 0x3f000000u));
+}
+static inline float tpurt__f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu, bits;
+  if (e == 0) {
+    if (m == 0) {
+      bits = sign;
+    } else {
+      int k = -1;
+      do {
+        k++;
+        m <<= 1;
+      } while (!(m & 0x400u));
+      bits = sign | ((uint32_t)(112 - k) << 23) | ((m & 0x3ffu) << 13);
+    }
+  } else if (e == 31) {
+    bits = sign | 0x7f800000u | (m << 13);
+  } else {
+    bits = sign | ((e + 112u) << 23) | (m << 13);
+  }
+  return tpurt__bits_f32(bits);
+}
+
+/* -------------------------------------------------------------- pool */
+TPURT_INTERNAL void tpurt__pool_configure(int nthreads);
+
+#endif

@@ -1,0 +1,136 @@
+/* test_event.c — events: query/synchronize, elapsed time, errors, waits
+ * across streams (ordering) and on the same stream, destroy while pending. */
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
+
+#include "check.h"
+
+static _Atomic int g_gate;
+static _Atomic int g_step;
+static tpurt_status k_gate(void *a, char *e, size_t n) {
+  while (!atomic_load(&g_gate)) sched_yield();
+  return TPURT_OK;
+}
+static tpurt_status k_sleep_ms(void *a, char *e, size_t n) {
+  int ms;
+  memcpy(&ms, a, sizeof ms);
+  struct timespec ts = {0, ms * 1000000L};
+  nanosleep(&ts, NULL);
+  return TPURT_OK;
+}
+/* records its position: expects g_step == want, then increments */
+static tpurt_status k_step(void *a, char *e, size_t n) {
+  int want;
+  memcpy(&want, a, sizeof want);
+  int got = atomic_fetch_add(&g_step, 1);
+  if (got != want) {
+    snprintf(e, n, "step %d ran at position %d", want, got);
+    return TPURT_ERR_KERNEL;
+  }
+  return TPURT_OK;
+}
+static tpurt_status k_fail(void *a, char *e, size_t n) {
+  snprintf(e, n, "boom");
+  return TPURT_ERR_KERNEL;
+}
+
+int main(void) {
+  tpurt_stream *s, *s2;
+  CHECK_OK(tpurt_stream_default(0, &s));
+  CHECK_OK(tpurt_stream_get(0, 1, &s2));
+  tpurt_event *e, *t0, *t1;
+  CHECK_OK(tpurt_event_create(TPURT_EVENT_DEFAULT, &e));
+  CHECK_EQ(tpurt_event_query(e), 1); /* never recorded */
+  CHECK_EQ(tpurt_event_device(e), -1);
+  CHECK_OK(tpurt_event_synchronize(e));
+
+  atomic_store(&g_gate, 0);
+  CHECK_OK(tpurt_launch(s, "gate", k_gate, NULL, 0));
+  CHECK_OK(tpurt_event_record(e, s));
+  CHECK_EQ(tpurt_event_device(e), 0);
+  CHECK_EQ(tpurt_event_query(e), 0);
+  atomic_store(&g_gate, 1);
+  CHECK_OK(tpurt_event_synchronize(e));
+  CHECK_EQ(tpurt_event_query(e), 1);
+
+  /* timing */
+  CHECK_OK(tpurt_event_create(TPURT_EVENT_TIMING, &t0));
+  CHECK_OK(tpurt_event_create(TPURT_EVENT_TIMING, &t1));
+  float ms = -1;
+  CHECK_ST(tpurt_event_elapsed_ms(t0, t1, &ms), TPURT_ERR_INVALID_ARGUMENT);
+  CHECK_STR(tpurt_last_error(), "Both events must be recorded before calculating elapsed time.");
+  CHECK_ST(tpurt_event_elapsed_ms(e, t1, &ms), TPURT_ERR_INVALID_ARGUMENT);
+  CHECK_STR(tpurt_last_error(), "Both events must be created with argument 'enable_timing=True'.");
+  int twenty = 20;
+  CHECK_OK(tpurt_event_record(t0, s));
+  CHECK_OK(tpurt_launch(s, "sleep", k_sleep_ms, &twenty, sizeof twenty));
+  CHECK_OK(tpurt_event_record(t1, s));
+  CHECK_OK(tpurt_event_synchronize(t1));
+  CHECK_OK(tpurt_event_elapsed_ms(t0, t1, &ms));
+  CHECK(ms >= 19.5f && ms < 60.0f);
+  /* host-side sleep between records */
+  CHECK_OK(tpurt_event_record(t0, s));
+  CHECK_OK(tpurt_stream_synchronize(s));
+  struct timespec ts = {0, 20 * 1000000L};
+  nanosleep(&ts, NULL);
+  CHECK_OK(tpurt_event_record(t1, s));
+  CHECK_OK(tpurt_event_synchronize(t1));
+  CHECK_OK(tpurt_event_elapsed_ms(t0, t1, &ms));
+  CHECK(ms >= 19.5f && ms < 60.0f);
+
+  /* cross-stream wait: s2's work runs after s's recorded work */
+  atomic_store(&g_step, 0);
+  atomic_store(&g_gate, 0);
+  int zero = 0, one = 1;
+  CHECK_OK(tpurt_launch(s, "gate", k_gate, NULL, 0));
+  CHECK_OK(tpurt_launch(s, "step0", k_step, &zero, sizeof zero));
+  CHECK_OK(tpurt_event_record(e, s));
+  CHECK_OK(tpurt_stream_wait_event(s2, e));
+  CHECK_OK(tpurt_launch(s2, "step1", k_step, &one, sizeof one));
+  ts.tv_nsec = 5 * 1000000L;
+  nanosleep(&ts, NULL);
+  CHECK_EQ(tpurt_stream_query(s2), 0); /* blocked behind the event */
+  atomic_store(&g_gate, 1);
+  CHECK_OK(tpurt_stream_synchronize(s2));
+  CHECK_OK(tpurt_stream_synchronize(s));
+  CHECK_EQ(atomic_load(&g_step), 2);
+  /* waiting on an event of the same stream is satisfied by FIFO order */
+  atomic_store(&g_gate, 0);
+  CHECK_OK(tpurt_launch(s, "gate", k_gate, NULL, 0));
+  CHECK_OK(tpurt_event_record(e, s));
+  CHECK_OK(tpurt_stream_wait_event(s, e));
+  atomic_store(&g_gate, 1);
+  CHECK_OK(tpurt_stream_synchronize(s));
+  /* wait on a completed / never-recorded event is a no-op */
+  tpurt_event *fresh;
+  CHECK_OK(tpurt_event_create(0, &fresh));
+  CHECK_OK(tpurt_stream_wait_event(s2, fresh));
+  CHECK_OK(tpurt_stream_wait_event(s2, e));
+  CHECK_OK(tpurt_stream_synchronize(s2));
+
+  /* event synchronize returns the recorded stream's error */
+  CHECK_OK(tpurt_launch(s2, "aten::bad", k_fail, NULL, 0));
+  CHECK_OK(tpurt_event_record(fresh, s2));
+  CHECK_ST(tpurt_event_synchronize(fresh), TPURT_ERR_KERNEL);
+  CHECK_STR(tpurt_last_error(), "aten::bad: boom");
+  CHECK_OK(tpurt_stream_synchronize(s2));
+
+  /* destroy with pending records and waits */
+  atomic_store(&g_gate, 0);
+  tpurt_event *tmp;
+  CHECK_OK(tpurt_event_create(TPURT_EVENT_TIMING, &tmp));
+  CHECK_OK(tpurt_launch(s, "gate", k_gate, NULL, 0));
+  CHECK_OK(tpurt_event_record(tmp, s));
+  CHECK_OK(tpurt_stream_wait_event(s2, tmp));
+  tpurt_event_destroy(tmp);
+  atomic_store(&g_gate, 1);
+  CHECK_OK(tpurt_device_synchronize(0));
+
+  tpurt_event_destroy(e);
+  tpurt_event_destroy(t0);
+  tpurt_event_destroy(t1);
+  tpurt_event_destroy(fresh);
+  tpurt_event_destroy(NULL);
+  TEST_MAIN_END();
+}
