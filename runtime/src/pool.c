@@ -64,7 +64,9 @@ static void *helper_main(void *arg) {
 static void pool_start(void) {
   int n = g_nthreads - 1;
   if (n <= 0) return;
-  helper *hs = calloc((size_t)n, sizeof *hs);
+  size_t bytes = ((size_t)n * sizeof(helper) + 63) & ~(size_t)63;
+  helper *hs = aligned_alloc(64, bytes);
+  if (hs) memset(hs, 0, bytes);
   if (!hs) {
     g_nthreads = 1;
     return;

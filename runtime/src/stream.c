@@ -76,8 +76,10 @@ static void *worker_main(void *arg) {
 }
 
 static tpurt_stream *create_stream(int dev, int64_t id, int priority) {
-  tpurt_stream *s = calloc(1, sizeof *s);
+  size_t bytes = (sizeof(tpurt_stream) + 63) & ~(size_t)63;
+  tpurt_stream *s = aligned_alloc(64, bytes); /* the struct has 64-byte aligned members */
   if (!s) return NULL;
+  memset(s, 0, bytes);
   s->dev = dev;
   s->id = id;
   s->priority = priority;
