@@ -312,6 +312,45 @@ static int64_t shape_numel(const nd_shape *sh) {
   return n;
 }
 
+/* Transpose-like copies (the source's fastest dim is not the destination's)
+ * go tile by tile (TILE x TILE over the last two dims) to stay in cache. */
+#define TILE 16
+typedef struct {
+  const nd_shape *sh;
+  char *d;
+  const char *s;
+  row_fn row;
+  const void *aux;
+  int64_t tb0, tb1;
+} tile_ctx;
+
+static void tile_chunk(void *c, int64_t b, int64_t e) {
+  tile_ctx *x = c;
+  const nd_shape *sh = x->sh;
+  int nd = sh->ndim;
+  int a0 = nd - 2, a1 = nd - 1;
+  for (int64_t t = b; t < e; t++) {
+    int64_t t1 = t % x->tb1, rest = t / x->tb1;
+    int64_t t0 = rest % x->tb0, o = rest / x->tb0;
+    char *d = x->d;
+    const char *s = x->s;
+    for (int k = nd - 3; k >= 0; k--) {
+      int64_t ik = o % sh->sizes[k];
+      o /= sh->sizes[k];
+      d += ik * sh->dstr[k];
+      s += ik * sh->sstr[k];
+    }
+    int64_t i0 = t0 * TILE, i1 = t1 * TILE;
+    int64_t n0 = sh->sizes[a0] - i0 < TILE ? sh->sizes[a0] - i0 : TILE;
+    int64_t n1 = sh->sizes[a1] - i1 < TILE ? sh->sizes[a1] - i1 : TILE;
+    for (int64_t r = 0; r < n0; r++)
+      x->row(d + (i0 + r) * sh->dstr[a0] + i1 * sh->dstr[a1], sh->dstr[a1],
+             s + (i0 + r) * sh->sstr[a0] + i1 * sh->sstr[a1], sh->sstr[a1], n1, x->aux);
+  }
+}
+
+static int64_t iabs64(int64_t v) { return v < 0 ? -v : v; }
+
 static void run_nd(const nd_shape *sh, char *d, const char *s, tpurt_dtype ddt, tpurt_dtype sdt) {
   generic_aux aux = {ddt, sdt};
   nd_ctx x = {sh, d, s, pick_row(ddt, sdt), &aux};
@@ -324,6 +363,14 @@ static void run_nd(const nd_shape *sh, char *d, const char *s, tpurt_dtype ddt, 
   }
   int64_t grain = GRAIN_ELEMS;
   if (x.row == row_generic) grain /= 8;
+  int nd = sh->ndim;
+  if (nd >= 2 && n >= 4 * TILE * TILE && sh->sizes[nd - 1] >= TILE / 2 && sh->sizes[nd - 2] >= TILE / 2 &&
+      iabs64(sh->sstr[nd - 2]) < iabs64(sh->sstr[nd - 1]) && iabs64(sh->dstr[nd - 1]) <= iabs64(sh->dstr[nd - 2])) {
+    tile_ctx t = {sh, d, s, x.row, &aux, (sh->sizes[nd - 2] + TILE - 1) / TILE, (sh->sizes[nd - 1] + TILE - 1) / TILE};
+    int64_t ntiles = n / (sh->sizes[nd - 2] * sh->sizes[nd - 1]) * t.tb0 * t.tb1;
+    tpurt_parallel_for(ntiles, grain / (TILE * TILE) + 1, tile_chunk, &t);
+    return;
+  }
   tpurt_parallel_for(n, grain, nd_chunk, &x);
 }
 
