@@ -104,6 +104,9 @@ TPURT_API tpurt_scalar tpurt_scalar_load(tpurt_dtype dt, const void *p);
  * TPU_NUM_THREADS (thread pool size, default = usable cores). */
 TPURT_API tpurt_status tpurt_init(void);
 TPURT_API int tpurt_is_initialized(void);
+/* 1 in the child of a process that had initialized the runtime: its
+ * workers did not survive fork(), so every call fails there. */
+TPURT_API int tpurt_in_bad_fork(void);
 TPURT_API int tpurt_device_count(void);
 TPURT_API int tpurt_launch_blocking(void);
 TPURT_API void tpurt_set_launch_blocking(int on);

@@ -149,19 +149,35 @@ static tpurt_status do_init(void) {
   return TPURT_OK;
 }
 
+/* Stream workers and pool threads do not survive fork(): a child of an
+ * initialized process must not touch the device (it would wait forever on
+ * workers that do not exist). The child handler marks the runtime unusable. */
+static void mark_forked_child(void) { atomic_store(&tpurt__inited, TPURT__FORKED); }
+
 tpurt_status tpurt_init(void) {
-  if (atomic_load_explicit(&tpurt__inited, memory_order_acquire)) return TPURT_OK;
+  int state = atomic_load_explicit(&tpurt__inited, memory_order_acquire);
+  if (state == 1) return TPURT_OK;
+  if (state == TPURT__FORKED) {
+    return tpurt__err(TPURT_ERR_NOT_SUPPORTED,
+                      "the TPU runtime was initialized in a parent process and cannot be used in a forked "
+                      "child; use the 'spawn' start method for multiprocessing");
+  }
   pthread_mutex_lock(&g_init_mu);
   tpurt_status st = TPURT_OK;
   if (!atomic_load(&tpurt__inited)) {
     st = do_init();
-    if (st == TPURT_OK) atomic_store_explicit(&tpurt__inited, 1, memory_order_release);
+    if (st == TPURT_OK) {
+      pthread_atfork(NULL, NULL, mark_forked_child);
+      atomic_store_explicit(&tpurt__inited, 1, memory_order_release);
+    }
   }
   pthread_mutex_unlock(&g_init_mu);
   return st;
 }
 
-int tpurt_is_initialized(void) { return atomic_load(&tpurt__inited); }
+int tpurt_is_initialized(void) { return atomic_load(&tpurt__inited) == 1; }
+
+int tpurt_in_bad_fork(void) { return atomic_load(&tpurt__inited) == TPURT__FORKED; }
 
 int tpurt_device_count(void) {
   if (tpurt__ensure_init() != TPURT_OK) return 0;

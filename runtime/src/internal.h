@@ -43,8 +43,9 @@ TPURT_INTERNAL extern tpurt__config tpurt__cfg;
 TPURT_INTERNAL extern _Atomic int tpurt__inited;
 TPURT_INTERNAL extern _Atomic int tpurt__blocking;
 
+#define TPURT__FORKED 2 /* tpurt__inited in the child of an initialized process */
 static inline tpurt_status tpurt__ensure_init(void) {
-  if (__builtin_expect(atomic_load_explicit(&tpurt__inited, memory_order_acquire), 1)) return TPURT_OK;
+  if (__builtin_expect(atomic_load_explicit(&tpurt__inited, memory_order_acquire) == 1, 1)) return TPURT_OK;
   return tpurt_init();
 }
 #define TPURT__INIT_OR_RETURN()                   \

@@ -25,6 +25,11 @@
 #define K_SMALL_SEG (2ull << 20)
 #define K_SEG_ROUND (2ull << 20)
 #define K_LARGE_SPLIT_MIN (1ull << 20)
+/* Mid-size requests (1 MiB, 10 MiB) share 20 MiB segments, so that they are
+ * split exactly (allocated bytes == rounded request) and pack together
+ * instead of each wasting up to 2 MiB of its own segment. */
+#define K_MID_MAX (10ull << 20)
+#define K_MID_SEG (20ull << 20)
 
 typedef struct seg seg;
 typedef struct blk blk;
@@ -474,8 +479,16 @@ static blk *try_alloc(devmem *m, uint64_t rounded, int pool, tpurt_stream *s, in
   blk *b = fi_find(&m->free[pool], s, rounded);
   if (b) return b;
   if (!allow_new) return NULL;
-  uint64_t segsize = pool == TPURT_POOL_SMALL ? K_SMALL_SEG : (rounded + K_SEG_ROUND - 1) & ~(K_SEG_ROUND - 1);
-  return new_segment(m, segsize, pool, s);
+  uint64_t segsize = pool == TPURT_POOL_SMALL ? K_SMALL_SEG
+                     : rounded < K_MID_MAX     ? K_MID_SEG
+                                               : (rounded + K_SEG_ROUND - 1) & ~(K_SEG_ROUND - 1);
+  blk *fresh = new_segment(m, segsize, pool, s);
+  /* Near the capacity a 20 MiB segment may not fit where the request does. */
+  if (!fresh && segsize == K_MID_SEG) {
+    segsize = (rounded + K_SEG_ROUND - 1) & ~(K_SEG_ROUND - 1);
+    fresh = new_segment(m, segsize, pool, s);
+  }
+  return fresh;
 }
 
 tpurt_status tpurt_malloc(int dev, size_t size, tpurt_stream *s, tpurt_devptr *out) {

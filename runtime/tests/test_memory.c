@@ -50,12 +50,12 @@ int main(void) {
   CHECK_EQ(s.inactive_split_bytes[A].current, 2 * MiB - 1024);
   CHECK_EQ(s.num_device_alloc, 1);
 
-  /* --- a large allocation: 3 MiB -> 4 MiB segment, remainder 1 MiB not split */
-  CHECK_OK(tpurt_malloc(0, 3 * MiB, NULL, &big));
+  /* --- a large allocation: 11 MiB -> 12 MiB segment, remainder 1 MiB not split */
+  CHECK_OK(tpurt_malloc(0, 11 * MiB, NULL, &big));
   s = st();
-  CHECK_EQ(s.allocated_bytes[L].current, 4 * MiB);
-  CHECK_EQ(s.requested_bytes[L].current, 3 * MiB);
-  CHECK_EQ(s.reserved_bytes[A].current, 6 * MiB);
+  CHECK_EQ(s.allocated_bytes[L].current, 12 * MiB);
+  CHECK_EQ(s.requested_bytes[L].current, 11 * MiB);
+  CHECK_EQ(s.reserved_bytes[A].current, 14 * MiB);
   CHECK_EQ(s.segment[L].current, 1);
   CHECK_EQ(s.inactive_split[L].current, 0);
 
@@ -64,12 +64,12 @@ int main(void) {
   s = st();
   CHECK_EQ(s.allocation[A].current, 1);
   CHECK_EQ(s.allocation[A].freed, 1);
-  CHECK_EQ(s.allocated_bytes[A].current, 4 * MiB);
-  CHECK_EQ(s.allocated_bytes[A].peak, 4 * MiB + 1024);
+  CHECK_EQ(s.allocated_bytes[A].current, 12 * MiB);
+  CHECK_EQ(s.allocated_bytes[A].peak, 12 * MiB + 1024);
   CHECK_EQ(s.inactive_split[A].current, 0);
   CHECK_EQ(s.inactive_split_bytes[A].current, 0);
-  CHECK_EQ(s.reserved_bytes[A].current, 6 * MiB);
-  CHECK_EQ(s.requested_bytes[A].current, 3 * MiB);
+  CHECK_EQ(s.reserved_bytes[A].current, 14 * MiB);
+  CHECK_EQ(s.requested_bytes[A].current, 11 * MiB);
   tpurt_devptr a2;
   CHECK_OK(tpurt_malloc(0, 700, NULL, &a2));
   CHECK_EQ(a2, a);
@@ -103,8 +103,8 @@ int main(void) {
   /* --- reset peak / accumulated */
   CHECK_OK(tpurt_memory_reset_peak(0));
   s = st();
-  CHECK_EQ(s.allocated_bytes[A].peak, 4 * MiB);
-  CHECK_EQ(s.reserved_bytes[A].peak, 6 * MiB);
+  CHECK_EQ(s.allocated_bytes[A].peak, 12 * MiB);
+  CHECK_EQ(s.reserved_bytes[A].peak, 14 * MiB);
   CHECK_OK(tpurt_memory_reset_accumulated(0));
   s = st();
   CHECK_EQ(s.allocation[A].allocated, 0);
@@ -112,13 +112,25 @@ int main(void) {
   CHECK_EQ(s.num_device_alloc, 0);
   CHECK_EQ(s.allocation[A].current, 1);
 
+  /* --- mid-size requests (1..10 MiB) share 20 MiB segments, split exactly */
+  tpurt_devptr m1, m2;
+  CHECK_OK(tpurt_malloc(0, 3 * MiB, NULL, &m1));
+  CHECK_OK(tpurt_malloc(0, 5 * MiB, NULL, &m2));
+  s = st();
+  CHECK_EQ(s.allocated_bytes[L].current, 12 * MiB + 8 * MiB);
+  CHECK_EQ(s.reserved_bytes[L].current, 12 * MiB + 20 * MiB);
+  CHECK_EQ(m2, m1 + 3 * MiB);
+  CHECK_EQ(s.inactive_split_bytes[L].current, 12 * MiB);
+  CHECK_OK(tpurt_free(m1));
+  CHECK_OK(tpurt_free(m2));
+
   /* --- empty cache */
   CHECK_OK(tpurt_free(big));
   CHECK_OK(tpurt_empty_cache(0));
   s = st();
   CHECK_EQ(s.reserved_bytes[A].current, 0);
   CHECK_EQ(s.segment[A].current, 0);
-  CHECK_EQ(s.num_device_free, 2);
+  CHECK_EQ(s.num_device_free, 3);
   CHECK_EQ(s.active_bytes[A].current, 0);
   CHECK_EQ(s.requested_bytes[A].current, 0);
   size_t fr, tot;

@@ -1,0 +1,72 @@
+# torch_tpu — build, run and test.
+#   make run        main job (creates .venv, builds everything, runs the demo)
+#   make test       all tests CI runs: C tests (release + ASan/UBSan) and pytest
+#   make build      venv + runtime + extension (incremental)
+#   make bench      benchmarks (results printed and appended to BENCHMARKS.md)
+#   make test-full  longer suites
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+JOBS   ?= 2
+
+RUNTIME_SRC := $(wildcard runtime/include/*.h runtime/src/*.c runtime/src/*.h runtime/src/*/*.c runtime/src/*/*.h runtime/CMakeLists.txt)
+GLUE_SRC    := $(wildcard torch_tpu/csrc/*.cpp torch_tpu/csrc/*.h) setup.py
+
+.PHONY: all venv build run demo test test-c test-c-asan test-py test-full bench clean
+
+all: build
+
+$(VENV)/.deps: requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+venv: $(VENV)/.deps
+
+# The editable install registers the package and its entry points
+# (torch.backends autoload, the torch-tpu CLI) in the venv.
+$(VENV)/.installed: $(VENV)/.deps pyproject.toml
+	$(PIP) install --quiet --disable-pip-version-check --no-build-isolation --no-deps -e .
+	touch $@
+
+torch_tpu/.built: $(VENV)/.installed $(RUNTIME_SRC) $(GLUE_SRC)
+	MAX_JOBS=$(JOBS) $(PY) setup.py --quiet build_ext --inplace
+	touch $@
+
+build: torch_tpu/.built
+
+run: build
+	$(PY) examples/demo.py
+
+demo: run
+
+build/runtime/.configured: runtime/CMakeLists.txt
+	cmake -S runtime -B build/runtime -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+	touch $@
+
+build/runtime-asan/.configured: runtime/CMakeLists.txt
+	cmake -S runtime -B build/runtime-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTPURT_SANITIZE=address,undefined >/dev/null
+	touch $@
+
+test-c: build/runtime/.configured
+	cmake --build build/runtime
+	ctest --test-dir build/runtime --output-on-failure -j$(JOBS)
+
+test-c-asan: build/runtime-asan/.configured
+	cmake --build build/runtime-asan
+	ctest --test-dir build/runtime-asan --output-on-failure -j$(JOBS)
+
+test-py: build
+	$(PY) -m pytest -q tests
+
+test: test-c test-c-asan test-py
+
+test-full: test
+	TORCH_TPU_TEST_FULL=1 $(PY) -m pytest -q tests
+
+bench: build
+	$(PY) -m bench
+
+clean:
+	rm -rf build torch_tpu/lib torch_tpu/_C*.so torch_tpu/.built

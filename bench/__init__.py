@@ -1,0 +1,1 @@
+"""torch_tpu benchmarks (``python -m bench --help``)."""

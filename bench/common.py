@@ -1,0 +1,85 @@
+"""Shared helpers of the benchmarks: timing (median of repeats, configs
+interleaved), machine description, JSON/Markdown output."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+
+def machine() -> dict[str, str]:
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=ROOT).stdout.strip()
+    except OSError:
+        commit = "?"
+    import torch_tpu
+
+    return {
+        "cpu": cpu,
+        "cores": str(len(os.sched_getaffinity(0))),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_tpu": torch_tpu.__version__,
+        "commit": commit,
+        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+    }
+
+
+def interleaved(configs: dict[str, Callable[[], None]], repeats: int, inner: int = 1,
+                warmup: int = 2) -> dict[str, float]:
+    """Median seconds per call of each config; configs alternate within every
+    repeat so that machine noise hits them alike."""
+    for fn in configs.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {k: [] for k in configs}
+    for _ in range(repeats):
+        for name, fn in configs.items():
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            samples[name].append((time.perf_counter() - t0) / inner)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def save(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2))
+    return path
+
+
+def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def record(title: str, command: str, body: str) -> None:
+    """Appends a section to BENCHMARKS.md with the machine and command."""
+    m = machine()
+    section = (f"\n## {title} — {m['date']}\n\n"
+               f"Machine: {m['cpu']}, {m['cores']} cores; Python {m['python']}, torch {m['torch']}, "
+               f"torch_tpu {m['torch_tpu']} ({m['commit']}).  \nCommand: `{command}`\n\n{body}\n")
+    with open(ROOT / "BENCHMARKS.md", "a") as f:
+        f.write(section)

@@ -1,0 +1,53 @@
+"""Builds torch_tpu: the C runtime (CMake, runtime/) and the C++ glue
+extension ``torch_tpu._C`` linked against it (rpath $ORIGIN/lib)."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+ROOT = Path(__file__).resolve().parent
+RUNTIME_BUILD = ROOT / "build" / "runtime"
+LIB_DIR = ROOT / "torch_tpu" / "lib"
+
+
+def build_runtime() -> None:
+    """Configure and build libtpurt.so with CMake; copy it into the package."""
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    if not (RUNTIME_BUILD / "CMakeCache.txt").exists():
+        subprocess.check_call(
+            ["cmake", "-S", str(ROOT / "runtime"), "-B", str(RUNTIME_BUILD), "-DCMAKE_BUILD_TYPE=Release", *gen]
+        )
+    subprocess.check_call(["cmake", "--build", str(RUNTIME_BUILD), "--target", "tpurt"])
+    LIB_DIR.mkdir(exist_ok=True)
+    src = RUNTIME_BUILD / "libtpurt.so"
+    dst = LIB_DIR / "libtpurt.so"
+    if not dst.exists() or dst.read_bytes() != src.read_bytes():
+        tmp = dst.with_suffix(".tmp")
+        shutil.copy2(src, tmp)
+        os.replace(tmp, dst)
+
+
+class Build(BuildExtension):
+    def run(self) -> None:
+        build_runtime()
+        super().run()
+
+
+setup(
+    ext_modules=[
+        CppExtension(
+            name="torch_tpu._C",
+            sources=sorted(str(p.relative_to(ROOT)) for p in (ROOT / "torch_tpu" / "csrc").glob("*.cpp")),
+            include_dirs=[str(ROOT / "runtime" / "include"), str(ROOT / "torch_tpu" / "csrc")],
+            library_dirs=[str(LIB_DIR)],
+            libraries=["tpurt"],
+            extra_compile_args={"cxx": ["-O2", "-fvisibility=hidden", "-Wno-unused-parameter", "-Wno-interference-size"]},
+            extra_link_args=["-Wl,-rpath,$ORIGIN/lib"],
+        )
+    ],
+    cmdclass={"build_ext": Build.with_options(use_ninja=True)},
+)

@@ -1,0 +1,60 @@
+"""torch_tpu: a native PyTorch backend for TPUs (engine in C).
+
+``import torch_tpu`` (or plain ``import torch``, through the ``torch.backends``
+autoload entry point) registers the ``tpu`` device with PyTorch:
+
+    >>> import torch
+    >>> x = torch.ones(3, device="tpu")
+    >>> torch.tpu.device_count()
+
+Today the device is an emulated TPU (host cores behaving like an
+accelerator); see README.md.
+"""
+from __future__ import annotations
+
+# Defined before `import torch`: when torch_tpu is imported first, importing
+# torch runs the autoload entry point while this module is still importing;
+# the registration then happens at the end of this module instead.
+_importing = True
+
+
+def _autoload() -> None:
+    """Entry point of the ``torch.backends`` group: PyTorch calls it on
+    ``import torch`` unless TORCH_DEVICE_BACKEND_AUTOLOAD=0."""
+    if not _importing:
+        _register()
+
+
+import torch  # noqa: E402
+
+__version__ = "0.1.0"
+
+_registered = False
+
+
+def _register() -> None:
+    """Registers the backend with PyTorch once (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    from torch_tpu import _C  # loads libtpurt and registers the C++ pieces
+
+    torch.utils.rename_privateuse1_backend("tpu")
+    from torch_tpu import tpu as _tpu_module
+
+    torch._register_device_module("tpu", _tpu_module)
+    torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
+    _registered = True
+
+    from torch_tpu._internal import execution_mode
+
+    execution_mode._apply_environment()
+    del _C
+
+
+_register()
+_importing = False
+
+from torch_tpu._internal.execution_mode import cpu_fallback_mode  # noqa: E402
+
+__all__ = ["cpu_fallback_mode", "__version__"]

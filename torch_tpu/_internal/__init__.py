@@ -1,0 +1,1 @@
+"""Internal API surface shared with TorchTPU (module names kept compatible)."""
