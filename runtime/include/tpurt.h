@@ -305,6 +305,161 @@ TPURT_API uint64_t tpurt_generator_reserve(tpurt_generator *g, uint64_t n);
 /* Seed from the OS entropy source. */
 TPURT_API uint64_t tpurt_nondeterministic_seed(void);
 
+/* ================================================================ KERNELS
+ *
+ * Every kernel is asynchronous (queued on s, errors at the next sync) and
+ * takes tpurt_views: device pointer (storage offset included), dtype, sizes,
+ * element strides. Shapes are validated at launch; kernels never read or
+ * write outside the views. One engine for every execution mode: strict eager
+ * launches one-op programs; DeferAndFuse (later) builds longer programs and
+ * prologue/epilogue chains from the same instructions.
+ */
+
+/* ------------------------------------------------- elementwise programs */
+
+/* A program over block registers: the kernel walks the output shape in
+ * blocks; registers hold one block of values in the compute type. */
+typedef enum tpurt_ew_op {
+  /* sources */
+  TPURT_EW_LOAD = 0,   /* dst = input[p0] converted to the compute type */
+  TPURT_EW_SCALAR,     /* dst = scalars[p0] (launch-time value: lr, step, ...) */
+  TPURT_EW_CONST,      /* dst = p0 (compile-time constant) */
+  /* unary: dst = f(src0) */
+  TPURT_EW_NEG, TPURT_EW_ABS, TPURT_EW_SQRT, TPURT_EW_RSQRT, TPURT_EW_RECIPROCAL, TPURT_EW_SQUARE,
+  TPURT_EW_EXP, TPURT_EW_EXP2, TPURT_EW_EXPM1, TPURT_EW_LOG, TPURT_EW_LOG2, TPURT_EW_LOG10, TPURT_EW_LOG1P,
+  TPURT_EW_SIN, TPURT_EW_COS, TPURT_EW_TAN, TPURT_EW_ASIN, TPURT_EW_ACOS, TPURT_EW_ATAN,
+  TPURT_EW_SINH, TPURT_EW_COSH, TPURT_EW_TANH, TPURT_EW_ASINH, TPURT_EW_ACOSH, TPURT_EW_ATANH,
+  TPURT_EW_SIGMOID, TPURT_EW_LOGIT, TPURT_EW_ERF, TPURT_EW_ERFC, TPURT_EW_ERFINV, TPURT_EW_LGAMMA,
+  TPURT_EW_DIGAMMA, TPURT_EW_SIGN, TPURT_EW_SGN, TPURT_EW_FLOOR, TPURT_EW_CEIL, TPURT_EW_ROUND,
+  TPURT_EW_TRUNC, TPURT_EW_FRAC, TPURT_EW_RELU, TPURT_EW_GELU, TPURT_EW_GELU_TANH, TPURT_EW_SILU,
+  TPURT_EW_MISH, TPURT_EW_SOFTPLUS,   /* p0 beta, p1 threshold */
+  TPURT_EW_LEAKY_RELU,                /* p0 negative slope */
+  TPURT_EW_HARDTANH,                  /* p0 min, p1 max (also clamp with scalar bounds) */
+  TPURT_EW_ELU,                       /* p0 alpha, p1 scale, p2 input_scale */
+  TPURT_EW_HARDSIGMOID, TPURT_EW_HARDSWISH, TPURT_EW_LOGICAL_NOT, TPURT_EW_BITWISE_NOT,
+  TPURT_EW_ISNAN, TPURT_EW_ISINF, TPURT_EW_ISFINITE, TPURT_EW_ISPOSINF, TPURT_EW_ISNEGINF,
+  TPURT_EW_NAN_TO_NUM,                /* p0 nan, p1 posinf, p2 neginf */
+  TPURT_EW_CAST,                      /* dst = src0 rounded through dtype p0 (e.g. bf16) */
+  /* binary: dst = f(src0, src1) */
+  TPURT_EW_ADD,                       /* src0 + p0 * src1 (p0 = alpha, default 1) */
+  TPURT_EW_SUB,                       /* src0 - p0 * src1 */
+  TPURT_EW_MUL, TPURT_EW_DIV, TPURT_EW_DIV_TRUNC, TPURT_EW_DIV_FLOOR, TPURT_EW_REMAINDER, TPURT_EW_FMOD,
+  TPURT_EW_POW, TPURT_EW_ATAN2, TPURT_EW_HYPOT, TPURT_EW_COPYSIGN, TPURT_EW_XLOGY,
+  TPURT_EW_MAXIMUM, TPURT_EW_MINIMUM, TPURT_EW_FMAX, TPURT_EW_FMIN,
+  TPURT_EW_EQ, TPURT_EW_NE, TPURT_EW_LT, TPURT_EW_LE, TPURT_EW_GT, TPURT_EW_GE,
+  TPURT_EW_LOGICAL_AND, TPURT_EW_LOGICAL_OR, TPURT_EW_LOGICAL_XOR,
+  TPURT_EW_BITWISE_AND, TPURT_EW_BITWISE_OR, TPURT_EW_BITWISE_XOR, TPURT_EW_LSHIFT, TPURT_EW_RSHIFT,
+  /* activation backward: dst = grad(src0 = grad_output, src1 = input or output) */
+  TPURT_EW_THRESHOLD_BACKWARD,        /* src1 <= p0 ? 0 : src0 (relu backward with p0 = 0) */
+  TPURT_EW_GELU_BACKWARD, TPURT_EW_GELU_TANH_BACKWARD, TPURT_EW_SILU_BACKWARD,
+  TPURT_EW_SIGMOID_BACKWARD,          /* src1 = output */
+  TPURT_EW_TANH_BACKWARD,             /* src1 = output */
+  TPURT_EW_SOFTPLUS_BACKWARD,         /* p0 beta, p1 threshold; src1 = input */
+  TPURT_EW_LEAKY_RELU_BACKWARD,       /* p0 slope */
+  TPURT_EW_HARDTANH_BACKWARD,         /* p0 min, p1 max */
+  TPURT_EW_ELU_BACKWARD,              /* p0 alpha, p1 scale, p2 input_scale, p3 is_result (src1 = output) */
+  TPURT_EW_HARDSIGMOID_BACKWARD, TPURT_EW_HARDSWISH_BACKWARD, TPURT_EW_MISH_BACKWARD,
+  /* ternary: dst = f(src0, src1, src2) */
+  TPURT_EW_WHERE,                     /* src0 != 0 ? src1 : src2 */
+  TPURT_EW_CLAMP,                     /* min(max(src0, src1), src2); NaN bounds propagate */
+  TPURT_EW_LERP,                      /* src0 + src2 * (src1 - src0) */
+  TPURT_EW_ADDCMUL,                   /* src0 + p0 * src1 * src2 */
+  TPURT_EW_ADDCDIV,                   /* src0 + p0 * src1 / src2 */
+  TPURT_EW_NUM_OPS
+} tpurt_ew_op;
+
+#define TPURT_EW_MAX_INST 64
+#define TPURT_EW_MAX_REGS 32
+#define TPURT_EW_MAX_IO 16
+
+typedef struct tpurt_ew_inst {
+  uint16_t op;     /* tpurt_ew_op */
+  uint8_t dst;     /* register written */
+  uint8_t src[3];  /* registers read */
+  double p[4];     /* parameters (see the op) */
+} tpurt_ew_inst;
+
+/* compute is the type registers hold: TPURT_F32 (for f32/f16/bf16 data, as
+ * PyTorch's opmath), TPURT_F64, TPURT_I64 (integers and bool), TPURT_C64 /
+ * TPURT_C128 (complex; only ops defined for complex). Loads convert from
+ * each input's dtype; stores convert to each output's dtype (bool: != 0). */
+typedef struct tpurt_ew_program {
+  tpurt_dtype compute;
+  int ninst;
+  int nout;
+  uint8_t out_reg[TPURT_EW_MAX_IO]; /* register stored to outs[i] */
+  tpurt_ew_inst inst[TPURT_EW_MAX_INST];
+} tpurt_ew_program;
+
+/* Runs prog over the shape of outs[0]: every view (outputs and inputs) has
+ * that shape (inputs broadcast through stride 0). Outputs may alias inputs
+ * only exactly (in-place). scalars are read at launch. */
+TPURT_API tpurt_status tpurt_elementwise(tpurt_stream *s, const tpurt_ew_program *prog, const tpurt_view *outs,
+                                         const tpurt_view *ins, int nin, const double *scalars, int nscalars);
+/* Name of an op ("add", "gelu_backward", ...). */
+TPURT_API const char *tpurt_ew_op_name(tpurt_ew_op op);
+
+/* ----------------------------------------------------------- reductions */
+
+typedef enum tpurt_reduce_op {
+  TPURT_RED_SUM = 0, TPURT_RED_PROD, TPURT_RED_MEAN, TPURT_RED_MAX, TPURT_RED_MIN,
+  TPURT_RED_ARGMAX, TPURT_RED_ARGMIN, /* index of the first extreme, NaN counts as extreme */
+  TPURT_RED_VAR,       /* p0 = correction (Bessel: 1) */
+  TPURT_RED_NORM,      /* p0 = ord (2, 1, inf = INFINITY, -inf, 0, any p) */
+  TPURT_RED_LOGSUMEXP, TPURT_RED_ANY, TPURT_RED_ALL, TPURT_RED_NANSUM,
+  TPURT_RED_NUM_OPS
+} tpurt_reduce_op;
+
+/* out (and out2 when given) have in's ndim; reduced dims are those where
+ * out has stride 0 and in has size > 1 (size-1 dims are kept or not by the
+ * caller's view). Accumulates in f32 for f16/bf16/f32 data (f64 for f64,
+ * i64 for integers). MAX/MIN with out2 also write the index (int64) of the
+ * extreme along the single reduced dim (values + indices form). VAR with
+ * out2 writes the mean too (var_mean). Empty reductions give the identity
+ * (sum 0, prod 1, any false, all true); MAX/MIN/ARG* of nothing is an error. */
+TPURT_API tpurt_status tpurt_reduce(tpurt_stream *s, tpurt_reduce_op op, const tpurt_view *out, const tpurt_view *out2,
+                                    const tpurt_view *in, double p0);
+
+typedef enum { TPURT_SCAN_CUMSUM = 0, TPURT_SCAN_CUMPROD, TPURT_SCAN_CUMMAX, TPURT_SCAN_CUMMIN,
+               TPURT_SCAN_LOGCUMSUMEXP } tpurt_scan_op;
+/* Inclusive scan along dim; idx (int64, may be NULL) for CUMMAX/CUMMIN. */
+TPURT_API tpurt_status tpurt_scan(tpurt_stream *s, tpurt_scan_op op, const tpurt_view *out, const tpurt_view *idx,
+                                  const tpurt_view *in, int dim);
+
+/* softmax / log_softmax along dim and their backward
+ * (grad_in = f(grad_out, out)). */
+TPURT_API tpurt_status tpurt_softmax(tpurt_stream *s, const tpurt_view *out, const tpurt_view *in, int dim, int log);
+TPURT_API tpurt_status tpurt_softmax_backward(tpurt_stream *s, const tpurt_view *grad_in, const tpurt_view *grad_out,
+                                              const tpurt_view *out, int dim, int log);
+
+/* Normalization over the last `norm_ndim` dims of x, rows = the rest.
+ * layer norm: y = (x - mean) * rstd * w + b; mean/rstd (f32 for low-precision
+ * x, shape [rows]) saved for backward. rms norm: y = x * rstd * w. Any of
+ * w, b, mean, rstd may be NULL. Backward computes any non-NULL grad. */
+TPURT_API tpurt_status tpurt_layer_norm(tpurt_stream *s, const tpurt_view *y, const tpurt_view *mean,
+                                        const tpurt_view *rstd, const tpurt_view *x, const tpurt_view *w,
+                                        const tpurt_view *b, int norm_ndim, double eps, int rms);
+TPURT_API tpurt_status tpurt_layer_norm_backward(tpurt_stream *s, const tpurt_view *dx, const tpurt_view *dw,
+                                                 const tpurt_view *db, const tpurt_view *dy, const tpurt_view *x,
+                                                 const tpurt_view *mean, const tpurt_view *rstd,
+                                                 const tpurt_view *w, int norm_ndim, int rms);
+
+/* ------------------------------------------------------- matmul (GEMM) */
+
+/* Precision of f32 matmuls, as a TPU's MXU: HIGHEST = f32, HIGH = 3-pass
+ * bf16 (split each operand into bf16 hi + lo, drop lo*lo), DEFAULT = 1-pass
+ * bf16 (round operands to bf16, accumulate in f32). */
+typedef enum { TPURT_PRECISION_DEFAULT = 0, TPURT_PRECISION_HIGH = 1, TPURT_PRECISION_HIGHEST = 2 } tpurt_precision;
+
+/* c = alpha * a @ b + beta * c over batched 3-D views: a [B, M, K],
+ * b [B, K, N], c [B, M, N] (batch stride 0 broadcasts). Any strides; the
+ * kernel picks transposes or packs. f16/bf16 operands accumulate in f32.
+ * beta == 0 ignores c's previous contents (NaN included). */
+TPURT_API tpurt_status tpurt_gemm(tpurt_stream *s, const tpurt_view *c, const tpurt_view *a, const tpurt_view *b,
+                                  double alpha, double beta, tpurt_precision precision);
+/* Name of the GEMM library in use ("openblas 0.3.x", "onednn 3.x", ...). */
+TPURT_API const char *tpurt_gemm_library(void);
+
 #ifdef __cplusplus
 }
 #endif
