@@ -46,6 +46,9 @@ static void record_error(tpurt_stream *s, const char *name, tpurt_status st, con
   pthread_mutex_unlock(&s->err_mu);
 }
 
+static tpurt_status k_event_record(void *a, char *err, size_t errlen);
+#define EVENT_CMD_BYTES 16 /* sizeof(event_cmd), checked below */
+
 static void *worker_main(void *arg) {
   tpurt_stream *s = arg;
   char name[16];
@@ -59,7 +62,14 @@ static void *worker_main(void *arg) {
     tpurt__slot *sl = &s->ring[h % s->cap];
     err[0] = 0;
     void *args = sl->heap_args ? sl->heap_args : (void *)sl->args;
-    tpurt_status st = sl->fn(args, err, sizeof err);
+    /* An event completes only once its stream has passed it: whoever sees
+     * the event done also sees the stream's earlier work done (query). The
+     * record's arguments are copied out first: once head moves, the slot
+     * may be reused by a producer. */
+    int is_record = sl->fn == k_event_record;
+    unsigned char record_args[EVENT_CMD_BYTES];
+    if (is_record) memcpy(record_args, args, sizeof record_args);
+    tpurt_status st = is_record ? TPURT_OK : sl->fn(args, err, sizeof err);
     if (st != TPURT_OK) {
       err[sizeof err - 1] = 0;
       record_error(s, sl->name, st, err);
@@ -70,6 +80,7 @@ static void *worker_main(void *arg) {
     }
     h++;
     atomic_store_explicit(&s->head, h, memory_order_release);
+    if (is_record) k_event_record(record_args, err, sizeof err);
     tpurt__notify(&s->done_w);
   }
   return NULL;
@@ -322,6 +333,7 @@ typedef struct {
   tpurt_event *e;
   uint64_t counter;
 } event_cmd;
+_Static_assert(sizeof(event_cmd) == EVENT_CMD_BYTES, "EVENT_CMD_BYTES must match event_cmd");
 
 static tpurt_status k_event_record(void *a, char *err, size_t errlen) {
   (void)err;

@@ -116,6 +116,17 @@ int main(void) {
   CHECK_STR(tpurt_last_error(), "aten::bad: boom");
   CHECK_OK(tpurt_stream_synchronize(s2));
 
+  /* an event seen complete implies its stream has passed it: the stream's
+   * query agrees at once (no window where the event is done but not the stream) */
+  for (int i = 0; i < 2000; ++i) {
+    CHECK_OK(tpurt_event_record(fresh, s2));
+    CHECK_OK(tpurt_event_synchronize(fresh));
+    if (!tpurt_stream_query(s2)) {
+      CHECK(0 && "stream not complete after its last event completed");
+      break;
+    }
+  }
+
   /* destroy with pending records and waits */
   atomic_store(&g_gate, 0);
   tpurt_event *tmp;
