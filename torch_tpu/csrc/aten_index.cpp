@@ -6,9 +6,11 @@
 
 #include <ATen/ExpandUtils.h>
 #include <ATen/WrapDimUtils.h>
+#include <ATen/WrapDimUtilsMulti.h>
 #include <ATen/core/DistributionsHelper.h>
 #include <ATen/native/IndexingUtils.h>
 #include <ATen/native/Resize.h>
+#include <ATen/ops/unfold_native.h>
 #include <ATen/native/TypeProperties.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/irange.h>
@@ -552,7 +554,7 @@ at::Tensor roll(const at::Tensor& self, c10::IntArrayRef shifts, c10::IntArrayRe
   c10::DeviceGuard g(self.device());
   if (dims.empty()) {
     TORCH_CHECK(shifts.size() == 1, "roll: shifts must be a single value when dims is empty");
-    return roll(self.flatten(), shifts, {0}).view(self.sizes());
+    return (roll)(self.flatten(), shifts, c10::IntArrayRef{0}).view(self.sizes());
   }
   TORCH_CHECK(shifts.size() == dims.size(), "shifts and dimensions must align. shifts: ", shifts.size(), ", dims:",
               dims.size());
@@ -819,7 +821,7 @@ Draw reserve(const std::optional<at::Generator>& gen, const at::Tensor& t, uint6
   const at::Generator& g = gen.has_value() && gen->defined() ? *gen : default_generator(didx(t));
   TORCH_CHECK(g.device().type() == kTpu, "Expected a 'tpu' device type for generator but found '",
               g.device().type(), "'");
-  std::lock_guard<std::mutex> lock(g.mutex());
+  std::lock_guard<std::mutex> lock(const_cast<at::Generator&>(g).mutex());
   tpurt_generator* st = generator_state(g);
   Draw d;
   d.seed = st->seed;
@@ -1139,7 +1141,7 @@ at::Tensor& nll_loss2d_backward_out(const at::Tensor& go, const at::Tensor& self
 at::Tensor nll_loss2d_backward(const at::Tensor& go, const at::Tensor& self, const at::Tensor& target,
                                const std::optional<at::Tensor>& weight, int64_t reduction, int64_t ignore_index,
                                const at::Tensor& tw) {
-  return nll_loss_backward(go, self, target, weight, reduction, ignore_index, tw);
+  return (nll_loss_backward)(go, self, target, weight, reduction, ignore_index, tw);
 }
 
 // pointwise losses
@@ -1298,6 +1300,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("cat", TORCH_FN(cat));
   m.impl("cat.out", TORCH_FN(cat_out));
   m.impl("flip", TORCH_FN(flip));
+  m.impl("unfold", TORCH_FN(at::native::unfold));
   m.impl("roll", TORCH_FN(roll));
   m.impl("tril", TORCH_FN(tril));
   m.impl("tril_", TORCH_FN(tril_));
