@@ -460,6 +460,156 @@ TPURT_API tpurt_status tpurt_gemm(tpurt_stream *s, const tpurt_view *c, const tp
 /* Name of the GEMM library in use ("openblas 0.3.x", "onednn 3.x", ...). */
 TPURT_API const char *tpurt_gemm_library(void);
 
+/* ============================================ INDEXING, SHAPE, RANDOM, LOSSES
+ *
+ * Index views are int64 or int32. Indices are validated inside the kernel:
+ * an out-of-range index fails the op with TPURT_ERR_INDEX at the next sync
+ * ("<op>: index 12 is out of bounds for dimension 0 with size 3"); the
+ * device stays usable. Kernels that reduce into a destination (scatter
+ * reductions, index_put with accumulate, index_add, backward of gathers)
+ * process duplicates in index order, so results are deterministic.
+ */
+
+/* out = self.index_select(dim, index): index 1-D (or 0-D) with n entries,
+ * out has self's shape with size n in dim. No negative indices. */
+TPURT_API tpurt_status tpurt_index_select(tpurt_stream *s, const tpurt_view *out, const tpurt_view *self, int dim,
+                                          const tpurt_view *index);
+/* out[p] = self[p with p[dim] = index[p]]; out and index have one shape,
+ * with index.size(d) <= self.size(d) for d != dim. */
+TPURT_API tpurt_status tpurt_gather(tpurt_stream *s, const tpurt_view *out, const tpurt_view *self, int dim,
+                                    const tpurt_view *index);
+
+typedef enum { TPURT_SCATTER_ASSIGN = 0, TPURT_SCATTER_SUM, TPURT_SCATTER_PROD, TPURT_SCATTER_MEAN,
+               TPURT_SCATTER_AMAX, TPURT_SCATTER_AMIN } tpurt_scatter_op;
+/* For every p of index's shape: self[p with p[dim] = index[p]] op= src[p]
+ * (or value when src is NULL). include_self = 0: a destination reached by
+ * the index starts from its first scattered value (MEAN then counts only
+ * scattered values). MEAN on integers floors like PyTorch. */
+TPURT_API tpurt_status tpurt_scatter(tpurt_stream *s, const tpurt_view *self, int dim, const tpurt_view *index,
+                                     const tpurt_view *src, tpurt_scalar value, tpurt_scatter_op op,
+                                     int include_self);
+/* self.index_add_(dim, index, src, alpha): index 1-D; entries equal to
+ * skip_index are ignored (pass INT64_MIN for none); scale_by_freq divides
+ * each contribution by the number of occurrences of its index (embedding
+ * backward). */
+TPURT_API tpurt_status tpurt_index_add(tpurt_stream *s, const tpurt_view *self, int dim, const tpurt_view *index,
+                                       const tpurt_view *src, double alpha, int64_t skip_index, int scale_by_freq);
+
+/* Advanced indexing over an iteration shape shared by every view (use
+ * stride 0 to broadcast). src (index) / dst (index_put) have stride 0 over
+ * the indexed region; element p is at base + sum_k idx_k[p] * strides[k]
+ * (strides in elements), idx_k[p] in [-sizes[k], sizes[k]) (negative wraps).
+ * index_put with accumulate adds (duplicates in order), else assigns. */
+TPURT_API tpurt_status tpurt_index(tpurt_stream *s, const tpurt_view *out, const tpurt_view *src,
+                                   const tpurt_view *idx, int nidx, const int64_t *sizes, const int64_t *strides);
+TPURT_API tpurt_status tpurt_index_put(tpurt_stream *s, const tpurt_view *dst, const tpurt_view *values,
+                                       const tpurt_view *idx, int nidx, const int64_t *sizes, const int64_t *strides,
+                                       int accumulate);
+
+/* self[p] = value where mask[p] (mask bool, broadcast to self's shape).
+ * value_t (0-D device view, may be NULL) overrides value. */
+TPURT_API tpurt_status tpurt_masked_fill(tpurt_stream *s, const tpurt_view *self, const tpurt_view *mask,
+                                         tpurt_scalar value, const tpurt_view *value_t);
+/* count (0-D int64) = number of nonzero elements of in. */
+TPURT_API tpurt_status tpurt_count_nonzero(tpurt_stream *s, const tpurt_view *count, const tpurt_view *in);
+/* out [n, in.ndim] int64: coordinates of the nonzero elements of in in
+ * row-major order; n must be the count (fewer rows: the first n). */
+TPURT_API tpurt_status tpurt_nonzero(tpurt_stream *s, const tpurt_view *out, const tpurt_view *in);
+
+/* out = tril (upper = 0) or triu (upper = 1) of the last two dims of in. */
+TPURT_API tpurt_status tpurt_tril(tpurt_stream *s, const tpurt_view *out, const tpurt_view *in, int64_t diagonal,
+                                  int upper);
+
+typedef enum { TPURT_PAD_REFLECT = 0, TPURT_PAD_REPLICATE = 1 } tpurt_pad_mode;
+/* Padding of the last npad (1..3) dims: pads[2*i], pads[2*i+1] = (before,
+ * after) for dim ndim-npad+i (negative crops). Backward accumulates
+ * grad_out into grad_in (which it zero-fills first). */
+TPURT_API tpurt_status tpurt_pad(tpurt_stream *s, const tpurt_view *out, const tpurt_view *in, tpurt_pad_mode mode,
+                                 int npad, const int64_t *pads);
+TPURT_API tpurt_status tpurt_pad_backward(tpurt_stream *s, const tpurt_view *grad_in, const tpurt_view *grad_out,
+                                          tpurt_pad_mode mode, int npad, const int64_t *pads);
+
+/* out[i] = start + i * step (1-D out); linspace: PyTorch's symmetric form
+ * (first half from start, second half from end). */
+TPURT_API tpurt_status tpurt_arange(tpurt_stream *s, const tpurt_view *out, tpurt_scalar start, tpurt_scalar step);
+TPURT_API tpurt_status tpurt_linspace(tpurt_stream *s, const tpurt_view *out, double start, double end);
+
+/* Sorts along dim (stable; NaN sorts as larger than everything, like
+ * PyTorch). values/indices (int64) have in's shape; either may be NULL. */
+TPURT_API tpurt_status tpurt_sort(tpurt_stream *s, const tpurt_view *values, const tpurt_view *indices,
+                                  const tpurt_view *in, int dim, int descending);
+/* The k largest (or smallest) along dim, sorted when sorted != 0. */
+TPURT_API tpurt_status tpurt_topk(tpurt_stream *s, const tpurt_view *values, const tpurt_view *indices,
+                                  const tpurt_view *in, int64_t k, int dim, int largest, int sorted);
+/* Unique of a sorted 1-D view: out (capacity n) gets the distinct values,
+ * count (0-D int64) their number, inverse (optional, indexed by perm[i]
+ * = original position of sorted[i]) the group of each element, counts
+ * (optional, capacity n) the group sizes. */
+TPURT_API tpurt_status tpurt_unique_sorted(tpurt_stream *s, const tpurt_view *out, const tpurt_view *count,
+                                           const tpurt_view *inverse, const tpurt_view *counts,
+                                           const tpurt_view *sorted, const tpurt_view *perm);
+
+/* ---- random: every kernel draws from Philox-4x32-10 with key = seed and
+ * counter = (offset + b, 0) for block b (128 bits). Element i of the
+ * (row-major) output uses block i / 4 word i % 4 for 32-bit draws, block
+ * i / 2 words 2(i%2), 2(i%2)+1 for 64-bit draws (f64 uniform, 64-bit ranges),
+ * and normals pair words (0,1) and (2,3) of block i / 4 through Box-Muller
+ * (4 normals per block). tpurt_random_blocks tells how many blocks to
+ * reserve from the generator for n elements. */
+typedef enum { TPURT_RNG_UNIFORM = 0, /* [p0, p1) */
+               TPURT_RNG_NORMAL,      /* mean p0, std p1 */
+               TPURT_RNG_BERNOULLI,   /* probability p0 */
+               TPURT_RNG_RANDOM,      /* integers in [p0, p0 + range) (range = (uint64)p1, 0 = 2^64) */
+               TPURT_RNG_EXPONENTIAL, /* rate p0 */
+               TPURT_RNG_GEOMETRIC,   /* p0 */
+               TPURT_RNG_LOG_NORMAL,  /* mean p0, std p1 of the log */
+               TPURT_RNG_CAUCHY       /* median p0, sigma p1 */
+} tpurt_rng_kind;
+TPURT_API uint64_t tpurt_random_blocks(tpurt_rng_kind kind, tpurt_dtype dt, int64_t n, uint64_t range);
+/* RANDOM draws the integer range from p0 (int) and range; the others use
+ * p0/p1 as doubles. */
+TPURT_API tpurt_status tpurt_random(tpurt_stream *s, const tpurt_view *out, tpurt_rng_kind kind, double p0, double p1,
+                                    int64_t from, uint64_t range, uint64_t seed, uint64_t offset);
+/* out[i] = uniform(i) < p[i] (p broadcast to out's shape). 1 block / 4 elements. */
+TPURT_API tpurt_status tpurt_bernoulli_tensor(tpurt_stream *s, const tpurt_view *out, const tpurt_view *p,
+                                              uint64_t seed, uint64_t offset);
+/* Dropout: mask[i] = uniform(i) >= p; out[i] = in[i] * mask[i] * scale.
+ * mask (bool) may be NULL; with gen = 0 the mask is an input (backward). */
+TPURT_API tpurt_status tpurt_dropout(tpurt_stream *s, const tpurt_view *out, const tpurt_view *mask,
+                                     const tpurt_view *in, double p, double scale, int gen, uint64_t seed,
+                                     uint64_t offset);
+/* Random permutation of 0..n-1 into 1-D out (Fisher-Yates, block i for step i). */
+TPURT_API tpurt_status tpurt_randperm(tpurt_stream *s, const tpurt_view *out, uint64_t seed, uint64_t offset);
+/* out [rows, nsample] int64 drawn from the rows of probs [rows, cats]
+ * (non-negative weights). Row r uses blocks [offset + r * nsample, ...). */
+TPURT_API tpurt_status tpurt_multinomial(tpurt_stream *s, const tpurt_view *out, const tpurt_view *probs,
+                                         int64_t nsample, int replacement, uint64_t seed, uint64_t offset);
+
+/* ---- losses. reduction: 0 none, 1 mean, 2 sum (PyTorch's enum). */
+/* input [N, C, D], target [N, D] (int64/int32), weight [C] or NULL. out is
+ * [N, D] (none) or 0-D; total_weight 0-D (may be NULL). Targets outside
+ * [0, C) other than ignore_index fail with TPURT_ERR_INDEX. */
+TPURT_API tpurt_status tpurt_nll_loss(tpurt_stream *s, const tpurt_view *out, const tpurt_view *total_weight,
+                                      const tpurt_view *input, const tpurt_view *target, const tpurt_view *weight,
+                                      int reduction, int64_t ignore_index);
+/* grad_input [N, C, D] (fully written); grad_out [N, D] or 0-D. */
+TPURT_API tpurt_status tpurt_nll_loss_backward(tpurt_stream *s, const tpurt_view *grad_input,
+                                               const tpurt_view *grad_out, const tpurt_view *target,
+                                               const tpurt_view *weight, const tpurt_view *total_weight,
+                                               int reduction, int64_t ignore_index);
+typedef enum { TPURT_LOSS_MSE = 0, TPURT_LOSS_L1, TPURT_LOSS_SMOOTH_L1 /* p = beta */, TPURT_LOSS_HUBER /* p = delta */,
+               TPURT_LOSS_BCE /* input = probabilities, weight optional */ } tpurt_loss_kind;
+/* Pointwise losses over input/target/weight of out's shape (none) or of
+ * input's shape reduced to 0-D out (mean/sum, f64 accumulation). */
+TPURT_API tpurt_status tpurt_pointwise_loss(tpurt_stream *s, tpurt_loss_kind kind, const tpurt_view *out,
+                                            const tpurt_view *input, const tpurt_view *target,
+                                            const tpurt_view *weight, int reduction, double p);
+/* grad_input (input's shape) = d loss / d input * grad_out (broadcast). */
+TPURT_API tpurt_status tpurt_pointwise_loss_backward(tpurt_stream *s, tpurt_loss_kind kind,
+                                                     const tpurt_view *grad_input, const tpurt_view *grad_out,
+                                                     const tpurt_view *input, const tpurt_view *target,
+                                                     const tpurt_view *weight, int reduction, double p);
+
 #ifdef __cplusplus
 }
 #endif

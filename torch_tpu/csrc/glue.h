@@ -53,6 +53,8 @@ void resize_storage_bytes(const c10::Storage& storage, size_t new_bytes);
 
 // Default generator of a device.
 const at::Generator& default_generator(c10::DeviceIndex index);
+// Philox state of a tpu generator (hold g.mutex() while reserving offsets).
+tpurt_generator* generator_state(const at::Generator& g);
 
 // CPU fallback switch and per-op counters (aten_ops.cpp).
 void set_cpu_fallback(bool on);

@@ -361,6 +361,10 @@ const at::Generator& default_generator(c10::DeviceIndex index) {
   return g_default_generators[index];
 }
 
+tpurt_generator* generator_state(const at::Generator& g) {
+  return at::check_generator<TpuGenerator>(g)->state();
+}
+
 // ------------------------------------------------------------ device guard
 
 namespace {

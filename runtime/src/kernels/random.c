@@ -1,0 +1,477 @@
+/*
+ * random.c — random number kernels over Philox-4x32-10.
+ *
+ * Mapping (documented in tpurt.h): key = seed, counter = (offset + b, 0)
+ * for 128-bit block b. With 32-bit draws element i (row-major over the
+ * output shape) takes word i % 4 of block i / 4; 64-bit draws take words
+ * (2(i%2), 2(i%2)+1) of block i / 2; normals take 4 per block through
+ * Box-Muller on word pairs (0,1) and (2,3). The host reserves the blocks
+ * at launch, so results depend only on (seed, offset), never on threads.
+ */
+#include "kcommon.h"
+
+static inline void philox_block(uint64_t seed, uint64_t ctr, uint32_t out[4]) {
+  uint32_t c[4] = {(uint32_t)ctr, (uint32_t)(ctr >> 32), 0, 0};
+  uint32_t k[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+  tpurt_philox4x32_10(c, k, out);
+}
+
+/* (0, 1] and [0, 1) from 32 / 64 bits */
+static inline float u01f(uint32_t x) { return (float)(x >> 8) * (1.0f / 16777216.0f); }
+static inline double u01d(uint64_t x) { return (double)(x >> 11) * (1.0 / 9007199254740992.0); }
+
+static int wide_draw(tpurt_rng_kind kind, tpurt_dtype dt, uint64_t range) {
+  if (kind == TPURT_RNG_RANDOM) return range == 0 || range > (1ull << 32);
+  if (kind == TPURT_RNG_NORMAL || kind == TPURT_RNG_LOG_NORMAL) return 0;
+  return dt == TPURT_F64;
+}
+
+uint64_t tpurt_random_blocks(tpurt_rng_kind kind, tpurt_dtype dt, int64_t n, uint64_t range) {
+  if (n <= 0) return 0;
+  int per = wide_draw(kind, dt, range) ? 2 : 4;
+  return ((uint64_t)n + (uint64_t)per - 1) / (uint64_t)per;
+}
+
+typedef struct {
+  tpurt_view out, p; /* p: bernoulli tensor probabilities */
+  int kind, tensor_p;
+  double p0, p1;
+  int64_t from;
+  uint64_t range, seed, offset;
+} rng_args;
+
+typedef struct {
+  rng_args *a;
+  char *o;
+  const char *pp;
+  int wide;
+} rng_ctx;
+
+static inline void store_elem(const rng_args *a, char *o, int64_t lin, int es, double v) {
+  /* out is walked linearly: compute strided position */
+  (void)lin;
+  (void)es;
+  kc_st(a->out.dtype, o, v);
+}
+
+/* offset of linear element l in view v (elements) */
+static inline int64_t lin_off(const tpurt_view *v, int64_t l) {
+  int64_t off = 0;
+  for (int k = v->ndim - 1; k >= 0; k--) {
+    int64_t i = l % v->sizes[k];
+    l /= v->sizes[k];
+    off += i * v->strides[k];
+  }
+  return off;
+}
+
+static int is_dense(const tpurt_view *v) {
+  int64_t st = 1;
+  for (int k = v->ndim - 1; k >= 0; k--) {
+    if (v->sizes[k] != 1 && v->strides[k] != st) return 0;
+    st *= v->sizes[k];
+  }
+  return 1;
+}
+
+static inline double draw_value(const rng_args *a, int wide, const uint32_t *w, int slot) {
+  switch (a->kind) {
+    case TPURT_RNG_UNIFORM: {
+      double u;
+      if (wide)
+        u = u01d(((uint64_t)w[2 * slot] << 32) | w[2 * slot + 1]);
+      else
+        u = u01f(w[slot]);
+      double v = a->p0 + u * (a->p1 - a->p0);
+      return v;
+    }
+    case TPURT_RNG_BERNOULLI:
+      return (wide ? u01d(((uint64_t)w[2 * slot] << 32) | w[2 * slot + 1]) : u01f(w[slot])) < a->p0 ? 1.0 : 0.0;
+    case TPURT_RNG_EXPONENTIAL:
+    case TPURT_RNG_GEOMETRIC:
+    case TPURT_RNG_CAUCHY: {
+      double u = wide ? u01d(((uint64_t)w[2 * slot] << 32) | w[2 * slot + 1]) : u01f(w[slot]);
+      if (a->kind == TPURT_RNG_EXPONENTIAL) return -log1p(-u) / a->p0;
+      if (a->kind == TPURT_RNG_GEOMETRIC) return ceil(log1p(-u) / log1p(-a->p0));
+      return a->p0 + a->p1 * tan(M_PI * (u - 0.5));
+    }
+    default: return 0;
+  }
+}
+
+static void rng_chunk(void *c, int64_t b, int64_t e) {
+  rng_ctx *x = c;
+  rng_args *a = x->a;
+  tpurt_dtype dt = a->out.dtype;
+  int es = (int)tpurt_dtype_size(dt);
+  int wide = x->wide, per = wide ? 2 : 4;
+  int64_t n = kc_numel(&a->out);
+  int dense = is_dense(&a->out);
+  /* chunk units are blocks */
+  for (int64_t blk = b; blk < e; blk++) {
+    uint32_t w[4];
+    philox_block(a->seed, a->offset + (uint64_t)blk, w);
+    double normals[4];
+    if (a->kind == TPURT_RNG_NORMAL || a->kind == TPURT_RNG_LOG_NORMAL) {
+      for (int h = 0; h < 2; h++) {
+        double u1 = 1.0 - u01f(w[2 * h]); /* (0, 1] */
+        double u2 = u01f(w[2 * h + 1]);
+        double r = sqrt(-2.0 * log(u1)), th = 2.0 * M_PI * u2;
+        normals[2 * h] = r * cos(th);
+        normals[2 * h + 1] = r * sin(th);
+      }
+    }
+    for (int slot = 0; slot < per; slot++) {
+      int64_t i = blk * per + slot;
+      if (i >= n) break;
+      char *o = x->o + (dense ? i : lin_off(&a->out, i)) * es;
+      double v;
+      if (a->kind == TPURT_RNG_RANDOM) {
+        uint64_t r = wide ? (((uint64_t)w[2 * slot] << 32) | w[2 * slot + 1]) : w[slot];
+        uint64_t q = a->range ? r % a->range : r;
+        int64_t iv = (int64_t)((uint64_t)a->from + q);
+        if (kc_is_float(dt))
+          kc_st(dt, o, (double)iv);
+        else
+          kc_sti(dt, o, iv);
+        continue;
+      } else if (a->kind == TPURT_RNG_NORMAL) {
+        v = a->p0 + a->p1 * normals[slot];
+      } else if (a->kind == TPURT_RNG_LOG_NORMAL) {
+        v = exp(a->p0 + a->p1 * normals[slot]);
+      } else if (a->tensor_p) {
+        double u = u01f(w[slot]);
+        double p = kc_ld(a->p.dtype, x->pp + lin_off(&a->p, i) * (int64_t)tpurt_dtype_size(a->p.dtype));
+        v = u < p ? 1.0 : 0.0;
+      } else {
+        v = draw_value(a, wide, w, slot);
+      }
+      if (dt == TPURT_F32) {
+        float f = (float)v;
+        /* uniform must stay below `to` after rounding */
+        if (a->kind == TPURT_RNG_UNIFORM && a->p1 > a->p0 && f >= (float)a->p1) f = nextafterf((float)a->p1, -INFINITY);
+        memcpy(o, &f, 4);
+      } else if (kc_is_float(dt)) {
+        kc_st(dt, o, v);
+      } else {
+        kc_sti(dt, o, (int64_t)v);
+      }
+      (void)store_elem;
+    }
+  }
+}
+
+static tpurt_status k_rng(void *p, char *err, size_t errlen) {
+  (void)err;
+  (void)errlen;
+  rng_args *a = p;
+  rng_ctx x = {a, tpurt__host_view(a->out.ptr), a->tensor_p ? tpurt__host_view(a->p.ptr) : NULL, 0};
+  x.wide = a->tensor_p ? 0 : wide_draw((tpurt_rng_kind)a->kind, a->out.dtype, a->range);
+  int64_t n = kc_numel(&a->out);
+  int64_t blocks = (int64_t)tpurt_random_blocks((tpurt_rng_kind)a->kind, a->tensor_p ? TPURT_F32 : a->out.dtype, n,
+                                                a->range);
+  tpurt_parallel_for(blocks, 2048, rng_chunk, &x);
+  return TPURT_OK;
+}
+
+tpurt_status tpurt_random(tpurt_stream *s, const tpurt_view *out, tpurt_rng_kind kind, double p0, double p1,
+                          int64_t from, uint64_t range, uint64_t seed, uint64_t offset) {
+  TPURT__INIT_OR_RETURN();
+  const char *op = "random";
+  tpurt_status st;
+  if (!out) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: NULL view", op);
+  if ((unsigned)kind > TPURT_RNG_CAUCHY) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: bad kind", op);
+  if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(out->ptr)))) return st;
+  if ((st = kc_check(s->dev, out, op, "out"))) return st;
+  if (kc_is_complex(out->dtype)) return tpurt__err(TPURT_ERR_NOT_SUPPORTED, "%s: complex is not supported", op);
+  if (kc_numel(out) == 0) return TPURT_OK;
+  rng_args a;
+  memset(&a, 0, sizeof a);
+  a.out = *out;
+  a.kind = kind;
+  a.p0 = p0;
+  a.p1 = p1;
+  a.from = from;
+  a.range = range;
+  a.seed = seed;
+  a.offset = offset;
+  static const char *names[] = {"uniform_", "normal_", "bernoulli_", "random_", "exponential_", "geometric_",
+                                "log_normal_", "cauchy_"};
+  return tpurt_launch(s, names[kind], k_rng, &a, sizeof a);
+}
+
+tpurt_status tpurt_bernoulli_tensor(tpurt_stream *s, const tpurt_view *out, const tpurt_view *p, uint64_t seed,
+                                    uint64_t offset) {
+  TPURT__INIT_OR_RETURN();
+  const char *op = "bernoulli_";
+  tpurt_status st;
+  if (!out || !p) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: NULL view", op);
+  if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(out->ptr)))) return st;
+  if ((st = kc_check(s->dev, out, op, "out")) || (st = kc_check(s->dev, p, op, "p"))) return st;
+  if (p->ndim != out->ndim) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: p must be broadcast to out", op);
+  for (int k = 0; k < p->ndim; k++)
+    if (p->sizes[k] != out->sizes[k]) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: p must be broadcast", op);
+  if (kc_numel(out) == 0) return TPURT_OK;
+  rng_args a;
+  memset(&a, 0, sizeof a);
+  a.out = *out;
+  a.p = *p;
+  a.tensor_p = 1;
+  a.kind = TPURT_RNG_BERNOULLI;
+  a.seed = seed;
+  a.offset = offset;
+  return tpurt_launch(s, op, k_rng, &a, sizeof a);
+}
+
+/* -------------------------------------------------------------- dropout */
+
+typedef struct {
+  tpurt_view out, mask, in;
+  int has_mask, gen;
+  double p, scale;
+  uint64_t seed, offset;
+} drop_args;
+
+typedef struct {
+  drop_args *a;
+  char *o, *m, *i;
+  int fast;
+} drop_ctx;
+
+static void drop_chunk(void *c, int64_t b, int64_t e) {
+  drop_ctx *x = c;
+  drop_args *a = x->a;
+  tpurt_dtype dt = a->out.dtype;
+  int es = (int)tpurt_dtype_size(dt);
+  int64_t n = kc_numel(&a->out);
+  float pf = (float)a->p;
+  for (int64_t blk = b; blk < e; blk++) {
+    uint32_t w[4] = {0, 0, 0, 0};
+    if (a->gen) philox_block(a->seed, a->offset + (uint64_t)blk, w);
+    int64_t i0 = blk * 4, i1 = i0 + 4 < n ? i0 + 4 : n;
+    if (x->fast) {
+      float *o = (float *)x->o, *in = (float *)x->i;
+      uint8_t *m = (uint8_t *)x->m;
+      float sc = (float)a->scale;
+      for (int64_t i = i0; i < i1; i++) {
+        uint8_t keep = a->gen ? (u01f(w[i - i0]) >= pf) : m[i];
+        if (a->gen && m) m[i] = keep;
+        o[i] = keep ? in[i] * sc : 0.0f;
+      }
+      continue;
+    }
+    for (int64_t i = i0; i < i1; i++) {
+      int64_t oo = lin_off(&a->out, i) * es, io = lin_off(&a->in, i) * es;
+      uint8_t keep;
+      if (a->gen) {
+        keep = u01f(w[i - i0]) >= pf;
+        if (a->has_mask) x->m[lin_off(&a->mask, i)] = keep;
+      } else {
+        keep = x->m[lin_off(&a->mask, i)] != 0;
+      }
+      kc_st(dt, x->o + oo, keep ? kc_ld(dt, x->i + io) * a->scale : 0.0);
+    }
+  }
+}
+
+static tpurt_status k_dropout(void *p, char *err, size_t errlen) {
+  (void)err;
+  (void)errlen;
+  drop_args *a = p;
+  drop_ctx x = {a, tpurt__host_view(a->out.ptr), a->has_mask ? tpurt__host_view(a->mask.ptr) : NULL,
+                tpurt__host_view(a->in.ptr), 0};
+  x.fast = a->out.dtype == TPURT_F32 && a->in.dtype == TPURT_F32 && is_dense(&a->out) && is_dense(&a->in) &&
+           (!a->has_mask || is_dense(&a->mask));
+  int64_t n = kc_numel(&a->out);
+  tpurt_parallel_for((n + 3) / 4, 4096, drop_chunk, &x);
+  return TPURT_OK;
+}
+
+tpurt_status tpurt_dropout(tpurt_stream *s, const tpurt_view *out, const tpurt_view *mask, const tpurt_view *in,
+                           double p, double scale, int gen, uint64_t seed, uint64_t offset) {
+  TPURT__INIT_OR_RETURN();
+  const char *op = gen ? "native_dropout" : "native_dropout_backward";
+  tpurt_status st;
+  if (!out || !in || (!gen && !mask)) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: NULL view", op);
+  if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(out->ptr)))) return st;
+  if ((st = kc_check(s->dev, out, op, "out")) || (st = kc_check(s->dev, in, op, "input")) ||
+      (mask && (st = kc_check(s->dev, mask, op, "mask"))))
+    return st;
+  if (out->ndim != in->ndim || (mask && mask->ndim != out->ndim) || !kc_is_float(out->dtype) ||
+      (mask && mask->dtype != TPURT_BOOL && mask->dtype != TPURT_U8))
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: bad views", op);
+  for (int k = 0; k < out->ndim; k++)
+    if (in->sizes[k] != out->sizes[k] || (mask && mask->sizes[k] != out->sizes[k]))
+      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: shapes differ", op);
+  if (kc_numel(out) == 0) return TPURT_OK;
+  drop_args a;
+  memset(&a, 0, sizeof a);
+  a.out = *out;
+  a.in = *in;
+  if (mask) a.mask = *mask;
+  a.has_mask = mask != NULL;
+  a.gen = gen;
+  a.p = p;
+  a.scale = scale;
+  a.seed = seed;
+  a.offset = offset;
+  return tpurt_launch(s, op, k_dropout, &a, sizeof a);
+}
+
+/* -------------------------------------------------------------- randperm */
+
+typedef struct {
+  tpurt_view out;
+  uint64_t seed, offset;
+} perm_args;
+
+static tpurt_status k_randperm(void *p, char *err, size_t errlen) {
+  (void)err;
+  (void)errlen;
+  perm_args *a = p;
+  int64_t n = a->out.sizes[0];
+  int64_t *tmp = malloc((size_t)n * sizeof *tmp);
+  if (!tmp) {
+    snprintf(err, errlen, "out of host memory");
+    return TPURT_ERR_OUT_OF_MEMORY;
+  }
+  for (int64_t i = 0; i < n; i++) tmp[i] = i;
+  for (int64_t i = n - 1; i > 0; i--) {
+    uint32_t w[4];
+    philox_block(a->seed, a->offset + (uint64_t)(n - 1 - i), w);
+    uint64_t r = ((uint64_t)w[0] << 32) | w[1];
+    int64_t j = (int64_t)(r % (uint64_t)(i + 1));
+    int64_t t = tmp[i];
+    tmp[i] = tmp[j];
+    tmp[j] = t;
+  }
+  char *o = tpurt__host_view(a->out.ptr);
+  int es = (int)tpurt_dtype_size(a->out.dtype);
+  for (int64_t i = 0; i < n; i++) {
+    char *q = o + i * a->out.strides[0] * es;
+    if (kc_is_float(a->out.dtype))
+      kc_st(a->out.dtype, q, (double)tmp[i]);
+    else
+      kc_sti(a->out.dtype, q, tmp[i]);
+  }
+  free(tmp);
+  return TPURT_OK;
+}
+
+tpurt_status tpurt_randperm(tpurt_stream *s, const tpurt_view *out, uint64_t seed, uint64_t offset) {
+  TPURT__INIT_OR_RETURN();
+  tpurt_status st;
+  if (!out) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "randperm: NULL view");
+  if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(out->ptr)))) return st;
+  if ((st = kc_check(s->dev, out, "randperm", "out"))) return st;
+  if (out->ndim != 1 || kc_is_complex(out->dtype))
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "randperm: out must be a 1-D real view");
+  if (out->sizes[0] == 0) return TPURT_OK;
+  perm_args a = {*out, seed, offset};
+  return tpurt_launch(s, "randperm", k_randperm, &a, sizeof a);
+}
+
+/* ----------------------------------------------------------- multinomial */
+
+typedef struct {
+  tpurt_view out, probs;
+  int64_t nsample;
+  int replacement;
+  uint64_t seed, offset;
+} mn_args;
+
+typedef struct {
+  mn_args *a;
+  char *o;
+  const char *p;
+  kc_err err;
+} mn_ctx;
+
+static void mn_chunk(void *c, int64_t b, int64_t e) {
+  mn_ctx *x = c;
+  mn_args *a = x->a;
+  int64_t C = a->probs.sizes[1];
+  tpurt_dtype pt = a->probs.dtype;
+  int pes = (int)tpurt_dtype_size(pt);
+  double *w = malloc((size_t)C * sizeof *w);
+  if (!w) {
+    kc_err_index(&x->err, "out of host memory");
+    return;
+  }
+  for (int64_t r = b; r < e; r++) {
+    double tot = 0;
+    int64_t nz = 0;
+    for (int64_t j = 0; j < C; j++) {
+      double v = kc_ld(pt, x->p + (r * a->probs.strides[0] + j * a->probs.strides[1]) * pes);
+      if (!(v >= 0) || isinf(v)) {
+        kc_err_index(&x->err, "probability tensor contains either `inf`, `nan` or element < 0");
+        free(w);
+        return;
+      }
+      w[j] = v;
+      tot += v;
+      nz += v > 0;
+    }
+    if (!(tot > 0)) {
+      kc_err_index(&x->err, "invalid multinomial distribution (sum of probabilities <= 0)");
+      free(w);
+      return;
+    }
+    if (!a->replacement && nz < a->nsample) {
+      kc_err_index(&x->err, "cannot sample n_sample > prob_dist.size(-1) samples without replacement");
+      free(w);
+      return;
+    }
+    for (int64_t k = 0; k < a->nsample; k++) {
+      uint32_t q[4];
+      philox_block(a->seed, a->offset + (uint64_t)(r * a->nsample + k), q);
+      double u = u01d(((uint64_t)q[0] << 32) | q[1]) * tot;
+      int64_t pick = -1;
+      double acc = 0;
+      for (int64_t j = 0; j < C; j++) {
+        if (w[j] <= 0) continue;
+        acc += w[j];
+        pick = j;
+        if (u < acc) break;
+      }
+      int64_t *o = (int64_t *)(x->o + (r * a->out.strides[0] + k * a->out.strides[1]) * 8);
+      *o = pick;
+      if (!a->replacement) {
+        tot -= w[pick];
+        w[pick] = 0;
+        if (tot <= 0) { /* rounding: recompute */
+          tot = 0;
+          for (int64_t j = 0; j < C; j++) tot += w[j];
+        }
+      }
+    }
+  }
+  free(w);
+}
+
+static tpurt_status k_multinomial(void *p, char *err, size_t errlen) {
+  mn_args *a = p;
+  mn_ctx x;
+  x.a = a;
+  x.o = tpurt__host_view(a->out.ptr);
+  x.p = tpurt__host_view(a->probs.ptr);
+  atomic_init(&x.err.set, 0);
+  tpurt_parallel_for(a->probs.sizes[0], 1, mn_chunk, &x);
+  return kc_err_finish(&x.err, TPURT_ERR_INVALID_ARGUMENT, err, errlen);
+}
+
+tpurt_status tpurt_multinomial(tpurt_stream *s, const tpurt_view *out, const tpurt_view *probs, int64_t nsample,
+                               int replacement, uint64_t seed, uint64_t offset) {
+  TPURT__INIT_OR_RETURN();
+  const char *op = "multinomial";
+  tpurt_status st;
+  if (!out || !probs) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: NULL view", op);
+  if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(out->ptr)))) return st;
+  if ((st = kc_check(s->dev, out, op, "out")) || (st = kc_check(s->dev, probs, op, "probs"))) return st;
+  if (probs->ndim != 2 || out->ndim != 2 || out->dtype != TPURT_I64 || out->sizes[0] != probs->sizes[0] ||
+      out->sizes[1] != nsample || !kc_is_float(probs->dtype))
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: bad views", op);
+  if (kc_numel(out) == 0) return TPURT_OK;
+  mn_args a = {*out, *probs, nsample, replacement, seed, offset};
+  return tpurt_launch(s, op, k_multinomial, &a, sizeof a);
+}

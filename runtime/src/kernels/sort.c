@@ -1,0 +1,340 @@
+/*
+ * sort.c — stable sort along a dim (values + int64 indices), topk and the
+ * run-length pass of unique over sorted data.
+ *
+ * Each line (all positions but dim) is loaded into a (key, index) buffer,
+ * merge-sorted (stable) and written back; lines are spread over the pool.
+ * Float keys order NaN above +inf (PyTorch's convention).
+ */
+#include "kcommon.h"
+
+typedef struct {
+  double k;
+  int64_t i;
+} fkey;
+typedef struct {
+  int64_t k;
+  int64_t i;
+} ikey;
+
+/* a strictly before b in ascending order (NaN last) */
+#define F_LT(a, b) (!isnan((a).k) && (isnan((b).k) || (a).k < (b).k))
+#define F_GT(a, b) F_LT(b, a)
+#define I_LT(a, b) ((a).k < (b).k)
+#define I_GT(a, b) ((b).k < (a).k)
+
+#define DEF_MSORT(NAME, T, BEFORE)                                                \
+  static void NAME(T *a, T *tmp, int64_t n) {                                    \
+    /* bottom-up merge sort with insertion-sorted runs of 16 */                  \
+    const int64_t RUN = 16;                                                       \
+    for (int64_t lo = 0; lo < n; lo += RUN) {                                     \
+      int64_t hi = lo + RUN < n ? lo + RUN : n;                                   \
+      for (int64_t i = lo + 1; i < hi; i++) {                                     \
+        T v = a[i];                                                               \
+        int64_t j = i;                                                            \
+        while (j > lo && BEFORE(v, a[j - 1])) {                                   \
+          a[j] = a[j - 1];                                                        \
+          j--;                                                                    \
+        }                                                                         \
+        a[j] = v;                                                                 \
+      }                                                                           \
+    }                                                                             \
+    T *src = a, *dst = tmp;                                                       \
+    for (int64_t w = RUN; w < n; w *= 2) {                                        \
+      for (int64_t lo = 0; lo < n; lo += 2 * w) {                                 \
+        int64_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n; \
+        int64_t i = lo, j = mid, k = lo;                                          \
+        while (i < mid && j < hi) dst[k++] = BEFORE(src[j], src[i]) ? src[j++] : src[i++]; \
+        while (i < mid) dst[k++] = src[i++];                                      \
+        while (j < hi) dst[k++] = src[j++];                                       \
+      }                                                                           \
+      T *t = src;                                                                 \
+      src = dst;                                                                  \
+      dst = t;                                                                    \
+    }                                                                             \
+    if (src != a) memcpy(a, src, (size_t)n * sizeof(T));                          \
+  }
+DEF_MSORT(msort_f_asc, fkey, F_LT)
+DEF_MSORT(msort_f_desc, fkey, F_GT)
+DEF_MSORT(msort_i_asc, ikey, I_LT)
+DEF_MSORT(msort_i_desc, ikey, I_GT)
+
+typedef struct {
+  tpurt_view values, indices, in;
+  int has_values, has_indices, dim, descending;
+  int64_t k; /* entries written per line (sort: all) */
+} sort_args;
+
+typedef struct {
+  sort_args *a;
+  char *vb, *ib, *inb;
+  int isint;
+  kc_err err;
+} sort_ctx;
+
+/* byte offset of line r (over all dims but dim) in view v */
+static int64_t line_off(const tpurt_view *v, const tpurt_view *shape, int dim, int64_t r) {
+  int64_t off = 0;
+  for (int k = shape->ndim - 1; k >= 0; k--) {
+    if (k == dim) continue;
+    int64_t i = r % shape->sizes[k];
+    r /= shape->sizes[k];
+    off += i * v->strides[k];
+  }
+  return off * (int64_t)tpurt_dtype_size(v->dtype);
+}
+
+static void sort_chunk(void *c, int64_t b, int64_t e) {
+  sort_ctx *x = c;
+  sort_args *a = x->a;
+  int dim = a->dim;
+  int64_t n = a->in.sizes[dim];
+  tpurt_dtype dt = a->in.dtype;
+  int es = (int)tpurt_dtype_size(dt);
+  int64_t is = a->in.strides[dim] * es;
+  size_t bytes = (size_t)n * 16;
+  void *buf = malloc(bytes ? bytes : 16), *tmp = malloc(bytes ? bytes : 16);
+  if (!buf || !tmp) {
+    free(buf);
+    free(tmp);
+    kc_err_index(&x->err, "out of host memory");
+    return;
+  }
+  for (int64_t r = b; r < e; r++) {
+    const char *ip = x->inb + line_off(&a->in, &a->in, dim, r);
+    char *vp = a->has_values ? x->vb + line_off(&a->values, &a->in, dim, r) : NULL;
+    char *xp = a->has_indices ? x->ib + line_off(&a->indices, &a->in, dim, r) : NULL;
+    int64_t vs = a->has_values ? a->values.strides[dim] * es : 0;
+    int64_t xs = a->has_indices ? a->indices.strides[dim] * 8 : 0;
+    if (x->isint) {
+      ikey *k = buf;
+      for (int64_t i = 0; i < n; i++) {
+        k[i].k = kc_ldi(dt, ip + i * is);
+        k[i].i = i;
+      }
+      if (a->descending)
+        msort_i_desc(k, tmp, n);
+      else
+        msort_i_asc(k, tmp, n);
+      for (int64_t i = 0; i < a->k; i++) {
+        if (vp) kc_move(vp + i * vs, ip + k[i].i * is, es);
+        if (xp) memcpy(xp + i * xs, &k[i].i, 8);
+      }
+    } else {
+      fkey *k = buf;
+      if (dt == TPURT_F32) {
+        for (int64_t i = 0; i < n; i++) {
+          float f;
+          memcpy(&f, ip + i * is, 4);
+          k[i].k = f;
+          k[i].i = i;
+        }
+      } else {
+        for (int64_t i = 0; i < n; i++) {
+          k[i].k = kc_ld(dt, ip + i * is);
+          k[i].i = i;
+        }
+      }
+      if (a->descending)
+        msort_f_desc(k, tmp, n);
+      else
+        msort_f_asc(k, tmp, n);
+      for (int64_t i = 0; i < a->k; i++) {
+        if (vp) kc_move(vp + i * vs, ip + k[i].i * is, es);
+        if (xp) memcpy(xp + i * xs, &k[i].i, 8);
+      }
+    }
+  }
+  free(buf);
+  free(tmp);
+}
+
+static tpurt_status k_sort(void *p, char *err, size_t errlen) {
+  sort_args *a = p;
+  sort_ctx x;
+  x.a = a;
+  x.vb = a->has_values ? tpurt__host_view(a->values.ptr) : NULL;
+  x.ib = a->has_indices ? tpurt__host_view(a->indices.ptr) : NULL;
+  /* in-place sort (values aliasing input): sort a private copy of each line.
+   * line buffers hold keys + original positions, and values are re-read
+   * from the input, so alias requires a snapshot of the input */
+  x.inb = tpurt__host_view(a->in.ptr);
+  x.isint = !kc_is_float(a->in.dtype);
+  atomic_init(&x.err.set, 0);
+  int64_t n = a->in.sizes[a->dim];
+  int64_t lines = kc_numel(&a->in) / (n ? n : 1);
+  char *snap = NULL;
+  if (a->has_values && a->values.ptr == a->in.ptr) {
+    /* snapshot the input densely and sort from there */
+    int64_t tot = kc_numel(&a->in);
+    int es = (int)tpurt_dtype_size(a->in.dtype);
+    snap = malloc((size_t)(tot * es));
+    if (!snap) {
+      snprintf(err, errlen, "out of host memory");
+      return TPURT_ERR_OUT_OF_MEMORY;
+    }
+    int64_t coord[TPURT_MAX_DIMS];
+    for (int64_t l = 0; l < tot; l++) {
+      kc_unravel(l, a->in.ndim, a->in.sizes, coord);
+      int64_t off = 0;
+      for (int k = 0; k < a->in.ndim; k++) off += coord[k] * a->in.strides[k];
+      kc_move(snap + l * es, x.inb + off * es, es);
+    }
+    int64_t st = 1;
+    for (int k = a->in.ndim - 1; k >= 0; k--) {
+      a->in.strides[k] = st;
+      st *= a->in.sizes[k];
+    }
+    x.inb = snap;
+  }
+  tpurt_parallel_for(lines, n >= 4096 ? 1 : 4096 / (n + 1) + 1, sort_chunk, &x);
+  free(snap);
+  return kc_err_finish(&x.err, TPURT_ERR_OUT_OF_MEMORY, err, errlen);
+}
+
+static tpurt_status sort_launch(tpurt_stream *s, const char *op, const tpurt_view *values, const tpurt_view *indices,
+                                const tpurt_view *in, int dim, int descending, int64_t k) {
+  TPURT__INIT_OR_RETURN();
+  tpurt_status st;
+  if (!in) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: NULL input", op);
+  if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(in->ptr)))) return st;
+  if ((st = kc_check(s->dev, in, op, "input")) || (values && (st = kc_check(s->dev, values, op, "values"))) ||
+      (indices && (st = kc_check(s->dev, indices, op, "indices"))))
+    return st;
+  if (kc_is_complex(in->dtype)) return tpurt__err(TPURT_ERR_NOT_SUPPORTED, "%s: complex is not supported", op);
+  tpurt_view iv = *in;
+  if (iv.ndim == 0) {
+    iv.ndim = 1;
+    iv.sizes[0] = 1;
+    iv.strides[0] = 1;
+  }
+  if (dim < 0 || dim >= iv.ndim) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: bad dim %d", op, dim);
+  const tpurt_view *outs[2] = {values, indices};
+  tpurt_view ov[2];
+  for (int o = 0; o < 2; o++) {
+    if (!outs[o]) continue;
+    ov[o] = *outs[o];
+    if (ov[o].ndim == 0) {
+      ov[o].ndim = 1;
+      ov[o].sizes[0] = 1;
+      ov[o].strides[0] = 1;
+    }
+    if (ov[o].ndim != iv.ndim) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: output rank mismatch", op);
+    for (int d = 0; d < iv.ndim; d++)
+      if (ov[o].sizes[d] != (d == dim ? k : iv.sizes[d]))
+        return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: output size mismatch in dimension %d", op, d);
+  }
+  if (values && values->dtype != in->dtype) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: values dtype", op);
+  if (indices && indices->dtype != TPURT_I64)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: indices must be int64", op);
+  if (kc_numel(&iv) == 0 || k == 0) return TPURT_OK;
+  sort_args a;
+  memset(&a, 0, sizeof a);
+  a.in = iv;
+  if (values) a.values = ov[0];
+  if (indices) a.indices = ov[1];
+  a.has_values = values != NULL;
+  a.has_indices = indices != NULL;
+  a.dim = dim;
+  a.descending = descending;
+  a.k = k;
+  return tpurt_launch(s, op, k_sort, &a, sizeof a);
+}
+
+tpurt_status tpurt_sort(tpurt_stream *s, const tpurt_view *values, const tpurt_view *indices, const tpurt_view *in,
+                        int dim, int descending) {
+  int64_t n = in ? (in->ndim ? in->sizes[dim < 0 || dim >= in->ndim ? 0 : dim] : 1) : 0;
+  return sort_launch(s, "sort", values, indices, in, dim, descending, n);
+}
+
+tpurt_status tpurt_topk(tpurt_stream *s, const tpurt_view *values, const tpurt_view *indices, const tpurt_view *in,
+                        int64_t k, int dim, int largest, int sorted) {
+  (void)sorted; /* always sorted */
+  if (in) {
+    int64_t n = in->ndim ? (dim >= 0 && dim < in->ndim ? in->sizes[dim] : 0) : 1;
+    if (k < 0 || k > n) return tpurt__err(TPURT_ERR_INDEX, "topk: selected index k out of range");
+  }
+  return sort_launch(s, "topk", values, indices, in, dim, largest, k);
+}
+
+/* --------------------------------------------------------------- unique */
+
+typedef struct {
+  tpurt_view out, count, inverse, counts, sorted, perm;
+  int has_inv, has_counts;
+} uniq_args;
+
+static tpurt_status k_unique(void *p, char *err, size_t errlen) {
+  (void)err;
+  (void)errlen;
+  uniq_args *a = p;
+  tpurt_dtype dt = a->sorted.dtype;
+  int es = (int)tpurt_dtype_size(dt);
+  int isf = kc_is_float(dt);
+  const char *sp = tpurt__host_view(a->sorted.ptr);
+  char *op = tpurt__host_view(a->out.ptr);
+  int64_t n = a->sorted.sizes[0], ss = a->sorted.strides[0] * es, os = a->out.strides[0] * es;
+  const char *pp = a->has_inv ? tpurt__host_view(a->perm.ptr) : NULL;
+  char *ivp = a->has_inv ? tpurt__host_view(a->inverse.ptr) : NULL;
+  int64_t *cp = a->has_counts ? tpurt__host_view(a->counts.ptr) : NULL;
+  int64_t ps = a->has_inv ? a->perm.strides[0] * 8 : 0, is = a->has_inv ? a->inverse.strides[0] : 0;
+  int64_t cs = a->has_counts ? a->counts.strides[0] : 0;
+  int64_t g = -1;
+  for (int64_t i = 0; i < n; i++) {
+    const char *v = sp + i * ss;
+    int fresh = i == 0;
+    if (!fresh) {
+      const char *pv = v - ss;
+      fresh = isf ? !(kc_ld(dt, v) == kc_ld(dt, pv)) : memcmp(v, pv, (size_t)es) != 0;
+    }
+    if (fresh) {
+      g++;
+      kc_move(op + g * os, v, es);
+      if (cp) cp[g * cs] = 0;
+    }
+    if (cp) cp[g * cs]++;
+    if (ivp) {
+      int64_t orig;
+      memcpy(&orig, pp + i * ps, 8);
+      memcpy(ivp + orig * is * 8, &g, 8);
+    }
+  }
+  int64_t *cnt = tpurt__host_view(a->count.ptr);
+  *cnt = g + 1;
+  return TPURT_OK;
+}
+
+tpurt_status tpurt_unique_sorted(tpurt_stream *s, const tpurt_view *out, const tpurt_view *count,
+                                 const tpurt_view *inverse, const tpurt_view *counts, const tpurt_view *sorted,
+                                 const tpurt_view *perm) {
+  TPURT__INIT_OR_RETURN();
+  const char *op = "unique";
+  tpurt_status st;
+  if (!out || !count || !sorted || (inverse && !perm))
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: NULL argument", op);
+  if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(out->ptr)))) return st;
+  if ((st = kc_check(s->dev, out, op, "out")) || (st = kc_check(s->dev, count, op, "count")) ||
+      (st = kc_check(s->dev, sorted, op, "sorted")) || (inverse && (st = kc_check(s->dev, inverse, op, "inverse"))) ||
+      (counts && (st = kc_check(s->dev, counts, op, "counts"))) || (perm && (st = kc_check(s->dev, perm, op, "perm"))))
+    return st;
+  if (sorted->ndim != 1 || out->ndim != 1 || out->sizes[0] < sorted->sizes[0] || out->dtype != sorted->dtype ||
+      count->ndim != 0 || count->dtype != TPURT_I64)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: bad shapes", op);
+  if ((inverse && (inverse->dtype != TPURT_I64 || perm->dtype != TPURT_I64 || inverse->ndim != 1 ||
+                   perm->ndim != 1 || inverse->sizes[0] != sorted->sizes[0] || perm->sizes[0] != sorted->sizes[0])) ||
+      (counts && (counts->dtype != TPURT_I64 || counts->ndim != 1 || counts->sizes[0] < sorted->sizes[0])))
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: bad inverse/counts", op);
+  uniq_args a;
+  memset(&a, 0, sizeof a);
+  a.out = *out;
+  a.count = *count;
+  a.sorted = *sorted;
+  if (inverse) {
+    a.inverse = *inverse;
+    a.perm = *perm;
+  }
+  if (counts) a.counts = *counts;
+  a.has_inv = inverse != NULL;
+  a.has_counts = counts != NULL;
+  return tpurt_launch(s, op, k_unique, &a, sizeof a);
+}

@@ -1,0 +1,460 @@
+"""Indexing and shape ops on the tpu device vs PyTorch CPU: index_select,
+gather, scatter (+reductions), index_add, advanced indexing (get / put with
+bool masks), masked_fill / masked_select, nonzero, embedding (+backward),
+cat / stack, flip, roll, tril / triu, padding, arange / linspace / eye,
+sort / topk / argsort / unique; out-of-range indices raise IndexError at the
+next sync naming the op, and the device keeps working."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+DT = "tpu"
+FLOATS = [torch.float32, torch.bfloat16, torch.float64, torch.float16]
+
+
+def rnd(shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    return torch.randint(-50, 50, shape, generator=g).to(dtype)
+
+
+def same(d, c, exact=True, **kw):
+    d = d.cpu()
+    assert d.dtype == c.dtype, (d.dtype, c.dtype)
+    assert d.shape == c.shape, (d.shape, c.shape)
+    if exact:
+        assert torch.equal(d, c), (d, c)
+    else:
+        torch.testing.assert_close(d, c, **kw)
+
+
+def _has(fn):
+    """True if fn runs on the device (ops owned by other modules may be missing)."""
+    try:
+        fn()
+        torch.tpu.synchronize()
+        return True
+    except NotImplementedError:
+        return False
+
+
+# ------------------------------------------------------------- index_select
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.bool])
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_index_select(dtype, dim):
+    x = rnd((5, 6, 7), dtype)
+    idx = torch.tensor([4, 0, 2, 2, 1])
+    same(x.to(DT).index_select(dim, idx.to(DT)), x.index_select(dim, idx))
+    same(x.to(DT).index_select(dim, idx.int().to(DT)), x.index_select(dim, idx.int()))
+
+
+def test_index_select_noncontig_and_out():
+    x = rnd((6, 8)).t()
+    idx = torch.tensor([1, 3, 5])
+    out = torch.empty(0, device=DT)
+    r = torch.index_select(x.to(DT).t().t(), 1, idx.to(DT), out=out)
+    assert r is out
+    same(out, x.index_select(1, idx))
+    same(x.to(DT)[:, ::2].index_select(0, idx.to(DT)), x[:, ::2].index_select(0, idx))
+
+
+def test_index_select_out_of_range():
+    x = torch.arange(3.0, device=DT)
+    r = x.index_select(0, torch.tensor([0, 12], device=DT))
+    with pytest.raises(IndexError, match="index_select.*index 12 is out of bounds for dimension 0 with size 3"):
+        r.cpu()
+    same(x.index_select(0, torch.tensor([2], device=DT)), torch.tensor([2.0]))
+
+
+# --------------------------------------------------------------- gather
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.float16])
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_gather(dtype, dim):
+    x = rnd((4, 5, 6), dtype)
+    g = torch.Generator().manual_seed(1)
+    shape = [3, 4, 5]
+    idx = torch.randint(0, x.shape[dim], shape, generator=g)
+    same(torch.gather(x.to(DT), dim, idx.to(DT)), torch.gather(x, dim, idx))
+
+
+def test_gather_noncontig_out_and_error():
+    x = rnd((6, 5)).t()
+    idx = torch.tensor([[0, 5, 1], [2, 2, 3]])
+    out = torch.empty(0, device=DT)
+    torch.gather(x.to(DT), 1, idx.to(DT), out=out)
+    same(out, torch.gather(x, 1, idx))
+    bad = torch.gather(x.to(DT), 1, torch.tensor([[0, 9]], device=DT))
+    with pytest.raises(IndexError, match="gather.*index 9 is out of bounds for dimension 1 with size 6"):
+        torch.tpu.synchronize()
+    del bad
+    same(torch.gather(x.to(DT), 0, (idx[:, :1] % 5).to(DT)), torch.gather(x, 0, idx[:, :1] % 5))
+
+
+# -------------------------------------------------------------- scatter
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bfloat16])
+def test_scatter_src_value(dtype):
+    x = rnd((5, 6), dtype)
+    src = rnd((3, 6), dtype, seed=3)
+    # unique destinations per column (assign order is otherwise undefined)
+    idx = torch.stack([torch.randperm(5, generator=torch.Generator().manual_seed(i))[:3] for i in range(6)], 1)
+    same(x.to(DT).scatter(0, idx.to(DT), src.to(DT)), x.scatter(0, idx, src))
+    same(x.to(DT).scatter(0, idx.to(DT), 7), x.scatter(0, idx, 7))
+    y = x.to(DT)
+    y.scatter_(0, idx.to(DT), src.to(DT))
+    same(y, x.clone().scatter_(0, idx, src))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int32])
+def test_scatter_add(dtype):
+    x = rnd((4, 7), dtype)
+    src = rnd((6, 7), dtype, seed=5)
+    idx = torch.randint(0, 4, (6, 7), generator=torch.Generator().manual_seed(2))
+    same(x.to(DT).scatter_add(0, idx.to(DT), src.to(DT)), x.scatter_add(0, idx, src),
+         exact=not dtype.is_floating_point)
+    same(x.to(DT).scatter_add(1, (idx[:4] % 7).to(DT), src.to(DT)[:4]), x.scatter_add(1, idx[:4] % 7, src[:4]),
+         exact=not dtype.is_floating_point)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_scatter_reduce(reduce, include_self, dtype):
+    x = rnd((5, 4), dtype)
+    src = rnd((8, 4), dtype, seed=9)
+    if dtype == torch.float32:
+        src = src.abs() + 0.5 if reduce == "prod" else src
+    idx = torch.randint(0, 5, (8, 4), generator=torch.Generator().manual_seed(4))
+    got = x.to(DT).scatter_reduce(0, idx.to(DT), src.to(DT), reduce, include_self=include_self)
+    same(got, x.scatter_reduce(0, idx, src, reduce, include_self=include_self), exact=False)
+
+
+def test_scatter_legacy_reduce_and_error():
+    x = rnd((3, 3))
+    idx = torch.tensor([[0, 1, 2], [0, 0, 0]])
+    src = rnd((2, 3), seed=1)
+    same(x.to(DT).scatter(0, idx.to(DT), src.to(DT), reduce="multiply"), x.scatter(0, idx, src, reduce="multiply"),
+         exact=False)
+    same(x.to(DT).scatter(0, idx.to(DT), 2.0, reduce="add"), x.scatter(0, idx, 2.0, reduce="add"), exact=False)
+    y = x.to(DT).scatter_add(0, torch.tensor([[3, 0, 0]], device=DT), src.to(DT)[:1])
+    with pytest.raises(IndexError, match="scatter_add.*index 3 is out of bounds for dimension 0 with size 3"):
+        y.cpu()
+
+
+def test_index_add():
+    x = rnd((5, 3))
+    src = rnd((4, 3), seed=2)
+    idx = torch.tensor([1, 1, 4, 0])
+    same(x.to(DT).index_add(0, idx.to(DT), src.to(DT), alpha=2.0), x.index_add(0, idx, src, alpha=2.0), exact=False)
+    y = x.to(DT)
+    s2 = rnd((2, 5), seed=6).t()  # non-contiguous source
+    y.index_add_(1, torch.tensor([2, 0], device=DT), s2.to(DT))
+    torch.testing.assert_close(y.cpu(), x.clone().index_add_(1, torch.tensor([2, 0]), s2))
+
+
+# ----------------------------------------------------- advanced indexing
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16])
+def test_index_get(dtype):
+    x = rnd((4, 5, 6), dtype)
+    d = x.to(DT)
+    i = torch.tensor([3, 0, -1])
+    j = torch.tensor([[1], [3]])
+    same(d[i.to(DT)], x[i])
+    same(d[:, i.to(DT)], x[:, i])
+    same(d[i.to(DT), :, j.to(DT)], x[i, :, j])  # non-adjacent: transposed to the front
+    same(d[j.to(DT), i.to(DT)], x[j, i])
+    same(d[..., [0, 5]], x[..., [0, 5]])
+    same(d[1, [2, 3]], x[1, [2, 3]])
+
+
+def test_index_bool_mask_and_masked_select():
+    x = rnd((4, 5))
+    m = x > 0
+    d = x.to(DT)
+    same(d[m.to(DT)], x[m])
+    same(d[m.to(DT)[:, 0]], x[m[:, 0]])
+    same(torch.masked_select(d, m.to(DT)), torch.masked_select(x, m))
+    same(torch.masked_select(d, m[0].to(DT)), torch.masked_select(x, m[0]))  # broadcast
+    out = torch.empty(0, device=DT)
+    torch.masked_select(d, m.to(DT), out=out)
+    same(out, torch.masked_select(x, m))
+
+
+def test_index_out_of_range():
+    d = torch.arange(6.0, device=DT).view(2, 3)
+    r = d[:, torch.tensor([0, 12], device=DT)]
+    with pytest.raises(IndexError, match="index.*index 12 is out of bounds for dimension 0 with size 3"):
+        r.cpu()
+    same(d[:, torch.tensor([-1], device=DT)], torch.tensor([[2.0], [5.0]]))
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.float64])
+def test_index_put(accumulate, dtype):
+    x = rnd((5, 4), dtype)
+    v = rnd((3, 4), dtype, seed=3)
+    idx = torch.tensor([4, 1, 4]) if accumulate else torch.tensor([4, 1, 0])
+    d = x.to(DT)
+    d.index_put_((idx.to(DT),), v.to(DT), accumulate=accumulate)
+    same(d, x.clone().index_put_((idx,), v, accumulate=accumulate), exact=not dtype.is_floating_point)
+    d2 = x.to(DT)
+    d2.index_put_((idx.to(DT), torch.tensor([0, 1, 3], device=DT)), torch.tensor(5, dtype=dtype, device=DT),
+                  accumulate=accumulate)
+    c2 = x.clone().index_put_((idx, torch.tensor([0, 1, 3])), torch.tensor(5, dtype=dtype), accumulate=accumulate)
+    same(d2, c2, exact=not dtype.is_floating_point)
+
+
+def test_setitem_forms():
+    x = rnd((4, 6))
+    d = x.to(DT)
+    c = x.clone()
+    d[(x > 0).to(DT)] = 0.5
+    c[c > 0] = 0.5
+    same(d, c)
+    d[[1, 3]] = torch.ones(6, device=DT)
+    c[[1, 3]] = torch.ones(6)
+    same(d, c)
+    d[:, torch.tensor([0, 2], device=DT)] = -1.0
+    c[:, torch.tensor([0, 2])] = -1.0
+    same(d, c)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        d[[0, 1]] = torch.ones(3, device=DT)
+
+
+def test_index_put_out_of_range_then_device_works():
+    d = torch.zeros(3, device=DT)
+    d[torch.tensor([5], device=DT)] = 1.0
+    with pytest.raises(IndexError, match="index_put_.*index 5 is out of bounds"):
+        torch.tpu.synchronize()
+    d[torch.tensor([2], device=DT)] = 1.0
+    same(d, torch.tensor([0.0, 0.0, 1.0]))
+
+
+# -------------------------------------------------- masked_fill, nonzero
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16, torch.float64])
+def test_masked_fill(dtype):
+    x = rnd((4, 6), dtype)
+    m = rnd((4, 6), torch.bool, seed=7)
+    same(x.to(DT).masked_fill(m.to(DT), 1), x.masked_fill(m, 1))
+    same(x.to(DT).masked_fill(m[0].to(DT), 0), x.masked_fill(m[0], 0))
+    same(x.to(DT).masked_fill(m.to(DT), torch.tensor(1, dtype=dtype, device=DT)), x.masked_fill(m, torch.tensor(1, dtype=dtype)))
+    same(x.to(DT).masked_fill(m.to(DT), torch.tensor(1)), x.masked_fill(m, torch.tensor(1)))
+    y = x.to(DT).t()
+    y.masked_fill_(m.t().to(DT), 0)
+    same(y, x.t().masked_fill(m.t(), 0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.bool, torch.float16])
+def test_nonzero(dtype):
+    x = rnd((5, 7, 3), dtype)
+    x.view(-1)[::4] = 0
+    same(torch.nonzero(x.to(DT)), torch.nonzero(x))
+    same(x.to(DT).transpose(0, 2).nonzero(), x.transpose(0, 2).nonzero())
+    same(torch.zeros(4, device=DT).nonzero(), torch.zeros(4).nonzero())
+    same(torch.tensor(1.0, device=DT).nonzero(), torch.tensor(1.0).nonzero())
+    assert [t.cpu().tolist() for t in torch.nonzero(x.to(DT), as_tuple=True)] == [t.tolist() for t in torch.nonzero(x, as_tuple=True)]
+    same(torch.tensor([-0.0, float("nan")], device=DT).nonzero(), torch.tensor([-0.0, float("nan")]).nonzero())
+
+
+# ------------------------------------------------------------- embedding
+
+def test_embedding_forward_backward():
+    w = rnd((10, 4)).requires_grad_()
+    wd = w.detach().to(DT).requires_grad_()
+    idx = torch.tensor([[1, 2, 1], [9, 0, 1]])
+    out = F.embedding(idx, w, padding_idx=0)
+    outd = F.embedding(idx.to(DT), wd, padding_idx=0)
+    same(outd, out.detach())
+    g = rnd((2, 3, 4), seed=3)
+    out.backward(g)
+    outd.backward(g.to(DT))
+    same(wd.grad, w.grad, exact=False)
+    # scale_grad_by_freq
+    w.grad = None
+    wd.grad = None
+    F.embedding(idx, w, scale_grad_by_freq=True).backward(g)
+    F.embedding(idx.to(DT), wd, scale_grad_by_freq=True).backward(g.to(DT))
+    same(wd.grad, w.grad, exact=False)
+
+
+def test_embedding_out_of_range():
+    w = torch.zeros(3, 2, device=DT)
+    r = F.embedding(torch.tensor([12], device=DT), w)
+    with pytest.raises(IndexError, match="index 12 is out of bounds"):
+        r.cpu()
+    same(F.embedding(torch.tensor([1], device=DT), w), torch.zeros(1, 2))
+
+
+# --------------------------------------------------- cat, stack, flip...
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16])
+def test_cat_stack(dtype):
+    a, b, c = rnd((2, 3), dtype), rnd((4, 3), dtype, 1), rnd((1, 3), dtype, 2)
+    same(torch.cat([a.to(DT), b.to(DT), c.to(DT)]), torch.cat([a, b, c]))
+    same(torch.cat([a.to(DT).t(), a.to(DT).t()], 1), torch.cat([a.t(), a.t()], 1))
+    same(torch.cat([a.to(DT), torch.empty(0, dtype=dtype, device=DT)]), torch.cat([a, torch.empty(0, dtype=dtype)]))
+    same(torch.stack([a.to(DT), a.to(DT)], 1), torch.stack([a, a], 1))
+    out = torch.empty(0, dtype=dtype, device=DT)
+    torch.cat([a.to(DT), b.to(DT)], out=out)
+    same(out, torch.cat([a, b]))
+
+
+def test_cat_promotion_and_errors():
+    a, b = rnd((2, 3)), rnd((2, 3), torch.int64)
+    same(torch.cat([a.to(DT), b.to(DT)]), torch.cat([a, b]))
+    with pytest.raises(RuntimeError, match="Sizes of tensors must match"):
+        torch.cat([a.to(DT), rnd((2, 4)).to(DT)])
+
+
+def test_cat_grad():
+    a, b = rnd((2, 3)).requires_grad_(), rnd((1, 3), seed=1).requires_grad_()
+    ad, bd = a.detach().to(DT).requires_grad_(), b.detach().to(DT).requires_grad_()
+    g = rnd((3, 3), seed=2)
+    torch.cat([a, b]).backward(g)
+    torch.cat([ad, bd]).backward(g.to(DT))
+    same(ad.grad, a.grad)
+    same(bd.grad, b.grad)
+
+
+def test_split_chunk_repeat_flip_roll():
+    x = rnd((6, 5))
+    d = x.to(DT)
+    for p, q in zip(torch.split(d, [2, 4]), torch.split(x, [2, 4])):
+        same(p, q)
+    for p, q in zip(d.chunk(3, 1), x.chunk(3, 1)):
+        same(p, q)
+    same(d.repeat(2, 1, 3), x.repeat(2, 1, 3))
+    same(d.flip(0), x.flip(0))
+    same(d.flip(0, 1), x.flip(0, 1))
+    same(d.t().flip(-1), x.t().flip(-1))
+    same(d.roll(2, 0), x.roll(2, 0))
+    same(d.roll((-1, 7), (0, 1)), x.roll((-1, 7), (0, 1)))
+    same(d.roll(3), x.roll(3))
+
+
+@pytest.mark.parametrize("diag", [-2, 0, 1, 5])
+def test_tril_triu(diag):
+    x = rnd((3, 4, 5))
+    d = x.to(DT)
+    same(d.tril(diag), x.tril(diag))
+    same(d.triu(diag), x.triu(diag))
+    same(d.transpose(1, 2).triu(diag), x.transpose(1, 2).triu(diag))
+    y = d.clone()
+    y.tril_(diag)
+    same(y, x.tril(diag))
+
+
+def test_padding_modes():
+    x = rnd((2, 3, 6, 7))
+    d = x.to(DT)
+    same(F.pad(d, (2, 1, 1, 3), mode="reflect"), F.pad(x, (2, 1, 1, 3), mode="reflect"))
+    same(F.pad(d, (2, 1, 1, 3), mode="replicate"), F.pad(x, (2, 1, 1, 3), mode="replicate"))
+    same(F.pad(d[0], (3, 2), mode="reflect"), F.pad(x[0], (3, 2), mode="reflect"))
+    same(F.pad(d[0], (3, 2), mode="replicate"), F.pad(x[0], (3, 2), mode="replicate"))
+    same(F.pad(d, (1, 2, 0, 1), value=3.5), F.pad(x, (1, 2, 0, 1), value=3.5))
+    same(F.pad(d, (-1, 2)), F.pad(x, (-1, 2)))
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+def test_padding_backward(mode):
+    x = rnd((2, 3, 5, 6)).requires_grad_()
+    xd = x.detach().to(DT).requires_grad_()
+    g = rnd((2, 3, 8, 9), seed=4)
+    F.pad(x, (2, 1, 1, 2), mode=mode).backward(g)
+    F.pad(xd, (2, 1, 1, 2), mode=mode).backward(g.to(DT))
+    same(xd.grad, x.grad, exact=False)
+    x1 = rnd((2, 5)).requires_grad_()
+    x1d = x1.detach().to(DT).requires_grad_()
+    g1 = rnd((2, 9), seed=5)
+    F.pad(x1.unsqueeze(0), (3, 1), mode=mode).backward(g1.unsqueeze(0))
+    F.pad(x1d.unsqueeze(0), (3, 1), mode=mode).backward(g1.to(DT).unsqueeze(0))
+    same(x1d.grad, x1.grad, exact=False)
+
+
+def test_factories():
+    same(torch.arange(10, device=DT), torch.arange(10))
+    same(torch.arange(2, 11, 3, device=DT), torch.arange(2, 11, 3))
+    same(torch.arange(-1.5, 2.0, 0.25, device=DT), torch.arange(-1.5, 2.0, 0.25))
+    same(torch.arange(5, 0, -2, dtype=torch.float64, device=DT), torch.arange(5, 0, -2, dtype=torch.float64))
+    same(torch.arange(0, 1, 0.1, dtype=torch.bfloat16, device=DT), torch.arange(0, 1, 0.1, dtype=torch.bfloat16),
+         exact=False)
+    same(torch.linspace(-2, 3, 11, device=DT), torch.linspace(-2, 3, 11), exact=False)
+    same(torch.linspace(0, 10, 7, dtype=torch.float64, device=DT), torch.linspace(0, 10, 7, dtype=torch.float64),
+         exact=False)
+    same(torch.linspace(0, 10, 1, device=DT), torch.linspace(0, 10, 1))
+    same(torch.linspace(0, 10, 5, dtype=torch.int64, device=DT), torch.linspace(0, 10, 5, dtype=torch.int64))
+    same(torch.eye(3, device=DT), torch.eye(3))
+    same(torch.eye(2, 4, dtype=torch.int32, device=DT), torch.eye(2, 4, dtype=torch.int32))
+    same(torch.full((2, 3), 7.0, device=DT), torch.full((2, 3), 7.0))
+    out = torch.empty(3, device=DT)
+    torch.arange(4, out=out)
+    same(out, torch.arange(4.0))
+
+
+# ----------------------------------------------------- sort, topk, unique
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16, torch.float64, torch.int16])
+@pytest.mark.parametrize("descending", [False, True])
+def test_sort(dtype, descending):
+    x = rnd((6, 40), dtype)
+    if dtype.is_floating_point:
+        x[0, 3] = float("nan")
+        x[2, 5] = float("inf")
+    x[1, :10] = 3  # ties: stable order
+    d = x.to(DT)
+    v, i = torch.sort(d, dim=1, descending=descending, stable=True)
+    cv, ci = torch.sort(x, dim=1, descending=descending, stable=True)
+    same(v, cv, exact=False, equal_nan=True, atol=0, rtol=0)
+    same(i, ci)
+    v, i = torch.sort(d.t(), dim=0, descending=descending, stable=True)
+    cv, ci = torch.sort(x.t(), dim=0, descending=descending, stable=True)
+    same(v, cv, exact=False, equal_nan=True, atol=0, rtol=0)
+    same(i, ci)
+    same(torch.argsort(d, dim=-1, stable=True), torch.argsort(x, dim=-1, stable=True))
+
+
+def test_sort_out_and_inplace_alias():
+    x = rnd((3, 9))
+    v, i = torch.empty(0, device=DT), torch.empty(0, dtype=torch.long, device=DT)
+    torch.sort(x.to(DT), 1, out=(v, i))
+    cv, ci = torch.sort(x, 1)
+    same(v, cv)
+    same(i, ci)
+
+
+@pytest.mark.parametrize("largest", [True, False])
+def test_topk(largest):
+    x = torch.randperm(60, generator=torch.Generator().manual_seed(3)).float().view(4, 15)
+    d = x.to(DT)
+    v, i = torch.topk(d, 5, dim=1, largest=largest)
+    cv, ci = torch.topk(x, 5, dim=1, largest=largest)
+    same(v, cv)
+    same(i, ci)
+    v, i = torch.topk(d, 2, dim=0, largest=largest)
+    cv, ci = torch.topk(x, 2, dim=0, largest=largest)
+    same(v, cv)
+    same(i, ci)
+    with pytest.raises(RuntimeError, match="selected index k out of range"):
+        torch.topk(d, 16, dim=1)
+
+
+def test_unique():
+    x = torch.tensor([[3, 1, 2], [1, 3, 7]])
+    d = x.to(DT)
+    same(torch.unique(d), torch.unique(x))
+    u, inv, cnt = torch.unique(d, return_inverse=True, return_counts=True)
+    cu, cinv, ccnt = torch.unique(x, return_inverse=True, return_counts=True)
+    same(u, cu)
+    same(inv, cinv)
+    same(cnt, ccnt)
+    f = torch.tensor([0.5, -1.0, 0.5, 2.0])
+    same(torch.unique(f.to(DT)), torch.unique(f))

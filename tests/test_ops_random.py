@@ -1,0 +1,167 @@
+"""Random sampling on the tpu device: every kernel draws from the device's
+counter-based Philox generator, so the same seed gives the same numbers;
+distributions are checked statistically (fixed seeds: deterministic)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+DT = "tpu"
+N = 1 << 20
+
+
+def host(t):
+    return t.cpu()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_uniform(dtype):
+    torch.manual_seed(0)
+    x = torch.empty(N, dtype=dtype, device=DT).uniform_(-2.0, 3.0)
+    h = host(x).double()
+    assert h.min() >= -2.0 and h.max() <= 3.0
+    if dtype != torch.bfloat16:
+        assert h.max() < 3.0
+    assert abs(h.mean().item() - 0.5) < 0.01
+    assert abs(h.var().item() - 25 / 12) < 0.02
+
+
+def test_same_seed_same_numbers():
+    torch.manual_seed(123)
+    a = host(torch.rand(1000, device=DT))
+    b = host(torch.randn(1000, device=DT))
+    torch.manual_seed(123)
+    a2 = host(torch.rand(1000, device=DT))
+    b2 = host(torch.randn(1000, device=DT))
+    assert torch.equal(a, a2) and torch.equal(b, b2)
+    assert not torch.equal(a, host(torch.rand(1000, device=DT)))  # the offset advanced
+    g = torch.Generator(device=DT)
+    g.manual_seed(5)
+    c = host(torch.rand(100, device=DT, generator=g))
+    g.manual_seed(5)
+    assert torch.equal(c, host(torch.rand(100, device=DT, generator=g)))
+    # generator state round trip
+    s = torch.tpu.get_rng_state()
+    d = host(torch.rand(10, device=DT))
+    torch.tpu.set_rng_state(s)
+    assert torch.equal(d, host(torch.rand(10, device=DT)))
+
+
+def test_counter_mapping_is_layout_independent():
+    # element i uses Philox block offset + i / 4: a prefix of a bigger draw
+    torch.manual_seed(7)
+    big = host(torch.rand(4096, device=DT))
+    torch.manual_seed(7)
+    small = host(torch.rand(1000, device=DT))
+    assert torch.equal(big[:1000], small)
+    torch.manual_seed(7)
+    strided = torch.empty(64, 64, device=DT).t()
+    strided.uniform_()
+    assert torch.equal(host(strided).reshape(-1), big)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_normal(dtype):
+    torch.manual_seed(1)
+    x = host(torch.empty(N, dtype=dtype, device=DT).normal_(2.0, 3.0)).double()
+    assert abs(x.mean().item() - 2.0) < 0.02
+    assert abs(x.std().item() - 3.0) < 0.02
+    assert abs(((x - 2) / 3).pow(3).mean().item()) < 0.02  # symmetric
+    assert abs(((x - 2) / 3).pow(4).mean().item() - 3.0) < 0.05  # kurtosis of a gaussian
+    y = host(torch.randn(3, 5, device=DT))
+    assert y.shape == (3, 5)
+
+
+def test_bernoulli():
+    torch.manual_seed(2)
+    x = host(torch.empty(N, device=DT).bernoulli_(0.3))
+    assert set(x.unique().tolist()) <= {0.0, 1.0}
+    assert abs(x.mean().item() - 0.3) < 0.003
+    p = torch.tensor([0.0, 0.25, 1.0], device=DT).expand(N // 4, 3)
+    b = host(torch.bernoulli(p))
+    assert b[:, 0].sum() == 0 and b[:, 2].min() == 1
+    assert abs(b[:, 1].mean().item() - 0.25) < 0.005
+    m = host(torch.empty(1000, dtype=torch.bool, device=DT).bernoulli_(0.5))
+    assert 400 < m.sum() < 600
+
+
+def test_dropout():
+    torch.manual_seed(3)
+    x = torch.ones(N, device=DT)
+    y = host(F.dropout(x, 0.25, training=True))
+    kept = y != 0
+    assert abs(kept.float().mean().item() - 0.75) < 0.003
+    assert torch.allclose(y[kept], torch.full_like(y[kept], 1 / 0.75))
+    out, mask = torch.native_dropout(x, 0.25, True)
+    assert torch.equal(host(out) != 0, host(mask))
+    # backward: grad * mask * scale
+    xr = torch.randn(1000, device=DT).requires_grad_()
+    yr = F.dropout(xr, 0.5, training=True)
+    g = torch.randn(1000)
+    yr.backward(g.to(DT))
+    keep = host(yr) != 0
+    assert torch.allclose(host(xr.grad), g * keep * 2.0)
+    assert torch.equal(host(F.dropout(x[:10], 0.5, training=False)), torch.ones(10))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.float32])
+def test_random_and_randint(dtype):
+    torch.manual_seed(4)
+    x = host(torch.empty(100000, dtype=dtype, device=DT).random_(3, 10))
+    assert x.min() == 3 and x.max() == 9
+    counts = torch.bincount(x.long() - 3)
+    assert counts.min() > 100000 / 7 * 0.95
+    r = host(torch.randint(-5, 5, (50000,), device=DT))
+    assert r.min() == -5 and r.max() == 4 and r.dtype == torch.int64
+    f = host(torch.empty(10000, dtype=dtype, device=DT).random_())
+    assert f.min() >= 0
+    t = host(torch.empty(10000, dtype=dtype, device=DT).random_(20))
+    assert t.min() == 0 and t.max() == 19
+
+
+def test_random_full_int64():
+    torch.manual_seed(8)
+    x = host(torch.empty(10000, dtype=torch.int64, device=DT).random_())
+    assert x.min() >= 0 and x.max() > 2**62
+
+
+def test_randperm():
+    torch.manual_seed(5)
+    p = host(torch.randperm(1000, device=DT))
+    assert torch.equal(p.sort().values, torch.arange(1000))
+    assert not torch.equal(p, torch.arange(1000))
+    torch.manual_seed(5)
+    assert torch.equal(p, host(torch.randperm(1000, device=DT)))
+    assert host(torch.randperm(0, device=DT)).numel() == 0
+    assert torch.equal(host(torch.randperm(5, dtype=torch.float32, device=DT)).sort().values, torch.arange(5.0))
+
+
+def test_multinomial():
+    torch.manual_seed(6)
+    p = torch.tensor([[0.1, 0.0, 0.6, 0.3], [1.0, 1.0, 1.0, 1.0]], device=DT)
+    s = host(torch.multinomial(p, 20000, replacement=True))
+    assert s.shape == (2, 20000)
+    freq = torch.bincount(s[0], minlength=4).double() / 20000
+    assert freq[1] == 0
+    assert torch.allclose(freq, torch.tensor([0.1, 0.0, 0.6, 0.3], dtype=torch.float64), atol=0.015)
+    w = host(torch.multinomial(p, 3, replacement=False))
+    for row in w:
+        assert len(set(row.tolist())) == 3
+    assert 1 not in w[0].tolist()
+    one = host(torch.multinomial(torch.tensor([0.2, 0.8], device=DT), 2))
+    assert sorted(one.tolist()) == [0, 1]
+    with pytest.raises(RuntimeError, match="without replacement"):
+        torch.multinomial(p, 5, replacement=False)
+
+
+def test_exponential_and_others():
+    torch.manual_seed(9)
+    e = host(torch.empty(N, device=DT).exponential_(2.0)).double()
+    assert e.min() >= 0 and abs(e.mean().item() - 0.5) < 0.005
+    ln = host(torch.empty(N, device=DT).log_normal_(0.0, 0.5)).double()
+    assert abs(ln.log().mean().item()) < 0.005
+    gm = host(torch.empty(100000, device=DT).geometric_(0.5)).double()
+    assert gm.min() >= 1 and abs(gm.mean().item() - 2.0) < 0.03
