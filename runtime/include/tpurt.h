@@ -478,10 +478,11 @@ typedef struct tpurt_dscalar {
   tpurt_dtype dtype;
 } tpurt_dscalar;
 
-/* Shared by the fused optimizers: with grad_scale (ptr != 0) every grad is
- * divided by it and the unscaled grad is stored back; with found_inf
- * (ptr != 0) a non-zero value skips the whole step (nothing is written). */
+/* Shared by the fused optimizers: with has_grad_scale every grad is divided
+ * by grad_scale and the unscaled grad is stored back; with has_found_inf a
+ * non-zero found_inf skips the whole step (nothing is written). */
 typedef struct tpurt_amp_args {
+  int has_grad_scale, has_found_inf;
   tpurt_dscalar grad_scale;
   tpurt_dscalar found_inf;
 } tpurt_amp_args;

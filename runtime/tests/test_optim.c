@@ -188,8 +188,8 @@ static void test_adam(int amsgrad, int maximize, int decoupled, double wd, int l
   if (lr_on_device) cfg.lr = (tpurt_dscalar){0, lr.v.ptr, TPURT_F32};
   cfg.beta1 = 0.9, cfg.beta2 = 0.999, cfg.weight_decay = wd, cfg.eps = 1e-8;
   cfg.amsgrad = amsgrad, cfg.maximize = maximize, cfg.decoupled = decoupled;
-  if (use_scale) cfg.amp.grad_scale = (tpurt_dscalar){0, scale.v.ptr, TPURT_F32};
-  cfg.amp.found_inf = (tpurt_dscalar){0, found.v.ptr, TPURT_F32};
+  if (use_scale) cfg.amp.grad_scale = (tpurt_dscalar){0, scale.v.ptr, TPURT_F32}, cfg.amp.has_grad_scale = 1;
+  cfg.amp.found_inf = (tpurt_dscalar){0, found.v.ptr, TPURT_F32}, cfg.amp.has_found_inf = 1;
   for (int step = 1; step <= 3; step++) {
     for (int i = 0; i < N; i++) {
       st[i].ref[0] = step;
@@ -238,8 +238,8 @@ static void test_sgd(double momentum, double dampening, int nesterov, int maximi
   cfg.lr = (tpurt_dscalar){0, lr.v.ptr, TPURT_F32};
   cfg.momentum = momentum, cfg.dampening = dampening, cfg.weight_decay = wd;
   cfg.nesterov = nesterov, cfg.maximize = maximize;
-  if (use_scale) cfg.amp.grad_scale = (tpurt_dscalar){0, scale.v.ptr, TPURT_F32};
-  cfg.amp.found_inf = (tpurt_dscalar){0, found.v.ptr, TPURT_F32};
+  if (use_scale) cfg.amp.grad_scale = (tpurt_dscalar){0, scale.v.ptr, TPURT_F32}, cfg.amp.has_grad_scale = 1;
+  cfg.amp.found_inf = (tpurt_dscalar){0, found.v.ptr, TPURT_F32}, cfg.amp.has_found_inf = 1;
   for (int step = 0; step < 3; step++) {
     cfg.first_step = step == 0;
     for (int i = 0; i < N && !skip; i++) {

@@ -11,6 +11,8 @@
  * Device scalars (lr, grad_scale, found_inf, steps ...) are read when the
  * kernel runs, never on the host.
  */
+/* errno is never read by these kernels: let sqrt / max vectorize */
+#pragma GCC optimize("no-math-errno")
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -129,6 +131,7 @@ typedef struct {
     double inv_scale;
   } u;
   tpurt_dscalar lr, grad_scale, found_inf, scalar, inv_scale;
+  int has_found_inf;
   int has_scalars;
   size_t nwords;
   int64_t words[];
@@ -430,9 +433,9 @@ static tpurt_status k_adam(void *a, char *err, size_t errlen) {
   blob *b = a;
   (void)err;
   (void)errlen;
-  if (b->found_inf.ptr && dscalar_read(&b->found_inf) != 0) return TPURT_OK;
+  if (b->has_found_inf && dscalar_read(&b->found_inf) != 0) return TPURT_OK;
   b->u.adam.lr = dscalar_read(&b->lr);
-  if (b->grad_scale.ptr) b->u.adam.grad_scale = dscalar_read(&b->grad_scale);
+  if (b->u.adam.has_grad_scale) b->u.adam.grad_scale = dscalar_read(&b->grad_scale);
   /* step tensors: devptr in the scalar slot, dtype in the word after the records */
   const int64_t *dtw = b->words + b->nwords - b->n;
   for (int t = 0; t < b->n; t++) {
@@ -450,9 +453,9 @@ static tpurt_status k_sgd(void *a, char *err, size_t errlen) {
   blob *b = a;
   (void)err;
   (void)errlen;
-  if (b->found_inf.ptr && dscalar_read(&b->found_inf) != 0) return TPURT_OK;
+  if (b->has_found_inf && dscalar_read(&b->found_inf) != 0) return TPURT_OK;
   b->u.sgd.lr = dscalar_read(&b->lr);
-  if (b->grad_scale.ptr) b->u.sgd.grad_scale = dscalar_read(&b->grad_scale);
+  if (b->u.sgd.has_grad_scale) b->u.sgd.grad_scale = dscalar_read(&b->grad_scale);
   run_ctx r = {b, NULL, {0, 0}};
   run_all(&r);
   return TPURT_OK;
@@ -603,11 +606,12 @@ tpurt_status tpurt_fused_adam(tpurt_stream *s, int n, const tpurt_view *params, 
   x->amsgrad = cfg->amsgrad != 0;
   x->maximize = cfg->maximize != 0;
   x->decoupled = cfg->decoupled != 0;
-  x->has_grad_scale = cfg->amp.grad_scale.ptr != 0;
+  x->has_grad_scale = cfg->amp.has_grad_scale != 0;
   x->grad_scale = cfg->amp.grad_scale.value;
   b->lr = cfg->lr;
   b->grad_scale = cfg->amp.grad_scale;
   b->found_inf = cfg->amp.found_inf;
+  b->has_found_inf = cfg->amp.has_found_inf != 0;
   return launch_blob(s, op, k_adam, b, size);
 fail_extra:
   free(extra);
@@ -643,11 +647,12 @@ tpurt_status tpurt_fused_sgd(tpurt_stream *s, int n, const tpurt_view *params, c
   x->maximize = cfg->maximize != 0;
   x->first_step = cfg->first_step != 0;
   x->has_buf = has_buf;
-  x->has_grad_scale = cfg->amp.grad_scale.ptr != 0;
+  x->has_grad_scale = cfg->amp.has_grad_scale != 0;
   x->grad_scale = cfg->amp.grad_scale.value;
   b->lr = cfg->lr;
   b->grad_scale = cfg->amp.grad_scale;
   b->found_inf = cfg->amp.found_inf;
+  b->has_found_inf = cfg->amp.has_found_inf != 0;
   return launch_blob(s, op, k_sgd, b, size);
 }
 

@@ -250,32 +250,35 @@ static void FN(blk_adam)(void *vctx, int t, char **p, const int64_t *st, const i
   const T decay = (T)(1 - x->lr * x->weight_decay), gs = (T)x->grad_scale;
   const int has_gs = x->has_grad_scale, maximize = x->maximize, decoupled = x->decoupled;
   const int use_wd = x->weight_decay != 0;
-  for (int64_t i = 0; i < n; i++) {
-    T gi = g[i];
-    if (has_gs) {
-      gi = gi / gs;
-      g[i] = gi;
-    }
-    if (maximize) gi = -gi;
-    T pi = pp[i];
-    if (use_wd) {
-      if (decoupled)
-        pi = pi * decay;
-      else
-        gi = gi + wd * pi;
-    }
-    T mi = b1 * m[i] + omb1 * gi;
-    T vi = b2 * v[i] + omb2 * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    T vv = vi;
-    if (vm) {
-      vv = vm[i] > vi ? vm[i] : vi;
-      vm[i] = vv;
-    }
-    T denom = SQRT(vv) / bc2s + eps;
-    pp[i] = pi - step_size * mi / denom;
+  /* unscale first (stored back), then branch-free loops per variant */
+  if (has_gs)
+    for (int64_t i = 0; i < n; i++) g[i] = g[i] / gs;
+  const T gsign = maximize ? (T)-1 : (T)1;   /* exact negation */
+  const T pdecay = (use_wd && decoupled) ? decay : (T)1;
+#define ADAM_BODY(AMS, L2)                               \
+  for (int64_t i = 0; i < n; i++) {                      \
+    T gi = g[i] * gsign;                                 \
+    T pi = pp[i] * pdecay;                               \
+    if (L2) gi = gi + wd * pi;                           \
+    T mi = b1 * m[i] + omb1 * gi;                        \
+    T vi = b2 * v[i] + omb2 * gi * gi;                   \
+    m[i] = mi;                                           \
+    v[i] = vi;                                           \
+    T vv = vi;                                           \
+    if (AMS) {                                           \
+      T old = vm[i];                                     \
+      vv = old > vi ? old : vi;                          \
+      vm[i] = vv;                                        \
+    }                                                    \
+    pp[i] = pi - step_size * mi / (SQRT(vv) / bc2s + eps); \
   }
+  const int l2 = use_wd && !decoupled;
+  if (vm) {
+    if (l2) ADAM_BODY(1, 1) else ADAM_BODY(1, 0)
+  } else {
+    if (l2) ADAM_BODY(0, 1) else ADAM_BODY(0, 0)
+  }
+#undef ADAM_BODY
   FN(st)(pp, p[0], st[0], dt[0], n);
   if (has_gs) FN(st)(g, p[1], st[1], dt[1], n);
   FN(st)(m, p[2], st[2], dt[2], n);
@@ -294,13 +297,11 @@ static void FN(blk_sgd)(void *vctx, int t, char **p, const int64_t *st, const in
   const T gs = (T)x->grad_scale;
   const int has_gs = x->has_grad_scale, maximize = x->maximize, nesterov = x->nesterov, first = x->first_step;
   const int use_wd = x->weight_decay != 0;
+  if (has_gs)
+    for (int64_t i = 0; i < n; i++) g[i] = g[i] / gs;
+  const T gsign = maximize ? (T)-1 : (T)1;
   for (int64_t i = 0; i < n; i++) {
-    T gi = g[i];
-    if (has_gs) {
-      gi = gi / gs;
-      g[i] = gi;
-    }
-    if (maximize) gi = -gi;
+    T gi = g[i] * gsign;
     if (use_wd) gi = gi + wd * pp[i];
     if (mb) {
       T bi = first ? gi : mom * mb[i] + omd * gi;
