@@ -306,8 +306,13 @@ void check_scalar_tensor(const Tensor& other) {
   TORCH_CHECK(other.dim() == 0, "scalar tensor expected to be 0 dim but it has ", other.dim(), " dimensions and ",
               other.numel(), " elements.");
 }
-bool fast_tensor(TensorList self, const Tensor& other) {
+// out_of_place: the result dtype (0-dim members promote with a 0-dim
+// `other`) must be the member's own dtype.
+bool fast_tensor(TensorList self, const Tensor& other, bool out_of_place = false) {
   if (!can_fast({self}) || other.is_complex()) return false;
+  if (out_of_place)
+    for (const Tensor& t : self)
+      if (at::result_type(t, other) != t.scalar_type()) return false;
   return other.device().is_cpu() || other.device() == self[0].device();
 }
 
@@ -323,7 +328,7 @@ void fe_add_tensor_(TensorList self, const Tensor& other, const c10::Scalar& alp
 std::vector<Tensor> fe_add_tensor(TensorList self, const Tensor& other, const c10::Scalar& alpha) {
   at::native::check_foreach_api_restrictions(self);
   check_scalar_tensor(other);
-  if (!fast_tensor(self, other) || !fast_scalar(alpha))
+  if (!fast_tensor(self, other, true) || !fast_scalar(alpha))
     return at::native::foreach_tensor_add_tensor_kernel_slow(self, other, alpha);
   auto out = like(self);
   Operands o;
@@ -344,7 +349,7 @@ std::vector<Tensor> fe_add_tensor(TensorList self, const Tensor& other, const c1
   std::vector<Tensor> NAME##_tensor(TensorList self, const Tensor& other) {      \
     at::native::check_foreach_api_restrictions(self);                            \
     check_scalar_tensor(other);                                                  \
-    if (!fast_tensor(self, other)) return at::native::SLOW(self, other);         \
+    if (!fast_tensor(self, other, true)) return at::native::SLOW(self, other);   \
     auto out = like(self);                                                       \
     Operands o;                                                                  \
     o.out = out, o.a = self, o.scalar = dscalar_of(other, "other");              \
