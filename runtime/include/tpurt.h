@@ -609,6 +609,110 @@ TPURT_API tpurt_status tpurt_pointwise_loss_backward(tpurt_stream *s, tpurt_loss
                                                      const tpurt_view *grad_input, const tpurt_view *grad_out,
                                                      const tpurt_view *input, const tpurt_view *target,
                                                      const tpurt_view *weight, int reduction, double p);
+/* ------------------------------------ optimizers, foreach lists and AMP
+ *
+ * Multi-tensor kernels: ONE launch updates whole lists of tensors. Entry i
+ * of every list forms a tuple (param i, grad i, ...): the views of a tuple
+ * have the same shape (any strides; outputs may alias inputs only exactly).
+ * Work is split over the pool across (tensor, chunk) pairs. f32/f16/bf16
+ * data is computed in f32, f64 data in f64; every view is read and written
+ * in its own dtype. Empty lists and empty tensors are no-ops.
+ */
+
+/* A scalar operand: a host value, or (ptr != 0) the one element of dtype
+ * stored at a device address, read by the kernel when it runs (no sync). */
+typedef struct tpurt_dscalar {
+  double value;
+  tpurt_devptr ptr;
+  tpurt_dtype dtype;
+} tpurt_dscalar;
+
+/* Shared by the fused optimizers: with has_grad_scale every grad is divided
+ * by grad_scale and the unscaled grad is stored back; with has_found_inf a
+ * non-zero found_inf skips the whole step (nothing is written). */
+typedef struct tpurt_amp_args {
+  int has_grad_scale, has_found_inf;
+  tpurt_dscalar grad_scale;
+  tpurt_dscalar found_inf;
+} tpurt_amp_args;
+
+typedef struct tpurt_adam_config {
+  tpurt_dscalar lr;
+  double beta1, beta2, weight_decay, eps;
+  int amsgrad;   /* uses max_exp_avg_sqs */
+  int maximize;  /* ascends: grad = -grad */
+  int decoupled; /* 1 = AdamW (param *= 1 - lr * wd), 0 = Adam (grad += wd * param) */
+  tpurt_amp_args amp;
+} tpurt_adam_config;
+
+/* Adam / AdamW step over n tuples. steps[i] is a one-element f32/f64 view
+ * holding the (already incremented) step count used for bias correction.
+ * max_exp_avg_sqs may be NULL unless amsgrad. */
+TPURT_API tpurt_status tpurt_fused_adam(tpurt_stream *s, int n, const tpurt_view *params, const tpurt_view *grads,
+                                        const tpurt_view *exp_avgs, const tpurt_view *exp_avg_sqs,
+                                        const tpurt_view *max_exp_avg_sqs, const tpurt_view *steps,
+                                        const tpurt_adam_config *cfg);
+
+typedef struct tpurt_sgd_config {
+  tpurt_dscalar lr;
+  double momentum, dampening, weight_decay;
+  int nesterov, maximize;
+  int first_step; /* momentum buffers are initialised with the grad */
+  tpurt_amp_args amp;
+} tpurt_sgd_config;
+
+/* SGD step; momentum_bufs may be NULL when momentum == 0. */
+TPURT_API tpurt_status tpurt_fused_sgd(tpurt_stream *s, int n, const tpurt_view *params, const tpurt_view *grads,
+                                       const tpurt_view *momentum_bufs, const tpurt_sgd_config *cfg);
+
+/* grads[i] *= inv_scale; found_inf (one f32 element) is set to 1 if any
+ * grad element was non-finite (left unchanged otherwise). */
+TPURT_API tpurt_status tpurt_amp_unscale(tpurt_stream *s, int n, const tpurt_view *grads,
+                                         const tpurt_view *found_inf, const tpurt_view *inv_scale);
+
+/* Dynamic loss scale update (one f32 scale, one i32 growth tracker, one f32
+ * found_inf): on found_inf scale *= backoff and tracker = 0; otherwise the
+ * tracker counts successful steps and every growth_interval of them the
+ * scale is multiplied by growth (kept only if finite) and the tracker reset. */
+TPURT_API tpurt_status tpurt_amp_update_scale(tpurt_stream *s, const tpurt_view *scale,
+                                              const tpurt_view *growth_tracker, const tpurt_view *found_inf,
+                                              double growth_factor, double backoff_factor, int64_t growth_interval);
+
+typedef enum tpurt_foreach_op {
+  /* unary: out = f(a) */
+  TPURT_FE_COPY = 0, TPURT_FE_NEG, TPURT_FE_ABS, TPURT_FE_SQRT, TPURT_FE_EXP, TPURT_FE_RECIPROCAL, TPURT_FE_SIGN,
+  /* binary: out = f(a, b) */
+  TPURT_FE_ADD,     /* a + alpha * b */
+  TPURT_FE_MUL, TPURT_FE_DIV,
+  TPURT_FE_MAXIMUM, TPURT_FE_MINIMUM, /* NaN propagates (also clamp_min / clamp_max) */
+  TPURT_FE_POW,     /* a ** b */
+  TPURT_FE_RPOW,    /* b ** a (scalar base) */
+  /* ternary: out = f(a, b, c) */
+  TPURT_FE_ADDCMUL, /* a + value * b * c */
+  TPURT_FE_ADDCDIV, /* a + value * b / c */
+  TPURT_FE_LERP,    /* a + w * (b - a), w = c */
+  TPURT_FE_NUM_OPS
+} tpurt_foreach_op;
+
+/* Operands of tpurt_foreach: lists of n views. A missing operand (b or c
+ * NULL) is the scalar: scalars[i] for tuple i when scalars != NULL (a host
+ * ScalarList), else `scalar` (host value or device scalar). For ADDCMUL /
+ * ADDCDIV the scalar is `value`. alpha only applies to ADD. */
+typedef struct tpurt_foreach_operands {
+  const tpurt_view *out, *a, *b, *c;
+  const double *scalars;
+  tpurt_dscalar scalar;
+  double alpha;
+} tpurt_foreach_operands;
+
+TPURT_API tpurt_status tpurt_foreach(tpurt_stream *s, tpurt_foreach_op op, int n, const tpurt_foreach_operands *o);
+TPURT_API const char *tpurt_foreach_op_name(tpurt_foreach_op op);
+
+/* out[i] (one element, any float dtype) = ord-norm of in[i]: ord 2, 1, 0
+ * (count of non-zeros), +-inf (max / min |x|) or any p > 0. Accumulates in
+ * f64 (per-chunk partials in f32 for f32 data, combined deterministically). */
+TPURT_API tpurt_status tpurt_foreach_norm(tpurt_stream *s, int n, const tpurt_view *out, const tpurt_view *in,
+                                          double ord);
 
 #ifdef __cplusplus
 }
