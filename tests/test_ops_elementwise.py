@@ -187,6 +187,11 @@ def test_bitwise(dtype):
         s = (b.abs() % 8).to(dtype)
         check(torch.bitwise_left_shift(a.to("tpu"), s.to("tpu")), torch.bitwise_left_shift(a, s))
         check(torch.bitwise_right_shift(a.to("tpu"), s.to("tpu")), torch.bitwise_right_shift(a, s))
+        check(a.to("tpu") << s.to("tpu"), a << s)
+        check(a.to("tpu") >> 2, a >> 2)
+        x = a.to("tpu")
+        x <<= 1
+        check(x, a << 1)
 
 
 def test_int_semantics_exact():

@@ -363,6 +363,29 @@ at::Tensor& bitwise_out(const at::Tensor& self, const at::Tensor& other, at::Ten
   return out;
 }
 
+// the << and >> operators (non-structured)
+template <tpurt_ew_op OP>
+at::Tensor shift_t(const at::Tensor& self, const at::Tensor& other) {
+  at::Tensor out;
+  auto iter = at::TensorIterator::binary_op(out, self, other);
+  TORCH_CHECK(at::isIntegralType(iter.common_dtype(), false), "\"", tpurt_ew_op_name(OP),
+              "_cpu\" not implemented for '", iter.common_dtype(), "'");
+  run_op(iter, OP, tpurt_ew_op_name(OP));
+  return iter.output();
+}
+template <tpurt_ew_op OP>
+at::Tensor shift_s(const at::Tensor& self, const c10::Scalar& other) {
+  return shift_t<OP>(self, wrap(other));
+}
+template <tpurt_ew_op OP>
+at::Tensor& ishift_t(at::Tensor& self, const at::Tensor& other) {
+  return bitwise_out<OP>(self, other, self);
+}
+template <tpurt_ew_op OP>
+at::Tensor& ishift_s(at::Tensor& self, const c10::Scalar& other) {
+  return bitwise_out<OP>(self, wrap(other), self);
+}
+
 // ------------------------------------------------------------------ unary
 
 template <tpurt_ew_op OP>
@@ -803,6 +826,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("bitwise_not.out", TORCH_FN(k_bitwise_not_out));
   m.impl("bitwise_left_shift.Tensor_out", TORCH_FN(bitwise_out<TPURT_EW_LSHIFT>));
   m.impl("bitwise_right_shift.Tensor_out", TORCH_FN(bitwise_out<TPURT_EW_RSHIFT>));
+  m.impl("__lshift__.Tensor", TORCH_FN(shift_t<TPURT_EW_LSHIFT>));
+  m.impl("__lshift__.Scalar", TORCH_FN(shift_s<TPURT_EW_LSHIFT>));
+  m.impl("__ilshift__.Tensor", TORCH_FN(ishift_t<TPURT_EW_LSHIFT>));
+  m.impl("__ilshift__.Scalar", TORCH_FN(ishift_s<TPURT_EW_LSHIFT>));
+  m.impl("__rshift__.Tensor", TORCH_FN(shift_t<TPURT_EW_RSHIFT>));
+  m.impl("__rshift__.Scalar", TORCH_FN(shift_s<TPURT_EW_RSHIFT>));
+  m.impl("__irshift__.Tensor", TORCH_FN(ishift_t<TPURT_EW_RSHIFT>));
+  m.impl("__irshift__.Scalar", TORCH_FN(ishift_s<TPURT_EW_RSHIFT>));
   // unary
   m.impl("neg.out", TORCH_FN(k_neg_out));
   m.impl("abs.out", TORCH_FN(k_abs_out));

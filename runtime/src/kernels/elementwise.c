@@ -773,7 +773,9 @@ static void gather_chunk(void *c, int64_t b, int64_t e) {
   const ew_hdr *h = x->h;
   int nops = h->nops, nd = h->ndim;
   _Alignas(64) char scratch[scratch_bytes(h)];
-  int64_t (*goff)[EW_BLK] = malloc(sizeof(int64_t) * EW_BLK * (size_t)nops);
+  /* per-element offsets: on the stack for up to 4 operands, else heap */
+  _Alignas(64) int64_t small[4][EW_BLK];
+  int64_t (*goff)[EW_BLK] = nops <= 4 ? small : malloc(sizeof(int64_t) * EW_BLK * (size_t)nops);
   if (!goff) {
     atomic_store(&x->err, 2);
     return;
@@ -806,7 +808,7 @@ static void gather_chunk(void *c, int64_t b, int64_t e) {
       break;
     }
   }
-  free(goff);
+  if (goff != small) free(goff);
 }
 
 static tpurt_status k_elementwise(void *args, char *err, size_t errlen) {
