@@ -11,6 +11,17 @@
  * Launch (host side): validates the program against the views, bakes launch
  * scalars into the instruction list, coalesces dimensions of all views
  * together and serializes everything into the launch arguments.
+ *
+ * Parameter conventions beyond tpurt.h's comments:
+ *   ADD / SUB          p0 is alpha as given (a zeroed instruction means alpha 0)
+ *   ROUND              p0 = decimals (0: round half to even)
+ *   LOGIT              p0 = eps, applied when p1 != 0
+ *   THRESHOLD_BACKWARD p1 = the replacement value (threshold forward: src0 =
+ *                      src1 = x, p1 = value)
+ *   SCALAR / CONST     complex compute: re = scalars[p0], im = scalars[p0 + 1]
+ *                      (CONST: p0, p1)
+ *   integer compute    DIV is truncating; division or remainder by zero fails
+ *                      the kernel with "ZeroDivisionError"
  */
 /* FP exceptions are never trapped here: lets gcc if-convert and vectorize the
  * select-heavy loops (results are unchanged). */
