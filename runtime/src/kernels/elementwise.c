@@ -1,0 +1,1078 @@
+/*
+ * elementwise.c — the elementwise program interpreter (tpurt_elementwise).
+ *
+ * A program is a short list of register instructions. The kernel walks the
+ * (coalesced) output shape in blocks of up to EW_BLK elements; a register is
+ * one block of values in the compute type (f32, f64, i64, c64, c128). Each
+ * instruction is a tight loop over the block, so the compiler vectorizes the
+ * arithmetic; loads convert from any dtype and any strides, stores convert
+ * to each output's dtype. Blocks are split over the thread pool.
+ *
+ * Launch (host side): validates the program against the views, bakes launch
+ * scalars into the instruction list, coalesces dimensions of all views
+ * together and serializes everything into the launch arguments.
+ *
+ * Parameter conventions beyond tpurt.h's comments:
+ *   ADD / SUB          p0 is alpha as given (a zeroed instruction means alpha 0)
+ *   ROUND              p0 = decimals (0: round half to even)
+ *   LOGIT              p0 = eps, applied when p1 != 0
+ *   THRESHOLD_BACKWARD p1 = the replacement value (threshold forward: src0 =
+ *                      src1 = x, p1 = value)
+ *   SCALAR / CONST     complex compute: re = scalars[p0], im = scalars[p0 + 1]
+ *                      (CONST: p0, p1)
+ *   integer compute    DIV is truncating; division or remainder by zero fails
+ *                      the kernel with "ZeroDivisionError"
+ */
+/* FP exceptions are never trapped here: lets gcc if-convert and vectorize the
+ * select-heavy loops (results are unchanged). */
+#pragma GCC optimize("no-trapping-math")
+
+#include <complex.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../internal.h"
+
+#undef I /* complex.h's imaginary unit; _Complex_I is used instead */
+
+#define EW_BLK 512
+#define EW_GRAIN 32768
+#define EW_MAX_OPS (2 * TPURT_EW_MAX_IO)
+#define I_UNIT (_Complex_I)
+
+/* ------------------------------------------------------------ op table */
+
+enum { K_F = 1, K_I = 2, K_C = 4, K_ALL = 7 };
+typedef struct {
+  const char *name;
+  unsigned char nsrc, kinds;
+} ew_opinfo;
+
+static const ew_opinfo k_ops[TPURT_EW_NUM_OPS] = {
+    [TPURT_EW_LOAD] = {"load", 0, K_ALL},
+    [TPURT_EW_SCALAR] = {"scalar", 0, K_ALL},
+    [TPURT_EW_CONST] = {"const", 0, K_ALL},
+    [TPURT_EW_NEG] = {"neg", 1, K_ALL},
+    [TPURT_EW_ABS] = {"abs", 1, K_ALL},
+    [TPURT_EW_SQRT] = {"sqrt", 1, K_F | K_C},
+    [TPURT_EW_RSQRT] = {"rsqrt", 1, K_F | K_C},
+    [TPURT_EW_RECIPROCAL] = {"reciprocal", 1, K_F | K_C},
+    [TPURT_EW_SQUARE] = {"square", 1, K_ALL},
+    [TPURT_EW_EXP] = {"exp", 1, K_F | K_C},
+    [TPURT_EW_EXP2] = {"exp2", 1, K_F},
+    [TPURT_EW_EXPM1] = {"expm1", 1, K_F},
+    [TPURT_EW_LOG] = {"log", 1, K_F | K_C},
+    [TPURT_EW_LOG2] = {"log2", 1, K_F | K_C},
+    [TPURT_EW_LOG10] = {"log10", 1, K_F | K_C},
+    [TPURT_EW_LOG1P] = {"log1p", 1, K_F},
+    [TPURT_EW_SIN] = {"sin", 1, K_F | K_C},
+    [TPURT_EW_COS] = {"cos", 1, K_F | K_C},
+    [TPURT_EW_TAN] = {"tan", 1, K_F | K_C},
+    [TPURT_EW_ASIN] = {"asin", 1, K_F | K_C},
+    [TPURT_EW_ACOS] = {"acos", 1, K_F | K_C},
+    [TPURT_EW_ATAN] = {"atan", 1, K_F | K_C},
+    [TPURT_EW_SINH] = {"sinh", 1, K_F | K_C},
+    [TPURT_EW_COSH] = {"cosh", 1, K_F | K_C},
+    [TPURT_EW_TANH] = {"tanh", 1, K_F | K_C},
+    [TPURT_EW_ASINH] = {"asinh", 1, K_F | K_C},
+    [TPURT_EW_ACOSH] = {"acosh", 1, K_F | K_C},
+    [TPURT_EW_ATANH] = {"atanh", 1, K_F | K_C},
+    [TPURT_EW_SIGMOID] = {"sigmoid", 1, K_F | K_C},
+    [TPURT_EW_LOGIT] = {"logit", 1, K_F},
+    [TPURT_EW_ERF] = {"erf", 1, K_F},
+    [TPURT_EW_ERFC] = {"erfc", 1, K_F},
+    [TPURT_EW_ERFINV] = {"erfinv", 1, K_F},
+    [TPURT_EW_LGAMMA] = {"lgamma", 1, K_F},
+    [TPURT_EW_DIGAMMA] = {"digamma", 1, K_F},
+    [TPURT_EW_SIGN] = {"sign", 1, K_F | K_I},
+    [TPURT_EW_SGN] = {"sgn", 1, K_ALL},
+    [TPURT_EW_FLOOR] = {"floor", 1, K_F | K_I},
+    [TPURT_EW_CEIL] = {"ceil", 1, K_F | K_I},
+    [TPURT_EW_ROUND] = {"round", 1, K_F | K_I},
+    [TPURT_EW_TRUNC] = {"trunc", 1, K_F | K_I},
+    [TPURT_EW_FRAC] = {"frac", 1, K_F},
+    [TPURT_EW_RELU] = {"relu", 1, K_F | K_I},
+    [TPURT_EW_GELU] = {"gelu", 1, K_F},
+    [TPURT_EW_GELU_TANH] = {"gelu_tanh", 1, K_F},
+    [TPURT_EW_SILU] = {"silu", 1, K_F},
+    [TPURT_EW_MISH] = {"mish", 1, K_F},
+    [TPURT_EW_SOFTPLUS] = {"softplus", 1, K_F},
+    [TPURT_EW_LEAKY_RELU] = {"leaky_relu", 1, K_F},
+    [TPURT_EW_HARDTANH] = {"hardtanh", 1, K_F | K_I},
+    [TPURT_EW_ELU] = {"elu", 1, K_F},
+    [TPURT_EW_HARDSIGMOID] = {"hardsigmoid", 1, K_F},
+    [TPURT_EW_HARDSWISH] = {"hardswish", 1, K_F},
+    [TPURT_EW_LOGICAL_NOT] = {"logical_not", 1, K_ALL},
+    [TPURT_EW_BITWISE_NOT] = {"bitwise_not", 1, K_I},
+    [TPURT_EW_ISNAN] = {"isnan", 1, K_ALL},
+    [TPURT_EW_ISINF] = {"isinf", 1, K_ALL},
+    [TPURT_EW_ISFINITE] = {"isfinite", 1, K_ALL},
+    [TPURT_EW_ISPOSINF] = {"isposinf", 1, K_F | K_I},
+    [TPURT_EW_ISNEGINF] = {"isneginf", 1, K_F | K_I},
+    [TPURT_EW_NAN_TO_NUM] = {"nan_to_num", 1, K_F | K_I},
+    [TPURT_EW_CAST] = {"cast", 1, K_ALL},
+    [TPURT_EW_ADD] = {"add", 2, K_ALL},
+    [TPURT_EW_SUB] = {"sub", 2, K_ALL},
+    [TPURT_EW_MUL] = {"mul", 2, K_ALL},
+    [TPURT_EW_DIV] = {"div", 2, K_ALL},
+    [TPURT_EW_DIV_TRUNC] = {"div_trunc", 2, K_F | K_I},
+    [TPURT_EW_DIV_FLOOR] = {"div_floor", 2, K_F | K_I},
+    [TPURT_EW_REMAINDER] = {"remainder", 2, K_F | K_I},
+    [TPURT_EW_FMOD] = {"fmod", 2, K_F | K_I},
+    [TPURT_EW_POW] = {"pow", 2, K_ALL},
+    [TPURT_EW_ATAN2] = {"atan2", 2, K_F},
+    [TPURT_EW_HYPOT] = {"hypot", 2, K_F},
+    [TPURT_EW_COPYSIGN] = {"copysign", 2, K_F},
+    [TPURT_EW_XLOGY] = {"xlogy", 2, K_F},
+    [TPURT_EW_MAXIMUM] = {"maximum", 2, K_F | K_I},
+    [TPURT_EW_MINIMUM] = {"minimum", 2, K_F | K_I},
+    [TPURT_EW_FMAX] = {"fmax", 2, K_F | K_I},
+    [TPURT_EW_FMIN] = {"fmin", 2, K_F | K_I},
+    [TPURT_EW_EQ] = {"eq", 2, K_ALL},
+    [TPURT_EW_NE] = {"ne", 2, K_ALL},
+    [TPURT_EW_LT] = {"lt", 2, K_F | K_I},
+    [TPURT_EW_LE] = {"le", 2, K_F | K_I},
+    [TPURT_EW_GT] = {"gt", 2, K_F | K_I},
+    [TPURT_EW_GE] = {"ge", 2, K_F | K_I},
+    [TPURT_EW_LOGICAL_AND] = {"logical_and", 2, K_ALL},
+    [TPURT_EW_LOGICAL_OR] = {"logical_or", 2, K_ALL},
+    [TPURT_EW_LOGICAL_XOR] = {"logical_xor", 2, K_ALL},
+    [TPURT_EW_BITWISE_AND] = {"bitwise_and", 2, K_I},
+    [TPURT_EW_BITWISE_OR] = {"bitwise_or", 2, K_I},
+    [TPURT_EW_BITWISE_XOR] = {"bitwise_xor", 2, K_I},
+    [TPURT_EW_LSHIFT] = {"bitwise_left_shift", 2, K_I},
+    [TPURT_EW_RSHIFT] = {"bitwise_right_shift", 2, K_I},
+    [TPURT_EW_THRESHOLD_BACKWARD] = {"threshold_backward", 2, K_F | K_I},
+    [TPURT_EW_GELU_BACKWARD] = {"gelu_backward", 2, K_F},
+    [TPURT_EW_GELU_TANH_BACKWARD] = {"gelu_tanh_backward", 2, K_F},
+    [TPURT_EW_SILU_BACKWARD] = {"silu_backward", 2, K_F},
+    [TPURT_EW_SIGMOID_BACKWARD] = {"sigmoid_backward", 2, K_F},
+    [TPURT_EW_TANH_BACKWARD] = {"tanh_backward", 2, K_F},
+    [TPURT_EW_SOFTPLUS_BACKWARD] = {"softplus_backward", 2, K_F},
+    [TPURT_EW_LEAKY_RELU_BACKWARD] = {"leaky_relu_backward", 2, K_F},
+    [TPURT_EW_HARDTANH_BACKWARD] = {"hardtanh_backward", 2, K_F},
+    [TPURT_EW_ELU_BACKWARD] = {"elu_backward", 2, K_F},
+    [TPURT_EW_HARDSIGMOID_BACKWARD] = {"hardsigmoid_backward", 2, K_F},
+    [TPURT_EW_HARDSWISH_BACKWARD] = {"hardswish_backward", 2, K_F},
+    [TPURT_EW_MISH_BACKWARD] = {"mish_backward", 2, K_F},
+    [TPURT_EW_WHERE] = {"where", 3, K_ALL},
+    [TPURT_EW_CLAMP] = {"clamp", 3, K_F | K_I},
+    [TPURT_EW_LERP] = {"lerp", 3, K_F | K_C},
+    [TPURT_EW_ADDCMUL] = {"addcmul", 3, K_ALL},
+    [TPURT_EW_ADDCDIV] = {"addcdiv", 3, K_F | K_C},
+};
+
+const char *tpurt_ew_op_name(tpurt_ew_op op) {
+  if ((unsigned)op >= TPURT_EW_NUM_OPS || !k_ops[op].name) return "invalid";
+  return k_ops[op].name;
+}
+
+/* ------------------------------------------------- special functions */
+
+static double ew_lgamma(double x) {
+  int sg;
+  return lgamma_r(x, &sg);
+}
+
+static double ew_digamma(double x) {
+  if (x == 0) return copysign(INFINITY, -x);
+  if (x != x) return x;
+  double result = 0;
+  if (x < 0) {
+    if (x == trunc(x)) return NAN;
+    /* reflection: psi(1 - x) - pi / tan(pi * x), with x's fraction for accuracy */
+    double q, r = modf(x, &q);
+    return ew_digamma(1 - x) - M_PI / tan(M_PI * r);
+  }
+  while (x < 10) {
+    result -= 1 / x;
+    x += 1;
+  }
+  if (x == 10) return result + 2.25175258906672110764;
+  /* asymptotic expansion with Bernoulli numbers */
+  double y = 1 / (x * x);
+  double poly = y * (1.0 / 12 - y * (1.0 / 120 - y * (1.0 / 252 - y * (1.0 / 240 - y * (1.0 / 132 - y * (691.0 / 32760 - y / 12))))));
+  return result + log(x) - 0.5 / x - poly;
+}
+
+static double ew_erfinv(double y) {
+  if (y != y || y < -1 || y > 1) return NAN;
+  if (y == 1) return INFINITY;
+  if (y == -1) return -INFINITY;
+  if (y == 0) return y;
+  /* initial guess (Giles, "Approximating the erfinv function"), then Newton */
+  double w = -log((1.0 - y) * (1.0 + y)), p;
+  if (w < 5.0) {
+    w -= 2.5;
+    p = 2.81022636e-08;
+    p = 3.43273939e-07 + p * w;
+    p = -3.5233877e-06 + p * w;
+    p = -4.39150654e-06 + p * w;
+    p = 0.00021858087 + p * w;
+    p = -0.00125372503 + p * w;
+    p = -0.00417768164 + p * w;
+    p = 0.246640727 + p * w;
+    p = 1.50140941 + p * w;
+  } else {
+    w = sqrt(w) - 3.0;
+    p = -0.000200214257;
+    p = 0.000100950558 + p * w;
+    p = 0.00134934322 + p * w;
+    p = -0.00367342844 + p * w;
+    p = 0.00573950773 + p * w;
+    p = -0.0076224613 + p * w;
+    p = 0.00943887047 + p * w;
+    p = 1.00167406 + p * w;
+    p = 2.83297682 + p * w;
+  }
+  double x = p * y;
+  for (int k = 0; k < 2; k++) {
+    double e = erf(x) - y;
+    x -= e / (M_2_SQRTPI * exp(-x * x));
+  }
+  return x;
+}
+
+/* Vectorizable float exp: 2^n * e^r with |r| <= ln2/2, degree-6 polynomial,
+ * scale applied in two halves so results down to the subnormals are right. */
+static inline float ew_expf(float x) {
+  float xc = x != x ? 0.0f : (x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x));
+  float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = fmaf(n, -0.693145751953125f, xc);
+  r = fmaf(n, -1.428606765330187e-06f, r);
+  float p = 1.0f / 720.0f;
+  p = fmaf(p, r, 1.0f / 120.0f);
+  p = fmaf(p, r, 1.0f / 24.0f);
+  p = fmaf(p, r, 1.0f / 6.0f);
+  p = fmaf(p, r, 0.5f);
+  p = fmaf(p, r, 1.0f);
+  p = fmaf(p, r, 1.0f);
+  int32_t ni = (int32_t)n;
+  int32_t n1 = ni >> 1, n2 = ni - n1;
+  float s1 = tpurt__bits_f32((uint32_t)(n1 + 127) << 23), s2 = tpurt__bits_f32((uint32_t)(n2 + 127) << 23);
+  float res = p * s1 * s2;
+  return x != x ? x : res;
+}
+
+/* gelu(x) = x * Phi(x) through erfc with a Chebyshev fit of relative error
+ * < 1.2e-7 (Press et al., Numerical Recipes, erfcc), so both tails keep
+ * their relative accuracy; z*z is split with an fma to keep exp's argument. */
+static inline float ew_gelu_f(float x) {
+  float z = fabsf(x) * 0.70710678118654752f;
+  z = z > 14.0f ? 14.0f : z; /* erfc(14) underflows float; keeps NaN out */
+  float t = 1.0f / fmaf(0.5f, z, 1.0f);
+  float q = 0.17087277f;
+  q = fmaf(q, t, -0.82215223f);
+  q = fmaf(q, t, 1.48851587f);
+  q = fmaf(q, t, -1.13520398f);
+  q = fmaf(q, t, 0.27886807f);
+  q = fmaf(q, t, -0.18628806f);
+  q = fmaf(q, t, 0.09678418f);
+  q = fmaf(q, t, 0.37409196f);
+  q = fmaf(q, t, 1.00002368f);
+  q = fmaf(q, t, -1.26551223f);
+  /* exp(q - z*z) with the argument carried as hi + lo (two-sum, fma split) */
+  float xc = fabsf(x) > 19.8f ? 19.8f : x; /* z*z = x*x/2 exactly from x */
+  float xx = xc * xc, xl = fmaf(xc, xc, -xx);
+  float zz = 0.5f * xx, zl = 0.5f * xl;
+  float s = q - zz, bb = s - q;
+  float lo = (q - (s - bb)) + (-zz - bb) - zl;
+  float ec = t * ew_expf(s) * (1.0f + lo);
+  float g = x >= 0 ? x * fmaf(-0.5f, ec, 1.0f) : 0.5f * x * ec;
+  return x != x ? x : g;
+}
+
+/* --------------------------------------------------- instruction loops */
+
+#define EW_T float
+#define EW_FN exec_f32
+#define EW_M(fn) fn##f
+#define EW_EXP(x) ew_expf(x)
+#define EW_FAST 1
+#include "ew_real.h"
+#undef EW_T
+#undef EW_FN
+#undef EW_M
+#undef EW_EXP
+#undef EW_FAST
+
+#define EW_T double
+#define EW_FN exec_f64
+#define EW_M(f) f
+#define EW_EXP(x) exp(x)
+#define EW_FAST 0
+#include "ew_real.h"
+#undef EW_T
+#undef EW_FN
+#undef EW_M
+#undef EW_EXP
+#undef EW_FAST
+
+#define EW_T float _Complex
+#define EW_R float
+#define EW_FN exec_c64
+#define EW_CM(fn) fn##f
+#define EW_CR(fn) fn##f
+#include "ew_complex.h"
+#undef EW_T
+#undef EW_R
+#undef EW_FN
+#undef EW_CM
+#undef EW_CR
+
+#define EW_T double _Complex
+#define EW_R double
+#define EW_FN exec_c128
+#define EW_CM(f) f
+#define EW_CR(f) f
+#include "ew_complex.h"
+#undef EW_T
+#undef EW_R
+#undef EW_FN
+#undef EW_CM
+#undef EW_CR
+
+static inline int64_t wrap_add(int64_t a, int64_t b) { return (int64_t)((uint64_t)a + (uint64_t)b); }
+static inline int64_t wrap_sub(int64_t a, int64_t b) { return (int64_t)((uint64_t)a - (uint64_t)b); }
+static inline int64_t wrap_mul(int64_t a, int64_t b) { return (int64_t)((uint64_t)a * (uint64_t)b); }
+
+static int64_t ipow(int64_t base, int64_t e) {
+  if (e < 0) {
+    if (base == 1) return 1;
+    if (base == -1) return (e & 1) ? -1 : 1;
+    return 0;
+  }
+  int64_t r = 1;
+  while (e) {
+    if (e & 1) r = wrap_mul(r, base);
+    base = wrap_mul(base, base);
+    e >>= 1;
+  }
+  return r;
+}
+
+static int64_t f2i_param(double v) { return tpurt__f2i64(v); }
+
+/* returns 1 on an integer division by zero */
+static int exec_i64(const tpurt_ew_inst *I, int64_t *restrict d, const int64_t *restrict a,
+                    const int64_t *restrict b, const int64_t *restrict c, int n) {
+  typedef int64_t T;
+  const T p0 = f2i_param(I->p[0]), p1 = f2i_param(I->p[1]);
+  int bad = 0;
+#define U(expr)                   \
+  for (int i = 0; i < n; i++) {   \
+    T x = a[i];                   \
+    d[i] = (expr);                \
+  }                               \
+  break
+#define B(expr)                   \
+  for (int i = 0; i < n; i++) {   \
+    T x = a[i], y = b[i];         \
+    d[i] = (expr);                \
+  }                               \
+  break
+#define BDIV(expr)                \
+  for (int i = 0; i < n; i++) {   \
+    T x = a[i], y = b[i];         \
+    if (y == 0) {                 \
+      bad = 1;                    \
+      d[i] = 0;                   \
+      continue;                   \
+    }                             \
+    d[i] = (expr);                \
+  }                               \
+  break
+#define TR(expr)                  \
+  for (int i = 0; i < n; i++) {   \
+    T x = a[i], y = b[i], z = c[i]; \
+    d[i] = (expr);                \
+  }                               \
+  break
+  switch (I->op) {
+    case TPURT_EW_NEG: U(wrap_sub(0, x));
+    case TPURT_EW_ABS: U(x < 0 ? wrap_sub(0, x) : x);
+    case TPURT_EW_SQUARE: U(wrap_mul(x, x));
+    case TPURT_EW_SIGN:
+    case TPURT_EW_SGN: U((T)((x > 0) - (x < 0)));
+    case TPURT_EW_FLOOR:
+    case TPURT_EW_CEIL:
+    case TPURT_EW_ROUND:
+    case TPURT_EW_TRUNC:
+    case TPURT_EW_NAN_TO_NUM: U(x);
+    case TPURT_EW_RELU: U(x < 0 ? 0 : x);
+    case TPURT_EW_HARDTANH: U(x < p0 ? p0 : (x > p1 ? p1 : x));
+    case TPURT_EW_LOGICAL_NOT: U((T)(x == 0));
+    case TPURT_EW_BITWISE_NOT: U(~x);
+    case TPURT_EW_ISNAN:
+    case TPURT_EW_ISINF:
+    case TPURT_EW_ISPOSINF:
+    case TPURT_EW_ISNEGINF: U((T)0 * x);
+    case TPURT_EW_ISFINITE: U((T)1 + 0 * x);
+    case TPURT_EW_CAST: {
+      tpurt_dtype via = (tpurt_dtype)(int)I->p[0];
+      for (int i = 0; i < n; i++) {
+        unsigned char tmp[16];
+        tpurt__val v = {0, a[i], (uint64_t)a[i], 0.0, 0.0};
+        tpurt__store(via, tmp, v);
+        tpurt__val r = tpurt__load(via, tmp);
+        d[i] = r.cls == 0 ? r.i : r.cls == 1 ? (int64_t)r.u : tpurt__f2i64(r.re);
+      }
+      break;
+    }
+    case TPURT_EW_ADD: B(wrap_add(x, wrap_mul(p0, y)));
+    case TPURT_EW_SUB: B(wrap_sub(x, wrap_mul(p0, y)));
+    case TPURT_EW_MUL: B(wrap_mul(x, y));
+    case TPURT_EW_DIV:
+    case TPURT_EW_DIV_TRUNC: BDIV(y == -1 ? wrap_sub(0, x) : x / y);
+    case TPURT_EW_DIV_FLOOR: {
+      for (int i = 0; i < n; i++) {
+        T x = a[i], y = b[i];
+        if (y == 0) {
+          bad = 1;
+          d[i] = 0;
+          continue;
+        }
+        if (y == -1) {
+          d[i] = wrap_sub(0, x);
+          continue;
+        }
+        T q = x / y, r = x % y;
+        if (r != 0 && ((r < 0) != (y < 0))) q--;
+        d[i] = q;
+      }
+      break;
+    }
+    case TPURT_EW_REMAINDER: {
+      for (int i = 0; i < n; i++) {
+        T x = a[i], y = b[i];
+        if (y == 0) {
+          bad = 1;
+          d[i] = 0;
+          continue;
+        }
+        T r = y == -1 ? 0 : x % y;
+        if (r != 0 && ((r < 0) != (y < 0))) r += y;
+        d[i] = r;
+      }
+      break;
+    }
+    case TPURT_EW_FMOD: BDIV(y == -1 ? 0 : x % y);
+    case TPURT_EW_POW: B(ipow(x, y));
+    case TPURT_EW_MAXIMUM:
+    case TPURT_EW_FMAX: B(x >= y ? x : y);
+    case TPURT_EW_MINIMUM:
+    case TPURT_EW_FMIN: B(x <= y ? x : y);
+    case TPURT_EW_EQ: B((T)(x == y));
+    case TPURT_EW_NE: B((T)(x != y));
+    case TPURT_EW_LT: B((T)(x < y));
+    case TPURT_EW_LE: B((T)(x <= y));
+    case TPURT_EW_GT: B((T)(x > y));
+    case TPURT_EW_GE: B((T)(x >= y));
+    case TPURT_EW_LOGICAL_AND: B((T)((x != 0) & (y != 0)));
+    case TPURT_EW_LOGICAL_OR: B((T)((x != 0) | (y != 0)));
+    case TPURT_EW_LOGICAL_XOR: B((T)((x != 0) ^ (y != 0)));
+    case TPURT_EW_BITWISE_AND: B(x & y);
+    case TPURT_EW_BITWISE_OR: B(x | y);
+    case TPURT_EW_BITWISE_XOR: B(x ^ y);
+    case TPURT_EW_LSHIFT: B((y < 0 || y >= 64) ? 0 : (T)((uint64_t)x << y));
+    case TPURT_EW_RSHIFT: B((y < 0 || y >= 64) ? (x >> 63) : (x >> y));
+    case TPURT_EW_THRESHOLD_BACKWARD: B(y <= p0 ? p1 : x);
+    case TPURT_EW_WHERE: TR(x != 0 ? y : z);
+    case TPURT_EW_CLAMP: TR((x >= y ? x : y) <= z ? (x >= y ? x : y) : z);
+    case TPURT_EW_ADDCMUL: TR(wrap_add(x, wrap_mul(wrap_mul(p0, y), z)));
+    default: break;
+  }
+#undef U
+#undef B
+#undef BDIV
+#undef TR
+  return bad;
+}
+
+/* ------------------------------------------------------ loads / stores */
+
+static inline int is_int_dtype(tpurt_dtype t) {
+  return t == TPURT_BOOL || t == TPURT_U8 || t == TPURT_I8 || t == TPURT_I16 || t == TPURT_I32 ||
+         t == TPURT_I64 || t == TPURT_U16 || t == TPURT_U32 || t == TPURT_U64;
+}
+
+/* element j of a segment: stride st (elements) or gather offsets (bytes) */
+#define EW_AT(TYPE, j) (*(const TYPE *)(off ? base + off[j] : base + (int64_t)(j) * st * (int64_t)sizeof(TYPE)))
+
+#define LOADLOOP(DT, ST, EXPR)                                                   \
+  do {                                                                           \
+    if (!off && st == 1) {                                                       \
+      const ST *p = (const ST *)base;                                            \
+      for (int j = 0; j < n; j++) {                                              \
+        ST v = p[j];                                                             \
+        d[j] = (EXPR);                                                           \
+      }                                                                          \
+    } else if (!off && st == 0) {                                                \
+      ST v = *(const ST *)base;                                                  \
+      DT r = (EXPR);                                                             \
+      for (int j = 0; j < n; j++) d[j] = r;                                      \
+    } else {                                                                     \
+      for (int j = 0; j < n; j++) {                                              \
+        ST v = EW_AT(ST, j);                                                     \
+        d[j] = (EXPR);                                                           \
+      }                                                                          \
+    }                                                                            \
+  } while (0)
+
+#define LOAD_REAL(DT, CONVF)                                             \
+  static void load_##DT(DT *restrict d, tpurt_dtype dt, const char *base, int64_t st, const int64_t *off, int n) { \
+    switch (dt) {                                                        \
+      case TPURT_BOOL: LOADLOOP(DT, uint8_t, (DT)(v != 0)); break;       \
+      case TPURT_U8: LOADLOOP(DT, uint8_t, (DT)v); break;                \
+      case TPURT_I8: LOADLOOP(DT, int8_t, (DT)v); break;                 \
+      case TPURT_I16: LOADLOOP(DT, int16_t, (DT)v); break;               \
+      case TPURT_I32: LOADLOOP(DT, int32_t, (DT)v); break;               \
+      case TPURT_I64: LOADLOOP(DT, int64_t, (DT)v); break;               \
+      case TPURT_U16: LOADLOOP(DT, uint16_t, (DT)v); break;              \
+      case TPURT_U32: LOADLOOP(DT, uint32_t, (DT)v); break;              \
+      case TPURT_U64: LOADLOOP(DT, uint64_t, (DT)v); break;              \
+      case TPURT_F16: LOADLOOP(DT, uint16_t, (DT)tpurt__f16_to_f32(v)); break; \
+      case TPURT_BF16: LOADLOOP(DT, uint16_t, (DT)tpurt__bf16_to_f32(v)); break; \
+      case TPURT_F32: LOADLOOP(DT, float, CONVF(v)); break;              \
+      case TPURT_F64: LOADLOOP(DT, double, CONVF(v)); break;             \
+      case TPURT_C64: LOADLOOP(DT, float _Complex, CONVF(crealf(v))); break; \
+      case TPURT_C128: LOADLOOP(DT, double _Complex, CONVF(creal(v))); break; \
+      default: break;                                                    \
+    }                                                                    \
+  }
+#define CONV_F32(v) ((float)(v))
+#define CONV_F64(v) ((double)(v))
+#define CONV_I64(v) tpurt__f2i64((double)(v))
+#define CONV_C64(v) ((float _Complex)(v))
+#define CONV_C128(v) ((double _Complex)(v))
+typedef float _Complex c64_t;
+typedef double _Complex c128_t;
+LOAD_REAL(float, CONV_F32)
+LOAD_REAL(double, CONV_F64)
+LOAD_REAL(int64_t, CONV_I64)
+
+#define LOAD_CPLX(DT, CONVF)                                             \
+  static void load_##DT(DT *restrict d, tpurt_dtype dt, const char *base, int64_t st, const int64_t *off, int n) { \
+    switch (dt) {                                                        \
+      case TPURT_BOOL: LOADLOOP(DT, uint8_t, (DT)(v != 0)); break;       \
+      case TPURT_U8: LOADLOOP(DT, uint8_t, (DT)v); break;                \
+      case TPURT_I8: LOADLOOP(DT, int8_t, (DT)v); break;                 \
+      case TPURT_I16: LOADLOOP(DT, int16_t, (DT)v); break;               \
+      case TPURT_I32: LOADLOOP(DT, int32_t, (DT)v); break;               \
+      case TPURT_I64: LOADLOOP(DT, int64_t, (DT)v); break;               \
+      case TPURT_U16: LOADLOOP(DT, uint16_t, (DT)v); break;              \
+      case TPURT_U32: LOADLOOP(DT, uint32_t, (DT)v); break;              \
+      case TPURT_U64: LOADLOOP(DT, uint64_t, (DT)v); break;              \
+      case TPURT_F16: LOADLOOP(DT, uint16_t, (DT)tpurt__f16_to_f32(v)); break; \
+      case TPURT_BF16: LOADLOOP(DT, uint16_t, (DT)tpurt__bf16_to_f32(v)); break; \
+      case TPURT_F32: LOADLOOP(DT, float, (DT)v); break;                 \
+      case TPURT_F64: LOADLOOP(DT, double, (DT)v); break;                \
+      case TPURT_C64: LOADLOOP(DT, c64_t, CONVF(v)); break;              \
+      case TPURT_C128: LOADLOOP(DT, c128_t, CONVF(v)); break;            \
+      default: break;                                                    \
+    }                                                                    \
+  }
+LOAD_CPLX(c64_t, CONV_C64)
+LOAD_CPLX(c128_t, CONV_C128)
+
+#define EW_PUT(TYPE, j) (*(TYPE *)(off ? base + off[j] : base + (int64_t)(j) * st * (int64_t)sizeof(TYPE)))
+#define STORELOOP(DST, EXPR)                                                     \
+  do {                                                                           \
+    if (!off && st == 1) {                                                       \
+      DST *p = (DST *)base;                                                      \
+      for (int j = 0; j < n; j++) {                                              \
+        __typeof__(s[0]) v = s[j];                                               \
+        p[j] = (DST)(EXPR);                                                      \
+      }                                                                          \
+    } else {                                                                     \
+      for (int j = 0; j < n; j++) {                                              \
+        __typeof__(s[0]) v = s[j];                                               \
+        EW_PUT(DST, j) = (DST)(EXPR);                                            \
+      }                                                                          \
+    }                                                                            \
+  } while (0)
+
+/* float -> integer as the copy kernel does it (truncation, NaN -> 0, wrap) */
+#define F2I(v) tpurt__f2i64((double)(v))
+#define STORE_REAL(ST, TOI)                                                  \
+  static void store_##ST(const ST *restrict s, tpurt_dtype dt, char *base, int64_t st, const int64_t *off, int n) { \
+    switch (dt) {                                                            \
+      case TPURT_BOOL: STORELOOP(uint8_t, v != 0); break;                    \
+      case TPURT_U8: STORELOOP(uint8_t, (uint8_t)TOI(v)); break;             \
+      case TPURT_I8: STORELOOP(int8_t, (int8_t)(uint8_t)TOI(v)); break;      \
+      case TPURT_I16: STORELOOP(int16_t, (int16_t)(uint16_t)TOI(v)); break;  \
+      case TPURT_I32: STORELOOP(int32_t, (int32_t)(uint32_t)TOI(v)); break;  \
+      case TPURT_I64: STORELOOP(int64_t, TOI(v)); break;                     \
+      case TPURT_U16: STORELOOP(uint16_t, (uint16_t)TOI(v)); break;          \
+      case TPURT_U32: STORELOOP(uint32_t, (uint32_t)TOI(v)); break;          \
+      case TPURT_U64: STORELOOP(uint64_t, (uint64_t)TOI(v)); break;          \
+      case TPURT_F16: STORELOOP(uint16_t, tpurt__f32_to_f16((float)v)); break; \
+      case TPURT_BF16: STORELOOP(uint16_t, tpurt__f32_to_bf16((float)v)); break; \
+      case TPURT_F32: STORELOOP(float, v); break;                            \
+      case TPURT_F64: STORELOOP(double, v); break;                           \
+      case TPURT_C64: STORELOOP(c64_t, (float)v); break;                     \
+      case TPURT_C128: STORELOOP(c128_t, (double)v); break;                  \
+      default: break;                                                        \
+    }                                                                        \
+  }
+#define ID_I(v) (v)
+STORE_REAL(float, F2I)
+STORE_REAL(double, F2I)
+STORE_REAL(int64_t, ID_I)
+
+#define STORE_CPLX(ST, RE, RT)                                               \
+  static void store_##ST(const ST *restrict s, tpurt_dtype dt, char *base, int64_t st, const int64_t *off, int n) { \
+    switch (dt) {                                                            \
+      case TPURT_BOOL: STORELOOP(uint8_t, v != 0); break;                    \
+      case TPURT_U8: STORELOOP(uint8_t, (uint8_t)F2I(RE(v))); break;         \
+      case TPURT_I8: STORELOOP(int8_t, (int8_t)(uint8_t)F2I(RE(v))); break;  \
+      case TPURT_I16: STORELOOP(int16_t, (int16_t)(uint16_t)F2I(RE(v))); break; \
+      case TPURT_I32: STORELOOP(int32_t, (int32_t)(uint32_t)F2I(RE(v))); break; \
+      case TPURT_I64: STORELOOP(int64_t, F2I(RE(v))); break;                 \
+      case TPURT_U16: STORELOOP(uint16_t, (uint16_t)F2I(RE(v))); break;      \
+      case TPURT_U32: STORELOOP(uint32_t, (uint32_t)F2I(RE(v))); break;      \
+      case TPURT_U64: STORELOOP(uint64_t, (uint64_t)F2I(RE(v))); break;      \
+      case TPURT_F16: STORELOOP(uint16_t, tpurt__f32_to_f16((float)RE(v))); break; \
+      case TPURT_BF16: STORELOOP(uint16_t, tpurt__f32_to_bf16((float)RE(v))); break; \
+      case TPURT_F32: STORELOOP(float, (float)RE(v)); break;                 \
+      case TPURT_F64: STORELOOP(double, (double)RE(v)); break;               \
+      case TPURT_C64: STORELOOP(c64_t, v); break;                            \
+      case TPURT_C128: STORELOOP(c128_t, v); break;                          \
+      default: break;                                                        \
+    }                                                                        \
+  }
+STORE_CPLX(c64_t, crealf, float)
+STORE_CPLX(c128_t, creal, double)
+
+/* ------------------------------------------------------ launch arguments */
+
+/* Serialized after the header: ptr[nops], sizes[ndim], strides[nops*ndim]
+ * (elements), inst[ninst]. Operands: outputs first, then inputs. */
+typedef struct {
+  int32_t compute, ninst, nout, nin, nops, ndim, nregs, gather;
+  int64_t numel;
+  uint8_t out_reg[TPURT_EW_MAX_IO];
+  uint8_t dt[EW_MAX_OPS];
+} ew_hdr;
+
+typedef struct {
+  const ew_hdr *h;
+  const int64_t *sizes;
+  int64_t bstr[EW_MAX_OPS][TPURT_MAX_DIMS]; /* byte strides */
+  char *base[EW_MAX_OPS];
+  const tpurt_ew_inst *inst;
+  int zc[TPURT_EW_MAX_REGS]; /* LOAD into this register may alias input memory */
+  int64_t inner, rows, bpr;  /* row mode: inner size, rows, blocks per row */
+  _Atomic int err;
+} ew_ctx;
+
+static size_t csize(tpurt_dtype c) { return tpurt_dtype_size(c); }
+
+/* One block: n elements whose byte offsets are offs[op] + j*bstr[op][inner]
+ * (row mode) or goff[op][j] (gather mode). Returns 1 on division by zero. */
+static int run_block(ew_ctx *x, const int64_t *offs, int64_t (*goff)[EW_BLK], int n, char *scratch) {
+  const ew_hdr *h = x->h;
+  tpurt_dtype ct = (tpurt_dtype)h->compute;
+  size_t rb = EW_BLK * csize(ct);
+  void *R[TPURT_EW_MAX_REGS];
+  char *buf[TPURT_EW_MAX_REGS + 1] = {0};
+  for (int r = 0; r <= h->nregs; r++) buf[r] = scratch + (size_t)r * rb;
+  char *spare = buf[h->nregs];
+  for (int r = 0; r < h->nregs; r++) R[r] = buf[r];
+  int inner = h->ndim - 1;
+  int bad = 0;
+  for (int k = 0; k < h->ninst; k++) {
+    const tpurt_ew_inst *I = &x->inst[k];
+    int dr = I->dst;
+    if (I->op == TPURT_EW_LOAD) {
+      int op = h->nout + (int)I->p[0];
+      tpurt_dtype dt = (tpurt_dtype)h->dt[op];
+      const char *base = x->base[op] + offs[op];
+      const int64_t *off = goff ? goff[op] : NULL;
+      int64_t st = goff ? 0 : x->bstr[op][inner] / (int64_t)tpurt_dtype_size(dt);
+      if (!off && st == 1 && dt == ct && x->zc[dr]) {
+        R[dr] = (void *)base; /* zero-copy: the register reads the input */
+        continue;
+      }
+      R[dr] = buf[dr];
+      switch (ct) {
+        case TPURT_F32: load_float(R[dr], dt, base, st, off, n); break;
+        case TPURT_F64: load_double(R[dr], dt, base, st, off, n); break;
+        case TPURT_I64: load_int64_t(R[dr], dt, base, st, off, n); break;
+        case TPURT_C64: load_c64_t(R[dr], dt, base, st, off, n); break;
+        default: load_c128_t(R[dr], dt, base, st, off, n); break;
+      }
+      continue;
+    }
+    if (I->op == TPURT_EW_CONST) {
+      R[dr] = buf[dr];
+      switch (ct) {
+        case TPURT_F32: { float v = (float)I->p[0]; float *d = R[dr]; for (int j = 0; j < n; j++) d[j] = v; break; }
+        case TPURT_F64: { double v = I->p[0]; double *d = R[dr]; for (int j = 0; j < n; j++) d[j] = v; break; }
+        case TPURT_I64: { int64_t v = tpurt__f2i64(I->p[0]); int64_t *d = R[dr]; for (int j = 0; j < n; j++) d[j] = v; break; }
+        case TPURT_C64: { c64_t v = (float)I->p[0] + (float)I->p[1] * I_UNIT; c64_t *d = R[dr]; for (int j = 0; j < n; j++) d[j] = v; break; }
+        default: { c128_t v = I->p[0] + I->p[1] * I_UNIT; c128_t *d = R[dr]; for (int j = 0; j < n; j++) d[j] = v; break; }
+      }
+      continue;
+    }
+    char *out = spare;
+    const void *a = I->src[0] < h->nregs ? R[I->src[0]] : NULL;
+    const void *b = I->src[1] < h->nregs ? R[I->src[1]] : NULL;
+    const void *c = I->src[2] < h->nregs ? R[I->src[2]] : NULL;
+    switch (ct) {
+      case TPURT_F32: exec_f32(I, (float *)out, a, b, c, n); break;
+      case TPURT_F64: exec_f64(I, (double *)out, a, b, c, n); break;
+      case TPURT_I64: bad |= exec_i64(I, (int64_t *)out, a, b, c, n); break;
+      case TPURT_C64: exec_c64(I, (c64_t *)out, a, b, c, n); break;
+      default: exec_c128(I, (c128_t *)out, a, b, c, n); break;
+    }
+    spare = buf[dr];
+    buf[dr] = out;
+    R[dr] = out;
+  }
+  if (bad) return 1;
+  for (int k = 0; k < h->nout; k++) {
+    tpurt_dtype dt = (tpurt_dtype)h->dt[k];
+    char *base = x->base[k] + offs[k];
+    const int64_t *off = goff ? goff[k] : NULL;
+    int64_t st = goff ? 0 : x->bstr[k][inner] / (int64_t)tpurt_dtype_size(dt);
+    const void *s = R[h->out_reg[k]];
+    switch (ct) {
+      case TPURT_F32: store_float(s, dt, base, st, off, n); break;
+      case TPURT_F64: store_double(s, dt, base, st, off, n); break;
+      case TPURT_I64: store_int64_t(s, dt, base, st, off, n); break;
+      case TPURT_C64: store_c64_t(s, dt, base, st, off, n); break;
+      default: store_c128_t(s, dt, base, st, off, n); break;
+    }
+  }
+  return 0;
+}
+
+static size_t scratch_bytes(const ew_hdr *h) { return (size_t)(h->nregs + 1) * EW_BLK * csize((tpurt_dtype)h->compute); }
+
+/* row mode: unit = a block inside one row of the innermost dimension */
+static void rows_chunk(void *c, int64_t b, int64_t e) {
+  ew_ctx *x = c;
+  const ew_hdr *h = x->h;
+  int nops = h->nops, inner = h->ndim - 1;
+  _Alignas(64) char scratch[scratch_bytes(h)];
+  int64_t offs[EW_MAX_OPS];
+  for (int64_t bi = b; bi < e; bi++) {
+    if (atomic_load_explicit(&x->err, memory_order_relaxed)) return;
+    int64_t row = bi / x->bpr, col = (bi % x->bpr) * EW_BLK;
+    int64_t n = x->inner - col < EW_BLK ? x->inner - col : EW_BLK;
+    for (int o = 0; o < nops; o++) offs[o] = col * x->bstr[o][inner];
+    int64_t rem = row;
+    for (int k = inner - 1; k >= 0 && rem; k--) {
+      int64_t ik = rem % x->sizes[k];
+      rem /= x->sizes[k];
+      for (int o = 0; o < nops; o++) offs[o] += ik * x->bstr[o][k];
+    }
+    if (run_block(x, offs, NULL, (int)n, scratch)) {
+      atomic_store(&x->err, 1);
+      return;
+    }
+  }
+}
+
+/* gather mode (small innermost dimension): unit = EW_BLK linear elements,
+ * per-element byte offsets computed by walking the index */
+static void gather_chunk(void *c, int64_t b, int64_t e) {
+  ew_ctx *x = c;
+  const ew_hdr *h = x->h;
+  int nops = h->nops, nd = h->ndim;
+  _Alignas(64) char scratch[scratch_bytes(h)];
+  /* per-element offsets: on the stack for up to 4 operands, else heap */
+  _Alignas(64) int64_t small[4][EW_BLK];
+  int64_t (*goff)[EW_BLK] = nops <= 4 ? small : malloc(sizeof(int64_t) * EW_BLK * (size_t)nops);
+  if (!goff) {
+    atomic_store(&x->err, 2);
+    return;
+  }
+  static const int64_t zero[EW_MAX_OPS];
+  for (int64_t bi = b; bi < e; bi++) {
+    if (atomic_load_explicit(&x->err, memory_order_relaxed)) break;
+    int64_t start = bi * EW_BLK;
+    int64_t n = h->numel - start < EW_BLK ? h->numel - start : EW_BLK;
+    int64_t idx[TPURT_MAX_DIMS], cur[EW_MAX_OPS];
+    int64_t rem = start;
+    for (int o = 0; o < nops; o++) cur[o] = 0;
+    for (int k = nd - 1; k >= 0; k--) {
+      idx[k] = rem % x->sizes[k];
+      rem /= x->sizes[k];
+      for (int o = 0; o < nops; o++) cur[o] += idx[k] * x->bstr[o][k];
+    }
+    for (int64_t j = 0; j < n; j++) {
+      for (int o = 0; o < nops; o++) goff[o][j] = cur[o];
+      for (int k = nd - 1; k >= 0; k--) {
+        idx[k]++;
+        for (int o = 0; o < nops; o++) cur[o] += x->bstr[o][k];
+        if (idx[k] < x->sizes[k]) break;
+        for (int o = 0; o < nops; o++) cur[o] -= idx[k] * x->bstr[o][k];
+        idx[k] = 0;
+      }
+    }
+    if (run_block(x, zero, goff, (int)n, scratch)) {
+      atomic_store(&x->err, 1);
+      break;
+    }
+  }
+  if (goff != small) free(goff);
+}
+
+static tpurt_status k_elementwise(void *args, char *err, size_t errlen) {
+  const ew_hdr *h = args;
+  const char *p = (const char *)(h + 1);
+  const tpurt_devptr *ptr = (const tpurt_devptr *)p;
+  p += sizeof(tpurt_devptr) * (size_t)h->nops;
+  const int64_t *sizes = (const int64_t *)p;
+  p += sizeof(int64_t) * (size_t)h->ndim;
+  const int64_t *str = (const int64_t *)p;
+  p += sizeof(int64_t) * (size_t)(h->ndim * h->nops);
+  ew_ctx x;
+  memset(&x, 0, sizeof x);
+  x.h = h;
+  x.sizes = sizes;
+  x.inst = (const tpurt_ew_inst *)p;
+  for (int o = 0; o < h->nops; o++) {
+    x.base[o] = tpurt__host_view(ptr[o]);
+    int64_t es = (int64_t)tpurt_dtype_size((tpurt_dtype)h->dt[o]);
+    for (int k = 0; k < h->ndim; k++) x.bstr[o][k] = str[o * h->ndim + k] * es;
+  }
+  for (int r = 0; r < TPURT_EW_MAX_REGS; r++) x.zc[r] = 1;
+  for (int k = 0; k < h->nout; k++) x.zc[h->out_reg[k]] = 0;
+  atomic_init(&x.err, 0);
+  if (h->gather) {
+    int64_t nb = (h->numel + EW_BLK - 1) / EW_BLK;
+    tpurt_parallel_for(nb, EW_GRAIN / EW_BLK, gather_chunk, &x);
+  } else {
+    x.inner = sizes[h->ndim - 1];
+    x.bpr = (x.inner + EW_BLK - 1) / EW_BLK;
+    x.rows = h->numel / x.inner;
+    int64_t per = x.inner < EW_BLK ? x.inner : EW_BLK;
+    int64_t grain = EW_GRAIN / per;
+    tpurt_parallel_for(x.rows * x.bpr, grain < 1 ? 1 : grain, rows_chunk, &x);
+  }
+  int e = atomic_load(&x.err);
+  if (e == 1) {
+    snprintf(err, errlen, "ZeroDivisionError");
+    return TPURT_ERR_KERNEL;
+  }
+  if (e == 2) {
+    snprintf(err, errlen, "out of host memory");
+    return TPURT_ERR_OUT_OF_MEMORY;
+  }
+  return TPURT_OK;
+}
+
+/* ------------------------------------------------------------- launch */
+
+static int kind_of(tpurt_dtype c) {
+  switch (c) {
+    case TPURT_F32:
+    case TPURT_F64: return K_F;
+    case TPURT_I64: return K_I;
+    case TPURT_C64:
+    case TPURT_C128: return K_C;
+    default: return 0;
+  }
+}
+
+static tpurt_status check_view(const tpurt_view *v, const char *what, int i) {
+  if ((unsigned)v->dtype >= TPURT_NUM_DTYPES)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "elementwise: %s %d has an invalid dtype %d", what, i, (int)v->dtype);
+  if (v->ndim < 0 || v->ndim > TPURT_MAX_DIMS)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "elementwise: %s %d has an invalid number of dimensions %d", what, i,
+                      v->ndim);
+  for (int k = 0; k < v->ndim; k++)
+    if (v->sizes[k] < 0)
+      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "elementwise: %s %d has a negative size in dimension %d", what, i, k);
+  return TPURT_OK;
+}
+
+static tpurt_status check_range(int dev, const tpurt_view *v, const char *what) {
+  int64_t es = (int64_t)tpurt_dtype_size(v->dtype), lo = 0, hi = 0;
+  for (int k = 0; k < v->ndim; k++) {
+    int64_t span = (v->sizes[k] - 1) * v->strides[k] * es;
+    if (span < 0)
+      lo += span;
+    else
+      hi += span;
+  }
+  return tpurt__check_dev_range(dev, v->ptr, lo, hi + es, what);
+}
+
+static tpurt_status validate(const tpurt_ew_program *prog, int nin, int nscalars) {
+  if (prog->ninst < 1 || prog->ninst > TPURT_EW_MAX_INST)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "elementwise: program has %d instructions (1..%d allowed)",
+                      prog->ninst, TPURT_EW_MAX_INST);
+  if (prog->nout < 1 || prog->nout > TPURT_EW_MAX_IO)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "elementwise: program has %d outputs (1..%d allowed)", prog->nout,
+                      TPURT_EW_MAX_IO);
+  if (nin < 0 || nin > TPURT_EW_MAX_IO)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "elementwise: %d inputs (0..%d allowed)", nin, TPURT_EW_MAX_IO);
+  int kind = kind_of(prog->compute);
+  if (!kind)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
+                      "elementwise: compute type %s is not one of float32, float64, int64, complex64, complex128",
+                      tpurt_dtype_name(prog->compute));
+  uint32_t defined = 0;
+  for (int k = 0; k < prog->ninst; k++) {
+    const tpurt_ew_inst *I = &prog->inst[k];
+    if (I->op >= TPURT_EW_NUM_OPS || !k_ops[I->op].name)
+      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "elementwise: instruction %d has an invalid op %d", k, I->op);
+    const ew_opinfo *oi = &k_ops[I->op];
+    if (I->dst >= TPURT_EW_MAX_REGS)
+      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "elementwise: instruction %d (%s) writes register %d (0..%d)", k,
+                        oi->name, I->dst, TPURT_EW_MAX_REGS - 1);
+    for (int s = 0; s < oi->nsrc; s++) {
+      if (I->src[s] >= TPURT_EW_MAX_REGS)
+        return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "elementwise: instruction %d (%s) reads register %d (0..%d)", k,
+                          oi->name, I->src[s], TPURT_EW_MAX_REGS - 1);
+      if (!(defined & (1u << I->src[s])))
+        return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
+                          "elementwise: instruction %d (%s) reads register %d before it is written", k, oi->name,
+                          I->src[s]);
+    }
+    if (!(oi->kinds & kind))
+      return tpurt__err(TPURT_ERR_NOT_SUPPORTED, "elementwise: %s is not supported for compute type %s", oi->name,
+                        tpurt_dtype_name(prog->compute));
+    if (I->op == TPURT_EW_LOAD && (I->p[0] < 0 || I->p[0] >= nin || I->p[0] != (int)I->p[0]))
+      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "elementwise: instruction %d loads input %g of %d", k, I->p[0], nin);
+    if (I->op == TPURT_EW_SCALAR) {
+      int need = (kind == K_C) ? 2 : 1;
+      if (I->p[0] < 0 || I->p[0] + need > nscalars || I->p[0] != (int)I->p[0])
+        return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "elementwise: instruction %d reads scalar %g of %d", k, I->p[0],
+                          nscalars);
+    }
+    if (I->op == TPURT_EW_CAST && (I->p[0] < 0 || I->p[0] >= TPURT_NUM_DTYPES))
+      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "elementwise: cast through invalid dtype %g", I->p[0]);
+    defined |= 1u << I->dst;
+  }
+  for (int k = 0; k < prog->nout; k++) {
+    if (prog->out_reg[k] >= TPURT_EW_MAX_REGS || !(defined & (1u << prog->out_reg[k])))
+      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "elementwise: output %d stores register %d, which is never written",
+                        k, prog->out_reg[k]);
+  }
+  return TPURT_OK;
+}
+
+tpurt_status tpurt_elementwise(tpurt_stream *s, const tpurt_ew_program *prog, const tpurt_view *outs,
+                               const tpurt_view *ins, int nin, const double *scalars, int nscalars) {
+  TPURT__INIT_OR_RETURN();
+  tpurt_status st;
+  if (!prog || !outs || (nin > 0 && !ins) || (nscalars > 0 && !scalars))
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "elementwise: NULL program, views or scalars");
+  if ((st = validate(prog, nin, nscalars))) return st;
+  int nout = prog->nout, nops = nout + nin;
+  const tpurt_view *v[EW_MAX_OPS];
+  for (int i = 0; i < nout; i++) v[i] = &outs[i];
+  for (int i = 0; i < nin; i++) v[nout + i] = &ins[i];
+  for (int i = 0; i < nops; i++)
+    if ((st = check_view(v[i], i < nout ? "output" : "input", i < nout ? i : i - nout))) return st;
+  const tpurt_view *o0 = &outs[0];
+  for (int i = 1; i < nops; i++) {
+    if (v[i]->ndim != o0->ndim)
+      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
+                        "elementwise: %s %d has %d dimensions but the output has %d (broadcast with stride 0)",
+                        i < nout ? "output" : "input", i < nout ? i : i - nout, v[i]->ndim, o0->ndim);
+    for (int k = 0; k < o0->ndim; k++)
+      if (v[i]->sizes[k] != o0->sizes[k])
+        return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
+                          "elementwise: %s %d has size %" PRId64 " in dimension %d but the output has %" PRId64,
+                          i < nout ? "output" : "input", i < nout ? i : i - nout, v[i]->sizes[k], k, o0->sizes[k]);
+  }
+  if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(o0->ptr)))) return st;
+  int64_t numel = 1;
+  for (int k = 0; k < o0->ndim; k++) numel *= o0->sizes[k];
+  if (numel == 0) return TPURT_OK;
+  for (int i = 0; i < nops; i++)
+    if ((st = check_range(s->dev, v[i], i < nout ? "elementwise (output)" : "elementwise (input)"))) return st;
+
+  /* coalesce: drop size-1 dims, merge a dim into the next inner one when
+   * every view is contiguous across the pair */
+  int64_t sizes[TPURT_MAX_DIMS], str[EW_MAX_OPS][TPURT_MAX_DIMS];
+  int nd = 0;
+  for (int k = 0; k < o0->ndim; k++) {
+    int64_t sz = o0->sizes[k];
+    if (sz == 1) continue;
+    if (nd > 0) {
+      int ok = 1;
+      for (int i = 0; i < nops && ok; i++) ok = str[i][nd - 1] == sz * v[i]->strides[k];
+      if (ok) {
+        sizes[nd - 1] *= sz;
+        for (int i = 0; i < nops; i++) str[i][nd - 1] = v[i]->strides[k];
+        continue;
+      }
+    }
+    sizes[nd] = sz;
+    for (int i = 0; i < nops; i++) str[i][nd] = v[i]->strides[k];
+    nd++;
+  }
+  if (nd == 0) {
+    sizes[0] = 1;
+    for (int i = 0; i < nops; i++) str[i][0] = 1;
+    nd = 1;
+  }
+
+  /* serialize */
+  int nregs = 0;
+  for (int k = 0; k < prog->ninst; k++) {
+    if (prog->inst[k].dst + 1 > nregs) nregs = prog->inst[k].dst + 1;
+  }
+  size_t bytes = sizeof(ew_hdr) + sizeof(tpurt_devptr) * (size_t)nops + sizeof(int64_t) * (size_t)nd +
+                 sizeof(int64_t) * (size_t)(nd * nops) + sizeof(tpurt_ew_inst) * (size_t)prog->ninst;
+  _Alignas(16) unsigned char stackbuf[2048];
+  unsigned char *buf = bytes <= sizeof stackbuf ? stackbuf : malloc(bytes);
+  if (!buf) return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "elementwise: out of host memory");
+  ew_hdr *h = (ew_hdr *)buf;
+  memset(h, 0, sizeof *h);
+  h->compute = prog->compute;
+  h->ninst = prog->ninst;
+  h->nout = nout;
+  h->nin = nin;
+  h->nops = nops;
+  h->ndim = nd;
+  h->nregs = nregs;
+  h->numel = numel;
+  h->gather = nd > 1 && sizes[nd - 1] < 64;
+  for (int k = 0; k < nout; k++) h->out_reg[k] = prog->out_reg[k];
+  for (int i = 0; i < nops; i++) h->dt[i] = (uint8_t)v[i]->dtype;
+  unsigned char *p = buf + sizeof *h;
+  for (int i = 0; i < nops; i++) {
+    memcpy(p, &v[i]->ptr, sizeof(tpurt_devptr));
+    p += sizeof(tpurt_devptr);
+  }
+  memcpy(p, sizes, sizeof(int64_t) * (size_t)nd);
+  p += sizeof(int64_t) * (size_t)nd;
+  for (int i = 0; i < nops; i++) {
+    memcpy(p, str[i], sizeof(int64_t) * (size_t)nd);
+    p += sizeof(int64_t) * (size_t)nd;
+  }
+  tpurt_ew_inst *inst = (tpurt_ew_inst *)p;
+  int kind = kind_of(prog->compute);
+  for (int k = 0; k < prog->ninst; k++) {
+    tpurt_ew_inst I = prog->inst[k];
+    /* scalars are read now: bake them into constants */
+    if (I.op == TPURT_EW_SCALAR) {
+      int si = (int)I.p[0];
+      I.op = TPURT_EW_CONST;
+      I.p[0] = scalars[si];
+      I.p[1] = kind == K_C ? scalars[si + 1] : 0.0;
+      I.p[2] = 0;
+      I.p[3] = 0;
+    }
+    memcpy(&inst[k], &I, sizeof I);
+  }
+  const char *name = "elementwise";
+  for (int k = prog->ninst - 1; k >= 0; k--)
+    if (prog->inst[k].op > TPURT_EW_CONST) {
+      name = k_ops[prog->inst[k].op].name;
+      break;
+    }
+  st = tpurt_launch(s, name, k_elementwise, buf, bytes);
+  if (buf != stackbuf) free(buf);
+  return st;
+}

@@ -1,0 +1,291 @@
+/*
+ * ew_real.h — instruction loops of the elementwise interpreter for one real
+ * floating compute type. Included by elementwise.c with:
+ *   EW_T        float | double
+ *   EW_FN       name of the generated function
+ *   EW_M(f)     libm function of the type (expf / exp)
+ *   EW_EXP(x)   exp to use in activations (a vectorizable one for float)
+ *   EW_FAST     1 for the float instantiation (vectorizable gelu paths)
+ * Every loop is a plain `for (i) d[i] = f(a[i], b[i], c[i])` over one block;
+ * d never aliases a source (the interpreter writes into a spare buffer).
+ */
+
+static void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict a, const EW_T *restrict b,
+                  const EW_T *restrict c, int n) {
+  typedef EW_T T;
+  const T p0 = (T)I->p[0], p1 = (T)I->p[1], p2 = (T)I->p[2];
+  const T inf = (T)INFINITY;
+#define U(expr)                   \
+  for (int i = 0; i < n; i++) {   \
+    T x = a[i];                   \
+    d[i] = (expr);                \
+  }                               \
+  break
+#define B(expr)                   \
+  for (int i = 0; i < n; i++) {   \
+    T x = a[i], y = b[i];         \
+    d[i] = (expr);                \
+  }                               \
+  break
+#define TR(expr)                  \
+  for (int i = 0; i < n; i++) {   \
+    T x = a[i], y = b[i], z = c[i]; \
+    d[i] = (expr);                \
+  }                               \
+  break
+  switch (I->op) {
+    case TPURT_EW_NEG: U(-x);
+    case TPURT_EW_ABS: U(EW_M(fabs)(x));
+    case TPURT_EW_SQRT: U(EW_M(sqrt)(x));
+    case TPURT_EW_RSQRT: U((T)1 / EW_M(sqrt)(x));
+    case TPURT_EW_RECIPROCAL: U((T)1 / x);
+    case TPURT_EW_SQUARE: U(x * x);
+    case TPURT_EW_EXP: U(EW_EXP(x));
+    case TPURT_EW_EXP2: U(EW_M(exp2)(x));
+    case TPURT_EW_EXPM1: U(EW_M(expm1)(x));
+    case TPURT_EW_LOG: U(EW_M(log)(x));
+    case TPURT_EW_LOG2: U(EW_M(log2)(x));
+    case TPURT_EW_LOG10: U(EW_M(log10)(x));
+    case TPURT_EW_LOG1P: U(EW_M(log1p)(x));
+    case TPURT_EW_SIN: U(EW_M(sin)(x));
+    case TPURT_EW_COS: U(EW_M(cos)(x));
+    case TPURT_EW_TAN: U(EW_M(tan)(x));
+    case TPURT_EW_ASIN: U(EW_M(asin)(x));
+    case TPURT_EW_ACOS: U(EW_M(acos)(x));
+    case TPURT_EW_ATAN: U(EW_M(atan)(x));
+    case TPURT_EW_SINH: U(EW_M(sinh)(x));
+    case TPURT_EW_COSH: U(EW_M(cosh)(x));
+    case TPURT_EW_TANH: U(EW_M(tanh)(x));
+    case TPURT_EW_ASINH: U(EW_M(asinh)(x));
+    case TPURT_EW_ACOSH: U(EW_M(acosh)(x));
+    case TPURT_EW_ATANH: U(EW_M(atanh)(x));
+    case TPURT_EW_SIGMOID: U((T)1 / ((T)1 + EW_EXP(-x)));
+    case TPURT_EW_LOGIT:
+      if (I->p[1] != 0) {
+        U(EW_M(log)((x < p0 ? p0 : (x > (T)1 - p0 ? (T)1 - p0 : x)) /
+                    ((T)1 - (x < p0 ? p0 : (x > (T)1 - p0 ? (T)1 - p0 : x)))));
+      } else {
+        U(EW_M(log)(x / ((T)1 - x)));
+      }
+    case TPURT_EW_ERF: U(EW_M(erf)(x));
+    case TPURT_EW_ERFC: U(EW_M(erfc)(x));
+    case TPURT_EW_ERFINV: U((T)ew_erfinv((double)x));
+    case TPURT_EW_LGAMMA: U((T)ew_lgamma((double)x));
+    case TPURT_EW_DIGAMMA: U((T)ew_digamma((double)x));
+    case TPURT_EW_SIGN:
+    case TPURT_EW_SGN: U((T)((x > 0) - (x < 0)));
+    case TPURT_EW_FLOOR: U(EW_M(floor)(x));
+    case TPURT_EW_CEIL: U(EW_M(ceil)(x));
+    case TPURT_EW_ROUND:
+      if (I->p[0] == 0) {
+        U(EW_M(nearbyint)(x));
+      } else if (I->p[0] > 0) {
+        const T s = (T)pow(10.0, I->p[0]);
+        U(EW_M(nearbyint)(x * s) / s);
+      } else {
+        const T s = (T)pow(10.0, -I->p[0]);
+        U(EW_M(nearbyint)(x / s) * s);
+      }
+    case TPURT_EW_TRUNC: U(EW_M(trunc)(x));
+    case TPURT_EW_FRAC: U(x - EW_M(trunc)(x));
+    case TPURT_EW_RELU: U(x < 0 ? (T)0 : x);
+#if EW_FAST
+    case TPURT_EW_GELU: U(ew_gelu_f(x));
+    case TPURT_EW_GELU_TANH: U(x / (1.0f + ew_expf(-2.0f * 0.7978845608028654f * (x + 0.044715f * x * x * x))));
+#else
+    case TPURT_EW_GELU: U((T)0.5 * x * ((T)1 + EW_M(erf)(x * (T)M_SQRT1_2)));
+    case TPURT_EW_GELU_TANH:
+      U((T)0.5 * x * ((T)1 + EW_M(tanh)((T)0.7978845608028654 * (x + (T)0.044715 * x * x * x))));
+#endif
+    case TPURT_EW_SILU: U(x / ((T)1 + EW_EXP(-x)));
+    case TPURT_EW_MISH: U(x * EW_M(tanh)(EW_M(log1p)(EW_EXP(x))));
+    case TPURT_EW_SOFTPLUS: U(x * p0 > p1 ? x : EW_M(log1p)(EW_EXP(x * p0)) / p0);
+    case TPURT_EW_LEAKY_RELU: U(x > 0 ? x : x * p0);
+    case TPURT_EW_HARDTANH: {
+      U(x != x ? x : (x < p0 ? p0 : (x > p1 ? p1 : x)));
+    }
+    case TPURT_EW_ELU: U(x <= 0 ? EW_M(expm1)(x * p2) * (p0 * p1) : x * p1);
+    case TPURT_EW_HARDSIGMOID: {
+      for (int i = 0; i < n; i++) {
+        T t = a[i] + (T)3;
+        t = t < 0 ? (T)0 : t;
+        t = t > 6 ? (T)6 : t;
+        d[i] = t / (T)6;
+      }
+      break;
+    }
+    case TPURT_EW_HARDSWISH: {
+      for (int i = 0; i < n; i++) {
+        T t = a[i] + (T)3;
+        t = t < 0 ? (T)0 : t;
+        t = t > 6 ? (T)6 : t;
+        d[i] = a[i] * t / (T)6;
+      }
+      break;
+    }
+    case TPURT_EW_LOGICAL_NOT: U((T)(x == 0));
+    case TPURT_EW_ISNAN: U((T)(x != x));
+    case TPURT_EW_ISINF: U((T)(EW_M(fabs)(x) == inf));
+    case TPURT_EW_ISFINITE: U((T)(EW_M(fabs)(x) < inf));
+    case TPURT_EW_ISPOSINF: U((T)(x == inf));
+    case TPURT_EW_ISNEGINF: U((T)(x == -inf));
+    case TPURT_EW_NAN_TO_NUM: U(x != x ? p0 : (x == inf ? p1 : (x == -inf ? p2 : x)));
+    case TPURT_EW_CAST: {
+      tpurt_dtype via = (tpurt_dtype)(int)I->p[0];
+      if (via == TPURT_BF16) {
+        U((T)tpurt__bf16_to_f32(tpurt__f32_to_bf16((float)x)));
+      } else if (via == TPURT_F16) {
+        U((T)tpurt__f16_to_f32(tpurt__f32_to_f16((float)x)));
+      } else if (via == TPURT_F32 || via == TPURT_C64) {
+        U((T)(float)x);
+      } else if (via == TPURT_F64 || via == TPURT_C128) {
+        U(x);
+      } else {
+        for (int i = 0; i < n; i++) {
+          unsigned char tmp[16];
+          tpurt__val v = {2, 0, 0, (double)a[i], 0.0};
+          tpurt__store(via, tmp, v);
+          tpurt__val r = tpurt__load(via, tmp);
+          d[i] = (T)(r.cls == 0 ? (double)r.i : r.cls == 1 ? (double)r.u : r.re);
+        }
+        break;
+      }
+    }
+    /* binary */
+    case TPURT_EW_ADD: B(x + p0 * y);
+    case TPURT_EW_SUB: B(x - p0 * y);
+    case TPURT_EW_MUL: B(x * y);
+    case TPURT_EW_DIV: B(x / y);
+    case TPURT_EW_DIV_TRUNC: B(EW_M(trunc)(x / y));
+    case TPURT_EW_DIV_FLOOR: {
+      for (int i = 0; i < n; i++) {
+        T x = a[i], y = b[i];
+        if (y == 0) {
+          d[i] = x / y;
+          continue;
+        }
+        T m = EW_M(fmod)(x, y);
+        T q = (x - m) / y;
+        if (m != 0 && ((y < 0) != (m < 0))) q -= (T)1;
+        T r;
+        if (q != 0) {
+          r = EW_M(floor)(q);
+          if (q - r > (T)0.5) r += (T)1;
+        } else {
+          r = EW_M(copysign)((T)0, x / y);
+        }
+        d[i] = r;
+      }
+      break;
+    }
+    case TPURT_EW_REMAINDER: {
+      for (int i = 0; i < n; i++) {
+        T x = a[i], y = b[i];
+        T m = EW_M(fmod)(x, y);
+        if (m != 0 && ((y < 0) != (m < 0))) m += y;
+        d[i] = m;
+      }
+      break;
+    }
+    case TPURT_EW_FMOD: B(EW_M(fmod)(x, y));
+    case TPURT_EW_POW: B(EW_M(pow)(x, y));
+    case TPURT_EW_ATAN2: B(EW_M(atan2)(x, y));
+    case TPURT_EW_HYPOT: B(EW_M(hypot)(x, y));
+    case TPURT_EW_COPYSIGN: B(EW_M(copysign)(x, y));
+    case TPURT_EW_XLOGY: B(y != y ? y : (x == 0 ? (T)0 : x * EW_M(log)(y)));
+    case TPURT_EW_MAXIMUM: B((x != x || x >= y) ? x : y);
+    case TPURT_EW_MINIMUM: B((x != x || x <= y) ? x : y);
+    case TPURT_EW_FMAX: B(y != y ? x : (x != x ? y : (x >= y ? x : y)));
+    case TPURT_EW_FMIN: B(y != y ? x : (x != x ? y : (x <= y ? x : y)));
+    case TPURT_EW_EQ: B((T)(x == y));
+    case TPURT_EW_NE: B((T)(x != y));
+    case TPURT_EW_LT: B((T)(x < y));
+    case TPURT_EW_LE: B((T)(x <= y));
+    case TPURT_EW_GT: B((T)(x > y));
+    case TPURT_EW_GE: B((T)(x >= y));
+    case TPURT_EW_LOGICAL_AND: B((T)((x != 0) & (y != 0)));
+    case TPURT_EW_LOGICAL_OR: B((T)((x != 0) | (y != 0)));
+    case TPURT_EW_LOGICAL_XOR: B((T)((x != 0) ^ (y != 0)));
+    /* activation backward: x = grad_output, y = input or output */
+    case TPURT_EW_THRESHOLD_BACKWARD: B(y <= p0 ? p1 : x);
+    case TPURT_EW_GELU_BACKWARD: {
+      for (int i = 0; i < n; i++) {
+        T x = a[i], y = b[i];
+        T cdf = (T)0.5 * ((T)1 + EW_M(erf)(y * (T)M_SQRT1_2));
+        T pdf = EW_EXP((T)-0.5 * y * y) * (T)0.3989422804014327;
+        d[i] = x * (cdf + y * pdf);
+      }
+      break;
+    }
+    case TPURT_EW_GELU_TANH_BACKWARD: {
+      const T kb = (T)0.7978845608028654, kk = (T)0.044715;
+      for (int i = 0; i < n; i++) {
+        T x = a[i], y = b[i];
+        T inner = kb * (y + kk * y * y * y);
+        T t = EW_M(tanh)(inner);
+        T left = (T)0.5 * y, right = (T)1 + t;
+        T left_d = (T)0.5 * right;
+        T tanh_d = (T)1 - t * t;
+        T inner_d = kb * ((T)1 + (T)3 * kk * y * y);
+        d[i] = x * (left_d + left * tanh_d * inner_d);
+      }
+      break;
+    }
+    case TPURT_EW_SILU_BACKWARD: {
+      for (int i = 0; i < n; i++) {
+        T x = a[i], y = b[i];
+        T s = (T)1 / ((T)1 + EW_EXP(-y));
+        d[i] = x * s * ((T)1 + y * ((T)1 - s));
+      }
+      break;
+    }
+    case TPURT_EW_SIGMOID_BACKWARD: B(x * ((T)1 - y) * y);
+    case TPURT_EW_TANH_BACKWARD: B(x * ((T)1 - y * y));
+    case TPURT_EW_SOFTPLUS_BACKWARD: {
+      for (int i = 0; i < n; i++) {
+        T x = a[i], y = b[i];
+        T z = EW_EXP(y * p0);
+        d[i] = y * p0 > p1 ? x : x * z / (z + (T)1);
+      }
+      break;
+    }
+    case TPURT_EW_LEAKY_RELU_BACKWARD: B(y > 0 ? x : x * p0);
+    case TPURT_EW_HARDTANH_BACKWARD: B((y <= p0 || y >= p1) ? (T)0 : x);
+    case TPURT_EW_ELU_BACKWARD: {
+      const T negcoef = p0 * p1, poscoef = p1, negiptcoef = p2;
+      if (I->p[3] != 0) {
+        B(y <= 0 ? x * negiptcoef * (y + negcoef) : x * poscoef);
+      } else {
+        B(y <= 0 ? x * negiptcoef * negcoef * EW_EXP(y * negiptcoef) : x * poscoef);
+      }
+    }
+    case TPURT_EW_HARDSIGMOID_BACKWARD: B((y > (T)-3 && y < (T)3) ? x / (T)6 : (T)0);
+    case TPURT_EW_HARDSWISH_BACKWARD: B(y < (T)-3 ? (T)0 : (y <= (T)3 ? x * (y / (T)3 + (T)0.5) : x));
+    case TPURT_EW_MISH_BACKWARD: {
+      for (int i = 0; i < n; i++) {
+        T x = a[i], y = b[i];
+        T s = (T)1 / ((T)1 + EW_EXP(-y));
+        T t = EW_M(tanh)(EW_M(log1p)(EW_EXP(y)));
+        d[i] = x * (t + y * s * ((T)1 - t * t));
+      }
+      break;
+    }
+    /* ternary */
+    case TPURT_EW_WHERE: TR(x != 0 ? y : z);
+    case TPURT_EW_CLAMP: {
+      for (int i = 0; i < n; i++) {
+        T x = a[i], lo = b[i], hi = c[i];
+        T r = (x != x || x >= lo) ? x : lo;
+        d[i] = (r != r || r <= hi) ? r : hi;
+      }
+      break;
+    }
+    case TPURT_EW_LERP: TR(EW_M(fabs)(z) < (T)0.5 ? x + z * (y - x) : y - (y - x) * ((T)1 - z));
+    case TPURT_EW_ADDCMUL: TR(x + p0 * y * z);
+    case TPURT_EW_ADDCDIV: TR(x + p0 * y / z);
+    default: break;
+  }
+#undef U
+#undef B
+#undef TR
+}

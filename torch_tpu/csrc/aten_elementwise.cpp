@@ -1,0 +1,930 @@
+// Elementwise ATen kernels of the `tpu` backend. Each kernel lets a
+// TensorIterator do broadcasting, type promotion and output allocation
+// (metadata only), then builds a small tpurt_ew_program (loads, one or two
+// instructions, stores) and launches it asynchronously with
+// tpurt_elementwise. 0-dim CPU tensors and Scalar arguments become launch
+// scalars (TPURT_EW_SCALAR); hyperparameters of activations are instruction
+// parameters.
+#include "glue.h"
+
+#include <ATen/ExpandUtils.h>
+#include <ATen/TensorIterator.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ScalarOps.h>
+#include <ATen/native/TypeProperties.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace torch_tpu {
+namespace {
+
+tpurt_dtype compute_for(at::ScalarType t) {
+  if (at::isComplexType(t)) return t == at::kComplexFloat ? TPURT_C64 : TPURT_C128;
+  if (t == at::kDouble) return TPURT_F64;
+  if (at::isFloatingType(t)) return TPURT_F32;
+  return TPURT_I64;
+}
+
+// A program under construction.
+struct Prog {
+  tpurt_ew_program p;
+  std::vector<double> scalars;
+  tpurt_view ins[TPURT_EW_MAX_IO];
+  int nin = 0, nreg = 0;
+  explicit Prog(tpurt_dtype compute) {
+    std::memset(&p, 0, sizeof p);
+    p.compute = compute;
+  }
+  bool is_complex() const { return p.compute == TPURT_C64 || p.compute == TPURT_C128; }
+  int emit(tpurt_ew_op op, std::initializer_list<int> src, double p0 = 0, double p1 = 0, double p2 = 0,
+           double p3 = 0) {
+    TORCH_CHECK(p.ninst < TPURT_EW_MAX_INST && nreg < TPURT_EW_MAX_REGS, "elementwise program too long");
+    tpurt_ew_inst& I = p.inst[p.ninst++];
+    I.op = static_cast<uint16_t>(op);
+    I.dst = static_cast<uint8_t>(nreg);
+    int k = 0;
+    for (int s : src) I.src[k++] = static_cast<uint8_t>(s);
+    I.p[0] = p0;
+    I.p[1] = p1;
+    I.p[2] = p2;
+    I.p[3] = p3;
+    return nreg++;
+  }
+  int load(const tpurt_view& v) {
+    TORCH_CHECK(nin < TPURT_EW_MAX_IO, "too many elementwise inputs");
+    ins[nin] = v;
+    return emit(TPURT_EW_LOAD, {}, nin++);
+  }
+  int scalar(const c10::Scalar& s) {
+    int idx = static_cast<int>(scalars.size());
+    if (s.isComplex()) {
+      auto c = s.toComplexDouble();
+      scalars.push_back(c.real());
+      scalars.push_back(c.imag());
+    } else {
+      scalars.push_back(s.isIntegral(true) ? static_cast<double>(s.toLong()) : s.toDouble());
+      if (is_complex()) scalars.push_back(0.0);
+    }
+    return emit(TPURT_EW_SCALAR, {}, idx);
+  }
+};
+
+tpurt_view iter_view(const at::TensorIteratorBase& iter, int arg) {
+  tpurt_view v;
+  std::memset(&v, 0, sizeof v);
+  v.ptr = reinterpret_cast<tpurt_devptr>(iter.data_ptr(arg));
+  v.dtype = to_runtime(iter.dtype(arg));
+  int nd = iter.ndim();
+  v.ndim = nd;
+  auto shape = iter.shape();
+  auto st = iter.strides(arg);
+  int64_t es = static_cast<int64_t>(iter.element_size(arg));
+  // TensorIterator's dim 0 is the fastest; the runtime's last dim is.
+  for (int k = 0; k < nd; k++) {
+    v.sizes[nd - 1 - k] = shape[k];
+    v.strides[nd - 1 - k] = st[k] / es;
+  }
+  return v;
+}
+
+// Registers of the iterator's inputs (CPU scalars become launch scalars).
+std::vector<int> load_inputs(Prog& pr, const at::TensorIteratorBase& iter) {
+  std::vector<int> regs;
+  for (int i = iter.noutputs(); i < iter.ntensors(); i++) {
+    if (iter.is_cpu_scalar(i)) {
+      regs.push_back(pr.scalar(iter.tensor(i).item()));
+    } else {
+      regs.push_back(pr.load(iter_view(iter, i)));
+    }
+  }
+  return regs;
+}
+
+void launch(Prog& pr, const at::TensorIteratorBase& iter, std::initializer_list<int> out_regs, const char* name) {
+  if (iter.numel() == 0) return;
+  int k = 0;
+  for (int r : out_regs) pr.p.out_reg[k++] = static_cast<uint8_t>(r);
+  pr.p.nout = k;
+  tpurt_view outs[TPURT_EW_MAX_IO];
+  for (int i = 0; i < k; i++) outs[i] = iter_view(iter, i);
+  c10::Device dev = iter.device(0);
+  c10::DeviceGuard guard(dev);
+  check(tpurt_elementwise(current_stream(dev.index()), &pr.p, outs, pr.ins, pr.nin, pr.scalars.data(),
+                          static_cast<int>(pr.scalars.size())),
+        name);
+}
+
+void check_tpu(const at::TensorIteratorBase& iter, const char* name) {
+  TORCH_CHECK(iter.device(0).type() == kTpu, name, ": expected the output on a tpu device, got ", iter.device(0));
+}
+
+// One instruction over all inputs of iter.
+void run_op(const at::TensorIteratorBase& iter, tpurt_ew_op op, const char* name, at::ScalarType compute, double p0 = 0,
+            double p1 = 0, double p2 = 0, double p3 = 0) {
+  if (iter.numel() == 0) return;
+  check_tpu(iter, name);
+  Prog pr(compute_for(compute));
+  auto r = load_inputs(pr, iter);
+  int o;
+  switch (r.size()) {
+    case 1: o = pr.emit(op, {r[0]}, p0, p1, p2, p3); break;
+    case 2: o = pr.emit(op, {r[0], r[1]}, p0, p1, p2, p3); break;
+    default: o = pr.emit(op, {r[0], r[1], r[2]}, p0, p1, p2, p3); break;
+  }
+  launch(pr, iter, {o}, name);
+}
+void run_op(const at::TensorIteratorBase& iter, tpurt_ew_op op, const char* name) {
+  run_op(iter, op, name, iter.common_dtype());
+}
+
+// General iterator: out (may be undefined) and inputs, PyTorch's binary-op
+// configuration (promotion to the common dtype, safe cast to the output).
+at::TensorIterator make_iter(const at::Tensor& out, std::initializer_list<at::Tensor> ins, bool int_to_float = false) {
+  at::TensorIteratorConfig cfg;
+  cfg.set_check_mem_overlap(true)
+      .allow_cpu_scalars(true)
+      .promote_inputs_to_common_dtype(true)
+      .cast_common_dtype_to_outputs(true)
+      .enforce_safe_casting_to_output(true)
+      .promote_integer_inputs_to_float(int_to_float);
+  cfg.add_owned_output(out);
+  for (const auto& t : ins) cfg.add_owned_const_input(t);
+  return cfg.build();
+}
+
+// Output bool (or out's dtype), inputs compared in their common dtype.
+at::TensorIterator make_cmp_iter(const at::Tensor& out, std::initializer_list<at::Tensor> ins) {
+  at::TensorIteratorConfig cfg;
+  cfg.set_check_mem_overlap(true).allow_cpu_scalars(true).promote_inputs_to_common_dtype(true);
+  if (!out.defined()) cfg.declare_static_dtype(at::kBool);
+  cfg.add_owned_output(out);
+  for (const auto& t : ins) cfg.add_owned_const_input(t);
+  return cfg.build();
+}
+
+// Output of its own dtype (or bool if undefined), computed in the input's dtype.
+at::TensorIterator make_pred_iter(const at::Tensor& out, const at::Tensor& self) {
+  at::TensorIteratorConfig cfg;
+  cfg.set_check_mem_overlap(true).check_all_same_dtype(false);
+  if (!out.defined()) cfg.declare_static_dtype(at::kBool);
+  cfg.add_owned_output(out).add_owned_const_input(self);
+  return cfg.build();
+}
+
+at::Tensor wrap(const c10::Scalar& s) { return at::scalar_to_tensor(s); }
+
+// ------------------------------------------------------------ arithmetic
+
+void alpha_check(at::ScalarType dtype, const c10::Scalar& alpha) {
+  TORCH_CHECK(!alpha.isBoolean() || dtype == at::kBool, "Boolean alpha only supported for Boolean results.");
+  TORCH_CHECK(at::isFloatingType(dtype) || at::isComplexType(dtype) || alpha.isIntegral(true),
+              "For integral input tensors, argument alpha must not be a floating point number.");
+  TORCH_CHECK(at::isComplexType(dtype) || !alpha.isComplex(),
+              "For non-complex input tensors, argument alpha must not be a complex number.")
+}
+
+void sub_check(const at::Tensor& self, const at::Tensor& other) {
+  TORCH_CHECK(self.scalar_type() != at::kBool || other.scalar_type() != at::kBool,
+              "Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or `logical_xor()` "
+              "operator instead.")
+  TORCH_CHECK(self.scalar_type() != at::kBool && other.scalar_type() != at::kBool,
+              "Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to invert a "
+              "mask, use the `~` or `logical_not()` operator instead.");
+}
+
+void add_sub(const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha, at::Tensor& out, bool sub,
+             const char* name) {
+  auto iter = at::TensorIterator::binary_op(out, self, other);
+  alpha_check(iter.common_dtype(), alpha);
+  if (iter.numel() == 0) return;
+  check_tpu(iter, name);
+  Prog pr(compute_for(iter.common_dtype()));
+  auto r = load_inputs(pr, iter);
+  int b = r[1];
+  bool unit = !alpha.isComplex() && (alpha.isIntegral(true) ? alpha.toLong() == 1 : alpha.toDouble() == 1.0);
+  if (!unit) b = pr.emit(TPURT_EW_MUL, {b, pr.scalar(alpha)});
+  int o = pr.emit(sub ? TPURT_EW_SUB : TPURT_EW_ADD, {r[0], b}, 1.0);
+  launch(pr, iter, {o}, name);
+}
+
+at::Tensor& k_add_out(const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha, at::Tensor& out) {
+  add_sub(self, other, alpha, out, false, "add");
+  return out;
+}
+at::Tensor& k_sub_out(const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha, at::Tensor& out) {
+  sub_check(self, other);
+  add_sub(self, other, alpha, out, true, "sub");
+  return out;
+}
+
+template <tpurt_ew_op OP>
+at::Tensor& binary_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  auto iter = at::TensorIterator::binary_op(out, self, other);
+  run_op(iter, OP, tpurt_ew_op_name(OP));
+  return out;
+}
+template <tpurt_ew_op OP>
+at::Tensor& binary_float_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  auto iter = at::TensorIterator::binary_float_op(out, self, other);
+  run_op(iter, OP, tpurt_ew_op_name(OP));
+  return out;
+}
+
+at::Tensor& k_mul_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  auto iter = at::TensorIterator::binary_op(out, self, other);
+  run_op(iter, iter.common_dtype() == at::kBool ? TPURT_EW_LOGICAL_AND : TPURT_EW_MUL, "mul");
+  return out;
+}
+
+at::Tensor& k_div_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  auto iter = at::TensorIterator::binary_float_op(out, self, other);
+  run_op(iter, TPURT_EW_DIV, "div");
+  return out;
+}
+
+at::Tensor& k_div_mode_out(const at::Tensor& self, const at::Tensor& other, std::optional<c10::string_view> mode,
+                         at::Tensor& out) {
+  if (!mode.has_value()) return k_div_out(self, other, out);
+  auto iter = at::TensorIterator::binary_op(out, self, other);
+  tpurt_ew_op op;
+  if (*mode == "trunc") {
+    op = TPURT_EW_DIV_TRUNC;
+  } else if (*mode == "floor") {
+    op = TPURT_EW_DIV_FLOOR;
+  } else {
+    TORCH_CHECK(false, "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '", *mode, "'");
+  }
+  run_op(iter, op, *mode == "trunc" ? "div_trunc" : "div_floor");
+  return out;
+}
+
+at::Tensor& k_floor_divide_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  auto iter = at::TensorIterator::binary_op(out, self, other);
+  run_op(iter, TPURT_EW_DIV_FLOOR, "floor_divide");
+  return out;
+}
+at::Tensor k_floor_divide(const at::Tensor& self, const at::Tensor& other) {
+  at::Tensor out;
+  auto iter = at::TensorIterator::binary_op(out, self, other);
+  run_op(iter, TPURT_EW_DIV_FLOOR, "floor_divide");
+  return iter.output();
+}
+at::Tensor& k_floor_divide_(at::Tensor& self, const at::Tensor& other) { return k_floor_divide_out(self, other, self); }
+
+// pow: integer bases with negative integer exponents are rejected like the CPU
+at::Tensor& pow_run(const at::Tensor& base, const at::Tensor& exp, at::Tensor& out) {
+  auto iter = at::TensorIterator::binary_op(out, base, exp);
+  run_op(iter, TPURT_EW_POW, "pow");
+  return out;
+}
+at::Tensor& pow_tt_out(const at::Tensor& base, const at::Tensor& exp, at::Tensor& out) {
+  return pow_run(base, exp, out);
+}
+at::Tensor& pow_ts_out(const at::Tensor& base, const c10::Scalar& exp, at::Tensor& out) {
+  TORCH_CHECK(!(at::isIntegralType(base.scalar_type(), true) && exp.isIntegral(true) && exp.toLong() < 0),
+              "Integers to negative integer powers are not allowed.");
+  auto iter = at::TensorIterator::binary_op(out, base, wrap(exp));
+  if (iter.numel() == 0) return out;
+  at::ScalarType ct = iter.common_dtype();
+  bool real_float = at::isFloatingType(ct) && !exp.isComplex();
+  if (real_float && (exp.toDouble() == 2.0 || exp.toDouble() == 0.5 || exp.toDouble() == 1.0)) {
+    // the CPU kernel's special cases: exact square, sqrt, identity
+    check_tpu(iter, "pow");
+    Prog pr(compute_for(ct));
+    auto r = load_inputs(pr, iter);
+    double e = exp.toDouble();
+    int o = e == 2.0 ? pr.emit(TPURT_EW_SQUARE, {r[0]})
+                     : e == 0.5 ? pr.emit(TPURT_EW_SQRT, {r[0]}) : pr.emit(TPURT_EW_MUL, {r[0], pr.scalar(1.0)});
+    launch(pr, iter, {o}, "pow");
+    return out;
+  }
+  run_op(iter, TPURT_EW_POW, "pow");
+  return out;
+}
+at::Tensor& pow_st_out(const c10::Scalar& base, const at::Tensor& exp, at::Tensor& out) {
+  auto iter = at::TensorIterator::binary_op(out, wrap(base), exp);
+  run_op(iter, TPURT_EW_POW, "pow");
+  return out;
+}
+
+at::Tensor& k_xlogy_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  auto iter = at::TensorIterator::binary_float_op(out, self, other);
+  run_op(iter, TPURT_EW_XLOGY, "xlogy");
+  return out;
+}
+
+// ------------------------------------------------------------ comparisons
+
+template <tpurt_ew_op OP>
+at::Tensor& cmp_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  auto iter = at::TensorIterator::comparison_op(out, self, other);
+  run_op(iter, OP, tpurt_ew_op_name(OP));
+  return out;
+}
+template <tpurt_ew_op OP>
+at::Tensor& cmp_scalar_out(const at::Tensor& self, const c10::Scalar& other, at::Tensor& out) {
+  auto w = wrap(other);
+  auto iter = at::TensorIterator::comparison_op(out, self, w);
+  run_op(iter, OP, tpurt_ew_op_name(OP));
+  return out;
+}
+
+template <tpurt_ew_op OP>
+at::Tensor& logical_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  auto iter = make_cmp_iter(out, {self, other});
+  run_op(iter, OP, tpurt_ew_op_name(OP));
+  return out;
+}
+
+at::Tensor& k_logical_not_out(const at::Tensor& self, at::Tensor& out) {
+  auto iter = make_pred_iter(out, self);
+  run_op(iter, TPURT_EW_LOGICAL_NOT, "logical_not", self.scalar_type());
+  return out;
+}
+
+at::Tensor& k_bitwise_not_out(const at::Tensor& self, at::Tensor& out) {
+  auto iter = at::TensorIterator::unary_op(out, self);
+  TORCH_CHECK(at::isIntegralType(iter.common_dtype(), true), "\"bitwise_not_cpu\" not implemented for '",
+              iter.common_dtype(), "'");
+  run_op(iter, iter.common_dtype() == at::kBool ? TPURT_EW_LOGICAL_NOT : TPURT_EW_BITWISE_NOT, "bitwise_not");
+  return out;
+}
+
+template <tpurt_ew_op OP>
+at::Tensor& bitwise_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  auto iter = at::TensorIterator::binary_op(out, self, other);
+  TORCH_CHECK(at::isIntegralType(iter.common_dtype(), true), "\"", tpurt_ew_op_name(OP), "_cpu\" not implemented for '",
+              iter.common_dtype(), "'");
+  run_op(iter, OP, tpurt_ew_op_name(OP));
+  return out;
+}
+
+// the << and >> operators (non-structured)
+template <tpurt_ew_op OP>
+at::Tensor shift_t(const at::Tensor& self, const at::Tensor& other) {
+  at::Tensor out;
+  auto iter = at::TensorIterator::binary_op(out, self, other);
+  TORCH_CHECK(at::isIntegralType(iter.common_dtype(), false), "\"", tpurt_ew_op_name(OP),
+              "_cpu\" not implemented for '", iter.common_dtype(), "'");
+  run_op(iter, OP, tpurt_ew_op_name(OP));
+  return iter.output();
+}
+template <tpurt_ew_op OP>
+at::Tensor shift_s(const at::Tensor& self, const c10::Scalar& other) {
+  return shift_t<OP>(self, wrap(other));
+}
+template <tpurt_ew_op OP>
+at::Tensor& ishift_t(at::Tensor& self, const at::Tensor& other) {
+  return bitwise_out<OP>(self, other, self);
+}
+template <tpurt_ew_op OP>
+at::Tensor& ishift_s(at::Tensor& self, const c10::Scalar& other) {
+  return bitwise_out<OP>(self, wrap(other), self);
+}
+
+// ------------------------------------------------------------------ unary
+
+template <tpurt_ew_op OP>
+at::Tensor& unary_out(const at::Tensor& self, at::Tensor& out) {
+  auto iter = at::TensorIterator::unary_op(out, self);
+  run_op(iter, OP, tpurt_ew_op_name(OP));
+  return out;
+}
+template <tpurt_ew_op OP>
+at::Tensor& unary_float_out(const at::Tensor& self, at::Tensor& out) {
+  auto iter = at::TensorIterator::unary_float_op(out, self);
+  run_op(iter, OP, tpurt_ew_op_name(OP));
+  return out;
+}
+
+at::Tensor& k_neg_out(const at::Tensor& self, at::Tensor& out) {
+  TORCH_CHECK(self.scalar_type() != at::kBool,
+              "Negation, the `-` operator, on a bool tensor is not supported. If you are trying to invert a mask, use "
+              "the `~` or `logical_not()` operator instead.");
+  return unary_out<TPURT_EW_NEG>(self, out);
+}
+
+at::Tensor& k_abs_out(const at::Tensor& self, at::Tensor& out) {
+  if (self.is_complex()) {
+    at::native::resize_output(out, self.sizes());
+    at::TensorIteratorConfig cfg;
+    cfg.set_check_mem_overlap(true).check_all_same_dtype(false).add_owned_output(out).add_owned_const_input(self);
+    auto iter = cfg.build();
+    run_op(iter, TPURT_EW_ABS, "abs", self.scalar_type());
+    return out;
+  }
+  return unary_out<TPURT_EW_ABS>(self, out);
+}
+
+at::Tensor& k_sign_out(const at::Tensor& self, at::Tensor& out) {
+  TORCH_CHECK(!self.is_complex(), "Unlike NumPy, torch.sign is not intended to support complex numbers. Please use "
+                                  "torch.sgn instead.");
+  auto iter = at::TensorIterator::unary_op(out, self);
+  run_op(iter, iter.common_dtype() == at::kBool ? TPURT_EW_ABS : TPURT_EW_SIGN, "sign");
+  return out;
+}
+
+at::Tensor& k_round_decimals_out(const at::Tensor& self, int64_t decimals, at::Tensor& out) {
+  auto iter = at::TensorIterator::unary_op(out, self);
+  TORCH_CHECK(decimals == 0 || !at::isIntegralType(iter.common_dtype(), true),
+              "round_cpu not implemented for '", iter.common_dtype(), "' with decimals != 0");
+  run_op(iter, TPURT_EW_ROUND, "round", iter.common_dtype(), static_cast<double>(decimals));
+  return out;
+}
+at::Tensor& k_round_out(const at::Tensor& self, at::Tensor& out) { return k_round_decimals_out(self, 0, out); }
+
+at::Tensor& k_frac_out(const at::Tensor& self, at::Tensor& out) {
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()), "frac_cpu not implemented for '", self.scalar_type(), "'");
+  return unary_out<TPURT_EW_FRAC>(self, out);
+}
+
+at::Tensor k_isnan(const at::Tensor& self) {
+  at::Tensor out;
+  auto iter = make_pred_iter(out, self);
+  run_op(iter, TPURT_EW_ISNAN, "isnan", self.scalar_type());
+  return iter.output();
+}
+template <tpurt_ew_op OP>
+at::Tensor& pred_out(const at::Tensor& self, at::Tensor& out) {
+  TORCH_CHECK(!self.is_complex(), tpurt_ew_op_name(OP), " does not support complex inputs.");
+  TORCH_CHECK(out.scalar_type() == at::kBool, tpurt_ew_op_name(OP), " does not support non-boolean outputs.");
+  at::native::resize_output(out, self.sizes());
+  auto iter = make_pred_iter(out, self);
+  run_op(iter, OP, tpurt_ew_op_name(OP), self.scalar_type());
+  return out;
+}
+
+at::Tensor& k_nan_to_num_out(const at::Tensor& self, std::optional<double> nan, std::optional<double> posinf,
+                           std::optional<double> neginf, at::Tensor& out) {
+  TORCH_CHECK(self.scalar_type() == out.scalar_type(), "nan_to_num: dtype of out: ", out.scalar_type(),
+              " should be same as input: ", self.scalar_type());
+  at::native::resize_output(out, self.sizes());
+  auto iter = at::TensorIterator::unary_op(out, self);
+  double hi, lo;
+  switch (self.scalar_type()) {
+    case at::kHalf: hi = 65504.0; break;
+    case at::kBFloat16: hi = static_cast<double>(std::numeric_limits<c10::BFloat16>::max()); break;
+    case at::kFloat: hi = std::numeric_limits<float>::max(); break;
+    default: hi = std::numeric_limits<double>::max(); break;
+  }
+  lo = -hi;
+  run_op(iter, TPURT_EW_NAN_TO_NUM, "nan_to_num", iter.common_dtype(), nan.value_or(0.0), posinf.value_or(hi),
+         neginf.value_or(lo));
+  return out;
+}
+at::Tensor k_nan_to_num(const at::Tensor& self, std::optional<double> nan, std::optional<double> posinf,
+                      std::optional<double> neginf) {
+  at::Tensor out = at::empty_like(self);
+  return k_nan_to_num_out(self, nan, posinf, neginf, out);
+}
+at::Tensor& k_nan_to_num_(at::Tensor& self, std::optional<double> nan, std::optional<double> posinf,
+                        std::optional<double> neginf) {
+  return k_nan_to_num_out(self, nan, posinf, neginf, self);
+}
+
+at::Tensor& k_logit_out(const at::Tensor& self, std::optional<double> eps, at::Tensor& out) {
+  auto iter = at::TensorIterator::unary_float_op(out, self);
+  double e = eps.value_or(-1.0);
+  run_op(iter, TPURT_EW_LOGIT, "logit", iter.common_dtype(), e, e >= 0 ? 1.0 : 0.0);
+  return out;
+}
+at::Tensor k_logit(const at::Tensor& self, std::optional<double> eps) {
+  at::Tensor out;
+  auto iter = at::TensorIterator::unary_float_op(out, self);
+  double e = eps.value_or(-1.0);
+  run_op(iter, TPURT_EW_LOGIT, "logit", iter.common_dtype(), e, e >= 0 ? 1.0 : 0.0);
+  return iter.output();
+}
+at::Tensor& k_logit_(at::Tensor& self, std::optional<double> eps) { return k_logit_out(self, eps, self); }
+
+// ------------------------------------------------------------ activations
+
+at::Tensor k_relu(const at::Tensor& self) {
+  TORCH_CHECK(self.scalar_type() != at::kBool, "Boolean inputs not supported for relu");
+  at::Tensor out;
+  auto iter = at::TensorIterator::unary_op(out, self);
+  run_op(iter, TPURT_EW_RELU, "relu");
+  return iter.output();
+}
+at::Tensor& k_relu_(at::Tensor& self) {
+  TORCH_CHECK(self.scalar_type() != at::kBool, "Boolean inputs not supported for relu");
+  return unary_out<TPURT_EW_RELU>(self, self);
+}
+
+at::Tensor& k_gelu_out(const at::Tensor& self, c10::string_view approximate, at::Tensor& out) {
+  auto iter = at::TensorIterator::unary_op(out, self);
+  TORCH_CHECK(approximate == "none" || approximate == "tanh", "approximate argument must be either none or tanh.");
+  run_op(iter, approximate == "tanh" ? TPURT_EW_GELU_TANH : TPURT_EW_GELU, "gelu");
+  return out;
+}
+at::Tensor& k_gelu_backward_out(const at::Tensor& grad, const at::Tensor& self, c10::string_view approximate,
+                              at::Tensor& grad_input) {
+  auto iter = at::TensorIterator::binary_op(grad_input, grad, self);
+  run_op(iter, approximate == "tanh" ? TPURT_EW_GELU_TANH_BACKWARD : TPURT_EW_GELU_BACKWARD, "gelu_backward");
+  return grad_input;
+}
+
+template <tpurt_ew_op OP>
+at::Tensor& backward_out(const at::Tensor& grad, const at::Tensor& x, at::Tensor& grad_input) {
+  auto iter = at::TensorIterator::binary_op(grad_input, grad, x);
+  run_op(iter, OP, tpurt_ew_op_name(OP));
+  return grad_input;
+}
+template <tpurt_ew_op OP>
+at::Tensor backward_fn(const at::Tensor& grad, const at::Tensor& x) {
+  at::Tensor out;
+  auto iter = at::TensorIterator::binary_op(out, grad, x);
+  run_op(iter, OP, tpurt_ew_op_name(OP));
+  return iter.output();
+}
+
+at::Tensor& k_softplus_out(const at::Tensor& self, const c10::Scalar& beta, const c10::Scalar& threshold,
+                         at::Tensor& out) {
+  auto iter = at::TensorIterator::unary_op(out, self);
+  run_op(iter, TPURT_EW_SOFTPLUS, "softplus", iter.common_dtype(), beta.toDouble(), threshold.toDouble());
+  return out;
+}
+at::Tensor& k_softplus_backward_out(const at::Tensor& grad, const at::Tensor& self, const c10::Scalar& beta,
+                                  const c10::Scalar& threshold, at::Tensor& grad_input) {
+  auto iter = at::TensorIterator::binary_op(grad_input, grad, self);
+  run_op(iter, TPURT_EW_SOFTPLUS_BACKWARD, "softplus_backward", iter.common_dtype(), beta.toDouble(),
+         threshold.toDouble());
+  return grad_input;
+}
+
+at::Tensor& k_leaky_relu_out(const at::Tensor& self, const c10::Scalar& slope, at::Tensor& out) {
+  auto iter = at::TensorIterator::unary_op(out, self);
+  run_op(iter, TPURT_EW_LEAKY_RELU, "leaky_relu", iter.common_dtype(), slope.toDouble());
+  return out;
+}
+at::Tensor& k_leaky_relu_backward_out(const at::Tensor& grad, const at::Tensor& self, const c10::Scalar& slope,
+                                    bool self_is_result, at::Tensor& grad_input) {
+  TORCH_CHECK(!self_is_result || slope.toDouble() >= 0.0,
+              "In-place leakyReLu backward calculation is triggered with a negative slope which is not supported. "
+              "This is caused by calling in-place forward function with a negative slope, please call out-of-place "
+              "version instead. File an issue at https://github.com/pytorch/pytorch if you do require supporting "
+              "in-place leakRelu backward calculation with negative slope");
+  auto iter = at::TensorIterator::binary_op(grad_input, grad, self);
+  run_op(iter, TPURT_EW_LEAKY_RELU_BACKWARD, "leaky_relu_backward", iter.common_dtype(), slope.toDouble());
+  return grad_input;
+}
+
+at::Tensor& k_hardtanh_out(const at::Tensor& self, const c10::Scalar& lo, const c10::Scalar& hi, at::Tensor& out) {
+  TORCH_CHECK(self.scalar_type() != at::kBool, "Bool inputs not supported for hardtanh");
+  auto iter = at::TensorIterator::unary_op(out, self);
+  run_op(iter, TPURT_EW_HARDTANH, "hardtanh", iter.common_dtype(), lo.toDouble(), hi.toDouble());
+  return out;
+}
+at::Tensor k_hardtanh(const at::Tensor& self, const c10::Scalar& lo, const c10::Scalar& hi) {
+  at::Tensor out = at::empty_like(self);
+  return k_hardtanh_out(self, lo, hi, out);
+}
+at::Tensor& k_hardtanh_(at::Tensor& self, const c10::Scalar& lo, const c10::Scalar& hi) {
+  return k_hardtanh_out(self, lo, hi, self);
+}
+at::Tensor& k_hardtanh_backward_out(const at::Tensor& grad, const at::Tensor& self, const c10::Scalar& lo,
+                                  const c10::Scalar& hi, at::Tensor& grad_input) {
+  auto iter = at::TensorIterator::binary_op(grad_input, grad, self);
+  run_op(iter, TPURT_EW_HARDTANH_BACKWARD, "hardtanh_backward", iter.common_dtype(), lo.toDouble(), hi.toDouble());
+  return grad_input;
+}
+at::Tensor k_hardtanh_backward(const at::Tensor& grad, const at::Tensor& self, const c10::Scalar& lo,
+                             const c10::Scalar& hi) {
+  at::Tensor out;
+  auto iter = at::TensorIterator::binary_op(out, grad, self);
+  run_op(iter, TPURT_EW_HARDTANH_BACKWARD, "hardtanh_backward", iter.common_dtype(), lo.toDouble(), hi.toDouble());
+  return iter.output();
+}
+
+at::Tensor& k_elu_out(const at::Tensor& self, const c10::Scalar& alpha, const c10::Scalar& scale,
+                    const c10::Scalar& input_scale, at::Tensor& out) {
+  auto iter = at::TensorIterator::unary_op(out, self);
+  run_op(iter, TPURT_EW_ELU, "elu", iter.common_dtype(), alpha.toDouble(), scale.toDouble(), input_scale.toDouble());
+  return out;
+}
+at::Tensor& k_elu_backward_out(const at::Tensor& grad, const c10::Scalar& alpha, const c10::Scalar& scale,
+                             const c10::Scalar& input_scale, bool is_result, const at::Tensor& self_or_result,
+                             at::Tensor& grad_input) {
+  TORCH_CHECK(!is_result || alpha.toDouble() >= 0.0,
+              "In-place elu backward calculation is triggered with a negative slope which is not supported. This is "
+              "caused by calling in-place forward function with a negative slope, please call out-of-place version "
+              "instead.");
+  auto iter = at::TensorIterator::binary_op(grad_input, grad, self_or_result);
+  run_op(iter, TPURT_EW_ELU_BACKWARD, "elu_backward", iter.common_dtype(), alpha.toDouble(), scale.toDouble(),
+         input_scale.toDouble(), is_result ? 1.0 : 0.0);
+  return grad_input;
+}
+
+at::Tensor k_hardswish(const at::Tensor& self) {
+  at::Tensor out;
+  auto iter = at::TensorIterator::unary_op(out, self);
+  run_op(iter, TPURT_EW_HARDSWISH, "hardswish");
+  return iter.output();
+}
+at::Tensor& k_hardswish_(at::Tensor& self) { return unary_out<TPURT_EW_HARDSWISH>(self, self); }
+
+at::Tensor& k_threshold_out(const at::Tensor& self, const c10::Scalar& threshold, const c10::Scalar& value,
+                          at::Tensor& out) {
+  auto iter = make_iter(out, {self, self});
+  run_op(iter, TPURT_EW_THRESHOLD_BACKWARD, "threshold", iter.common_dtype(), threshold.toDouble(),
+         value.toDouble());
+  return out;
+}
+at::Tensor& k_threshold_backward_out(const at::Tensor& grad, const at::Tensor& self, const c10::Scalar& threshold,
+                                   at::Tensor& grad_input) {
+  auto iter = at::TensorIterator::binary_op(grad_input, grad, self);
+  run_op(iter, TPURT_EW_THRESHOLD_BACKWARD, "threshold_backward", iter.common_dtype(), threshold.toDouble(), 0.0);
+  return grad_input;
+}
+
+// --------------------------------------------------------------- ternary
+
+at::Tensor& k_where_out(const at::Tensor& cond, const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  TORCH_CHECK(cond.scalar_type() == at::kBool || cond.scalar_type() == at::kByte,
+              "where expected condition to be a boolean tensor, but got a tensor with dtype ", cond.scalar_type());
+  at::ScalarType rt = at::result_type(self, other);
+  TORCH_CHECK(!out.defined() || out.scalar_type() == rt, "Expected out type to be ", rt, " but got ",
+              out.scalar_type());
+  at::TensorIteratorConfig cfg;
+  cfg.set_check_mem_overlap(true).check_all_same_dtype(false).allow_cpu_scalars(true);
+  if (!out.defined()) cfg.declare_static_dtype(rt);
+  cfg.add_owned_output(out).add_owned_const_input(cond).add_owned_const_input(self).add_owned_const_input(other);
+  auto iter = cfg.build();
+  run_op(iter, TPURT_EW_WHERE, "where", rt);
+  return out;
+}
+at::Tensor k_where(const at::Tensor& cond, const at::Tensor& self, const at::Tensor& other) {
+  TORCH_CHECK(cond.scalar_type() == at::kBool || cond.scalar_type() == at::kByte,
+              "where expected condition to be a boolean tensor, but got a tensor with dtype ", cond.scalar_type());
+  at::ScalarType rt = at::result_type(self, other);
+  at::Tensor out;
+  at::TensorIteratorConfig cfg;
+  cfg.set_check_mem_overlap(true).check_all_same_dtype(false).allow_cpu_scalars(true).declare_static_dtype(rt);
+  cfg.add_owned_output(out).add_owned_const_input(cond).add_owned_const_input(self).add_owned_const_input(other);
+  auto iter = cfg.build();
+  run_op(iter, TPURT_EW_WHERE, "where", rt);
+  return iter.output();
+}
+
+void clamp_run(at::TensorIterator& iter, bool has_lo, bool has_hi, const char* name) {
+  if (iter.numel() == 0) return;
+  check_tpu(iter, name);
+  Prog pr(compute_for(iter.common_dtype()));
+  auto r = load_inputs(pr, iter);
+  int o;
+  if (has_lo && has_hi)
+    o = pr.emit(TPURT_EW_CLAMP, {r[0], r[1], r[2]});
+  else if (has_lo)
+    o = pr.emit(TPURT_EW_MAXIMUM, {r[0], r[1]});
+  else
+    o = pr.emit(TPURT_EW_MINIMUM, {r[0], r[1]});
+  launch(pr, iter, {o}, name);
+}
+
+at::Tensor& k_clamp_out(const at::Tensor& self, const std::optional<c10::Scalar>& lo,
+                        const std::optional<c10::Scalar>& hi, at::Tensor& out) {
+  TORCH_CHECK(lo.has_value() || hi.has_value(), "torch.clamp: At least one of 'min' or 'max' must not be None");
+  TORCH_CHECK(!self.is_complex(), "clamp is not supported for complex types");
+  // promotion over (self, min, max); both bounds become launch scalars
+  at::native::ResultTypeState st{};
+  st = at::native::update_result_type_state(self, st);
+  if (lo) st = at::native::update_result_type_state(*lo, st);
+  if (hi) st = at::native::update_result_type_state(*hi, st);
+  at::ScalarType rt = at::native::result_type(st);
+  if (out.defined()) {
+    TORCH_CHECK(c10::canCast(rt, out.scalar_type()), "result type ", rt, " can't be cast to the desired output type ",
+                out.scalar_type());
+    at::native::resize_output(out, self.sizes());
+  }
+  at::TensorIteratorConfig cfg;
+  cfg.set_check_mem_overlap(true).check_all_same_dtype(false);
+  if (!out.defined()) cfg.declare_static_dtype(rt);
+  cfg.add_owned_output(out).add_owned_const_input(self);
+  auto iter = cfg.build();
+  if (iter.numel() == 0) return out;
+  check_tpu(iter, "clamp");
+  Prog pr(compute_for(rt));
+  int x = load_inputs(pr, iter)[0], o;
+  if (lo && hi)
+    o = pr.emit(TPURT_EW_CLAMP, {x, pr.scalar(*lo), pr.scalar(*hi)});
+  else if (lo)
+    o = pr.emit(TPURT_EW_MAXIMUM, {x, pr.scalar(*lo)});
+  else
+    o = pr.emit(TPURT_EW_MINIMUM, {x, pr.scalar(*hi)});
+  launch(pr, iter, {o}, "clamp");
+  return out;
+}
+at::Tensor& k_clamp_tensor_out(const at::Tensor& self, const std::optional<at::Tensor>& lo,
+                             const std::optional<at::Tensor>& hi, at::Tensor& out) {
+  bool hl = lo.has_value() && lo->defined(), hh = hi.has_value() && hi->defined();
+  TORCH_CHECK(hl || hh, "torch.clamp: At least one of 'min' or 'max' must not be None");
+  TORCH_CHECK(!self.is_complex(), "clamp is not supported for complex types");
+  auto iter = hl && hh ? make_iter(out, {self, *lo, *hi}) : hl ? make_iter(out, {self, *lo}) : make_iter(out, {self, *hi});
+  clamp_run(iter, hl, hh, "clamp");
+  return out;
+}
+at::Tensor& k_clamp_min_out(const at::Tensor& self, const c10::Scalar& lo, at::Tensor& out) {
+  return k_clamp_out(self, lo, std::nullopt, out);
+}
+at::Tensor& k_clamp_max_out(const at::Tensor& self, const c10::Scalar& hi, at::Tensor& out) {
+  return k_clamp_out(self, std::nullopt, hi, out);
+}
+at::Tensor& k_clamp_min_tensor_out(const at::Tensor& self, const at::Tensor& lo, at::Tensor& out) {
+  return k_clamp_tensor_out(self, lo, std::nullopt, out);
+}
+at::Tensor& k_clamp_max_tensor_out(const at::Tensor& self, const at::Tensor& hi, at::Tensor& out) {
+  return k_clamp_tensor_out(self, std::nullopt, hi, out);
+}
+
+at::Tensor& k_lerp_scalar_out(const at::Tensor& self, const at::Tensor& end, const c10::Scalar& weight, at::Tensor& out) {
+  TORCH_CHECK(self.dtype() == end.dtype(), "expected dtype ", self.dtype(), " for `end` but got dtype ", end.dtype());
+  auto iter = make_iter(out, {self, end, wrap(weight)});
+  run_op(iter, TPURT_EW_LERP, "lerp", self.scalar_type());
+  return out;
+}
+at::Tensor& k_lerp_tensor_out(const at::Tensor& self, const at::Tensor& end, const at::Tensor& weight, at::Tensor& out) {
+  TORCH_CHECK(self.dtype() == end.dtype(), "expected dtype ", self.dtype(), " for `end` but got dtype ", end.dtype());
+  TORCH_CHECK(self.dtype() == weight.dtype(), "expected dtype ", self.dtype(), " for `weight` but got dtype ",
+              weight.dtype());
+  auto iter = make_iter(out, {self, end, weight});
+  run_op(iter, TPURT_EW_LERP, "lerp", self.scalar_type());
+  return out;
+}
+
+at::Tensor& k_addcmul_out(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2, const c10::Scalar& value,
+                        at::Tensor& out) {
+  auto iter = make_iter(out, {self, t1, t2});
+  TORCH_CHECK(!value.isComplex() || iter.common_dtype() == at::kComplexFloat ||
+                  iter.common_dtype() == at::kComplexDouble,
+              "addcmul: complex value needs complex tensors");
+  run_op(iter, TPURT_EW_ADDCMUL, "addcmul", iter.common_dtype(),
+         value.isIntegral(true) ? static_cast<double>(value.toLong()) : value.toDouble());
+  return out;
+}
+at::Tensor& k_addcdiv_out(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2, const c10::Scalar& value,
+                        at::Tensor& out) {
+  TORCH_CHECK(!(at::isIntegralType(t1.scalar_type(), true) && at::isIntegralType(t2.scalar_type(), true)),
+              "Integer division with addcdiv is no longer supported, and in a future release addcdiv will perform a "
+              "true division of tensor1 and tensor2. The historic addcdiv behavior can be implemented as (input + "
+              "value * torch.trunc(tensor1 / tensor2)).to(input.dtype) for integer inputs and as (input + value * "
+              "tensor1 / tensor2) for float inputs. The future addcdiv behavior is just the latter implementation: "
+              "(input + value * tensor1 / tensor2), for all dtypes.");
+  auto iter = make_iter(out, {self, t1, t2});
+  run_op(iter, TPURT_EW_ADDCDIV, "addcdiv", iter.common_dtype(), value.toDouble());
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  // arithmetic
+  m.impl("add.out", TORCH_FN(k_add_out));
+  m.impl("sub.out", TORCH_FN(k_sub_out));
+  m.impl("mul.out", TORCH_FN(k_mul_out));
+  m.impl("div.out", TORCH_FN(k_div_out));
+  m.impl("div.out_mode", TORCH_FN(k_div_mode_out));
+  m.impl("floor_divide", TORCH_FN(k_floor_divide));
+  m.impl("floor_divide_.Tensor", TORCH_FN(k_floor_divide_));
+  m.impl("floor_divide.out", TORCH_FN(k_floor_divide_out));
+  m.impl("remainder.Tensor_out", TORCH_FN(binary_out<TPURT_EW_REMAINDER>));
+  m.impl("fmod.Tensor_out", TORCH_FN(binary_out<TPURT_EW_FMOD>));
+  m.impl("pow.Tensor_Tensor_out", TORCH_FN(pow_tt_out));
+  m.impl("pow.Tensor_Scalar_out", TORCH_FN(pow_ts_out));
+  m.impl("pow.Scalar_out", TORCH_FN(pow_st_out));
+  m.impl("atan2.out", TORCH_FN(binary_float_out<TPURT_EW_ATAN2>));
+  m.impl("hypot.out", TORCH_FN(binary_out<TPURT_EW_HYPOT>));
+  m.impl("copysign.out", TORCH_FN(binary_float_out<TPURT_EW_COPYSIGN>));
+  m.impl("xlogy.OutTensor", TORCH_FN(k_xlogy_out));
+  m.impl("maximum.out", TORCH_FN(binary_out<TPURT_EW_MAXIMUM>));
+  m.impl("minimum.out", TORCH_FN(binary_out<TPURT_EW_MINIMUM>));
+  m.impl("fmax.out", TORCH_FN(binary_out<TPURT_EW_FMAX>));
+  m.impl("fmin.out", TORCH_FN(binary_out<TPURT_EW_FMIN>));
+  // comparisons and logic
+  m.impl("eq.Tensor_out", TORCH_FN(cmp_out<TPURT_EW_EQ>));
+  m.impl("ne.Tensor_out", TORCH_FN(cmp_out<TPURT_EW_NE>));
+  m.impl("lt.Tensor_out", TORCH_FN(cmp_out<TPURT_EW_LT>));
+  m.impl("le.Tensor_out", TORCH_FN(cmp_out<TPURT_EW_LE>));
+  m.impl("gt.Tensor_out", TORCH_FN(cmp_out<TPURT_EW_GT>));
+  m.impl("ge.Tensor_out", TORCH_FN(cmp_out<TPURT_EW_GE>));
+  m.impl("eq.Scalar_out", TORCH_FN(cmp_scalar_out<TPURT_EW_EQ>));
+  m.impl("ne.Scalar_out", TORCH_FN(cmp_scalar_out<TPURT_EW_NE>));
+  m.impl("lt.Scalar_out", TORCH_FN(cmp_scalar_out<TPURT_EW_LT>));
+  m.impl("le.Scalar_out", TORCH_FN(cmp_scalar_out<TPURT_EW_LE>));
+  m.impl("gt.Scalar_out", TORCH_FN(cmp_scalar_out<TPURT_EW_GT>));
+  m.impl("ge.Scalar_out", TORCH_FN(cmp_scalar_out<TPURT_EW_GE>));
+  m.impl("logical_and.out", TORCH_FN(logical_out<TPURT_EW_LOGICAL_AND>));
+  m.impl("logical_or.out", TORCH_FN(logical_out<TPURT_EW_LOGICAL_OR>));
+  m.impl("logical_xor.out", TORCH_FN(logical_out<TPURT_EW_LOGICAL_XOR>));
+  m.impl("logical_not.out", TORCH_FN(k_logical_not_out));
+  m.impl("bitwise_and.Tensor_out", TORCH_FN(bitwise_out<TPURT_EW_BITWISE_AND>));
+  m.impl("bitwise_or.Tensor_out", TORCH_FN(bitwise_out<TPURT_EW_BITWISE_OR>));
+  m.impl("bitwise_xor.Tensor_out", TORCH_FN(bitwise_out<TPURT_EW_BITWISE_XOR>));
+  m.impl("bitwise_not.out", TORCH_FN(k_bitwise_not_out));
+  m.impl("bitwise_left_shift.Tensor_out", TORCH_FN(bitwise_out<TPURT_EW_LSHIFT>));
+  m.impl("bitwise_right_shift.Tensor_out", TORCH_FN(bitwise_out<TPURT_EW_RSHIFT>));
+  m.impl("__lshift__.Tensor", TORCH_FN(shift_t<TPURT_EW_LSHIFT>));
+  m.impl("__lshift__.Scalar", TORCH_FN(shift_s<TPURT_EW_LSHIFT>));
+  m.impl("__ilshift__.Tensor", TORCH_FN(ishift_t<TPURT_EW_LSHIFT>));
+  m.impl("__ilshift__.Scalar", TORCH_FN(ishift_s<TPURT_EW_LSHIFT>));
+  m.impl("__rshift__.Tensor", TORCH_FN(shift_t<TPURT_EW_RSHIFT>));
+  m.impl("__rshift__.Scalar", TORCH_FN(shift_s<TPURT_EW_RSHIFT>));
+  m.impl("__irshift__.Tensor", TORCH_FN(ishift_t<TPURT_EW_RSHIFT>));
+  m.impl("__irshift__.Scalar", TORCH_FN(ishift_s<TPURT_EW_RSHIFT>));
+  // unary
+  m.impl("neg.out", TORCH_FN(k_neg_out));
+  m.impl("abs.out", TORCH_FN(k_abs_out));
+  m.impl("sqrt.out", TORCH_FN(unary_float_out<TPURT_EW_SQRT>));
+  m.impl("rsqrt.out", TORCH_FN(unary_float_out<TPURT_EW_RSQRT>));
+  m.impl("reciprocal.out", TORCH_FN(unary_float_out<TPURT_EW_RECIPROCAL>));
+  m.impl("exp.out", TORCH_FN(unary_float_out<TPURT_EW_EXP>));
+  m.impl("exp2.out", TORCH_FN(unary_float_out<TPURT_EW_EXP2>));
+  m.impl("expm1.out", TORCH_FN(unary_float_out<TPURT_EW_EXPM1>));
+  m.impl("log.out", TORCH_FN(unary_float_out<TPURT_EW_LOG>));
+  m.impl("log2.out", TORCH_FN(unary_float_out<TPURT_EW_LOG2>));
+  m.impl("log10.out", TORCH_FN(unary_float_out<TPURT_EW_LOG10>));
+  m.impl("log1p.out", TORCH_FN(unary_float_out<TPURT_EW_LOG1P>));
+  m.impl("sin.out", TORCH_FN(unary_float_out<TPURT_EW_SIN>));
+  m.impl("cos.out", TORCH_FN(unary_float_out<TPURT_EW_COS>));
+  m.impl("tan.out", TORCH_FN(unary_float_out<TPURT_EW_TAN>));
+  m.impl("asin.out", TORCH_FN(unary_float_out<TPURT_EW_ASIN>));
+  m.impl("acos.out", TORCH_FN(unary_float_out<TPURT_EW_ACOS>));
+  m.impl("atan.out", TORCH_FN(unary_float_out<TPURT_EW_ATAN>));
+  m.impl("sinh.out", TORCH_FN(unary_float_out<TPURT_EW_SINH>));
+  m.impl("cosh.out", TORCH_FN(unary_float_out<TPURT_EW_COSH>));
+  m.impl("tanh.out", TORCH_FN(unary_float_out<TPURT_EW_TANH>));
+  m.impl("asinh.out", TORCH_FN(unary_float_out<TPURT_EW_ASINH>));
+  m.impl("acosh.out", TORCH_FN(unary_float_out<TPURT_EW_ACOSH>));
+  m.impl("atanh.out", TORCH_FN(unary_float_out<TPURT_EW_ATANH>));
+  m.impl("sigmoid.out", TORCH_FN(unary_float_out<TPURT_EW_SIGMOID>));
+  m.impl("erf.out", TORCH_FN(unary_float_out<TPURT_EW_ERF>));
+  m.impl("erfc.out", TORCH_FN(unary_float_out<TPURT_EW_ERFC>));
+  m.impl("erfinv.out", TORCH_FN(unary_float_out<TPURT_EW_ERFINV>));
+  m.impl("lgamma.out", TORCH_FN(unary_float_out<TPURT_EW_LGAMMA>));
+  m.impl("digamma.out", TORCH_FN(unary_float_out<TPURT_EW_DIGAMMA>));
+  m.impl("logit.out", TORCH_FN(k_logit_out));
+  m.impl("logit", TORCH_FN(k_logit));
+  m.impl("logit_", TORCH_FN(k_logit_));
+  m.impl("sign.out", TORCH_FN(k_sign_out));
+  m.impl("sgn.out", TORCH_FN(unary_out<TPURT_EW_SGN>));
+  m.impl("floor.out", TORCH_FN(unary_out<TPURT_EW_FLOOR>));
+  m.impl("ceil.out", TORCH_FN(unary_out<TPURT_EW_CEIL>));
+  m.impl("trunc.out", TORCH_FN(unary_out<TPURT_EW_TRUNC>));
+  m.impl("round.out", TORCH_FN(k_round_out));
+  m.impl("round.decimals_out", TORCH_FN(k_round_decimals_out));
+  m.impl("frac.out", TORCH_FN(k_frac_out));
+  m.impl("isnan", TORCH_FN(k_isnan));
+  m.impl("isposinf.out", TORCH_FN(pred_out<TPURT_EW_ISPOSINF>));
+  m.impl("isneginf.out", TORCH_FN(pred_out<TPURT_EW_ISNEGINF>));
+  m.impl("nan_to_num.out", TORCH_FN(k_nan_to_num_out));
+  m.impl("nan_to_num", TORCH_FN(k_nan_to_num));
+  m.impl("nan_to_num_", TORCH_FN(k_nan_to_num_));
+  // activations
+  m.impl("relu", TORCH_FN(k_relu));
+  m.impl("relu_", TORCH_FN(k_relu_));
+  m.impl("gelu.out", TORCH_FN(k_gelu_out));
+  m.impl("gelu_backward.grad_input", TORCH_FN(k_gelu_backward_out));
+  m.impl("silu.out", TORCH_FN(unary_out<TPURT_EW_SILU>));
+  m.impl("silu_backward.grad_input", TORCH_FN(backward_out<TPURT_EW_SILU_BACKWARD>));
+  m.impl("mish.out", TORCH_FN(unary_out<TPURT_EW_MISH>));
+  m.impl("mish_backward", TORCH_FN(backward_fn<TPURT_EW_MISH_BACKWARD>));
+  m.impl("softplus.out", TORCH_FN(k_softplus_out));
+  m.impl("softplus_backward.grad_input", TORCH_FN(k_softplus_backward_out));
+  m.impl("leaky_relu.out", TORCH_FN(k_leaky_relu_out));
+  m.impl("leaky_relu_backward.grad_input", TORCH_FN(k_leaky_relu_backward_out));
+  m.impl("hardtanh.out", TORCH_FN(k_hardtanh_out));
+  m.impl("hardtanh", TORCH_FN(k_hardtanh));
+  m.impl("hardtanh_", TORCH_FN(k_hardtanh_));
+  m.impl("hardtanh_backward.grad_input", TORCH_FN(k_hardtanh_backward_out));
+  m.impl("hardtanh_backward", TORCH_FN(k_hardtanh_backward));
+  m.impl("elu.out", TORCH_FN(k_elu_out));
+  m.impl("elu_backward.grad_input", TORCH_FN(k_elu_backward_out));
+  m.impl("hardsigmoid.out", TORCH_FN(unary_out<TPURT_EW_HARDSIGMOID>));
+  m.impl("hardsigmoid_backward.grad_input", TORCH_FN(backward_out<TPURT_EW_HARDSIGMOID_BACKWARD>));
+  m.impl("hardswish.out", TORCH_FN(unary_out<TPURT_EW_HARDSWISH>));
+  m.impl("hardswish", TORCH_FN(k_hardswish));
+  m.impl("hardswish_", TORCH_FN(k_hardswish_));
+  m.impl("hardswish_backward", TORCH_FN(backward_fn<TPURT_EW_HARDSWISH_BACKWARD>));
+  m.impl("threshold.out", TORCH_FN(k_threshold_out));
+  m.impl("threshold_backward.grad_input", TORCH_FN(k_threshold_backward_out));
+  m.impl("sigmoid_backward.grad_input", TORCH_FN(backward_out<TPURT_EW_SIGMOID_BACKWARD>));
+  m.impl("tanh_backward.grad_input", TORCH_FN(backward_out<TPURT_EW_TANH_BACKWARD>));
+  // ternary
+  m.impl("where.self", TORCH_FN(k_where));
+  m.impl("where.self_out", TORCH_FN(k_where_out));
+  m.impl("clamp.out", TORCH_FN(k_clamp_out));
+  m.impl("clamp.Tensor_out", TORCH_FN(k_clamp_tensor_out));
+  m.impl("clamp_min.out", TORCH_FN(k_clamp_min_out));
+  m.impl("clamp_max.out", TORCH_FN(k_clamp_max_out));
+  m.impl("clamp_min.Tensor_out", TORCH_FN(k_clamp_min_tensor_out));
+  m.impl("clamp_max.Tensor_out", TORCH_FN(k_clamp_max_tensor_out));
+  m.impl("lerp.Scalar_out", TORCH_FN(k_lerp_scalar_out));
+  m.impl("lerp.Tensor_out", TORCH_FN(k_lerp_tensor_out));
+  m.impl("addcmul.out", TORCH_FN(k_addcmul_out));
+  m.impl("addcdiv.out", TORCH_FN(k_addcdiv_out));
+}
+
+}  // namespace torch_tpu
