@@ -460,7 +460,13 @@ TPURT_API tpurt_status tpurt_gemm(tpurt_stream *s, const tpurt_view *c, const tp
 /* Name of the GEMM library in use ("openblas 0.3.x", "onednn 3.x", ...). */
 TPURT_API const char *tpurt_gemm_library(void);
 
-/* ------------------------------------------- batch norm, group norm */
+/* ------------------------------------------- std, batch norm, group norm */
+
+/* Standard deviation: tpurt_reduce(TPURT_RED_VAR) followed by a square root
+ * of the variance (mean_out, may be NULL, gets the mean: std_mean). */
+TPURT_API tpurt_status tpurt_reduce_std(tpurt_stream *s, const tpurt_view *out, const tpurt_view *mean_out,
+                                        const tpurt_view *in, double correction);
+
 
 /* Batch norm over x of shape [N, C, *] (channels at dim 1; the spatial dims
  * must merge into one strided dim). training: normalizes with the batch

@@ -23,7 +23,7 @@
 #define CB 256  /* column block of the outer strategy */
 
 typedef struct {
-  int op, cls, outer, has2, arg;
+  int op, cls, outer, has2, arg, sqrt_out;
   double p0;
   tpurt_dtype idt, odt, o2dt;
   tpurt_devptr in, out, out2;
@@ -526,7 +526,8 @@ static void finalize(const rplan *p, const rstate *s, char *o, char *o2) {
     case TPURT_RED_VAR: {
       double div = n - p->p0;
       if (div < 0) div = 0;
-      rk_store_d(o, p->odt, p->nred ? s->b / div : NAN);
+      double v = p->nred ? s->b / div : NAN;
+      rk_store_d(o, p->odt, p->sqrt_out ? sqrt(v) : v);
       if (o2) rk_store_d(o2, p->o2dt, p->nred ? s->a.d : NAN);
       break;
     }
@@ -754,12 +755,25 @@ static const char *red_name(int op) {
 
 static int64_t iabs64(int64_t v) { return v < 0 ? -v : v; }
 
+static tpurt_status reduce_impl(tpurt_stream *s, tpurt_reduce_op op, const tpurt_view *out, const tpurt_view *out2,
+                                const tpurt_view *in, double p0, int sqrt_out);
+
 tpurt_status tpurt_reduce(tpurt_stream *s, tpurt_reduce_op op, const tpurt_view *out, const tpurt_view *out2,
                           const tpurt_view *in, double p0) {
+  return reduce_impl(s, op, out, out2, in, p0, 0);
+}
+
+tpurt_status tpurt_reduce_std(tpurt_stream *s, const tpurt_view *out, const tpurt_view *mean_out, const tpurt_view *in,
+                              double correction) {
+  return reduce_impl(s, TPURT_RED_VAR, out, mean_out, in, correction, 1);
+}
+
+static tpurt_status reduce_impl(tpurt_stream *s, tpurt_reduce_op op, const tpurt_view *out, const tpurt_view *out2,
+                                const tpurt_view *in, double p0, int sqrt_out) {
   TPURT__INIT_OR_RETURN();
   tpurt_status st;
   if ((unsigned)op >= TPURT_RED_NUM_OPS) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "reduce: invalid op %d", (int)op);
-  const char *nm = red_name(op);
+  const char *nm = sqrt_out ? "std" : red_name(op);
   if ((st = rk_check_view(out, nm)) || (st = rk_check_view(in, nm))) return st;
   if (out2 && (st = rk_check_view(out2, nm))) return st;
   if (out->ndim != in->ndim)
@@ -776,6 +790,7 @@ tpurt_status tpurt_reduce(tpurt_stream *s, tpurt_reduce_op op, const tpurt_view 
   if (!p) return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory", nm);
   p->op = op;
   p->p0 = p0;
+  p->sqrt_out = sqrt_out;
   p->arg = is_arg(op);
   p->idt = in->dtype;
   p->odt = out->dtype;
