@@ -526,9 +526,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
   return {dx, dw, db};
 }
 
-std::tuple<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
+std::tuple<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor& input, c10::IntArrayRef normalized_shape_i,
                                                   const std::optional<at::Tensor>& weight, std::optional<double> eps) {
   check_tpu(input, "_fused_rms_norm");
+  c10::SymIntArrayRef normalized_shape = c10::fromIntArrayRefSlow(normalized_shape_i);
   int64_t nn = check_normalized_shape(input, normalized_shape, weight, std::nullopt);
   at::Tensor x = input.contiguous();
   at::Tensor y = at::empty(x.sizes(), x.options());
