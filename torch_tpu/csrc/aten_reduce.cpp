@@ -107,6 +107,9 @@ void run_reduce(tpurt_reduce_op op, const char* name, const at::Tensor& self, co
 void check_nonempty(const at::Tensor& self, const Mask& m, bool full, const char* name) {
   if (self.numel() != 0) return;
   if (full) {
+    std::string n(name);
+    if (n == "argmax" || n == "argmin")
+      TORCH_CHECK_INDEX(false, name, "(): Expected reduction dim to be specified for input.numel() == 0.");
     TORCH_CHECK(false, name, "(): Expected reduction dim to be specified for input.numel() == 0. Specify the "
                              "reduction dim with the 'dim' argument.");
   }

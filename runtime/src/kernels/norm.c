@@ -58,7 +58,7 @@ static tpurt_status get_vec(int dev, const tpurt_view *v, int64_t n, vec *out, c
   return TPURT_OK;
 }
 
-static inline char *vptr(const vec *v) { return v->on ? tpurt__host_view(v->ptr) : NULL; }
+static inline char *vptr(const vec *v) { return v->on ? rk_hv(v->ptr) : NULL; }
 static inline double vget(const vec *v, const char *base, int64_t i, double dflt) {
   if (!base) return dflt;
   double d;
@@ -197,8 +197,8 @@ static void ln_bwd_cols(void *c, int64_t bb, int64_t be) {
 
 static tpurt_status k_ln(void *a, char *err, size_t errlen) {
   const lnplan *p = a;
-  lnctx x = {p, tpurt__host_view(p->x.ptr), p->y.on ? tpurt__host_view(p->y.ptr) : NULL,
-             p->dy.on ? tpurt__host_view(p->dy.ptr) : NULL, p->dx.on ? tpurt__host_view(p->dx.ptr) : NULL,
+  lnctx x = {p, rk_hv(p->x.ptr), p->y.on ? rk_hv(p->y.ptr) : NULL,
+             p->dy.on ? rk_hv(p->dy.ptr) : NULL, p->dx.on ? rk_hv(p->dx.ptr) : NULL,
              vptr(&p->w), vptr(&p->b), vptr(&p->mean), vptr(&p->rstd), vptr(&p->dw), vptr(&p->db), 0};
   int64_t grain = 16384 / (p->cols + 1) + 1;
   if (p->y.on) {
@@ -553,10 +553,10 @@ static tpurt_status k_bn(void *a, char *err, size_t errlen) {
   (void)errlen;
   const bnplan *p = a;
   bnctx x = {p,
-             tpurt__host_view(p->x.ptr),
-             p->y.on ? tpurt__host_view(p->y.ptr) : NULL,
-             p->dy.on ? tpurt__host_view(p->dy.ptr) : NULL,
-             p->dx.on ? tpurt__host_view(p->dx.ptr) : NULL,
+             rk_hv(p->x.ptr),
+             p->y.on ? rk_hv(p->y.ptr) : NULL,
+             p->dy.on ? rk_hv(p->dy.ptr) : NULL,
+             p->dx.on ? rk_hv(p->dx.ptr) : NULL,
              vptr(&p->w), vptr(&p->b), vptr(&p->rm), vptr(&p->rv), vptr(&p->smean), vptr(&p->sinv), vptr(&p->dw),
              vptr(&p->db)};
   int64_t per = p->N * p->S;

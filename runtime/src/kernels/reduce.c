@@ -679,7 +679,7 @@ static void outer_chunk(void *c, int64_t ub, int64_t ue) {
 
 static tpurt_status k_reduce(void *a, char *err, size_t errlen) {
   const rplan *p = a;
-  rctx x = {p, tpurt__host_view(p->in), tpurt__host_view(p->out), p->has2 ? tpurt__host_view(p->out2) : NULL, 1, 1,
+  rctx x = {p, p->nred ? rk_hv(p->in) : NULL, rk_hv(p->out), p->has2 ? rk_hv(p->out2) : NULL, 1, 1,
             NULL};
   int nth = tpurt_num_threads();
   size_t oes = tpurt_dtype_size(p->odt), o2es = p->has2 ? tpurt_dtype_size(p->o2dt) : 0;
@@ -826,7 +826,7 @@ static tpurt_status reduce_impl(tpurt_stream *s, tpurt_reduce_op op, const tpurt
                         k);
     }
   }
-  if (out2 && nred_dims > 1) {
+  if (out2 && op != TPURT_RED_VAR && nred_dims > 1) {
     free(p);
     return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: values and indices need a single reduced dimension", nm);
   }

@@ -13,6 +13,9 @@
 
 #include "../internal.h"
 
+/* host view of a device address; NULL for the null address (empty tensors) */
+static inline void *rk_hv(tpurt_devptr p) { return p ? tpurt__host_view(p) : NULL; }
+
 /* compute classes */
 enum { RK_F32 = 0, RK_F64 = 1, RK_I64 = 2 };
 

@@ -111,7 +111,7 @@ static tpurt_status k_scan(void *a, char *err, size_t errlen) {
   (void)err;
   (void)errlen;
   const splan *p = a;
-  sctx x = {p, tpurt__host_view(p->in), tpurt__host_view(p->out), p->idx ? tpurt__host_view(p->idx) : NULL};
+  sctx x = {p, rk_hv(p->in), rk_hv(p->out), p->idx ? rk_hv(p->idx) : NULL};
   tpurt_parallel_for(p->nlines, 32768 / (p->D + 1) + 1, scan_lines, &x);
   return TPURT_OK;
 }

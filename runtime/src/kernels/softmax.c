@@ -99,7 +99,7 @@ static void sm_lines(void *c, int64_t lb, int64_t le) {
 
 static tpurt_status k_softmax(void *a, char *err, size_t errlen) {
   const smplan *p = a;
-  smctx x = {p, tpurt__host_view(p->out), tpurt__host_view(p->in), p->bwd ? tpurt__host_view(p->in2) : NULL, 0};
+  smctx x = {p, rk_hv(p->out), rk_hv(p->in), p->bwd ? rk_hv(p->in2) : NULL, 0};
   tpurt_parallel_for(p->nlines, 16384 / (p->D + 1) + 1, sm_lines, &x);
   if (x.failed) {
     snprintf(err, errlen, "out of host memory for softmax rows of %" PRId64 " elements", p->D);
