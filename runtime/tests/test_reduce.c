@@ -25,7 +25,7 @@ static tpurt_view mk(tpurt_devptr p, tpurt_dtype dt, int nd, const int64_t *sz, 
 static void test_sums(void) {
   enum { R = 300, C = 1000 };
   static float x[R * C];
-  for (int i = 0; i < R * C; i++) x[i] = (float)((i * 7919) % 1000) / 997.0f - 0.3f;
+  for (int i = 0; i < R * C; i++) x[i] = (float)(((int64_t)i * 7919) % 1000) / 997.0f - 0.3f;
   tpurt_devptr dx = up(x, sizeof x), dout;
   CHECK_OK(tpurt_malloc(0, C * 8, NULL, &dout));
   /* full sum */
