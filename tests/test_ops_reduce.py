@@ -422,3 +422,19 @@ def test_group_norm_module(dtype):
     for a, c in zip(o, oc):
         close(a, c, TOL[dtype] * 10)
     no_family_fallback()
+
+
+@pytest.mark.parametrize("shape", [(3, 20000), (50000, 5), (9000, 3, 7)])
+def test_outer_reductions_split(shape):
+    x = sample(shape, torch.float32)
+    t = x.to(DEV)
+    close(t.sum(0), x.sum(0), 1e-3)
+    close(t.amax(0), x.amax(0))
+    close(t.argmin(0), x.argmin(0))
+    close(t.var(0), x.var(0), 1e-4)
+    close(torch.logsumexp(t, 0), torch.logsumexp(x, 0), 1e-4)
+    v, i = t.max(0)
+    close(v, x.max(0).values)
+    close(i, x.max(0).indices)
+    xi = sample(shape, torch.int32)
+    close(xi.to(DEV).sum(0), xi.sum(0))

@@ -20,7 +20,7 @@
 #include "rk_common.h"
 
 #define CH 2048 /* row chunk (elements) */
-#define CB 256  /* column block of the outer strategy */
+#define CB 1024 /* column block of the outer strategy */
 
 typedef struct {
   int op, cls, outer, has2, arg, sqrt_out;
@@ -171,32 +171,44 @@ static double rnansum_d(const double *x, int64_t n) {
   for (int k = 0; k < 16; k++) s += acc[k];
   return s;
 }
-/* NaN-propagating max (mx) / min of a float row (n >= 1) */
-#define REXT(NAME, T, W)                                                        \
-  static T NAME(const T *x, int64_t n, int mx) {                                \
-    T acc[W];                                                                   \
-    for (int k = 0; k < W; k++) acc[k] = x[0];                                  \
+/* NaN-propagating max / min of a float row (n >= 1), with GCC vector
+ * extensions: compare + select per lane, NaN lanes tracked in a mask */
+typedef float rk_v8f __attribute__((vector_size(32)));
+typedef int32_t rk_v8i __attribute__((vector_size(32)));
+typedef double rk_v4d __attribute__((vector_size(32)));
+typedef int64_t rk_v4i __attribute__((vector_size(32)));
+#define REXT1(NAME, T, VT, VI, W, CMP, COMB)                                    \
+  static T NAME(const T *x, int64_t n) {                                        \
+    T r = x[0];                                                                 \
     int64_t i = 0;                                                              \
-    if (mx) {                                                                   \
-      for (; i + W <= n; i += W)                                                \
-        for (int k = 0; k < W; k++) {                                           \
-          T v = x[i + k];                                                       \
-          acc[k] = (v > acc[k] || v != v) ? v : acc[k];                         \
-        }                                                                       \
-    } else {                                                                    \
-      for (; i + W <= n; i += W)                                                \
-        for (int k = 0; k < W; k++) {                                           \
-          T v = x[i + k];                                                       \
-          acc[k] = (v < acc[k] || v != v) ? v : acc[k];                         \
-        }                                                                       \
+    if (n >= 2 * W) {                                                           \
+      VT a0, a1, v0, v1;                                                        \
+      VI nan = {0};                                                             \
+      memcpy(&a0, x, sizeof a0);                                                \
+      a1 = a0;                                                                  \
+      for (; i + 2 * W <= n; i += 2 * W) {                                      \
+        memcpy(&v0, x + i, sizeof v0);                                          \
+        memcpy(&v1, x + i + W, sizeof v1);                                      \
+        VI m0 = v0 CMP a0, m1 = v1 CMP a1;                                      \
+        a0 = (VT)(((VI)v0 & m0) | ((VI)a0 & ~m0));                              \
+        a1 = (VT)(((VI)v1 & m1) | ((VI)a1 & ~m1));                              \
+        nan |= (v0 != v0) | (v1 != v1);                                         \
+      }                                                                         \
+      for (int k = 0; k < W; k++) {                                             \
+        if (nan[k]) return (T)NAN;                                              \
+        r = (T)COMB(r, a0[k]);                                                  \
+        r = (T)COMB(r, a1[k]);                                                  \
+      }                                                                         \
     }                                                                           \
-    T r = acc[0];                                                               \
-    for (int k = 0; k < W; k++) r = mx ? (T)rk_maxnan(r, acc[k]) : (T)rk_minnan(r, acc[k]); \
-    for (; i < n; i++) r = mx ? (T)rk_maxnan(r, x[i]) : (T)rk_minnan(r, x[i]);  \
+    for (; i < n; i++) r = (T)COMB(r, x[i]);                                    \
     return r;                                                                   \
   }
-REXT(rext_f, float, 16)
-REXT(rext_d, double, 8)
+REXT1(rmax_f, float, rk_v8f, rk_v8i, 8, >, rk_maxnan)
+REXT1(rmin_f, float, rk_v8f, rk_v8i, 8, <, rk_minnan)
+REXT1(rmax_d, double, rk_v4d, rk_v4i, 4, >, rk_maxnan)
+REXT1(rmin_d, double, rk_v4d, rk_v4i, 4, <, rk_minnan)
+static inline float rext_f(const float *x, int64_t n, int mx) { return mx ? rmax_f(x, n) : rmin_f(x, n); }
+static inline double rext_d(const double *x, int64_t n, int mx) { return mx ? rmax_d(x, n) : rmin_d(x, n); }
 
 /* the state update of one contiguous compute-typed row x[0..n) whose first
  * element has linear index lin in the reduced space */
@@ -553,7 +565,9 @@ typedef struct {
   char *out, *out2;
   int64_t P;        /* parts the reduced range is split into */
   int64_t nblk;     /* outer: column blocks per output row */
+  int64_t W;        /* outer: columns per block (a multiple of CB) */
   rstate *partial;  /* P > 1: partial states */
+  int failed;
 } rctx;
 
 /* offsets (elements) of output linear index o over the first `nd` output dims */
@@ -630,22 +644,29 @@ static void inner_chunk(void *c, int64_t ub, int64_t ue) {
   }
 }
 
+/* outer strategy: a work item is (output row, block of W columns, part of
+ * the reduced range); rows of the block are read whole, in CB-column
+ * pieces, so the input streams contiguously */
 static void outer_chunk(void *c, int64_t ub, int64_t ue) {
   rctx *x = c;
   const rplan *p = x->p;
   int no = p->no, nr = p->nr;
   size_t ies = tpurt_dtype_size(p->idt), oes = tpurt_dtype_size(p->odt), o2es = p->has2 ? tpurt_dtype_size(p->o2dt) : 0;
-  int64_t L = p->osz[no - 1];
-  cols csv, *cs = &csv;
+  int64_t L = p->osz[no - 1], W = x->W;
+  cols *cs = malloc(sizeof(cols) * (size_t)((W + CB - 1) / CB));
+  if (!cs) {
+    x->failed = 1;
+    return;
+  }
   _Alignas(32) double buf[CB];
   for (int64_t u = ub; u < ue; u++) {
     int64_t part = u % x->P, item = u / x->P;
     int64_t blk = item % x->nblk, orow = item / x->nblk;
     int64_t io, oo, oo2, b, e;
     out_offsets(p, no - 1, orow, &io, &oo, &oo2);
-    int64_t j0 = blk * CB, n = L - j0 < CB ? L - j0 : CB;
+    int64_t j0 = blk * W, n = L - j0 < W ? L - j0 : W, nb = (n + CB - 1) / CB;
     part_range(x, part, &b, &e);
-    cols_init(p, cs, n);
+    for (int64_t q = 0; q < nb; q++) cols_init(p, &cs[q], n - q * CB < CB ? n - q * CB : CB);
     /* walk reduced indices [b, e) */
     int64_t idx[TPURT_MAX_DIMS], rem = b, off = 0;
     for (int k = nr - 1; k >= 0; k--) {
@@ -655,8 +676,11 @@ static void outer_chunk(void *c, int64_t ub, int64_t ue) {
     }
     const char *base = x->in + (io + j0) * (int64_t)ies;
     for (int64_t l = b; l < e; l++) {
-      const void *v = rk_load(p->cls, buf, base + off * (int64_t)ies, p->idt, 1, n);
-      col_op(p, v, n, l, l - b + 1, cs);
+      for (int64_t q = 0; q < nb; q++) {
+        int64_t nq = n - q * CB < CB ? n - q * CB : CB;
+        const void *v = rk_load(p->cls, buf, base + (off + q * CB) * (int64_t)ies, p->idt, 1, nq);
+        col_op(p, v, nq, l, l - b + 1, &cs[q]);
+      }
       for (int k = nr - 1; k >= 0; k--) {
         idx[k]++;
         off += p->rst[k];
@@ -665,22 +689,22 @@ static void outer_chunk(void *c, int64_t ub, int64_t ue) {
         idx[k] = 0;
       }
     }
-    if (x->P > 1) {
-      for (int64_t j = 0; j < n; j++) x->partial[u * CB + j] = cols_get(p, cs, j);
-    } else {
-      for (int64_t j = 0; j < n; j++) {
-        rstate s = cols_get(p, cs, j);
+    for (int64_t j = 0; j < n; j++) {
+      rstate s = cols_get(p, &cs[j / CB], j % CB);
+      if (x->P > 1)
+        x->partial[u * W + j] = s;
+      else
         finalize(p, &s, x->out + (oo + (j0 + j) * p->oost[no - 1]) * (int64_t)oes,
                  x->out2 ? x->out2 + (oo2 + (j0 + j) * p->oo2st[no - 1]) * (int64_t)o2es : NULL);
-      }
     }
   }
+  free(cs);
 }
 
 static tpurt_status k_reduce(void *a, char *err, size_t errlen) {
   const rplan *p = a;
-  rctx x = {p, p->nred ? rk_hv(p->in) : NULL, rk_hv(p->out), p->has2 ? rk_hv(p->out2) : NULL, 1, 1,
-            NULL};
+  rctx x = {p, p->nred ? rk_hv(p->in) : NULL, rk_hv(p->out), p->has2 ? rk_hv(p->out2) : NULL, 1, 1, CB,
+            NULL, 0};
   int nth = tpurt_num_threads();
   size_t oes = tpurt_dtype_size(p->odt), o2es = p->has2 ? tpurt_dtype_size(p->o2dt) : 0;
   if (!p->outer) {
@@ -711,7 +735,9 @@ static tpurt_status k_reduce(void *a, char *err, size_t errlen) {
     return TPURT_OK;
   }
   int64_t L = p->osz[p->no - 1];
-  x.nblk = (L + CB - 1) / CB;
+  x.W = (L + CB - 1) / CB * CB;
+  if (x.W > 8 * CB) x.W = 8 * CB;
+  x.nblk = (L + x.W - 1) / x.W;
   int64_t items = p->nout / L * x.nblk;
   if (items < nth && p->nred >= 4096) {
     int64_t want = (nth + items - 1) / items * 2;
@@ -719,28 +745,32 @@ static tpurt_status k_reduce(void *a, char *err, size_t errlen) {
     if (x.P < 1) x.P = 1;
   }
   if (x.P > 1) {
-    x.partial = malloc(sizeof(rstate) * (size_t)(items * x.P * CB));
+    x.partial = malloc(sizeof(rstate) * (size_t)(items * x.P * x.W));
     if (!x.partial) {
       snprintf(err, errlen, "out of host memory for reduction partials");
       return TPURT_ERR_OUT_OF_MEMORY;
     }
   }
-  int64_t per = p->nred * (L < CB ? L : CB);
+  int64_t per = p->nred * (L < x.W ? L : x.W);
   tpurt_parallel_for(items * x.P, x.P > 1 ? 1 : 65536 / (per > 0 ? per : 1) + 1, outer_chunk, &x);
   if (x.P > 1) {
     int no = p->no;
     for (int64_t it = 0; it < items; it++) {
       int64_t blk = it % x.nblk, orow = it / x.nblk, io, oo, oo2;
       out_offsets(p, no - 1, orow, &io, &oo, &oo2);
-      int64_t j0 = blk * CB, n = L - j0 < CB ? L - j0 : CB;
+      int64_t j0 = blk * x.W, n = L - j0 < x.W ? L - j0 : x.W;
       for (int64_t j = 0; j < n; j++) {
-        rstate s = x.partial[(it * x.P) * CB + j];
-        for (int64_t q = 1; q < x.P; q++) st_combine(p, &s, &x.partial[(it * x.P + q) * CB + j]);
+        rstate s = x.partial[(it * x.P) * x.W + j];
+        for (int64_t q = 1; q < x.P; q++) st_combine(p, &s, &x.partial[(it * x.P + q) * x.W + j]);
         finalize(p, &s, x.out + (oo + (j0 + j) * p->oost[no - 1]) * (int64_t)oes,
                  x.out2 ? x.out2 + (oo2 + (j0 + j) * p->oo2st[no - 1]) * (int64_t)o2es : NULL);
       }
     }
-    free(x.partial);
+  }
+  free(x.partial);
+  if (x.failed) {
+    snprintf(err, errlen, "out of host memory for reduction state");
+    return TPURT_ERR_OUT_OF_MEMORY;
   }
   return TPURT_OK;
 }
