@@ -713,6 +713,42 @@ TPURT_API const char *tpurt_foreach_op_name(tpurt_foreach_op op);
  * f64 (per-chunk partials in f32 for f32 data, combined deterministically). */
 TPURT_API tpurt_status tpurt_foreach_norm(tpurt_stream *s, int n, const tpurt_view *out, const tpurt_view *in,
                                           double ord);
+/* ------------------------------------------- std, batch norm, group norm */
+
+/* Standard deviation: tpurt_reduce(TPURT_RED_VAR) followed by a square root
+ * of the variance (mean_out, may be NULL, gets the mean: std_mean). */
+TPURT_API tpurt_status tpurt_reduce_std(tpurt_stream *s, const tpurt_view *out, const tpurt_view *mean_out,
+                                        const tpurt_view *in, double correction);
+
+
+/* Batch norm over x of shape [N, C, *] (channels at dim 1; the spatial dims
+ * must merge into one strided dim). training: normalizes with the batch
+ * statistics, writes them to save_mean / save_invstd ([C], may be NULL) and
+ * updates running_mean / running_var (may be NULL) as
+ * r = (1 - momentum) * r + momentum * stat, with the unbiased variance.
+ * Evaluation normalizes with running_mean / running_var (required). w, b
+ * may be NULL. Statistics are computed in f64. */
+TPURT_API tpurt_status tpurt_batch_norm(tpurt_stream *s, const tpurt_view *y, const tpurt_view *save_mean,
+                                        const tpurt_view *save_invstd, const tpurt_view *x, const tpurt_view *w,
+                                        const tpurt_view *b, const tpurt_view *running_mean,
+                                        const tpurt_view *running_var, int training, double momentum, double eps);
+/* Gradients of tpurt_batch_norm; any of dx, dw, db may be NULL. training
+ * uses save_mean / save_invstd, evaluation the running statistics and eps. */
+TPURT_API tpurt_status tpurt_batch_norm_backward(tpurt_stream *s, const tpurt_view *dx, const tpurt_view *dw,
+                                                 const tpurt_view *db, const tpurt_view *dy, const tpurt_view *x,
+                                                 const tpurt_view *w, const tpurt_view *running_mean,
+                                                 const tpurt_view *running_var, const tpurt_view *save_mean,
+                                                 const tpurt_view *save_invstd, int training, double eps);
+/* Group norm over x of shape [N, C, *] with C divisible by groups; mean and
+ * rstd (N * groups elements, sample-major, may be NULL) are saved for the
+ * backward. w, b ([C]) may be NULL. */
+TPURT_API tpurt_status tpurt_group_norm(tpurt_stream *s, const tpurt_view *y, const tpurt_view *mean,
+                                        const tpurt_view *rstd, const tpurt_view *x, const tpurt_view *w,
+                                        const tpurt_view *b, int groups, double eps);
+TPURT_API tpurt_status tpurt_group_norm_backward(tpurt_stream *s, const tpurt_view *dx, const tpurt_view *dw,
+                                                 const tpurt_view *db, const tpurt_view *dy, const tpurt_view *x,
+                                                 const tpurt_view *mean, const tpurt_view *rstd,
+                                                 const tpurt_view *w, int groups);
 
 #ifdef __cplusplus
 }

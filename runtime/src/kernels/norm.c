@@ -1,0 +1,720 @@
+/*
+ * norm.c — layer norm / RMS norm, batch norm and group norm, forward and
+ * backward. Rows are loaded into f64 buffers (statistics are computed in
+ * two passes in f64), the results converted on store. Forward and the input
+ * gradient run in parallel over rows (layer norm), channels (batch norm) or
+ * (sample, group) pairs (group norm); weight / bias gradients run in
+ * parallel over column blocks or channels, so no atomics or partial buffers
+ * are needed and results are deterministic.
+ */
+#include "rk_common.h"
+
+#define NCH 1024 /* load chunk (elements) */
+
+/* dims [d0, d1) of v (size-1 dims ignored) as one (count, stride); 0 if they
+ * do not merge */
+static int flat_range(const tpurt_view *v, int d0, int d1, int64_t *n, int64_t *st) {
+  int64_t cnt = 1, s = 1;
+  int first = 1;
+  for (int k = d1 - 1; k >= d0; k--) {
+    if (v->sizes[k] == 1) continue;
+    if (first) {
+      s = v->strides[k];
+      first = 0;
+    } else if (v->strides[k] != cnt * s) {
+      return 0;
+    }
+    cnt *= v->sizes[k];
+  }
+  for (int k = d0; k < d1; k++)
+    if (v->sizes[k] == 0) cnt = 0;
+  *n = cnt;
+  *st = s;
+  return 1;
+}
+
+/* an optional 1-D-addressable vector of n elements */
+typedef struct {
+  tpurt_devptr ptr;
+  tpurt_dtype dt;
+  int64_t st;
+  int on;
+} vec;
+
+static tpurt_status get_vec(int dev, const tpurt_view *v, int64_t n, vec *out, const char *nm, const char *what) {
+  memset(out, 0, sizeof *out);
+  if (!v) return TPURT_OK;
+  tpurt_status st;
+  if ((st = rk_check_view(v, nm))) return st;
+  int64_t cnt, s;
+  if (!flat_range(v, 0, v->ndim, &cnt, &s) || cnt != n)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: %s must have %" PRId64 " elements addressable with one stride",
+                      nm, what, n);
+  if ((st = rk_check_range(dev, v, nm))) return st;
+  out->ptr = v->ptr;
+  out->dt = v->dtype;
+  out->st = s;
+  out->on = 1;
+  return TPURT_OK;
+}
+
+static inline char *vptr(const vec *v) { return v->on ? rk_hv(v->ptr) : NULL; }
+static inline double vget(const vec *v, const char *base, int64_t i, double dflt) {
+  if (!base) return dflt;
+  double d;
+  rk_load_f64(&d, base + i * v->st * (int64_t)tpurt_dtype_size(v->dt), v->dt, 1, 1);
+  return d;
+}
+static inline void vset(const vec *v, char *base, int64_t i, double x) {
+  if (base) rk_store_d(base + i * v->st * (int64_t)tpurt_dtype_size(v->dt), v->dt, x);
+}
+/* loads the whole vector (n elements) as f64, or fills dflt */
+static void vload(const vec *v, const char *base, int64_t n, double *d, double dflt) {
+  if (!base) {
+    for (int64_t i = 0; i < n; i++) d[i] = dflt;
+    return;
+  }
+  rk_load_f64(d, base, v->dt, v->st, n);
+}
+
+/* a 2-D strided matrix [rows, cols] */
+typedef struct {
+  tpurt_devptr ptr;
+  tpurt_dtype dt;
+  int64_t rs, cs;
+  int on;
+} mat;
+static inline char *mrow(const mat *m, char *base, int64_t r) {
+  return base + r * m->rs * (int64_t)tpurt_dtype_size(m->dt);
+}
+
+/* =========================================================== layer norm */
+
+typedef struct {
+  int rms;
+  double eps;
+  int64_t rows, cols;
+  mat x, y, dy, dx;
+  vec w, b, mean, rstd, dw, db;
+} lnplan;
+
+typedef struct {
+  const lnplan *p;
+  char *x, *y, *dy, *dx, *w, *b, *mean, *rstd, *dw, *db;
+  int failed;
+} lnctx;
+
+static void ln_fwd_rows(void *c, int64_t rb, int64_t re) {
+  lnctx *x = c;
+  const lnplan *p = x->p;
+  int64_t n = p->cols;
+  double *buf = malloc(sizeof(double) * (size_t)n * 3);
+  if (!buf) {
+    x->failed = 1;
+    return;
+  }
+  double *w = buf + n, *b = buf + 2 * n;
+  vload(&p->w, x->w, n, w, 1.0);
+  vload(&p->b, x->b, n, b, 0.0);
+  int64_t xes = (int64_t)tpurt_dtype_size(p->x.dt), yes = (int64_t)tpurt_dtype_size(p->y.dt);
+  for (int64_t r = rb; r < re; r++) {
+    rk_load_f64(buf, x->x + r * p->x.rs * xes, p->x.dt, p->x.cs, n);
+    double mean = 0, var = 0;
+    if (!p->rms) {
+      for (int64_t i = 0; i < n; i++) mean += buf[i];
+      mean /= (double)n;
+      for (int64_t i = 0; i < n; i++) var += (buf[i] - mean) * (buf[i] - mean);
+    } else {
+      for (int64_t i = 0; i < n; i++) var += buf[i] * buf[i];
+    }
+    var /= (double)n;
+    double rstd = 1.0 / sqrt(var + p->eps);
+    for (int64_t i = 0; i < n; i++) buf[i] = (buf[i] - mean) * rstd * w[i] + b[i];
+    rk_store_row_f64(x->y + r * p->y.rs * yes, p->y.dt, p->y.cs, buf, n);
+    vset(&p->mean, x->mean, r, mean);
+    vset(&p->rstd, x->rstd, r, rstd);
+  }
+  free(buf);
+}
+
+static void ln_bwd_rows(void *c, int64_t rb, int64_t re) {
+  lnctx *x = c;
+  const lnplan *p = x->p;
+  int64_t n = p->cols;
+  double *buf = malloc(sizeof(double) * (size_t)n * 3);
+  if (!buf) {
+    x->failed = 1;
+    return;
+  }
+  double *g = buf + n, *w = buf + 2 * n;
+  vload(&p->w, x->w, n, w, 1.0);
+  int64_t xes = (int64_t)tpurt_dtype_size(p->x.dt), des = (int64_t)tpurt_dtype_size(p->dy.dt),
+          oes = (int64_t)tpurt_dtype_size(p->dx.dt);
+  for (int64_t r = rb; r < re; r++) {
+    double mean = p->rms ? 0.0 : vget(&p->mean, x->mean, r, 0.0), rstd = vget(&p->rstd, x->rstd, r, 1.0);
+    rk_load_f64(buf, x->x + r * p->x.rs * xes, p->x.dt, p->x.cs, n);
+    rk_load_f64(g, x->dy + r * p->dy.rs * des, p->dy.dt, p->dy.cs, n);
+    double sg = 0, sgx = 0;
+    for (int64_t i = 0; i < n; i++) {
+      buf[i] = (buf[i] - mean) * rstd; /* xhat */
+      g[i] *= w[i];
+      sg += g[i];
+      sgx += g[i] * buf[i];
+    }
+    sg /= (double)n;
+    sgx /= (double)n;
+    if (p->rms) sg = 0;
+    for (int64_t i = 0; i < n; i++) g[i] = rstd * (g[i] - sg - buf[i] * sgx);
+    rk_store_row_f64(x->dx + r * p->dx.rs * oes, p->dx.dt, p->dx.cs, g, n);
+  }
+  free(buf);
+}
+
+#define LN_CB 256
+static void ln_bwd_cols(void *c, int64_t bb, int64_t be) {
+  lnctx *x = c;
+  const lnplan *p = x->p;
+  int64_t xes = (int64_t)tpurt_dtype_size(p->x.dt), des = (int64_t)tpurt_dtype_size(p->dy.dt);
+  double xv[LN_CB], dv[LN_CB], aw[LN_CB], ab[LN_CB];
+  for (int64_t blk = bb; blk < be; blk++) {
+    int64_t j0 = blk * LN_CB, n = p->cols - j0 < LN_CB ? p->cols - j0 : LN_CB;
+    for (int64_t j = 0; j < n; j++) aw[j] = ab[j] = 0;
+    for (int64_t r = 0; r < p->rows; r++) {
+      rk_load_f64(dv, x->dy + (r * p->dy.rs + j0 * p->dy.cs) * des, p->dy.dt, p->dy.cs, n);
+      for (int64_t j = 0; j < n; j++) ab[j] += dv[j];
+      if (x->dw) {
+        double mean = p->rms ? 0.0 : vget(&p->mean, x->mean, r, 0.0), rstd = vget(&p->rstd, x->rstd, r, 1.0);
+        rk_load_f64(xv, x->x + (r * p->x.rs + j0 * p->x.cs) * xes, p->x.dt, p->x.cs, n);
+        for (int64_t j = 0; j < n; j++) aw[j] += dv[j] * (xv[j] - mean) * rstd;
+      }
+    }
+    for (int64_t j = 0; j < n; j++) {
+      vset(&p->dw, x->dw, j0 + j, aw[j]);
+      vset(&p->db, x->db, j0 + j, ab[j]);
+    }
+  }
+}
+
+static tpurt_status k_ln(void *a, char *err, size_t errlen) {
+  const lnplan *p = a;
+  lnctx x = {p, rk_hv(p->x.ptr), p->y.on ? rk_hv(p->y.ptr) : NULL,
+             p->dy.on ? rk_hv(p->dy.ptr) : NULL, p->dx.on ? rk_hv(p->dx.ptr) : NULL,
+             vptr(&p->w), vptr(&p->b), vptr(&p->mean), vptr(&p->rstd), vptr(&p->dw), vptr(&p->db), 0};
+  int64_t grain = 16384 / (p->cols + 1) + 1;
+  if (p->y.on) {
+    tpurt_parallel_for(p->rows, grain, ln_fwd_rows, &x);
+  } else {
+    if (x.dx) tpurt_parallel_for(p->rows, grain, ln_bwd_rows, &x);
+    if (x.dw || x.db) tpurt_parallel_for((p->cols + LN_CB - 1) / LN_CB, 1, ln_bwd_cols, &x);
+  }
+  if (x.failed) {
+    snprintf(err, errlen, "out of host memory for rows of %" PRId64 " elements", p->cols);
+    return TPURT_ERR_OUT_OF_MEMORY;
+  }
+  return TPURT_OK;
+}
+
+static tpurt_status get_mat(int dev, const tpurt_view *v, const tpurt_view *ref, int norm_ndim, mat *m, const char *nm,
+                            const char *what) {
+  memset(m, 0, sizeof *m);
+  if (!v) return TPURT_OK;
+  tpurt_status st;
+  if ((st = rk_check_view(v, nm))) return st;
+  if (!rk_same_shape(v, ref))
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: %s has a different shape than the input", nm, what);
+  int64_t r, c;
+  if (!flat_range(v, 0, v->ndim - norm_ndim, &r, &m->rs) || !flat_range(v, v->ndim - norm_ndim, v->ndim, &c, &m->cs))
+    return tpurt__err(TPURT_ERR_NOT_SUPPORTED, "%s: %s must be addressable as rows x columns with one stride each",
+                      nm, what);
+  if ((st = rk_check_range(dev, v, nm))) return st;
+  m->ptr = v->ptr;
+  m->dt = v->dtype;
+  m->on = 1;
+  return TPURT_OK;
+}
+
+static tpurt_status ln_launch(tpurt_stream *s, const char *nm, lnplan *p, const tpurt_view *x, int norm_ndim) {
+  TPURT__INIT_OR_RETURN();
+  tpurt_status st;
+  if ((st = rk_check_view(x, nm))) return st;
+  if (norm_ndim < 0 || norm_ndim > x->ndim)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: cannot normalize over %d of %d dimensions", nm, norm_ndim,
+                      x->ndim);
+  if (!rk_is_float(x->dtype)) return tpurt__err(TPURT_ERR_NOT_SUPPORTED, "%s: expected a floating point input", nm);
+  if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(x->ptr)))) return st;
+  p->rows = 1;
+  p->cols = 1;
+  for (int k = 0; k < x->ndim; k++) {
+    if (k < x->ndim - norm_ndim) p->rows *= x->sizes[k];
+    else p->cols *= x->sizes[k];
+  }
+  return TPURT_OK;
+}
+
+tpurt_status tpurt_layer_norm(tpurt_stream *s, const tpurt_view *y, const tpurt_view *mean, const tpurt_view *rstd,
+                              const tpurt_view *x, const tpurt_view *w, const tpurt_view *b, int norm_ndim, double eps,
+                              int rms) {
+  const char *nm = rms ? "rms_norm" : "layer_norm";
+  lnplan p;
+  memset(&p, 0, sizeof p);
+  tpurt_status st = ln_launch(s, nm, &p, x, norm_ndim);
+  if (st) return st;
+  if (!y) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: output view is NULL", nm);
+  if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(x->ptr)))) return st;
+  int dev = s->dev;
+  p.rms = rms;
+  p.eps = eps;
+  if ((st = get_mat(dev, x, x, norm_ndim, &p.x, nm, "input")) || (st = get_mat(dev, y, x, norm_ndim, &p.y, nm, "output")))
+    return st;
+  if (p.rows * p.cols == 0) {
+    /* empty rows still get their statistics (NaN like a mean of nothing) */
+    if (p.cols != 0 || p.rows == 0) return TPURT_OK;
+  }
+  if ((st = get_vec(dev, w, p.cols, &p.w, nm, "weight")) || (st = get_vec(dev, b, p.cols, &p.b, nm, "bias")) ||
+      (st = get_vec(dev, mean, p.rows, &p.mean, nm, "mean")) || (st = get_vec(dev, rstd, p.rows, &p.rstd, nm, "rstd")))
+    return st;
+  return tpurt_launch(s, nm, k_ln, &p, sizeof p);
+}
+
+tpurt_status tpurt_layer_norm_backward(tpurt_stream *s, const tpurt_view *dx, const tpurt_view *dw,
+                                       const tpurt_view *db, const tpurt_view *dy, const tpurt_view *x,
+                                       const tpurt_view *mean, const tpurt_view *rstd, const tpurt_view *w,
+                                       int norm_ndim, int rms) {
+  const char *nm = rms ? "rms_norm_backward" : "layer_norm_backward";
+  lnplan p;
+  memset(&p, 0, sizeof p);
+  tpurt_status st = ln_launch(s, nm, &p, x, norm_ndim);
+  if (st) return st;
+  if (!dy) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: grad_output view is NULL", nm);
+  if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(x->ptr)))) return st;
+  int dev = s->dev;
+  p.rms = rms;
+  if ((st = get_mat(dev, x, x, norm_ndim, &p.x, nm, "input")) ||
+      (st = get_mat(dev, dy, x, norm_ndim, &p.dy, nm, "grad_output")) ||
+      (st = get_mat(dev, dx, x, norm_ndim, &p.dx, nm, "grad_input")))
+    return st;
+  if ((st = get_vec(dev, w, p.cols, &p.w, nm, "weight")) || (st = get_vec(dev, dw, p.cols, &p.dw, nm, "grad_weight")) ||
+      (st = get_vec(dev, db, p.cols, &p.db, nm, "grad_bias")) ||
+      (st = get_vec(dev, mean, p.rows, &p.mean, nm, "mean")) || (st = get_vec(dev, rstd, p.rows, &p.rstd, nm, "rstd")))
+    return st;
+  if (p.cols == 0) return TPURT_OK;
+  if (p.rows == 0) {
+    /* sums over no rows: zero the parameter gradients */
+    tpurt_scalar z = {TPURT_SCALAR_INT, 0, 0, 0};
+    if (dw && (st = tpurt_fill(s, dw, z))) return st;
+    if (db && (st = tpurt_fill(s, db, z))) return st;
+    return TPURT_OK;
+  }
+  if (!p.mean.on && !rms) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: mean is required", nm);
+  if (!p.rstd.on) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: rstd is required", nm);
+  return tpurt_launch(s, nm, k_ln, &p, sizeof p);
+}
+
+/* ============================================= batch norm and group norm */
+
+/* x viewed as [N, C, S] */
+typedef struct {
+  tpurt_devptr ptr;
+  tpurt_dtype dt;
+  int64_t sn, sc, ss;
+  int on;
+} t3;
+
+typedef struct {
+  int training, groups;
+  double momentum, eps;
+  int64_t N, C, S;
+  t3 x, y, dy, dx;
+  vec w, b, rm, rv, smean, sinv, dw, db; /* group norm: smean/sinv are [N * G] */
+} bnplan;
+
+typedef struct {
+  const bnplan *p;
+  char *x, *y, *dy, *dx, *w, *b, *rm, *rv, *smean, *sinv, *dw, *db;
+} bnctx;
+
+static inline const char *t3row(const t3 *t, const char *base, int64_t n, int64_t c) {
+  return base + (n * t->sn + c * t->sc) * (int64_t)tpurt_dtype_size(t->dt);
+}
+
+/* sum and sum of squared deviations from `center` over channels [c0, c1) of samples [n0, n1) */
+static void t3_moments(const t3 *t, const char *base, int64_t n0, int64_t n1, int64_t c0, int64_t c1, int64_t S,
+                       double center, double *sum, double *sq) {
+  double buf[NCH], s = 0, q = 0;
+  int64_t es = (int64_t)tpurt_dtype_size(t->dt);
+  for (int64_t n = n0; n < n1; n++)
+    for (int64_t c = c0; c < c1; c++) {
+      const char *row = t3row(t, base, n, c);
+      for (int64_t o = 0; o < S; o += NCH) {
+        int64_t cnt = S - o < NCH ? S - o : NCH;
+        rk_load_f64(buf, row + o * t->ss * es, t->dt, t->ss, cnt);
+        for (int64_t i = 0; i < cnt; i++) {
+          double d = buf[i] - center;
+          s += d;
+          q += d * d;
+        }
+      }
+    }
+  *sum = s;
+  *sq = q;
+}
+
+/* y[n, c, :] = x * scale + shift */
+static void t3_affine(const t3 *x, const char *xb, const t3 *y, char *yb, int64_t n, int64_t c, int64_t S, double scale,
+                      double shift) {
+  double buf[NCH];
+  int64_t xes = (int64_t)tpurt_dtype_size(x->dt), yes = (int64_t)tpurt_dtype_size(y->dt);
+  const char *xr = t3row(x, xb, n, c);
+  char *yr = (char *)t3row(y, yb, n, c);
+  for (int64_t o = 0; o < S; o += NCH) {
+    int64_t cnt = S - o < NCH ? S - o : NCH;
+    rk_load_f64(buf, xr + o * x->ss * xes, x->dt, x->ss, cnt);
+    for (int64_t i = 0; i < cnt; i++) buf[i] = buf[i] * scale + shift;
+    rk_store_row_f64(yr + o * y->ss * yes, y->dt, y->ss, buf, cnt);
+  }
+}
+
+/* sums of dy and dy * (x - mean) over channel c of samples [n0, n1) */
+static void t3_dsums(const bnplan *p, const bnctx *x, int64_t n0, int64_t n1, int64_t c, const double *mean_of_n,
+                     double mean, double *sdy, double *sdyx, int per_n_inv, const double *inv_of_n) {
+  double xb[NCH], gb[NCH], a = 0, b = 0;
+  int64_t xes = (int64_t)tpurt_dtype_size(p->x.dt), ges = (int64_t)tpurt_dtype_size(p->dy.dt);
+  for (int64_t n = n0; n < n1; n++) {
+    double m = mean_of_n ? mean_of_n[n] : mean, sc = per_n_inv ? inv_of_n[n] : 1.0, rb = 0;
+    const char *xr = t3row(&p->x, x->x, n, c), *gr = t3row(&p->dy, x->dy, n, c);
+    for (int64_t o = 0; o < p->S; o += NCH) {
+      int64_t cnt = p->S - o < NCH ? p->S - o : NCH;
+      rk_load_f64(xb, xr + o * p->x.ss * xes, p->x.dt, p->x.ss, cnt);
+      rk_load_f64(gb, gr + o * p->dy.ss * ges, p->dy.dt, p->dy.ss, cnt);
+      for (int64_t i = 0; i < cnt; i++) {
+        a += gb[i];
+        rb += gb[i] * (xb[i] - m);
+      }
+    }
+    b += rb * sc;
+  }
+  *sdy = a;
+  *sdyx = b;
+}
+
+/* dx[n, c, :] = dy * k1 + (x - mean) * k2 + k3 */
+static void t3_dx(const bnplan *p, const bnctx *x, int64_t n, int64_t c, double mean, double k1, double k2, double k3) {
+  double xb[NCH], gb[NCH];
+  int64_t xes = (int64_t)tpurt_dtype_size(p->x.dt), ges = (int64_t)tpurt_dtype_size(p->dy.dt),
+          oes = (int64_t)tpurt_dtype_size(p->dx.dt);
+  const char *xr = t3row(&p->x, x->x, n, c), *gr = t3row(&p->dy, x->dy, n, c);
+  char *orow = (char *)t3row(&p->dx, x->dx, n, c);
+  for (int64_t o = 0; o < p->S; o += NCH) {
+    int64_t cnt = p->S - o < NCH ? p->S - o : NCH;
+    rk_load_f64(gb, gr + o * p->dy.ss * ges, p->dy.dt, p->dy.ss, cnt);
+    if (k2 != 0) {
+      rk_load_f64(xb, xr + o * p->x.ss * xes, p->x.dt, p->x.ss, cnt);
+      for (int64_t i = 0; i < cnt; i++) gb[i] = gb[i] * k1 + (xb[i] - mean) * k2 + k3;
+    } else {
+      for (int64_t i = 0; i < cnt; i++) gb[i] = gb[i] * k1 + k3;
+    }
+    rk_store_row_f64(orow + o * p->dx.ss * oes, p->dx.dt, p->dx.ss, gb, cnt);
+  }
+}
+
+/* ---- batch norm: one channel per work item */
+static void bn_fwd_ch(void *c, int64_t cb, int64_t ce) {
+  bnctx *x = c;
+  const bnplan *p = x->p;
+  double M = (double)(p->N * p->S);
+  for (int64_t ch = cb; ch < ce; ch++) {
+    double mean, invstd;
+    if (p->training) {
+      double s, q;
+      t3_moments(&p->x, x->x, 0, p->N, ch, ch + 1, p->S, 0.0, &s, &q);
+      mean = s / M;
+      t3_moments(&p->x, x->x, 0, p->N, ch, ch + 1, p->S, mean, &s, &q);
+      double var = (q - s * s / M) / M;
+      if (var < 0) var = 0;
+      invstd = 1.0 / sqrt(var + p->eps);
+      vset(&p->smean, x->smean, ch, mean);
+      vset(&p->sinv, x->sinv, ch, invstd);
+      if (x->rm) vset(&p->rm, x->rm, ch, (1 - p->momentum) * vget(&p->rm, x->rm, ch, 0) + p->momentum * mean);
+      if (x->rv)
+        vset(&p->rv, x->rv, ch,
+             (1 - p->momentum) * vget(&p->rv, x->rv, ch, 0) + p->momentum * var * M / (M - 1));
+    } else {
+      mean = vget(&p->rm, x->rm, ch, 0.0);
+      invstd = 1.0 / sqrt(vget(&p->rv, x->rv, ch, 1.0) + p->eps);
+    }
+    double w = vget(&p->w, x->w, ch, 1.0), b = vget(&p->b, x->b, ch, 0.0);
+    double scale = invstd * w, shift = b - mean * scale;
+    for (int64_t n = 0; n < p->N; n++) t3_affine(&p->x, x->x, &p->y, x->y, n, ch, p->S, scale, shift);
+  }
+}
+
+static void bn_bwd_ch(void *c, int64_t cb, int64_t ce) {
+  bnctx *x = c;
+  const bnplan *p = x->p;
+  double M = (double)(p->N * p->S);
+  for (int64_t ch = cb; ch < ce; ch++) {
+    double mean, invstd;
+    if (p->training) {
+      mean = vget(&p->smean, x->smean, ch, 0.0);
+      invstd = vget(&p->sinv, x->sinv, ch, 1.0);
+    } else {
+      mean = vget(&p->rm, x->rm, ch, 0.0);
+      invstd = 1.0 / sqrt(vget(&p->rv, x->rv, ch, 1.0) + p->eps);
+    }
+    double sdy, sdyx;
+    t3_dsums(p, x, 0, p->N, ch, NULL, mean, &sdy, &sdyx, 0, NULL);
+    vset(&p->dw, x->dw, ch, sdyx * invstd);
+    vset(&p->db, x->db, ch, sdy);
+    if (!x->dx) continue;
+    double w = vget(&p->w, x->w, ch, 1.0);
+    double k1 = invstd * w, k2 = 0, k3 = 0;
+    if (p->training) {
+      k2 = -invstd * invstd * sdyx / M * k1;
+      k3 = -sdy / M * k1;
+    }
+    for (int64_t n = 0; n < p->N; n++) t3_dx(p, x, n, ch, mean, k1, k2, k3);
+  }
+}
+
+/* ---- group norm: one (sample, group) per work item */
+static void gn_fwd(void *c, int64_t ib, int64_t ie) {
+  bnctx *x = c;
+  const bnplan *p = x->p;
+  int64_t G = p->groups, Cg = p->C / G;
+  double M = (double)(Cg * p->S);
+  for (int64_t it = ib; it < ie; it++) {
+    int64_t n = it / G, g = it % G;
+    double s, q;
+    t3_moments(&p->x, x->x, n, n + 1, g * Cg, (g + 1) * Cg, p->S, 0.0, &s, &q);
+    double mean = s / M;
+    t3_moments(&p->x, x->x, n, n + 1, g * Cg, (g + 1) * Cg, p->S, mean, &s, &q);
+    double var = (q - s * s / M) / M;
+    if (var < 0) var = 0;
+    double rstd = 1.0 / sqrt(var + p->eps);
+    vset(&p->smean, x->smean, it, mean);
+    vset(&p->sinv, x->sinv, it, rstd);
+    for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) {
+      double w = vget(&p->w, x->w, ch, 1.0), b = vget(&p->b, x->b, ch, 0.0);
+      double scale = rstd * w;
+      t3_affine(&p->x, x->x, &p->y, x->y, n, ch, p->S, scale, b - mean * scale);
+    }
+  }
+}
+
+static void gn_bwd_dx(void *c, int64_t ib, int64_t ie) {
+  bnctx *x = c;
+  const bnplan *p = x->p;
+  int64_t G = p->groups, Cg = p->C / G;
+  double M = (double)(Cg * p->S);
+  for (int64_t it = ib; it < ie; it++) {
+    int64_t n = it / G, g = it % G;
+    double mean = vget(&p->smean, x->smean, it, 0.0), rstd = vget(&p->sinv, x->sinv, it, 1.0);
+    /* sg = sum(dy * w), sgx = sum(dy * w * xhat) over the group */
+    double sg = 0, sgx = 0;
+    for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) {
+      double w = vget(&p->w, x->w, ch, 1.0), a, b;
+      t3_dsums(p, x, n, n + 1, ch, NULL, mean, &a, &b, 0, NULL);
+      sg += a * w;
+      sgx += b * rstd * w;
+    }
+    sg /= M;
+    sgx /= M;
+    /* dx = rstd * (dy * w - sg - xhat * sgx) */
+    for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) {
+      double w = vget(&p->w, x->w, ch, 1.0);
+      t3_dx(p, x, n, ch, mean, rstd * w, -rstd * rstd * sgx, -rstd * sg);
+    }
+  }
+}
+
+static void gn_bwd_params(void *c, int64_t cb, int64_t ce) {
+  bnctx *x = c;
+  const bnplan *p = x->p;
+  int64_t G = p->groups, Cg = p->C / G;
+  double *means = malloc(sizeof(double) * (size_t)p->N * 2);
+  if (!means) return;
+  double *invs = means + p->N;
+  for (int64_t ch = cb; ch < ce; ch++) {
+    int64_t g = ch / Cg;
+    for (int64_t n = 0; n < p->N; n++) {
+      means[n] = vget(&p->smean, x->smean, n * G + g, 0.0);
+      invs[n] = vget(&p->sinv, x->sinv, n * G + g, 1.0);
+    }
+    double sdy, sdyx;
+    t3_dsums(p, x, 0, p->N, ch, means, 0.0, &sdy, &sdyx, 1, invs);
+    vset(&p->dw, x->dw, ch, sdyx);
+    vset(&p->db, x->db, ch, sdy);
+  }
+  free(means);
+}
+
+static tpurt_status k_bn(void *a, char *err, size_t errlen) {
+  (void)err;
+  (void)errlen;
+  const bnplan *p = a;
+  bnctx x = {p,
+             rk_hv(p->x.ptr),
+             p->y.on ? rk_hv(p->y.ptr) : NULL,
+             p->dy.on ? rk_hv(p->dy.ptr) : NULL,
+             p->dx.on ? rk_hv(p->dx.ptr) : NULL,
+             vptr(&p->w), vptr(&p->b), vptr(&p->rm), vptr(&p->rv), vptr(&p->smean), vptr(&p->sinv), vptr(&p->dw),
+             vptr(&p->db)};
+  int64_t per = p->N * p->S;
+  if (p->groups == 0) {
+    tpurt_parallel_for(p->C, 65536 / (per + 1) + 1, p->y.on ? bn_fwd_ch : bn_bwd_ch, &x);
+    return TPURT_OK;
+  }
+  int64_t items = p->N * p->groups, per_item = p->C / p->groups * p->S;
+  if (p->y.on) {
+    tpurt_parallel_for(items, 65536 / (per_item + 1) + 1, gn_fwd, &x);
+  } else {
+    if (x.dx) tpurt_parallel_for(items, 65536 / (per_item + 1) + 1, gn_bwd_dx, &x);
+    if (x.dw || x.db) tpurt_parallel_for(p->C, 65536 / (per + 1) + 1, gn_bwd_params, &x);
+  }
+  return TPURT_OK;
+}
+
+static tpurt_status get_t3(int dev, const tpurt_view *v, const tpurt_view *ref, t3 *t, const char *nm, const char *what) {
+  memset(t, 0, sizeof *t);
+  if (!v) return TPURT_OK;
+  tpurt_status st;
+  if ((st = rk_check_view(v, nm))) return st;
+  if (v->ndim < 2) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: %s needs at least 2 dimensions", nm, what);
+  if (ref && !rk_same_shape(v, ref))
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: %s has a different shape than the input", nm, what);
+  int64_t cnt;
+  if (!flat_range(v, 2, v->ndim, &cnt, &t->ss))
+    return tpurt__err(TPURT_ERR_NOT_SUPPORTED, "%s: the spatial dims of %s must merge into one strided dim", nm, what);
+  if ((st = rk_check_range(dev, v, nm))) return st;
+  t->ptr = v->ptr;
+  t->dt = v->dtype;
+  t->sn = v->strides[0];
+  t->sc = v->strides[1];
+  t->on = 1;
+  return TPURT_OK;
+}
+
+static tpurt_status bn_common(tpurt_stream **s, const char *nm, bnplan *p, const tpurt_view *x) {
+  TPURT__INIT_OR_RETURN();
+  tpurt_status st;
+  if ((st = rk_check_view(x, nm))) return st;
+  if (x->ndim < 2) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: expected an input with at least 2 dimensions", nm);
+  if (!rk_is_float(x->dtype)) return tpurt__err(TPURT_ERR_NOT_SUPPORTED, "%s: expected a floating point input", nm);
+  if ((st = tpurt__resolve_stream(s, tpurt_devptr_device(x->ptr)))) return st;
+  p->N = x->sizes[0];
+  p->C = x->sizes[1];
+  p->S = 1;
+  for (int k = 2; k < x->ndim; k++) p->S *= x->sizes[k];
+  return get_t3((*s)->dev, x, NULL, &p->x, nm, "input");
+}
+
+tpurt_status tpurt_batch_norm(tpurt_stream *s, const tpurt_view *y, const tpurt_view *save_mean,
+                              const tpurt_view *save_invstd, const tpurt_view *x, const tpurt_view *w,
+                              const tpurt_view *b, const tpurt_view *running_mean, const tpurt_view *running_var,
+                              int training, double momentum, double eps) {
+  const char *nm = "batch_norm";
+  bnplan p;
+  memset(&p, 0, sizeof p);
+  tpurt_status st = bn_common(&s, nm, &p, x);
+  if (st) return st;
+  int dev = s->dev;
+  p.training = training;
+  p.momentum = momentum;
+  p.eps = eps;
+  if (!y) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: output view is NULL", nm);
+  if ((st = get_t3(dev, y, x, &p.y, nm, "output")) || (st = get_vec(dev, w, p.C, &p.w, nm, "weight")) ||
+      (st = get_vec(dev, b, p.C, &p.b, nm, "bias")) || (st = get_vec(dev, running_mean, p.C, &p.rm, nm, "running_mean")) ||
+      (st = get_vec(dev, running_var, p.C, &p.rv, nm, "running_var")) ||
+      (st = get_vec(dev, save_mean, p.C, &p.smean, nm, "save_mean")) ||
+      (st = get_vec(dev, save_invstd, p.C, &p.sinv, nm, "save_invstd")))
+    return st;
+  if (!training && (!running_mean || !running_var))
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: running_mean and running_var are required in evaluation", nm);
+  if (p.C == 0) return TPURT_OK;
+  return tpurt_launch(s, nm, k_bn, &p, sizeof p);
+}
+
+tpurt_status tpurt_batch_norm_backward(tpurt_stream *s, const tpurt_view *dx, const tpurt_view *dw,
+                                       const tpurt_view *db, const tpurt_view *dy, const tpurt_view *x,
+                                       const tpurt_view *w, const tpurt_view *running_mean,
+                                       const tpurt_view *running_var, const tpurt_view *save_mean,
+                                       const tpurt_view *save_invstd, int training, double eps) {
+  const char *nm = "batch_norm_backward";
+  bnplan p;
+  memset(&p, 0, sizeof p);
+  tpurt_status st = bn_common(&s, nm, &p, x);
+  if (st) return st;
+  int dev = s->dev;
+  p.training = training;
+  p.eps = eps;
+  if (!dy) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: grad_output view is NULL", nm);
+  if ((st = get_t3(dev, dy, x, &p.dy, nm, "grad_output")) || (st = get_t3(dev, dx, x, &p.dx, nm, "grad_input")) ||
+      (st = get_vec(dev, w, p.C, &p.w, nm, "weight")) || (st = get_vec(dev, dw, p.C, &p.dw, nm, "grad_weight")) ||
+      (st = get_vec(dev, db, p.C, &p.db, nm, "grad_bias")) ||
+      (st = get_vec(dev, running_mean, p.C, &p.rm, nm, "running_mean")) ||
+      (st = get_vec(dev, running_var, p.C, &p.rv, nm, "running_var")) ||
+      (st = get_vec(dev, save_mean, p.C, &p.smean, nm, "save_mean")) ||
+      (st = get_vec(dev, save_invstd, p.C, &p.sinv, nm, "save_invstd")))
+    return st;
+  if (training && (!save_mean || !save_invstd))
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: save_mean and save_invstd are required in training", nm);
+  if (!training && (!running_mean || !running_var))
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: running_mean and running_var are required in evaluation", nm);
+  if (p.C == 0) return TPURT_OK;
+  return tpurt_launch(s, nm, k_bn, &p, sizeof p);
+}
+
+tpurt_status tpurt_group_norm(tpurt_stream *s, const tpurt_view *y, const tpurt_view *mean, const tpurt_view *rstd,
+                              const tpurt_view *x, const tpurt_view *w, const tpurt_view *b, int groups, double eps) {
+  const char *nm = "group_norm";
+  bnplan p;
+  memset(&p, 0, sizeof p);
+  tpurt_status st = bn_common(&s, nm, &p, x);
+  if (st) return st;
+  int dev = s->dev;
+  if (groups <= 0 || p.C % groups != 0)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
+                      "%s: Expected number of channels in input to be divisible by num_groups, but got input of "
+                      "shape with %" PRId64 " channels and num_groups=%d",
+                      nm, p.C, groups);
+  p.groups = groups;
+  p.eps = eps;
+  if (!y) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: output view is NULL", nm);
+  if ((st = get_t3(dev, y, x, &p.y, nm, "output")) || (st = get_vec(dev, w, p.C, &p.w, nm, "weight")) ||
+      (st = get_vec(dev, b, p.C, &p.b, nm, "bias")) || (st = get_vec(dev, mean, p.N * groups, &p.smean, nm, "mean")) ||
+      (st = get_vec(dev, rstd, p.N * groups, &p.sinv, nm, "rstd")))
+    return st;
+  if (p.N * p.C == 0) return TPURT_OK;
+  return tpurt_launch(s, nm, k_bn, &p, sizeof p);
+}
+
+tpurt_status tpurt_group_norm_backward(tpurt_stream *s, const tpurt_view *dx, const tpurt_view *dw,
+                                       const tpurt_view *db, const tpurt_view *dy, const tpurt_view *x,
+                                       const tpurt_view *mean, const tpurt_view *rstd, const tpurt_view *w,
+                                       int groups) {
+  const char *nm = "group_norm_backward";
+  bnplan p;
+  memset(&p, 0, sizeof p);
+  tpurt_status st = bn_common(&s, nm, &p, x);
+  if (st) return st;
+  int dev = s->dev;
+  if (groups <= 0 || p.C % groups != 0)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: %" PRId64 " channels are not divisible into %d groups", nm, p.C,
+                      groups);
+  p.groups = groups;
+  if (!dy) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: grad_output view is NULL", nm);
+  if ((st = get_t3(dev, dy, x, &p.dy, nm, "grad_output")) || (st = get_t3(dev, dx, x, &p.dx, nm, "grad_input")) ||
+      (st = get_vec(dev, w, p.C, &p.w, nm, "weight")) || (st = get_vec(dev, dw, p.C, &p.dw, nm, "grad_weight")) ||
+      (st = get_vec(dev, db, p.C, &p.db, nm, "grad_bias")) ||
+      (st = get_vec(dev, mean, p.N * groups, &p.smean, nm, "mean")) ||
+      (st = get_vec(dev, rstd, p.N * groups, &p.sinv, nm, "rstd")))
+    return st;
+  if (p.C == 0) return TPURT_OK;
+  if (p.N == 0) {
+    tpurt_scalar z = {TPURT_SCALAR_INT, 0, 0, 0};
+    if (dw && (st = tpurt_fill(s, dw, z))) return st;
+    if (db && (st = tpurt_fill(s, db, z))) return st;
+    return TPURT_OK;
+  }
+  return tpurt_launch(s, nm, k_bn, &p, sizeof p);
+}

@@ -1,0 +1,933 @@
+/*
+ * reduce.c — reductions (sum, prod, mean, max/min with indices, argmax/min,
+ * var/var_mean, norms, logsumexp, any/all, nansum).
+ *
+ * Launch (host): classify every dim as output or reduced, drop size-1 dims,
+ * reorder (reduced dims by decreasing input stride, output dims likewise) and
+ * merge dims that are contiguous relative to each other. Then one of two
+ * strategies runs on the worker:
+ *   inner: the innermost reduced dim is contiguous (or nothing is): every
+ *          output walks its reduced space as rows; rows go through
+ *          vectorized row kernels (several accumulators) in chunks.
+ *   outer: the innermost output dim is contiguous: a block of adjacent
+ *          outputs accumulates whole contiguous rows (one per reduced index).
+ * Work is split over outputs; when there are fewer outputs than threads and
+ * much to reduce, the reduced range is split too and partial states are
+ * combined in a fixed order. f16/bf16/f32 data are computed as f32 (row
+ * partial sums in f32 with 32 accumulators, combined in f64), f64 as f64,
+ * integers as i64.
+ */
+#include "rk_common.h"
+
+#define CH 2048 /* row chunk (elements) */
+#define CB 1024 /* column block of the outer strategy */
+
+typedef struct {
+  int op, cls, outer, has2, arg, sqrt_out;
+  double p0;
+  tpurt_dtype idt, odt, o2dt;
+  tpurt_devptr in, out, out2;
+  int no, nr;
+  int64_t nout, nred;
+  int64_t osz[TPURT_MAX_DIMS], oist[TPURT_MAX_DIMS], oost[TPURT_MAX_DIMS], oo2st[TPURT_MAX_DIMS];
+  int64_t rsz[TPURT_MAX_DIMS], rst[TPURT_MAX_DIMS];
+} rplan;
+
+typedef struct {
+  union {
+    double d;
+    int64_t i;
+  } a;
+  double b;
+  int64_t k;
+} rstate;
+
+static int is_arg(int op) { return op == TPURT_RED_ARGMAX || op == TPURT_RED_ARGMIN; }
+static int is_maxlike(int op) { return op == TPURT_RED_MAX || op == TPURT_RED_ARGMAX; }
+
+static void st_init(const rplan *p, rstate *s) {
+  s->b = 0;
+  s->k = 0;
+  int f = p->cls != RK_I64;
+  switch (p->op) {
+    case TPURT_RED_PROD:
+      if (f) s->a.d = 1; else s->a.i = 1;
+      break;
+    case TPURT_RED_MAX: case TPURT_RED_ARGMAX:
+      if (f) s->a.d = -INFINITY; else s->a.i = INT64_MIN;
+      s->k = -1;
+      break;
+    case TPURT_RED_MIN: case TPURT_RED_ARGMIN:
+      if (f) s->a.d = INFINITY; else s->a.i = INT64_MAX;
+      s->k = -1;
+      break;
+    case TPURT_RED_NORM:
+      s->a.d = (isinf(p->p0) && p->p0 < 0) ? INFINITY : 0.0;
+      break;
+    case TPURT_RED_LOGSUMEXP: s->a.d = -INFINITY; break;
+    case TPURT_RED_ALL: s->k = 1; break;
+    default:
+      if (f) s->a.d = 0; else s->a.i = 0;
+  }
+}
+
+/* does value x (at a later position) replace the current extreme c? */
+static inline int better_d(int mx, double x, double c) { return c == c && (x != x || (mx ? x > c : x < c)); }
+static inline int better_i(int mx, int64_t x, int64_t c) { return mx ? x > c : x < c; }
+
+/* folds state b (covering later positions) into a */
+static void st_combine(const rplan *p, rstate *a, const rstate *b) {
+  int f = p->cls != RK_I64;
+  switch (p->op) {
+    case TPURT_RED_SUM: case TPURT_RED_MEAN: case TPURT_RED_NANSUM:
+      if (f) a->a.d += b->a.d; else a->a.i = (int64_t)((uint64_t)a->a.i + (uint64_t)b->a.i);
+      break;
+    case TPURT_RED_PROD:
+      if (f) a->a.d *= b->a.d; else a->a.i = (int64_t)((uint64_t)a->a.i * (uint64_t)b->a.i);
+      break;
+    case TPURT_RED_MAX: case TPURT_RED_MIN: case TPURT_RED_ARGMAX: case TPURT_RED_ARGMIN: {
+      if (b->k < 0) break;
+      int mx = is_maxlike(p->op);
+      if (a->k < 0 || (f ? better_d(mx, b->a.d, a->a.d) : better_i(mx, b->a.i, a->a.i))) *a = *b;
+      break;
+    }
+    case TPURT_RED_VAR: {
+      if (b->k == 0) break;
+      if (a->k == 0) { *a = *b; break; }
+      double na = (double)a->k, nb = (double)b->k, n = na + nb, d = b->a.d - a->a.d;
+      a->a.d += d * nb / n;
+      a->b += b->b + d * d * na * nb / n;
+      a->k += b->k;
+      break;
+    }
+    case TPURT_RED_NORM:
+      if (isinf(p->p0)) a->a.d = p->p0 > 0 ? rk_maxnan(a->a.d, b->a.d) : rk_minnan(a->a.d, b->a.d);
+      else a->a.d += b->a.d;
+      break;
+    case TPURT_RED_LOGSUMEXP: {
+      double m = rk_maxnan(a->a.d, b->a.d);
+      if (isfinite(m)) a->b = a->b * exp(a->a.d - m) + b->b * exp(b->a.d - m);
+      a->a.d = m;
+      break;
+    }
+    case TPURT_RED_ANY: a->k |= b->k; break;
+    case TPURT_RED_ALL: a->k &= b->k; break;
+  }
+}
+
+/* ------------------------------------------------------------ row kernels */
+
+static double rsum_f(const float *x, int64_t n) {
+  float acc[32] = {0};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int k = 0; k < 32; k++) acc[k] += x[i + k];
+  float t = 0;
+  for (; i < n; i++) t += x[i];
+  for (int k = 0; k < 16; k++) acc[k] += acc[k + 16];
+  for (int k = 0; k < 8; k++) acc[k] += acc[k + 8];
+  double s = t;
+  for (int k = 0; k < 8; k++) s += acc[k];
+  return s;
+}
+static double rsum_d(const double *x, int64_t n) {
+  double acc[16] = {0};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 16; k++) acc[k] += x[i + k];
+  double t = 0;
+  for (; i < n; i++) t += x[i];
+  for (int k = 0; k < 8; k++) acc[k] += acc[k + 8];
+  for (int k = 0; k < 8; k++) t += acc[k];
+  return t;
+}
+static int64_t rsum_i(const int64_t *x, int64_t n) {
+  uint64_t acc[8] = {0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; k++) acc[k] += (uint64_t)x[i + k];
+  uint64_t t = 0;
+  for (; i < n; i++) t += (uint64_t)x[i];
+  for (int k = 0; k < 8; k++) t += acc[k];
+  return (int64_t)t;
+}
+static double rnansum_f(const float *x, int64_t n) {
+  float acc[32] = {0};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int k = 0; k < 32; k++) acc[k] += x[i + k] == x[i + k] ? x[i + k] : 0.0f;
+  double s = 0;
+  for (; i < n; i++) s += x[i] == x[i] ? x[i] : 0.0f;
+  for (int k = 0; k < 32; k++) s += acc[k];
+  return s;
+}
+static double rnansum_d(const double *x, int64_t n) {
+  double acc[16] = {0};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 16; k++) acc[k] += x[i + k] == x[i + k] ? x[i + k] : 0.0;
+  double s = 0;
+  for (; i < n; i++) s += x[i] == x[i] ? x[i] : 0.0;
+  for (int k = 0; k < 16; k++) s += acc[k];
+  return s;
+}
+/* NaN-propagating max / min of a float row (n >= 1), with GCC vector
+ * extensions: compare + select per lane, NaN lanes tracked in a mask */
+typedef float rk_v8f __attribute__((vector_size(32)));
+typedef int32_t rk_v8i __attribute__((vector_size(32)));
+typedef double rk_v4d __attribute__((vector_size(32)));
+typedef int64_t rk_v4i __attribute__((vector_size(32)));
+#define REXT1(NAME, T, VT, VI, W, CMP, COMB)                                    \
+  static T NAME(const T *x, int64_t n) {                                        \
+    T r = x[0];                                                                 \
+    int64_t i = 0;                                                              \
+    if (n >= 2 * W) {                                                           \
+      VT a0, a1, v0, v1;                                                        \
+      VI nan = {0};                                                             \
+      memcpy(&a0, x, sizeof a0);                                                \
+      a1 = a0;                                                                  \
+      for (; i + 2 * W <= n; i += 2 * W) {                                      \
+        memcpy(&v0, x + i, sizeof v0);                                          \
+        memcpy(&v1, x + i + W, sizeof v1);                                      \
+        VI m0 = v0 CMP a0, m1 = v1 CMP a1;                                      \
+        a0 = (VT)(((VI)v0 & m0) | ((VI)a0 & ~m0));                              \
+        a1 = (VT)(((VI)v1 & m1) | ((VI)a1 & ~m1));                              \
+        nan |= (v0 != v0) | (v1 != v1);                                         \
+      }                                                                         \
+      for (int k = 0; k < W; k++) {                                             \
+        if (nan[k]) return (T)NAN;                                              \
+        r = (T)COMB(r, a0[k]);                                                  \
+        r = (T)COMB(r, a1[k]);                                                  \
+      }                                                                         \
+    }                                                                           \
+    for (; i < n; i++) r = (T)COMB(r, x[i]);                                    \
+    return r;                                                                   \
+  }
+REXT1(rmax_f, float, rk_v8f, rk_v8i, 8, >, rk_maxnan)
+REXT1(rmin_f, float, rk_v8f, rk_v8i, 8, <, rk_minnan)
+REXT1(rmax_d, double, rk_v4d, rk_v4i, 4, >, rk_maxnan)
+REXT1(rmin_d, double, rk_v4d, rk_v4i, 4, <, rk_minnan)
+static inline float rext_f(const float *x, int64_t n, int mx) { return mx ? rmax_f(x, n) : rmin_f(x, n); }
+static inline double rext_d(const double *x, int64_t n, int mx) { return mx ? rmax_d(x, n) : rmin_d(x, n); }
+
+/* the state update of one contiguous compute-typed row x[0..n) whose first
+ * element has linear index lin in the reduced space */
+static void row_op(const rplan *p, const void *xv, int64_t n, int64_t lin, rstate *s) {
+  if (n <= 0) return;
+  int op = p->op, cls = p->cls;
+  if (cls == RK_I64) {
+    const int64_t *x = xv;
+    switch (op) {
+      case TPURT_RED_SUM: case TPURT_RED_MEAN: case TPURT_RED_NANSUM:
+        s->a.i = (int64_t)((uint64_t)s->a.i + (uint64_t)rsum_i(x, n));
+        return;
+      case TPURT_RED_PROD: {
+        uint64_t r = (uint64_t)s->a.i;
+        for (int64_t i = 0; i < n; i++) r *= (uint64_t)x[i];
+        s->a.i = (int64_t)r;
+        return;
+      }
+      case TPURT_RED_MAX: case TPURT_RED_MIN: case TPURT_RED_ARGMAX: case TPURT_RED_ARGMIN: {
+        int mx = is_maxlike(op);
+        int64_t c = s->a.i, ci = s->k, i0 = 0;
+        if (ci < 0) { c = x[0]; ci = lin; i0 = 1; }
+        if (mx) { for (int64_t i = i0; i < n; i++) if (x[i] > c) { c = x[i]; ci = lin + i; } }
+        else { for (int64_t i = i0; i < n; i++) if (x[i] < c) { c = x[i]; ci = lin + i; } }
+        s->a.i = c;
+        s->k = ci;
+        return;
+      }
+      case TPURT_RED_ANY: {
+        int64_t r = 0;
+        for (int64_t i = 0; i < n; i++) r |= x[i] != 0;
+        s->k |= r;
+        return;
+      }
+      case TPURT_RED_ALL: {
+        int64_t r = 1;
+        for (int64_t i = 0; i < n; i++) r &= x[i] != 0;
+        s->k &= r;
+        return;
+      }
+      default: { /* float-only ops on integer data: go through f64 */
+        double buf[CH];
+        rstate t;
+        rplan q = *p;
+        q.cls = RK_F64;
+        for (int64_t o = 0; o < n; o += CH) {
+          int64_t c = n - o < CH ? n - o : CH;
+          for (int64_t i = 0; i < c; i++) buf[i] = (double)x[o + i];
+          st_init(&q, &t);
+          row_op(&q, buf, c, lin + o, &t);
+          st_combine(&q, s, &t);
+        }
+        return;
+      }
+    }
+  }
+  const float *xf = xv;
+  const double *xd = xv;
+  int f32 = cls == RK_F32;
+#define AT(i) (f32 ? (double)xf[i] : xd[i])
+  switch (op) {
+    case TPURT_RED_SUM: case TPURT_RED_MEAN:
+      s->a.d += f32 ? rsum_f(xf, n) : rsum_d(xd, n);
+      return;
+    case TPURT_RED_NANSUM:
+      s->a.d += f32 ? rnansum_f(xf, n) : rnansum_d(xd, n);
+      return;
+    case TPURT_RED_PROD: {
+      double r = s->a.d;
+      for (int64_t i = 0; i < n; i++) r *= AT(i);
+      s->a.d = r;
+      return;
+    }
+    case TPURT_RED_MAX: case TPURT_RED_MIN:
+      if (!p->has2) {
+        int mx = op == TPURT_RED_MAX;
+        double r = f32 ? rext_f(xf, n, mx) : rext_d(xd, n, mx);
+        if (s->k < 0) s->a.d = r;
+        else s->a.d = mx ? rk_maxnan(s->a.d, r) : rk_minnan(s->a.d, r);
+        s->k = 0;
+        return;
+      }
+      /* value + index: */
+      __attribute__((fallthrough));
+    case TPURT_RED_ARGMAX: case TPURT_RED_ARGMIN: {
+      int mx = is_maxlike(op);
+      double c = s->a.d;
+      int64_t ci = s->k, i0 = 0;
+      if (ci < 0) { c = AT(0); ci = lin; i0 = 1; }
+      if (c != c) return;
+      for (int64_t i = i0; i < n; i++) {
+        double v = AT(i);
+        if (v != v) { c = v; ci = lin + i; break; }
+        if (mx ? v > c : v < c) { c = v; ci = lin + i; }
+      }
+      s->a.d = c;
+      s->k = ci;
+      return;
+    }
+    case TPURT_RED_VAR: {
+      /* two-pass over the row, then Chan's combination */
+      double sum = f32 ? rsum_f(xf, n) : rsum_d(xd, n);
+      double m = sum / (double)n, m2 = 0;
+      if (f32) {
+        float mf = (float)m, acc[16] = {0};
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16)
+          for (int k = 0; k < 16; k++) { float d = xf[i + k] - mf; acc[k] += d * d; }
+        for (; i < n; i++) { double d = xf[i] - m; m2 += d * d; }
+        for (int k = 0; k < 16; k++) m2 += acc[k];
+        /* correct for the f32 rounding of the mean */
+        double corr = 0;
+        for (int64_t j = 0; j < n; j++) corr += (double)xf[j] - m;
+        m2 -= corr * corr / (double)n;
+      } else {
+        double acc[8] = {0}, corr = 0;
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8)
+          for (int k = 0; k < 8; k++) { double d = xd[i + k] - m; acc[k] += d * d; }
+        for (; i < n; i++) { double d = xd[i] - m; m2 += d * d; }
+        for (int k = 0; k < 8; k++) m2 += acc[k];
+        for (int64_t j = 0; j < n; j++) corr += xd[j] - m;
+        m2 -= corr * corr / (double)n;
+      }
+      rstate t = {{.d = m}, m2, n};
+      st_combine(p, s, &t);
+      return;
+    }
+    case TPURT_RED_NORM: {
+      double ord = p->p0, r = 0;
+      if (ord == 2) {
+        if (f32) {
+          float acc[32] = {0};
+          int64_t i = 0;
+          for (; i + 32 <= n; i += 32)
+            for (int k = 0; k < 32; k++) acc[k] += xf[i + k] * xf[i + k];
+          for (; i < n; i++) r += (double)xf[i] * xf[i];
+          for (int k = 0; k < 32; k++) r += acc[k];
+        } else {
+          for (int64_t i = 0; i < n; i++) r += xd[i] * xd[i];
+        }
+        s->a.d += r;
+      } else if (ord == 1) {
+        for (int64_t i = 0; i < n; i++) r += fabs(AT(i));
+        s->a.d += r;
+      } else if (ord == 0) {
+        for (int64_t i = 0; i < n; i++) r += AT(i) != 0;
+        s->a.d += r;
+      } else if (isinf(ord)) {
+        double c = s->a.d;
+        for (int64_t i = 0; i < n; i++) c = ord > 0 ? rk_maxnan(c, fabs(AT(i))) : rk_minnan(c, fabs(AT(i)));
+        s->a.d = c;
+      } else {
+        for (int64_t i = 0; i < n; i++) r += pow(fabs(AT(i)), ord);
+        s->a.d += r;
+      }
+      return;
+    }
+    case TPURT_RED_LOGSUMEXP: {
+      double m = f32 ? rext_f(xf, n, 1) : rext_d(xd, n, 1);
+      rstate t = {{.d = m}, 0, 0};
+      if (isfinite(m)) {
+        double acc = 0;
+        for (int64_t i = 0; i < n; i++) acc += exp(AT(i) - m);
+        t.b = acc;
+      }
+      st_combine(p, s, &t);
+      return;
+    }
+    case TPURT_RED_ANY: {
+      int64_t r = 0;
+      for (int64_t i = 0; i < n; i++) r |= AT(i) != 0;
+      s->k |= r;
+      return;
+    }
+    case TPURT_RED_ALL: {
+      int64_t r = 1;
+      for (int64_t i = 0; i < n; i++) r &= AT(i) != 0;
+      s->k &= r;
+      return;
+    }
+  }
+#undef AT
+}
+
+/* ------------------------------------------------------- column kernels */
+
+typedef struct {
+  double ad[CB], b[CB];
+  int64_t ai[CB], k[CB];
+} cols;
+
+static void cols_init(const rplan *p, cols *c, int64_t n) {
+  rstate s;
+  st_init(p, &s);
+  for (int64_t j = 0; j < n; j++) {
+    c->ad[j] = s.a.d;
+    c->ai[j] = s.a.i;
+    c->b[j] = s.b;
+    c->k[j] = s.k;
+  }
+}
+static rstate cols_get(const rplan *p, const cols *c, int64_t j) {
+  rstate s;
+  if (p->cls == RK_I64) s.a.i = c->ai[j]; else s.a.d = c->ad[j];
+  s.b = c->b[j];
+  s.k = c->k[j];
+  return s;
+}
+
+/* folds one row of n adjacent outputs' values (reduced index lin, the
+ * cnt-th row of this range, counting from 1) into the column states */
+static void col_op(const rplan *p, const void *xv, int64_t n, int64_t lin, int64_t cnt, cols *c) {
+  int op = p->op;
+  if (p->cls == RK_I64) {
+    const int64_t *x = xv;
+    switch (op) {
+      case TPURT_RED_SUM: case TPURT_RED_MEAN: case TPURT_RED_NANSUM:
+        for (int64_t j = 0; j < n; j++) c->ai[j] = (int64_t)((uint64_t)c->ai[j] + (uint64_t)x[j]);
+        return;
+      case TPURT_RED_PROD:
+        for (int64_t j = 0; j < n; j++) c->ai[j] = (int64_t)((uint64_t)c->ai[j] * (uint64_t)x[j]);
+        return;
+      case TPURT_RED_ANY: for (int64_t j = 0; j < n; j++) c->k[j] |= x[j] != 0; return;
+      case TPURT_RED_ALL: for (int64_t j = 0; j < n; j++) c->k[j] &= x[j] != 0; return;
+      case TPURT_RED_MAX: case TPURT_RED_ARGMAX:
+        if (cnt == 1) { for (int64_t j = 0; j < n; j++) { c->ai[j] = x[j]; c->k[j] = lin; } return; }
+        for (int64_t j = 0; j < n; j++) if (x[j] > c->ai[j]) { c->ai[j] = x[j]; c->k[j] = lin; }
+        return;
+      case TPURT_RED_MIN: case TPURT_RED_ARGMIN:
+        if (cnt == 1) { for (int64_t j = 0; j < n; j++) { c->ai[j] = x[j]; c->k[j] = lin; } return; }
+        for (int64_t j = 0; j < n; j++) if (x[j] < c->ai[j]) { c->ai[j] = x[j]; c->k[j] = lin; }
+        return;
+      default: {
+        double buf[CB];
+        rplan q = *p;
+        q.cls = RK_F64;
+        for (int64_t j = 0; j < n; j++) buf[j] = (double)x[j];
+        col_op(&q, buf, n, lin, cnt, c);
+        return;
+      }
+    }
+  }
+  const float *xf = xv;
+  const double *xd = xv;
+  if (p->cls == RK_F32) {
+    /* widen once; the loops below then run on doubles */
+    static _Thread_local double wide[CB];
+    for (int64_t j = 0; j < n; j++) wide[j] = xf[j];
+    xd = wide;
+  }
+  double *a = c->ad;
+  switch (op) {
+    case TPURT_RED_SUM: case TPURT_RED_MEAN:
+      for (int64_t j = 0; j < n; j++) a[j] += xd[j];
+      return;
+    case TPURT_RED_NANSUM:
+      for (int64_t j = 0; j < n; j++) a[j] += xd[j] == xd[j] ? xd[j] : 0.0;
+      return;
+    case TPURT_RED_PROD:
+      for (int64_t j = 0; j < n; j++) a[j] *= xd[j];
+      return;
+    case TPURT_RED_MAX: case TPURT_RED_MIN: case TPURT_RED_ARGMAX: case TPURT_RED_ARGMIN: {
+      if (cnt == 1) {
+        for (int64_t j = 0; j < n; j++) { a[j] = xd[j]; c->k[j] = lin; }
+        return;
+      }
+      int mx = is_maxlike(op);
+      if (!p->has2 && !p->arg) {
+        if (mx) for (int64_t j = 0; j < n; j++) a[j] = a[j] != a[j] ? a[j] : (xd[j] > a[j] || xd[j] != xd[j]) ? xd[j] : a[j];
+        else for (int64_t j = 0; j < n; j++) a[j] = a[j] != a[j] ? a[j] : (xd[j] < a[j] || xd[j] != xd[j]) ? xd[j] : a[j];
+        return;
+      }
+      for (int64_t j = 0; j < n; j++)
+        if (better_d(mx, xd[j], a[j])) { a[j] = xd[j]; c->k[j] = lin; }
+      return;
+    }
+    case TPURT_RED_VAR: { /* Welford, same count for every column */
+      double inv = 1.0 / (double)cnt;
+      for (int64_t j = 0; j < n; j++) {
+        double d = xd[j] - a[j];
+        a[j] += d * inv;
+        c->b[j] += d * (xd[j] - a[j]);
+      }
+      for (int64_t j = 0; j < n; j++) c->k[j] = cnt;
+      return;
+    }
+    case TPURT_RED_NORM: {
+      double ord = p->p0;
+      if (ord == 2) for (int64_t j = 0; j < n; j++) a[j] += xd[j] * xd[j];
+      else if (ord == 1) for (int64_t j = 0; j < n; j++) a[j] += fabs(xd[j]);
+      else if (ord == 0) for (int64_t j = 0; j < n; j++) a[j] += xd[j] != 0;
+      else if (isinf(ord) && ord > 0) for (int64_t j = 0; j < n; j++) a[j] = rk_maxnan(a[j], fabs(xd[j]));
+      else if (isinf(ord)) for (int64_t j = 0; j < n; j++) a[j] = rk_minnan(a[j], fabs(xd[j]));
+      else for (int64_t j = 0; j < n; j++) a[j] += pow(fabs(xd[j]), ord);
+      return;
+    }
+    case TPURT_RED_LOGSUMEXP:
+      for (int64_t j = 0; j < n; j++) {
+        double m = rk_maxnan(a[j], xd[j]);
+        if (isfinite(m)) c->b[j] = c->b[j] * exp(a[j] - m) + exp(xd[j] - m);
+        a[j] = m;
+      }
+      return;
+    case TPURT_RED_ANY: for (int64_t j = 0; j < n; j++) c->k[j] |= xd[j] != 0; return;
+    case TPURT_RED_ALL: for (int64_t j = 0; j < n; j++) c->k[j] &= xd[j] != 0; return;
+  }
+}
+
+/* ----------------------------------------------------------- finalize */
+
+static void finalize(const rplan *p, const rstate *s, char *o, char *o2) {
+  int f = p->cls != RK_I64;
+  double n = (double)p->nred;
+  switch (p->op) {
+    case TPURT_RED_SUM: case TPURT_RED_NANSUM: case TPURT_RED_PROD:
+      if (f) rk_store_d(o, p->odt, s->a.d); else rk_store_i(o, p->odt, s->a.i);
+      break;
+    case TPURT_RED_MEAN:
+      if (f) rk_store_d(o, p->odt, s->a.d / n); else rk_store_i(o, p->odt, p->nred ? s->a.i / p->nred : 0);
+      break;
+    case TPURT_RED_MAX: case TPURT_RED_MIN:
+      if (f) rk_store_d(o, p->odt, s->a.d); else rk_store_i(o, p->odt, s->a.i);
+      if (o2) rk_store_i(o2, p->o2dt, s->k < 0 ? 0 : s->k);
+      break;
+    case TPURT_RED_ARGMAX: case TPURT_RED_ARGMIN: rk_store_i(o, p->odt, s->k < 0 ? 0 : s->k); break;
+    case TPURT_RED_VAR: {
+      double div = n - p->p0;
+      if (div < 0) div = 0;
+      double v = p->nred ? s->b / div : NAN;
+      rk_store_d(o, p->odt, p->sqrt_out ? sqrt(v) : v);
+      if (o2) rk_store_d(o2, p->o2dt, p->nred ? s->a.d : NAN);
+      break;
+    }
+    case TPURT_RED_NORM: {
+      double ord = p->p0, v = s->a.d;
+      if (ord == 2) v = sqrt(v);
+      else if (!(ord == 1 || ord == 0 || isinf(ord))) v = pow(v, 1.0 / ord);
+      rk_store_d(o, p->odt, v);
+      break;
+    }
+    case TPURT_RED_LOGSUMEXP:
+      rk_store_d(o, p->odt, isfinite(s->a.d) ? s->a.d + log(s->b) : s->a.d);
+      break;
+    case TPURT_RED_ANY: case TPURT_RED_ALL: rk_store_i(o, p->odt, s->k); break;
+  }
+}
+
+/* ------------------------------------------------------------- walking */
+
+typedef struct {
+  const rplan *p;
+  const char *in;
+  char *out, *out2;
+  int64_t P;        /* parts the reduced range is split into */
+  int64_t nblk;     /* outer: column blocks per output row */
+  int64_t W;        /* outer: columns per block (a multiple of CB) */
+  rstate *partial;  /* P > 1: partial states */
+  int failed;
+} rctx;
+
+/* offsets (elements) of output linear index o over the first `nd` output dims */
+static void out_offsets(const rplan *p, int nd, int64_t o, int64_t *io, int64_t *oo, int64_t *oo2) {
+  int64_t a = 0, b = 0, c = 0;
+  for (int k = nd - 1; k >= 0; k--) {
+    int64_t i = o % p->osz[k];
+    o /= p->osz[k];
+    a += i * p->oist[k];
+    b += i * p->oost[k];
+    c += i * p->oo2st[k];
+  }
+  *io = a;
+  *oo = b;
+  *oo2 = c;
+}
+
+/* inner strategy: folds reduced indices [b, e) of the input at base */
+static void inner_range(const rplan *p, const char *base, int64_t b, int64_t e, rstate *s) {
+  if (b >= e) return;
+  int nr = p->nr;
+  size_t es = tpurt_dtype_size(p->idt);
+  int64_t R = p->rsz[nr - 1], rs = p->rst[nr - 1];
+  int64_t idx[TPURT_MAX_DIMS];
+  int64_t row = b / R, col = b % R, off = 0;
+  for (int k = nr - 2; k >= 0; k--) {
+    idx[k] = row % p->rsz[k];
+    row /= p->rsz[k];
+    off += idx[k] * p->rst[k];
+  }
+  _Alignas(32) double buf[CH];
+  int64_t l = b;
+  while (l < e) {
+    int64_t cnt = R - col < e - l ? R - col : e - l;
+    const char *rp = base + (off + col * rs) * (int64_t)es;
+    for (int64_t o = 0; o < cnt; o += CH) {
+      int64_t c = cnt - o < CH ? cnt - o : CH;
+      const void *x = rk_load(p->cls, buf, rp + o * rs * (int64_t)es, p->idt, rs, c);
+      row_op(p, x, c, l + o, s);
+    }
+    l += cnt;
+    col = 0;
+    for (int k = nr - 2; k >= 0; k--) {
+      idx[k]++;
+      off += p->rst[k];
+      if (idx[k] < p->rsz[k]) break;
+      off -= idx[k] * p->rst[k];
+      idx[k] = 0;
+    }
+  }
+}
+
+static void part_range(const rctx *x, int64_t part, int64_t *b, int64_t *e) {
+  int64_t n = x->p->nred, P = x->P;
+  *b = n / P * part + (part < n % P ? part : n % P);
+  *e = *b + n / P + (part < n % P ? 1 : 0);
+}
+
+static void inner_chunk(void *c, int64_t ub, int64_t ue) {
+  rctx *x = c;
+  const rplan *p = x->p;
+  size_t ies = tpurt_dtype_size(p->idt), oes = tpurt_dtype_size(p->odt), o2es = p->has2 ? tpurt_dtype_size(p->o2dt) : 0;
+  for (int64_t u = ub; u < ue; u++) {
+    int64_t o = u / x->P, part = u % x->P, io, oo, oo2, b, e;
+    out_offsets(p, p->no, o, &io, &oo, &oo2);
+    part_range(x, part, &b, &e);
+    rstate s;
+    st_init(p, &s);
+    inner_range(p, x->in + io * (int64_t)ies, b, e, &s);
+    if (x->P > 1)
+      x->partial[u] = s;
+    else
+      finalize(p, &s, x->out + oo * (int64_t)oes, x->out2 ? x->out2 + oo2 * (int64_t)o2es : NULL);
+  }
+}
+
+/* outer strategy: a work item is (output row, block of W columns, part of
+ * the reduced range); rows of the block are read whole, in CB-column
+ * pieces, so the input streams contiguously */
+static void outer_chunk(void *c, int64_t ub, int64_t ue) {
+  rctx *x = c;
+  const rplan *p = x->p;
+  int no = p->no, nr = p->nr;
+  size_t ies = tpurt_dtype_size(p->idt), oes = tpurt_dtype_size(p->odt), o2es = p->has2 ? tpurt_dtype_size(p->o2dt) : 0;
+  int64_t L = p->osz[no - 1], W = x->W;
+  cols *cs = malloc(sizeof(cols) * (size_t)((W + CB - 1) / CB));
+  if (!cs) {
+    x->failed = 1;
+    return;
+  }
+  _Alignas(32) double buf[CB];
+  for (int64_t u = ub; u < ue; u++) {
+    int64_t part = u % x->P, item = u / x->P;
+    int64_t blk = item % x->nblk, orow = item / x->nblk;
+    int64_t io, oo, oo2, b, e;
+    out_offsets(p, no - 1, orow, &io, &oo, &oo2);
+    int64_t j0 = blk * W, n = L - j0 < W ? L - j0 : W, nb = (n + CB - 1) / CB;
+    part_range(x, part, &b, &e);
+    for (int64_t q = 0; q < nb; q++) cols_init(p, &cs[q], n - q * CB < CB ? n - q * CB : CB);
+    /* walk reduced indices [b, e) */
+    int64_t idx[TPURT_MAX_DIMS], rem = b, off = 0;
+    for (int k = nr - 1; k >= 0; k--) {
+      idx[k] = rem % p->rsz[k];
+      rem /= p->rsz[k];
+      off += idx[k] * p->rst[k];
+    }
+    const char *base = x->in + (io + j0) * (int64_t)ies;
+    for (int64_t l = b; l < e; l++) {
+      for (int64_t q = 0; q < nb; q++) {
+        int64_t nq = n - q * CB < CB ? n - q * CB : CB;
+        const void *v = rk_load(p->cls, buf, base + (off + q * CB) * (int64_t)ies, p->idt, 1, nq);
+        col_op(p, v, nq, l, l - b + 1, &cs[q]);
+      }
+      for (int k = nr - 1; k >= 0; k--) {
+        idx[k]++;
+        off += p->rst[k];
+        if (idx[k] < p->rsz[k]) break;
+        off -= idx[k] * p->rst[k];
+        idx[k] = 0;
+      }
+    }
+    for (int64_t j = 0; j < n; j++) {
+      rstate s = cols_get(p, &cs[j / CB], j % CB);
+      if (x->P > 1)
+        x->partial[u * W + j] = s;
+      else
+        finalize(p, &s, x->out + (oo + (j0 + j) * p->oost[no - 1]) * (int64_t)oes,
+                 x->out2 ? x->out2 + (oo2 + (j0 + j) * p->oo2st[no - 1]) * (int64_t)o2es : NULL);
+    }
+  }
+  free(cs);
+}
+
+static tpurt_status k_reduce(void *a, char *err, size_t errlen) {
+  const rplan *p = a;
+  rctx x = {p, p->nred ? rk_hv(p->in) : NULL, rk_hv(p->out), p->has2 ? rk_hv(p->out2) : NULL, 1, 1, CB,
+            NULL, 0};
+  int nth = tpurt_num_threads();
+  size_t oes = tpurt_dtype_size(p->odt), o2es = p->has2 ? tpurt_dtype_size(p->o2dt) : 0;
+  if (!p->outer) {
+    if (p->nout < nth && p->nred >= 32768) {
+      int64_t want = (nth + p->nout - 1) / p->nout * 2;
+      x.P = p->nred / 16384 < want ? p->nred / 16384 : want;
+      if (x.P < 1) x.P = 1;
+    }
+    if (x.P > 1) {
+      x.partial = malloc(sizeof(rstate) * (size_t)(p->nout * x.P));
+      if (!x.partial) {
+        snprintf(err, errlen, "out of host memory for reduction partials");
+        return TPURT_ERR_OUT_OF_MEMORY;
+      }
+    }
+    int64_t grain = x.P > 1 ? 1 : 16384 / (p->nred > 0 ? p->nred : 1) + 1;
+    tpurt_parallel_for(p->nout * x.P, grain, inner_chunk, &x);
+    if (x.P > 1) {
+      for (int64_t o = 0; o < p->nout; o++) {
+        int64_t io, oo, oo2;
+        out_offsets(p, p->no, o, &io, &oo, &oo2);
+        rstate s = x.partial[o * x.P];
+        for (int64_t q = 1; q < x.P; q++) st_combine(p, &s, &x.partial[o * x.P + q]);
+        finalize(p, &s, x.out + oo * (int64_t)oes, x.out2 ? x.out2 + oo2 * (int64_t)o2es : NULL);
+      }
+      free(x.partial);
+    }
+    return TPURT_OK;
+  }
+  int64_t L = p->osz[p->no - 1];
+  x.W = (L + CB - 1) / CB * CB;
+  if (x.W > 8 * CB) x.W = 8 * CB;
+  x.nblk = (L + x.W - 1) / x.W;
+  int64_t items = p->nout / L * x.nblk;
+  if (items < nth && p->nred >= 4096) {
+    int64_t want = (nth + items - 1) / items * 2;
+    x.P = p->nred / 1024 < want ? p->nred / 1024 : want;
+    if (x.P < 1) x.P = 1;
+  }
+  if (x.P > 1) {
+    x.partial = malloc(sizeof(rstate) * (size_t)(items * x.P * x.W));
+    if (!x.partial) {
+      snprintf(err, errlen, "out of host memory for reduction partials");
+      return TPURT_ERR_OUT_OF_MEMORY;
+    }
+  }
+  int64_t per = p->nred * (L < x.W ? L : x.W);
+  tpurt_parallel_for(items * x.P, x.P > 1 ? 1 : 65536 / (per > 0 ? per : 1) + 1, outer_chunk, &x);
+  if (x.P > 1) {
+    int no = p->no;
+    for (int64_t it = 0; it < items; it++) {
+      int64_t blk = it % x.nblk, orow = it / x.nblk, io, oo, oo2;
+      out_offsets(p, no - 1, orow, &io, &oo, &oo2);
+      int64_t j0 = blk * x.W, n = L - j0 < x.W ? L - j0 : x.W;
+      for (int64_t j = 0; j < n; j++) {
+        rstate s = x.partial[(it * x.P) * x.W + j];
+        for (int64_t q = 1; q < x.P; q++) st_combine(p, &s, &x.partial[(it * x.P + q) * x.W + j]);
+        finalize(p, &s, x.out + (oo + (j0 + j) * p->oost[no - 1]) * (int64_t)oes,
+                 x.out2 ? x.out2 + (oo2 + (j0 + j) * p->oo2st[no - 1]) * (int64_t)o2es : NULL);
+      }
+    }
+  }
+  free(x.partial);
+  if (x.failed) {
+    snprintf(err, errlen, "out of host memory for reduction state");
+    return TPURT_ERR_OUT_OF_MEMORY;
+  }
+  return TPURT_OK;
+}
+
+/* -------------------------------------------------------------- launch */
+
+static const char *red_name(int op) {
+  static const char *n[] = {"sum", "prod", "mean", "max", "min", "argmax", "argmin", "var", "norm", "logsumexp",
+                            "any", "all", "nansum"};
+  return op >= 0 && op < TPURT_RED_NUM_OPS ? n[op] : "reduce";
+}
+
+static int64_t iabs64(int64_t v) { return v < 0 ? -v : v; }
+
+static tpurt_status reduce_impl(tpurt_stream *s, tpurt_reduce_op op, const tpurt_view *out, const tpurt_view *out2,
+                                const tpurt_view *in, double p0, int sqrt_out);
+
+tpurt_status tpurt_reduce(tpurt_stream *s, tpurt_reduce_op op, const tpurt_view *out, const tpurt_view *out2,
+                          const tpurt_view *in, double p0) {
+  return reduce_impl(s, op, out, out2, in, p0, 0);
+}
+
+tpurt_status tpurt_reduce_std(tpurt_stream *s, const tpurt_view *out, const tpurt_view *mean_out, const tpurt_view *in,
+                              double correction) {
+  return reduce_impl(s, TPURT_RED_VAR, out, mean_out, in, correction, 1);
+}
+
+static tpurt_status reduce_impl(tpurt_stream *s, tpurt_reduce_op op, const tpurt_view *out, const tpurt_view *out2,
+                                const tpurt_view *in, double p0, int sqrt_out) {
+  TPURT__INIT_OR_RETURN();
+  tpurt_status st;
+  if ((unsigned)op >= TPURT_RED_NUM_OPS) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "reduce: invalid op %d", (int)op);
+  const char *nm = sqrt_out ? "std" : red_name(op);
+  if ((st = rk_check_view(out, nm)) || (st = rk_check_view(in, nm))) return st;
+  if (out2 && (st = rk_check_view(out2, nm))) return st;
+  if (out->ndim != in->ndim)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: output has %d dimensions, input %d", nm, out->ndim, in->ndim);
+  if (out2 && !rk_same_shape(out, out2))
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: the two outputs differ in shape", nm);
+  if (out2 && !(op == TPURT_RED_MAX || op == TPURT_RED_MIN || op == TPURT_RED_VAR))
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: a second output is only for max, min and var", nm);
+  if (rk_is_complex(in->dtype) || rk_is_complex(out->dtype))
+    return tpurt__err(TPURT_ERR_NOT_SUPPORTED, "%s: complex tensors are not supported", nm);
+  if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(out->ptr)))) return st;
+
+  rplan *p = calloc(1, sizeof *p);
+  if (!p) return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory", nm);
+  p->op = op;
+  p->p0 = p0;
+  p->sqrt_out = sqrt_out;
+  p->arg = is_arg(op);
+  p->idt = in->dtype;
+  p->odt = out->dtype;
+  p->has2 = out2 != NULL;
+  p->o2dt = out2 ? out2->dtype : TPURT_I64;
+  p->in = in->ptr;
+  p->out = out->ptr;
+  p->out2 = out2 ? out2->ptr : 0;
+  /* compute class: value ops follow the output, comparisons the input */
+  int by_in = op == TPURT_RED_MAX || op == TPURT_RED_MIN || is_arg(op) || op == TPURT_RED_ANY || op == TPURT_RED_ALL;
+  p->cls = rk_class(by_in ? in->dtype : out->dtype);
+  if (!by_in && rk_is_float(in->dtype) && p->cls == RK_I64 && op != TPURT_RED_SUM && op != TPURT_RED_PROD)
+    p->cls = rk_class(in->dtype);
+  p->nout = 1;
+  p->nred = 1;
+  int nred_dims = 0;
+  /* classify */
+  int oord[TPURT_MAX_DIMS], rord[TPURT_MAX_DIMS], no = 0, nr = 0;
+  for (int k = 0; k < in->ndim; k++) {
+    int64_t is = in->sizes[k], os = out->sizes[k];
+    int reduced = (os == 1 && is != 1) || (out->strides[k] == 0 && is > 1 && os == is);
+    if (reduced) {
+      nred_dims++;
+      p->nred *= is;
+      rord[nr++] = k;
+    } else if (os == is) {
+      p->nout *= is;
+      if (is != 1) oord[no++] = k;
+    } else {
+      free(p);
+      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
+                        "%s: output size %" PRId64 " does not match input size %" PRId64 " in dimension %d", nm, os, is,
+                        k);
+    }
+  }
+  if (out2 && op != TPURT_RED_VAR && nred_dims > 1) {
+    free(p);
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: values and indices need a single reduced dimension", nm);
+  }
+  if (p->nout == 0) {
+    free(p);
+    return TPURT_OK;
+  }
+  if (p->nred == 0 && (op == TPURT_RED_MAX || op == TPURT_RED_MIN || is_arg(op))) {
+    free(p);
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
+                      "%s(): Expected reduction dim to be specified for input.numel() == 0. Specify the reduction dim "
+                      "with the 'dim' argument.",
+                      nm);
+  }
+  if ((st = rk_check_range(s->dev, in, nm)) || (st = rk_check_range(s->dev, out, nm)) ||
+      (out2 && (st = rk_check_range(s->dev, out2, nm)))) {
+    free(p);
+    return st;
+  }
+  /* order: reduced dims by decreasing |stride| (kept in order for arg ops),
+   * output dims likewise; insertion sorts (stable) */
+  if (!p->arg) {
+    for (int i = 1; i < nr; i++)
+      for (int j = i; j > 0 && iabs64(in->strides[rord[j - 1]]) < iabs64(in->strides[rord[j]]); j--) {
+        int t = rord[j]; rord[j] = rord[j - 1]; rord[j - 1] = t;
+      }
+  }
+  for (int i = 1; i < no; i++)
+    for (int j = i; j > 0 && iabs64(in->strides[oord[j - 1]]) < iabs64(in->strides[oord[j]]); j--) {
+      int t = oord[j]; oord[j] = oord[j - 1]; oord[j - 1] = t;
+    }
+  /* merge */
+  for (int i = 0; i < nr; i++) {
+    int k = rord[i];
+    int64_t sz = in->sizes[k], str = in->strides[k];
+    if (sz == 1) continue;
+    if (p->nr > 0 && p->rst[p->nr - 1] == sz * str) {
+      p->rsz[p->nr - 1] *= sz;
+      p->rst[p->nr - 1] = str;
+      continue;
+    }
+    p->rsz[p->nr] = sz;
+    p->rst[p->nr] = str;
+    p->nr++;
+  }
+  for (int i = 0; i < no; i++) {
+    int k = oord[i];
+    int64_t sz = in->sizes[k], a = in->strides[k], b = out->strides[k], c = out2 ? out2->strides[k] : 0;
+    int m = p->no - 1;
+    if (p->no > 0 && p->oist[m] == sz * a && p->oost[m] == sz * b && p->oo2st[m] == sz * c) {
+      p->osz[m] *= sz;
+      p->oist[m] = a;
+      p->oost[m] = b;
+      p->oo2st[m] = c;
+      continue;
+    }
+    p->osz[p->no] = sz;
+    p->oist[p->no] = a;
+    p->oost[p->no] = b;
+    p->oo2st[p->no] = c;
+    p->no++;
+  }
+  int inner_contig = p->nr > 0 && p->rst[p->nr - 1] == 1;
+  int outer_contig = p->no > 0 && p->oist[p->no - 1] == 1;
+  if (p->nr == 0) {
+    p->nr = 1;
+    p->rsz[0] = p->nred; /* 1 (or 0 for an empty reduction) */
+    p->rst[0] = 0;
+  }
+  p->outer = outer_contig && (!inner_contig || p->rsz[p->nr - 1] < 8) && p->nred > 0;
+  st = tpurt_launch(s, nm, k_reduce, p, sizeof *p);
+  free(p);
+  return st;
+}

@@ -1,0 +1,198 @@
+/*
+ * rk_common.h — helpers shared by the reduction-family kernels (reduce.c,
+ * scan.c, softmax.c, norm.c): view validation, row loads that convert any
+ * dtype into a compute type (f32, f64, i64), and value / row stores.
+ */
+#ifndef TPURT_RK_COMMON_H
+#define TPURT_RK_COMMON_H
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../internal.h"
+
+/* host view of a device address; NULL for the null address (empty tensors) */
+static inline void *rk_hv(tpurt_devptr p) { return p ? tpurt__host_view(p) : NULL; }
+
+/* compute classes */
+enum { RK_F32 = 0, RK_F64 = 1, RK_I64 = 2 };
+
+static inline int rk_is_float(tpurt_dtype dt) {
+  return dt == TPURT_F16 || dt == TPURT_BF16 || dt == TPURT_F32 || dt == TPURT_F64;
+}
+static inline int rk_is_complex(tpurt_dtype dt) { return dt == TPURT_C64 || dt == TPURT_C128; }
+/* compute class of a value of dtype dt */
+static inline int rk_class(tpurt_dtype dt) {
+  if (dt == TPURT_F64) return RK_F64;
+  if (rk_is_float(dt)) return RK_F32;
+  return RK_I64;
+}
+/* dtype the compute class reads without conversion */
+static inline tpurt_dtype rk_native(int cls) { return cls == RK_F32 ? TPURT_F32 : cls == RK_F64 ? TPURT_F64 : TPURT_I64; }
+static inline size_t rk_csize(int cls) { return cls == RK_F32 ? 4 : 8; }
+
+static inline tpurt_status rk_check_view(const tpurt_view *v, const char *what) {
+  if (!v) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: view is NULL", what);
+  if ((unsigned)v->dtype >= TPURT_NUM_DTYPES)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: invalid dtype %d", what, (int)v->dtype);
+  if (v->ndim < 0 || v->ndim > TPURT_MAX_DIMS)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: invalid number of dimensions %d", what, v->ndim);
+  for (int k = 0; k < v->ndim; k++)
+    if (v->sizes[k] < 0)
+      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: negative size %" PRId64 " in dimension %d", what,
+                        v->sizes[k], k);
+  return TPURT_OK;
+}
+
+static inline int64_t rk_numel(const tpurt_view *v) {
+  int64_t n = 1;
+  for (int k = 0; k < v->ndim; k++) n *= v->sizes[k];
+  return n;
+}
+
+/* validates that a non-empty view lies in device dev's memory */
+static inline tpurt_status rk_check_range(int dev, const tpurt_view *v, const char *what) {
+  if (rk_numel(v) == 0) return TPURT_OK;
+  int64_t es = (int64_t)tpurt_dtype_size(v->dtype), lo = 0, hi = 0;
+  for (int k = 0; k < v->ndim; k++) {
+    int64_t span = (v->sizes[k] - 1) * v->strides[k] * es;
+    if (span < 0)
+      lo += span;
+    else
+      hi += span;
+  }
+  return tpurt__check_dev_range(dev, v->ptr, lo, hi + es, what);
+}
+
+static inline int rk_same_shape(const tpurt_view *a, const tpurt_view *b) {
+  if (a->ndim != b->ndim) return 0;
+  for (int k = 0; k < a->ndim; k++)
+    if (a->sizes[k] != b->sizes[k]) return 0;
+  return 1;
+}
+
+/* ------------------------------------------------------------ row loads */
+/* d[i] = convert(src[i * st]) for i < n; st in elements of dt. */
+#define RK_LOAD_LOOP(T, CONV)                                  \
+  do {                                                         \
+    const T *s_ = (const T *)p;                                \
+    if (st == 1)                                               \
+      for (int64_t i = 0; i < n; i++) d[i] = CONV(s_[i]);      \
+    else                                                       \
+      for (int64_t i = 0; i < n; i++) d[i] = CONV(s_[i * st]); \
+  } while (0)
+#define RK_ID(x) (x)
+#define RK_B(x) ((x) != 0)
+
+#define RK_DEFINE_LOAD(NAME, CT, FF, HF, BF)                                           \
+  static inline void NAME(CT *d, const char *p, tpurt_dtype dt, int64_t st, int64_t n) { \
+    switch (dt) {                                                                      \
+      case TPURT_F32: RK_LOAD_LOOP(float, FF); break;                                  \
+      case TPURT_F64: RK_LOAD_LOOP(double, FF); break;                                 \
+      case TPURT_F16: RK_LOAD_LOOP(uint16_t, HF); break;                               \
+      case TPURT_BF16: RK_LOAD_LOOP(uint16_t, BF); break;                              \
+      case TPURT_BOOL: RK_LOAD_LOOP(uint8_t, (CT)RK_B); break;                         \
+      case TPURT_U8: RK_LOAD_LOOP(uint8_t, (CT)); break;                               \
+      case TPURT_I8: RK_LOAD_LOOP(int8_t, (CT)); break;                                \
+      case TPURT_I16: RK_LOAD_LOOP(int16_t, (CT)); break;                              \
+      case TPURT_I32: RK_LOAD_LOOP(int32_t, (CT)); break;                              \
+      case TPURT_I64: RK_LOAD_LOOP(int64_t, (CT)); break;                              \
+      case TPURT_U16: RK_LOAD_LOOP(uint16_t, (CT)); break;                             \
+      case TPURT_U32: RK_LOAD_LOOP(uint32_t, (CT)); break;                             \
+      case TPURT_U64: RK_LOAD_LOOP(uint64_t, (CT)); break;                             \
+      case TPURT_C64: {                                                                \
+        const float *s_ = (const float *)p;                                            \
+        for (int64_t i = 0; i < n; i++) d[i] = FF(s_[2 * i * st]);                      \
+        break;                                                                         \
+      }                                                                                \
+      default: {                                                                       \
+        const double *s_ = (const double *)p;                                          \
+        for (int64_t i = 0; i < n; i++) d[i] = FF(s_[2 * i * st]);                      \
+        break;                                                                         \
+      }                                                                                \
+    }                                                                                  \
+  }
+#define RK_F_FF(x) ((float)(x))
+#define RK_F_HF(x) tpurt__f16_to_f32(x)
+#define RK_F_BF(x) tpurt__bf16_to_f32(x)
+#define RK_D_FF(x) ((double)(x))
+#define RK_D_HF(x) ((double)tpurt__f16_to_f32(x))
+#define RK_D_BF(x) ((double)tpurt__bf16_to_f32(x))
+#define RK_I_FF(x) tpurt__f2i64((double)(x))
+#define RK_I_HF(x) tpurt__f2i64((double)tpurt__f16_to_f32(x))
+#define RK_I_BF(x) tpurt__f2i64((double)tpurt__bf16_to_f32(x))
+RK_DEFINE_LOAD(rk_load_f32, float, RK_F_FF, RK_F_HF, RK_F_BF)
+RK_DEFINE_LOAD(rk_load_f64, double, RK_D_FF, RK_D_HF, RK_D_BF)
+RK_DEFINE_LOAD(rk_load_i64, int64_t, RK_I_FF, RK_I_HF, RK_I_BF)
+
+/* loads n elements into buf as compute class cls; returns a pointer to the
+ * compute-typed data (p itself when no conversion is needed). */
+static inline const void *rk_load(int cls, void *buf, const char *p, tpurt_dtype dt, int64_t st, int64_t n) {
+  if (st == 1 && dt == rk_native(cls)) return p;
+  if (cls == RK_F32)
+    rk_load_f32(buf, p, dt, st, n);
+  else if (cls == RK_F64)
+    rk_load_f64(buf, p, dt, st, n);
+  else
+    rk_load_i64(buf, p, dt, st, n);
+  return buf;
+}
+
+/* ---------------------------------------------------------------- stores */
+static inline void rk_store_d(char *p, tpurt_dtype dt, double v) {
+  switch (dt) {
+    case TPURT_F32: *(float *)p = (float)v; break;
+    case TPURT_F64: *(double *)p = v; break;
+    case TPURT_F16: *(uint16_t *)p = tpurt__f32_to_f16((float)v); break;
+    case TPURT_BF16: *(uint16_t *)p = tpurt__f32_to_bf16((float)v); break;
+    default: {
+      tpurt__val x = {2, 0, 0, v, 0.0};
+      tpurt__store(dt, p, x);
+    }
+  }
+}
+static inline void rk_store_i(char *p, tpurt_dtype dt, int64_t v) {
+  switch (dt) {
+    case TPURT_I64: *(int64_t *)p = v; break;
+    case TPURT_BOOL: *(uint8_t *)p = v != 0; break;
+    case TPURT_I32: *(int32_t *)p = (int32_t)(uint32_t)(uint64_t)v; break;
+    case TPURT_F32: *(float *)p = (float)v; break;
+    case TPURT_F64: *(double *)p = (double)v; break;
+    default: {
+      tpurt__val x = {0, v, (uint64_t)v, 0.0, 0.0};
+      tpurt__store(dt, p, x);
+    }
+  }
+}
+
+/* dst[i * st] = convert(src[i]) from f32 / f64 rows */
+#define RK_STORE_LOOP(T, CONV)                               \
+  do {                                                       \
+    T *d_ = (T *)p;                                          \
+    if (st == 1)                                             \
+      for (int64_t i = 0; i < n; i++) d_[i] = CONV(s[i]);    \
+    else                                                     \
+      for (int64_t i = 0; i < n; i++) d_[i * st] = CONV(s[i]); \
+  } while (0)
+#define RK_DEFINE_STORE(NAME, CT)                                                 \
+  static inline void NAME(char *p, tpurt_dtype dt, int64_t st, const CT *s, int64_t n) { \
+    switch (dt) {                                                                 \
+      case TPURT_F32: RK_STORE_LOOP(float, (float)); break;                       \
+      case TPURT_F64: RK_STORE_LOOP(double, (double)); break;                     \
+      case TPURT_F16: RK_STORE_LOOP(uint16_t, tpurt__f32_to_f16); break;          \
+      case TPURT_BF16: RK_STORE_LOOP(uint16_t, tpurt__f32_to_bf16); break;        \
+      default:                                                                    \
+        for (int64_t i = 0; i < n; i++)                                           \
+          rk_store_d(p + i * st * (int64_t)tpurt_dtype_size(dt), dt, (double)s[i]); \
+    }                                                                             \
+  }
+RK_DEFINE_STORE(rk_store_row_f32, float)
+RK_DEFINE_STORE(rk_store_row_f64, double)
+
+/* NaN-propagating max / min */
+static inline double rk_maxnan(double a, double b) { return a != a ? a : (b != b || b > a) ? b : a; }
+static inline double rk_minnan(double a, double b) { return a != a ? a : (b != b || b < a) ? b : a; }
+
+#endif

@@ -1,0 +1,169 @@
+/*
+ * softmax.c — softmax / log_softmax along any dim and their backward.
+ * Every line along the dim is loaded into a compute buffer (f32 for
+ * f16/bf16/f32, f64 for f64), processed in three vectorizable passes (max,
+ * exp-sum, normalize) and stored; lines are split over the pool. A
+ * contiguous f32 line is read in place.
+ */
+#include "rk_common.h"
+
+#define STACK_D 4096
+
+typedef struct {
+  int log, bwd, cls;
+  tpurt_dtype odt, idt, i2dt;
+  tpurt_devptr out, in, in2;
+  int64_t D, sout, sin, sin2;
+  int no;
+  int64_t osz[TPURT_MAX_DIMS], oout[TPURT_MAX_DIMS], oin[TPURT_MAX_DIMS], oin2[TPURT_MAX_DIMS];
+  int64_t nlines;
+} smplan;
+
+typedef struct {
+  const smplan *p;
+  char *out;
+  const char *in, *in2;
+  int failed;
+} smctx;
+
+#define SM_ROW(NAME, T, LOAD, STORE, EXP, LOGF)                                            \
+  static void NAME(const smplan *p, char *op, const char *ip, const char *ip2, T *a, T *b) { \
+    int64_t D = p->D;                                                                    \
+    LOAD(a, ip, p->idt, p->sin, D);                                                      \
+    if (!p->bwd) {                                                                       \
+      T m = a[0];                                                                        \
+      for (int64_t i = 1; i < D; i++) m = a[i] > m ? a[i] : m;                           \
+      T sum = 0;                                                                         \
+      if (p->log) {                                                                      \
+        for (int64_t i = 0; i < D; i++) sum += EXP(a[i] - m);                            \
+        T ls = m + LOGF(sum);                                                            \
+        for (int64_t i = 0; i < D; i++) a[i] -= ls;                                      \
+      } else {                                                                           \
+        for (int64_t i = 0; i < D; i++) {                                                \
+          a[i] = EXP(a[i] - m);                                                          \
+          sum += a[i];                                                                   \
+        }                                                                                \
+        T inv = (T)1 / sum;                                                              \
+        for (int64_t i = 0; i < D; i++) a[i] *= inv;                                     \
+      }                                                                                  \
+    } else {                                                                             \
+      LOAD(b, ip2, p->i2dt, p->sin2, D);                                                 \
+      T acc = 0;                                                                         \
+      if (p->log) {                                                                      \
+        for (int64_t i = 0; i < D; i++) acc += a[i];                                     \
+        for (int64_t i = 0; i < D; i++) a[i] -= EXP(b[i]) * acc;                         \
+      } else {                                                                           \
+        for (int64_t i = 0; i < D; i++) acc += a[i] * b[i];                              \
+        for (int64_t i = 0; i < D; i++) a[i] = b[i] * (a[i] - acc);                      \
+      }                                                                                  \
+    }                                                                                    \
+    STORE(op, p->odt, p->sout, a, D);                                                    \
+  }
+SM_ROW(row_f, float, rk_load_f32, rk_store_row_f32, expf, logf)
+SM_ROW(row_d, double, rk_load_f64, rk_store_row_f64, exp, log)
+
+static void sm_lines(void *c, int64_t lb, int64_t le) {
+  smctx *x = c;
+  const smplan *p = x->p;
+  int64_t oes = (int64_t)tpurt_dtype_size(p->odt), ies = (int64_t)tpurt_dtype_size(p->idt),
+          i2es = p->bwd ? (int64_t)tpurt_dtype_size(p->i2dt) : 0;
+  _Alignas(32) double sa[STACK_D], sb[STACK_D];
+  double *a = sa, *b = sb, *heap = NULL;
+  size_t esz = p->cls == RK_F32 ? 4 : 8;
+  if ((size_t)p->D * esz > sizeof sa) {
+    heap = malloc(2 * (size_t)p->D * esz);
+    if (!heap) {
+      x->failed = 1;
+      return;
+    }
+    a = heap;
+    b = (double *)((char *)heap + (size_t)p->D * esz);
+  }
+  for (int64_t l = lb; l < le; l++) {
+    int64_t r = l, oo = 0, io = 0, io2 = 0;
+    for (int k = p->no - 1; k >= 0; k--) {
+      int64_t i = r % p->osz[k];
+      r /= p->osz[k];
+      oo += i * p->oout[k];
+      io += i * p->oin[k];
+      io2 += i * p->oin2[k];
+    }
+    const char *ip2 = p->bwd ? x->in2 + io2 * i2es : NULL;
+    if (p->cls == RK_F32)
+      row_f(p, x->out + oo * oes, x->in + io * ies, ip2, (float *)a, (float *)b);
+    else
+      row_d(p, x->out + oo * oes, x->in + io * ies, ip2, a, b);
+  }
+  free(heap);
+}
+
+static tpurt_status k_softmax(void *a, char *err, size_t errlen) {
+  const smplan *p = a;
+  smctx x = {p, rk_hv(p->out), rk_hv(p->in), p->bwd ? rk_hv(p->in2) : NULL, 0};
+  tpurt_parallel_for(p->nlines, 16384 / (p->D + 1) + 1, sm_lines, &x);
+  if (x.failed) {
+    snprintf(err, errlen, "out of host memory for softmax rows of %" PRId64 " elements", p->D);
+    return TPURT_ERR_OUT_OF_MEMORY;
+  }
+  return TPURT_OK;
+}
+
+static tpurt_status sm_launch(tpurt_stream *s, const char *nm, const tpurt_view *out, const tpurt_view *in,
+                              const tpurt_view *in2, int dim, int log) {
+  TPURT__INIT_OR_RETURN();
+  tpurt_status st;
+  if ((st = rk_check_view(out, nm)) || (st = rk_check_view(in, nm))) return st;
+  if (in2 && (st = rk_check_view(in2, nm))) return st;
+  if (!rk_same_shape(out, in) || (in2 && !rk_same_shape(in2, in)))
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: tensor shapes differ", nm);
+  if (!rk_is_float(out->dtype) || !rk_is_float(in->dtype) || (in2 && !rk_is_float(in2->dtype)))
+    return tpurt__err(TPURT_ERR_NOT_SUPPORTED, "%s: expected floating point tensors", nm);
+  int nd = in->ndim;
+  if (nd == 0) {
+    if (dim != 0 && dim != -1) return tpurt__err(TPURT_ERR_INDEX, "%s: dimension %d out of range", nm, dim);
+  } else {
+    if (dim < 0) dim += nd;
+    if (dim < 0 || dim >= nd) return tpurt__err(TPURT_ERR_INDEX, "%s: dimension out of range", nm);
+  }
+  if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(out->ptr)))) return st;
+  if (rk_numel(in) == 0) return TPURT_OK;
+  if ((st = rk_check_range(s->dev, in, nm)) || (st = rk_check_range(s->dev, out, nm)) ||
+      (in2 && (st = rk_check_range(s->dev, in2, nm))))
+    return st;
+  smplan p;
+  memset(&p, 0, sizeof p);
+  p.log = log;
+  p.bwd = in2 != NULL;
+  p.cls = (out->dtype == TPURT_F64 || in->dtype == TPURT_F64) ? RK_F64 : RK_F32;
+  p.odt = out->dtype;
+  p.idt = in->dtype;
+  p.i2dt = in2 ? in2->dtype : TPURT_F32;
+  p.out = out->ptr;
+  p.in = in->ptr;
+  p.in2 = in2 ? in2->ptr : 0;
+  p.D = nd ? in->sizes[dim] : 1;
+  p.sout = nd ? out->strides[dim] : 0;
+  p.sin = nd ? in->strides[dim] : 0;
+  p.sin2 = nd && in2 ? in2->strides[dim] : 0;
+  p.nlines = 1;
+  for (int k = 0; k < nd; k++) {
+    if (k == dim || in->sizes[k] == 1) continue;
+    p.osz[p.no] = in->sizes[k];
+    p.oout[p.no] = out->strides[k];
+    p.oin[p.no] = in->strides[k];
+    p.oin2[p.no] = in2 ? in2->strides[k] : 0;
+    p.nlines *= in->sizes[k];
+    p.no++;
+  }
+  return tpurt_launch(s, nm, k_softmax, &p, sizeof p);
+}
+
+tpurt_status tpurt_softmax(tpurt_stream *s, const tpurt_view *out, const tpurt_view *in, int dim, int log) {
+  return sm_launch(s, log ? "log_softmax" : "softmax", out, in, NULL, dim, log);
+}
+
+tpurt_status tpurt_softmax_backward(tpurt_stream *s, const tpurt_view *grad_in, const tpurt_view *grad_out,
+                                    const tpurt_view *out, int dim, int log) {
+  if (!out) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "softmax_backward: output view is NULL");
+  return sm_launch(s, log ? "log_softmax_backward" : "softmax_backward", grad_in, grad_out, out, dim, log);
+}
