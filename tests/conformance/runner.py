@@ -35,6 +35,7 @@ __all__ = ["STATUSES", "classify_exception", "to_device", "run_forward_sample", 
 STATUSES = ("pass", "mismatch", "not_implemented", "error", "crash", "timeout", "skipped")
 
 _NOT_IMPLEMENTED = re.compile(r"operator '([\w:.]+)' is not implemented for TPU")
+_OVERRIDEABLE = re.compile(r"^(\w+) not implemented\. You are likely triggering this with tensor backend")
 _COULD_NOT_RUN = re.compile(r"Could not run '([\w:.]+)' with arguments from the '(\w+)' backend")
 MAX_MESSAGE = 600
 
@@ -52,8 +53,11 @@ def classify_exception(exc: BaseException) -> tuple[str, str | None, str]:
         m = _NOT_IMPLEMENTED.search(text)
         if m:
             return "not_implemented", m.group(1), f"operator '{m.group(1)}' is not implemented for TPU"
+        m = _OVERRIDEABLE.search(text.strip())
+        if m:  # ops such as convolution_overrideable that a backend must provide
+            return "not_implemented", f"aten::{m.group(1)}", f"operator 'aten::{m.group(1)}' is not implemented for TPU"
         m = _COULD_NOT_RUN.search(text)
-        if m and m.group(2) in ("PrivateUse1", "tpu", "AutogradPrivateUse1"):
+        if m and ("PrivateUse1" in m.group(2) or "tpu" in m.group(2).lower()):
             return "not_implemented", m.group(1), short(f"Could not run '{m.group(1)}' on the {m.group(2)} backend")
     first = text.strip().splitlines()[0] if text.strip() else ""
     return "error", None, short(f"{type(exc).__name__}: {first}")
@@ -95,7 +99,7 @@ def _move_tensor(t: torch.Tensor, device: str, keep_grad: bool) -> torch.Tensor:
 def to_device(obj: Any, device: str, memo: dict[int, torch.Tensor] | None = None, keep_grad: bool = True) -> Any:
     """Copy of ``obj`` with every tensor (in nested lists/tuples/dicts) moved to
     ``device``; a tensor appearing twice maps to the same device tensor;
-    ``device=`` values naming the CPU are redirected to ``device``."""
+    device arguments naming the CPU are redirected to ``device``."""
     memo = {} if memo is None else memo
     if isinstance(obj, torch.Tensor):
         key = id(obj)
@@ -104,18 +108,14 @@ def to_device(obj: Any, device: str, memo: dict[int, torch.Tensor] | None = None
         return memo[key]
     if isinstance(obj, torch.device):
         return torch.device(device) if obj.type == "cpu" else obj
+    if isinstance(obj, str) and obj in ("cpu", "cpu:0"):  # a device argument (no other op argument is "cpu")
+        return device
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
         return type(obj)(*(to_device(x, device, memo, keep_grad) for x in obj))
     if isinstance(obj, (list, tuple)):
         return type(obj)(to_device(x, device, memo, keep_grad) for x in obj)
     if isinstance(obj, dict):
-        out = {}
-        for k, v in obj.items():
-            if k == "device" and (v == "cpu" or (isinstance(v, torch.device) and v.type == "cpu")):
-                out[k] = device if isinstance(v, str) else torch.device(device)
-            else:
-                out[k] = to_device(v, device, memo, keep_grad)
-        return out
+        return {k: to_device(v, device, memo, keep_grad) for k, v in obj.items()}
     return obj
 
 
@@ -165,12 +165,17 @@ def _call_device(fn: Callable[[], Any], device: str) -> Any:
 def _describe(sample: Any, index: int) -> str:
     def shape(x: Any) -> str:
         if isinstance(x, torch.Tensor):
+            if x.layout != torch.strided:
+                return f"T{list(x.shape)}({str(x.layout).removeprefix('torch.')})"
             return f"T{list(x.shape)}" + ("" if x.is_contiguous() else "(nc)")
         if isinstance(x, (list, tuple)):
             return "[" + ",".join(shape(v) for v in x[:4]) + (",..." if len(x) > 4 else "") + "]"
         return short(repr(x), 30)
-    parts = [shape(sample.input)] + [shape(a) for a in sample.args]
-    parts += [f"{k}={shape(v)}" for k, v in sample.kwargs.items()]
+    try:
+        parts = [shape(sample.input)] + [shape(a) for a in sample.args]
+        parts += [f"{k}={shape(v)}" for k, v in sample.kwargs.items()]
+    except Exception:  # noqa: BLE001 - a description must never fail
+        return f"sample {index}"
     return f"sample {index}: ({', '.join(parts)})"
 
 

@@ -89,11 +89,15 @@ def main(argv: list[str]) -> int:
                 if fallback:
                     torch.tpu.reset_fallback_stats()
                 dtype = opdb.parse_dtype(dtype_name)
-                result = run_item(
-                    op, dtype, direction, device, max_samples=max_samples, values=not opdb.is_random(op),
-                    override=opdb.tolerance_override(op, dtype),
-                    on_sample=lambda i, base=base: emit({"ev": "begin", **base, "sample": i, "t": time.time()}),
-                    probe=None if fallback or not spec.get("probe", True) else probe)
+                try:
+                    result = run_item(
+                        op, dtype, direction, device, max_samples=max_samples, values=not opdb.is_random(op),
+                        override=opdb.tolerance_override(op, dtype),
+                        on_sample=lambda i, base=base: emit({"ev": "begin", **base, "sample": i, "t": time.time()}),
+                        probe=None if fallback or not spec.get("probe", True) else probe)
+                except Exception as exc:  # noqa: BLE001 - a harness bug must not stop the run
+                    result = {"status": "error", "message": f"harness: {type(exc).__name__}: {exc}"[:600],
+                              "aten": None, "samples": 0, "skipped_samples": 0, "seconds": 0.0}
                 if fallback:
                     result["fallback_ops"] = sorted(torch.tpu.fallback_stats())
                 if opdb.is_random(op):
