@@ -96,26 +96,28 @@ def _move_tensor(t: torch.Tensor, device: str, keep_grad: bool) -> torch.Tensor:
     return moved
 
 
-def to_device(obj: Any, device: str, memo: dict[int, torch.Tensor] | None = None, keep_grad: bool = True) -> Any:
+def to_device(obj: Any, device: str, memo: dict[int, torch.Tensor] | None = None, keep_grad: bool = True,
+              keep_cpu: Callable[[torch.Tensor], bool] | None = None) -> Any:
     """Copy of ``obj`` with every tensor (in nested lists/tuples/dicts) moved to
-    ``device``; a tensor appearing twice maps to the same device tensor;
-    device arguments naming the CPU are redirected to ``device``."""
+    ``device`` (except those ``keep_cpu`` selects); a tensor appearing twice
+    maps to the same device tensor; device arguments naming the CPU are
+    redirected to ``device``."""
     memo = {} if memo is None else memo
     if isinstance(obj, torch.Tensor):
         key = id(obj)
         if key not in memo:
-            memo[key] = _move_tensor(obj, device, keep_grad)
+            memo[key] = obj if keep_cpu is not None and keep_cpu(obj) else _move_tensor(obj, device, keep_grad)
         return memo[key]
     if isinstance(obj, torch.device):
         return torch.device(device) if obj.type == "cpu" else obj
     if isinstance(obj, str) and obj in ("cpu", "cpu:0"):  # a device argument (no other op argument is "cpu")
         return device
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
-        return type(obj)(*(to_device(x, device, memo, keep_grad) for x in obj))
+        return type(obj)(*(to_device(x, device, memo, keep_grad, keep_cpu) for x in obj))
     if isinstance(obj, (list, tuple)):
-        return type(obj)(to_device(x, device, memo, keep_grad) for x in obj)
+        return type(obj)(to_device(x, device, memo, keep_grad, keep_cpu) for x in obj)
     if isinstance(obj, dict):
-        return {k: to_device(v, device, memo, keep_grad) for k, v in obj.items()}
+        return {k: to_device(v, device, memo, keep_grad, keep_cpu) for k, v in obj.items()}
     return obj
 
 
@@ -181,15 +183,36 @@ def _describe(sample: Any, index: int) -> str:
 
 # ------------------------------------------------------------ one sample
 
+def _cpu_argument_variant(sample: Any) -> Callable[[torch.Tensor], bool] | None:
+    """Some APIs take small integer tensors that must stay on the CPU (e.g.
+    tensor_split's sections): selector of those arguments, or None if the
+    sample has none."""
+    def keep(t: torch.Tensor) -> bool:
+        return t is not sample.input and not t.is_floating_point() and not t.is_complex() and t.dim() <= 1
+    return keep if any(keep(t) for t in _tensors([sample.args, sample.kwargs], [])) else None
+
+
+def _retry_with_cpu_arguments(failure: SampleFailure, variant: Any) -> bool:
+    return variant is not None and failure.status == "error" and "cpu" in failure.message.lower()
+
+
 def run_forward_sample(cpu_fn: Callable, dev_fn: Callable, sample: Any, device: str, *, values: bool = True,
                        override: tuple[float, float] | None = None) -> None:
     """Raises CpuFailure (skip), SampleFailure (device failure), or returns (pass)."""
     dev_sample = to_device([sample.input, sample.args, sample.kwargs], device, keep_grad=False)
+    keep = _cpu_argument_variant(sample)
+    alt = to_device([sample.input, sample.args, sample.kwargs], device, keep_grad=False, keep_cpu=keep) \
+        if keep else None
     try:
         expected = cpu_fn(sample.input, *sample.args, **sample.kwargs)
     except Exception as exc:  # noqa: BLE001
         raise CpuFailure(short(f"{type(exc).__name__}: {exc}")) from exc
-    actual = _call_device(lambda: dev_fn(dev_sample[0], *dev_sample[1], **dev_sample[2]), device)
+    try:
+        actual = _call_device(lambda: dev_fn(dev_sample[0], *dev_sample[1], **dev_sample[2]), device)
+    except SampleFailure as failure:
+        if not _retry_with_cpu_arguments(failure, alt):
+            raise
+        actual = _call_device(lambda: dev_fn(alt[0], *alt[1], **alt[2]), device)
     try:
         msg = compare(actual, expected, device_type=device, values=values, override=override)
     except Exception as exc:  # noqa: BLE001 - e.g. the copy back to the host failed
@@ -207,12 +230,18 @@ def run_backward_sample(cpu_fn: Callable, dev_fn: Callable, sample: Any, device:
                         override: tuple[float, float] | None = None, seed: int = 0) -> None:
     """Compares the gradients of sum_i (out_i * w_i).sum() w.r.t. the floating
     inputs (fixed random weights w_i). Raises CpuFailure / SampleFailure."""
-    memo: dict[int, torch.Tensor] = {}
-    dev_sample = to_device([sample.input, sample.args, sample.kwargs], device, memo=memo, keep_grad=True)
     cpu_inputs = _grad_inputs(sample)
     if not cpu_inputs:
         raise CpuFailure("no floating input requires grad")
-    dev_inputs = [memo[id(t)] for t in cpu_inputs]
+
+    def prepare(keep_cpu=None):
+        memo: dict[int, torch.Tensor] = {}
+        moved = to_device([sample.input, sample.args, sample.kwargs], device, memo=memo, keep_grad=True,
+                          keep_cpu=keep_cpu)
+        return moved, [memo[id(t)] for t in cpu_inputs]
+
+    keep = _cpu_argument_variant(sample)
+    variants = [prepare()] + ([prepare(keep)] if keep else [])
     process = getattr(sample, "output_process_fn_grad", None) or (lambda o: o)
     try:
         cpu_out = _differentiable(process(cpu_fn(sample.input, *sample.args, **sample.kwargs)))
@@ -226,7 +255,7 @@ def run_backward_sample(cpu_fn: Callable, dev_fn: Callable, sample: Any, device:
     except Exception as exc:  # noqa: BLE001
         raise CpuFailure(short(f"{type(exc).__name__}: {exc}")) from exc
 
-    def device_grads():
+    def device_grads(dev_sample, dev_inputs):
         out = _differentiable(process(dev_fn(dev_sample[0], *dev_sample[1], **dev_sample[2])))
         if len(out) != len(cpu_out):
             raise SampleFailure("mismatch", f"{len(out)} differentiable outputs != expected {len(cpu_out)}")
@@ -237,12 +266,16 @@ def run_backward_sample(cpu_fn: Callable, dev_fn: Callable, sample: Any, device:
         dev_weights = [w.to(device) for w in weights]
         return torch.autograd.grad(out, dev_inputs, grad_outputs=dev_weights, allow_unused=True)
 
-    try:
-        actual = _call_device(device_grads, device)
-    except SampleFailure as failure:
-        if isinstance(failure.__cause__, SampleFailure):
-            raise failure.__cause__ from None
-        raise
+    for attempt, (dev_sample, dev_inputs) in enumerate(variants):
+        try:
+            actual = _call_device(lambda: device_grads(dev_sample, dev_inputs), device)
+            break
+        except SampleFailure as failure:
+            if isinstance(failure.__cause__, SampleFailure):
+                raise failure.__cause__ from None
+            if attempt + 1 < len(variants) and _retry_with_cpu_arguments(failure, variants[-1]):
+                continue
+            raise
     try:
         msg = compare(list(actual), list(expected), device_type=device, values=values, override=override,
                       path="grad")
