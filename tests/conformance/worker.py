@@ -25,7 +25,6 @@ def main(argv: list[str]) -> int:
     spec_path, out_path = argv[0], argv[1]
     with open(spec_path) as f:
         spec = json.load(f)
-    faulthandler.enable(file=sys.stderr, all_threads=True)
     out = open(out_path, "a", buffering=1)
 
     def emit(record: dict) -> None:
@@ -38,6 +37,10 @@ def main(argv: list[str]) -> int:
 
     from . import opdb
     from .runner import run_item
+
+    # After the imports: the Python stacks of a crash go to stderr (the driver
+    # puts the innermost frames in the crash message).
+    faulthandler.enable(file=sys.stderr, all_threads=True)
 
     warnings.simplefilter("ignore")
     if spec.get("threads"):
