@@ -81,6 +81,9 @@ class _Chunk:
         self.restarts = 0
         self.finished = False
         self.progress = 0  # items recorded by all workers of this chunk
+        self.no_probe: set[str] = set()   # ops whose probe (CPU fallback) crashed
+        self.failures: dict[str, int] = {}  # op -> crashes/timeouts
+        self.probing: dict | None = None
         self.last_op = self.ops[0] if self.ops else ""
 
     # -- process management
@@ -94,6 +97,7 @@ class _Chunk:
             "directions": self.opts.directions, "done": sorted(self.done), "cpu_fallback": self.opts.cpu_fallback,
             "max_samples": self.opts.max_samples, "device": self.opts.device,
             "threads": max(1, (os.cpu_count() or 1) // max(1, self.opts.jobs)),
+            "no_probe": sorted(self.no_probe), "skip_ops": sorted(op for op, n in self.failures.items() if n >= 2),
         }
         spec_path = self.workdir / f"{tag}.spec.json"
         spec_path.write_text(json.dumps(spec))
@@ -140,6 +144,15 @@ class _Chunk:
                     item = (rec.pop("op"), rec.pop("dtype"), rec.pop("dir"))
                     self._record(results, item, rec, on_result)
                     self.current = None
+                    self.probing = None
+                elif ev == "probe":
+                    self.probing = rec
+                    self.current_since = time.time()
+                elif ev == "probed":
+                    self.probing = None
+                    item = (rec.pop("op"), rec.pop("dtype"), rec.pop("dir"))
+                    if item in results.items:
+                        results.items[item]["missing_ops"] = rec.get("missing_ops", [])
                 elif ev == "end":
                     self.ended = True
 
@@ -159,7 +172,11 @@ class _Chunk:
         self.read(results, on_result)
         now = time.time()
         if rc is None:
-            if self.current is not None and now - self.current_since > self.opts.timeout:
+            if self.probing is not None and now - self.current_since > self.opts.timeout:
+                self.kill()
+                self._probe_failed(results, "hung")
+                self._restart_or_finish(results)
+            elif self.current is not None and now - self.current_since > self.opts.timeout:
                 self.kill()
                 self.read(results, on_result)
                 if self.current is not None:
@@ -179,6 +196,10 @@ class _Chunk:
                                               f"item (interpreter teardown): {_tail(self.err)}")
             self.finished = True
             return
+        if self.probing is not None and self.current is None:
+            self._probe_failed(results, f"died ({_signal_name(rc)}): {_tail(self.err)}")
+            self._restart_or_finish(results)
+            return
         if self.current is not None:
             self._fail(results, "crash", f"worker died ({_signal_name(rc)}) in sample "
                        f"{self.current['sample']}: {_tail(self.err)}", on_result)
@@ -192,10 +213,19 @@ class _Chunk:
         else:
             self.finished = True  # no progress: don't loop
 
+    def _probe_failed(self, results: Results, what: str) -> None:
+        p = self.probing
+        assert p is not None
+        self.no_probe.add(p["op"])
+        results.process_errors.append(f"{p['op']} {p['dtype']} {p['dir']}: re-running the not-implemented sample "
+                                      f"with the CPU fallback on (to list its missing operators) {what}")
+        self.probing = None
+
     def _fail(self, results: Results, status: str, message: str, on_result) -> None:
         cur = self.current
         assert cur is not None
         item = (cur["op"], cur["dtype"], cur["dir"])
+        self.failures[item[0]] = self.failures.get(item[0], 0) + 1
         self._record(results, item, {"status": status, "message": message[:1500], "aten": None,
                                      "samples": max(0, cur["sample"]), "skipped_samples": 0,
                                      "seconds": round(time.time() - self.current_since, 3)}, on_result)

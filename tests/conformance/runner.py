@@ -290,15 +290,14 @@ def run_backward_sample(cpu_fn: Callable, dev_fn: Callable, sample: Any, device:
 
 def run_item(op: Any, dtype: torch.dtype, direction: str, device: str = "tpu", *, max_samples: int | None = None,
              values: bool = True, override: tuple[float, float] | None = None,
-             on_sample: Callable[[int], None] | None = None, dev_fn: Callable | None = None,
-             probe: Callable[[Callable[[], None]], list[str]] | None = None) -> dict:
+             on_sample: Callable[[int], None] | None = None, dev_fn: Callable | None = None) -> dict:
     """Runs every sample of ``op`` for ``dtype`` in ``direction`` ("fwd" or
     "bwd"); stops at the first device failure. Returns a result dict:
     status, message, aten (missing operator), samples (compared), skipped_samples.
 
-    ``probe``: called with a thunk re-running the failing sample when it is
-    not_implemented; returns every operator that is missing for it (the
-    worker runs the thunk with the CPU fallback on): ``missing_ops``."""
+    When the status is not_implemented, ``retry`` is a thunk re-running the
+    failing sample (the worker runs it with the CPU fallback on to find every
+    missing operator); pop it before serializing."""
     start = time.perf_counter()
     result: dict[str, Any] = {"status": "skipped", "message": "", "aten": None, "samples": 0,
                               "skipped_samples": 0}
@@ -349,11 +348,8 @@ def run_item(op: Any, dtype: torch.dtype, direction: str, device: str = "tpu", *
             result["skipped_samples"] += 1
             cpu_skip_reason = cpu_skip_reason or str(exc)
         except SampleFailure as failure:
-            if failure.status == "not_implemented" and probe is not None:
-                try:
-                    result["missing_ops"] = probe(run_sample)
-                except Exception:  # noqa: BLE001 - best effort
-                    pass
+            if failure.status == "not_implemented":
+                result["retry"] = run_sample  # lets the caller probe every missing operator
             return done(status=failure.status, aten=failure.aten,
                         message=short(f"{_describe(sample, index)}: {failure.message}"))
         except Exception as exc:  # noqa: BLE001 - a harness problem: report, don't hide

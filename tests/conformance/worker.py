@@ -69,6 +69,8 @@ def main(argv: list[str]) -> int:
         return names
 
     done = {tuple(x) for x in spec.get("done", [])}
+    no_probe = set(spec.get("no_probe", []))
+    skip_ops = set(spec.get("skip_ops", []))
     dtypes = spec["dtypes"]
     bwd_dtypes = set(spec.get("bwd_dtypes", opdb.BACKWARD_DTYPES))
     directions = spec.get("directions", ["fwd", "bwd"])
@@ -84,6 +86,11 @@ def main(argv: list[str]) -> int:
                 if item in done:
                     continue
                 base = {"op": key, "dtype": dtype_name, "dir": direction}
+                if key in skip_ops:
+                    emit({"ev": "result", **base, "status": "skipped", "message": "not run: the op crashed or hung "
+                          "the worker in two earlier items", "aten": None, "samples": 0, "skipped_samples": 0,
+                          "seconds": 0.0})
+                    continue
                 if op is None:
                     emit({"ev": "result", **base, "status": "skipped", "message": "unknown op (not in the OpInfo "
                           "database)", "aten": None, "samples": 0, "skipped_samples": 0, "seconds": 0.0})
@@ -96,8 +103,7 @@ def main(argv: list[str]) -> int:
                     result = run_item(
                         op, dtype, direction, device, max_samples=max_samples, values=not opdb.is_random(op),
                         override=opdb.tolerance_override(op, dtype),
-                        on_sample=lambda i, base=base: emit({"ev": "begin", **base, "sample": i, "t": time.time()}),
-                        probe=None if fallback or not spec.get("probe", True) else probe)
+                        on_sample=lambda i, base=base: emit({"ev": "begin", **base, "sample": i, "t": time.time()}))
                 except Exception as exc:  # noqa: BLE001 - a harness bug must not stop the run
                     result = {"status": "error", "message": f"harness: {type(exc).__name__}: {exc}"[:600],
                               "aten": None, "samples": 0, "skipped_samples": 0, "seconds": 0.0}
@@ -105,7 +111,12 @@ def main(argv: list[str]) -> int:
                     result["fallback_ops"] = sorted(torch.tpu.fallback_stats())
                 if opdb.is_random(op):
                     result["values_compared"] = False
+                retry = result.pop("retry", None)
                 emit({"ev": "result", **base, **result})
+                if retry is not None and not fallback and key not in no_probe:
+                    # The result is recorded: a crash of the probe (CPU fallback) is not blamed on the item.
+                    emit({"ev": "probe", **base, "t": time.time()})
+                    emit({"ev": "probed", **base, "missing_ops": probe(retry)})
     emit({"ev": "end"})
     out.close()
     # A crash during interpreter teardown after "end" is reported by the
