@@ -173,6 +173,7 @@ def test_runner_missing_kernel_is_not_implemented():
     assert info.value.status == "not_implemented" and info.value.aten.startswith("aten::erfinv")
 
 
+@pytest.mark.filterwarnings("ignore:operator 'aten::")
 def test_runner_deliberate_gradient_mismatch():
     s = _sample(3, 4, requires_grad=True)
     with torch_tpu.cpu_fallback_mode(True):
