@@ -3,7 +3,7 @@
 #   make test       all tests CI runs: C tests (release + ASan/UBSan) and pytest
 #   make build      venv + runtime + extension (incremental)
 #   make bench      benchmarks (results printed and appended to BENCHMARKS.md)
-#   make test-full  longer suites
+#   make test-full  longer suites, OpInfo conformance of the whole database (tests/conformance/REPORT.md)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -64,6 +64,7 @@ test: test-c test-c-asan test-py
 
 test-full: test
 	TORCH_TPU_TEST_FULL=1 $(PY) -m pytest -q tests
+	$(PY) -m tests.conformance --quiet --jobs $(JOBS)
 
 bench: build
 	$(PY) -m bench
