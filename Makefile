@@ -41,11 +41,11 @@ run: build
 
 demo: run
 
-build/runtime/.configured: runtime/CMakeLists.txt
+build/runtime/.configured: runtime/CMakeLists.txt $(VENV)/.deps
 	cmake -S runtime -B build/runtime -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 	touch $@
 
-build/runtime-asan/.configured: runtime/CMakeLists.txt
+build/runtime-asan/.configured: runtime/CMakeLists.txt $(VENV)/.deps
 	cmake -S runtime -B build/runtime-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTPURT_SANITIZE=address,undefined >/dev/null
 	touch $@
 
