@@ -271,6 +271,15 @@ static void test_edges(void) {
   run_check(&c, &a, &b, 1.0, 0.5, TPURT_PRECISION_HIGHEST, 1e-6);
   for (int i = 0; i < 20; i++) ((float *)c.h)[i] = NAN;
   run_check(&c, &a, &b, 1.0, 0.0, TPURT_PRECISION_DEFAULT, 1e-6);
+  { /* empty operands may carry a null device address */
+    tpurt_view cv = vw(&c), av = vw(&a), bv = vw(&b);
+    av.ptr = bv.ptr = 0;
+    CHECK_OK(tpurt_gemm(S, &cv, &av, &bv, 1.0, 2.0, TPURT_PRECISION_HIGHEST));
+    CHECK_OK(tpurt_stream_synchronize(S));
+    av.dtype = bv.dtype = cv.dtype = TPURT_I32;
+    CHECK_OK(tpurt_gemm(S, &cv, &av, &bv, 1.0, 2.0, TPURT_PRECISION_HIGHEST));
+    CHECK_OK(tpurt_stream_synchronize(S));
+  }
   dmat_free(&a), dmat_free(&b), dmat_free(&c);
   /* size-1 dims with odd strides, M = 0 */
   dmat_init(&a, TPURT_F32, 2, 1, 6, 6, 999, 1);

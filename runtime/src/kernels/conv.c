@@ -17,6 +17,9 @@
 
 #include "gemm_internal.h"
 
+/* host view of a device address; empty views may carry a null one */
+static inline void *hv(tpurt_devptr p) { return p ? tpurt__host_view(p) : NULL; }
+
 enum { CONV_FWD = 0, CONV_BWD_IN = 1, CONV_BWD_W = 2 };
 
 typedef struct {
@@ -55,7 +58,7 @@ static void xfer_rows(void *c, int64_t r0, int64_t r1) {
   const tpurt_view *v = x->v;
   int64_t C = v->sizes[1], H = v->sizes[2], W = v->sizes[3];
   size_t es = tpurt_dtype_size(v->dtype);
-  char *base = tpurt__host_view(v->ptr);
+  char *base = hv(v->ptr);
   for (int64_t r = r0; r < r1; r++) {
     int64_t n = r / (C * H), ch = (r / H) % C, h = r % H;
     char *row = base + (ptrdiff_t)((n * v->strides[0] + ch * v->strides[1] + h * v->strides[2]) * (int64_t)es);
@@ -104,7 +107,7 @@ static void xfer(const tpurt_view *v, void *buf, int f64, int store) {
  * already is, else a scratch copy). */
 static void *load4(const tpurt_view *v, int slot, int f64) {
   int ct = f64 ? TPURT_F64 : TPURT_F32;
-  if ((int)v->dtype == ct && is_contig4(v)) return tpurt__host_view(v->ptr);
+  if ((int)v->dtype == ct && is_contig4(v)) return hv(v->ptr);
   void *buf = tpurt__scratch(slot, (size_t)numel4(v) * (f64 ? 8 : 4));
   xfer(v, buf, f64, 0);
   return buf;
@@ -114,7 +117,7 @@ static void *load4(const tpurt_view *v, int slot, int f64) {
 static void *out4(const tpurt_view *v, int slot, int f64, int *direct) {
   int ct = f64 ? TPURT_F64 : TPURT_F32;
   *direct = (int)v->dtype == ct && is_contig4(v);
-  if (*direct) return tpurt__host_view(v->ptr);
+  if (*direct) return hv(v->ptr);
   return tpurt__scratch(slot, (size_t)numel4(v) * (f64 ? 8 : 4));
 }
 
@@ -258,7 +261,7 @@ static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
       }
     if (a->has1) { /* bias */
       const tpurt_view *bv = &a->out1;
-      const char *bb = tpurt__host_view(bv->ptr);
+      const char *bb = hv(bv->ptr);
       size_t bes = tpurt_dtype_size(bv->dtype);
       for (int64_t c = 0; c < Co; c++) {
         const char *bp = bb + (ptrdiff_t)(c * bv->strides[0]) * (ptrdiff_t)bes;
@@ -301,7 +304,7 @@ static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
       }
     if (a->has1) { /* bias over dx's channels (transposed convolution) */
       const tpurt_view *bv = &a->out1;
-      const char *bb = tpurt__host_view(bv->ptr);
+      const char *bb = hv(bv->ptr);
       size_t bes = tpurt_dtype_size(bv->dtype);
       for (int64_t c = 0; c < Ci; c++) {
         const char *bp = bb + (ptrdiff_t)(c * bv->strides[0]) * (ptrdiff_t)bes;
@@ -349,7 +352,7 @@ static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
     }
     if (a->has1) {
       const tpurt_view *bv = &a->out1;
-      char *bb = tpurt__host_view(bv->ptr);
+      char *bb = hv(bv->ptr);
       size_t bes = tpurt_dtype_size(bv->dtype);
       for (int64_t c = 0; c < Co; c++) {
         double s = 0;

@@ -238,7 +238,8 @@ typedef struct {
 static mat batch_mat(const tpurt_view *v, int64_t bi) {
   mat m;
   size_t es = tpurt_dtype_size(v->dtype);
-  m.p = (char *)tpurt__host_view(v->ptr) + (ptrdiff_t)(bi * v->strides[0]) * (ptrdiff_t)es;
+  /* empty operands (K = 0) may have a null address: never translate it */
+  m.p = v->ptr ? (char *)tpurt__host_view(v->ptr) + (ptrdiff_t)(bi * v->strides[0]) * (ptrdiff_t)es : NULL;
   m.rs = v->strides[1];
   m.cs = v->strides[2];
   return m;
