@@ -131,23 +131,25 @@ static void gemm_rt(int f64, int ta, int tb, int64_t M, int64_t N, int64_t K, co
 
 /* --------------------------------------------------- im2col / col2im */
 
+/* Columns of nb images at once: col [C*kh*kw, nb * Ho*Wo], image n's
+ * columns at offset n * Ho*Wo of every row; image n at img + n * img_stride. */
 typedef struct {
-  const void *img; /* [C, H, W] */
-  void *col;       /* [C*kh*kw, Ho*Wo] */
+  const void *img; /* [C, H, W] of the first image */
+  void *col;
   int64_t C, H, W, Ho, Wo, kh, kw;
   const tpurt_conv_params *p;
   int f64;
+  int64_t nb, img_stride, ld; /* images, elements between images, col row length */
 } i2c_ctx;
 
 #define IM2COL_BODY(T)                                                                                   \
   do {                                                                                                   \
-    const T *img = x->img;                                                                               \
-    T *col = x->col;                                                                                     \
-    int64_t kk = x->kh * x->kw, L = x->Ho * x->Wo;                                                       \
-    for (int64_t r = r0; r < r1; r++) {                                                                  \
+    int64_t kk = x->kh * x->kw;                                                                          \
+    for (int64_t u = u0; u < u1; u++) {                                                                  \
+      int64_t r = u / x->nb, n = u % x->nb;                                                              \
       int64_t c = r / kk, ki = (r / x->kw) % x->kh, kj = r % x->kw;                                     \
-      const T *plane = img + c * x->H * x->W;                                                           \
-      T *dst = col + r * L;                                                                              \
+      const T *plane = (const T *)x->img + n * x->img_stride + c * x->H * x->W;                          \
+      T *dst = (T *)x->col + r * x->ld + n * x->Ho * x->Wo;                                              \
       for (int64_t oh = 0; oh < x->Ho; oh++) {                                                           \
         int64_t ih = oh * sh - ph + ki * dh;                                                             \
         T *d = dst + oh * x->Wo;                                                                         \
@@ -172,7 +174,7 @@ typedef struct {
     }                                                                                                    \
   } while (0)
 
-static void im2col_rows(void *c, int64_t r0, int64_t r1) {
+static void im2col_rows(void *c, int64_t u0, int64_t u1) {
   i2c_ctx *x = c;
   int64_t sh = x->p->stride[0], sw = x->p->stride[1], ph = x->p->padding[0], pw = x->p->padding[1];
   int64_t dh = x->p->dilation[0], dw = x->p->dilation[1];
@@ -184,31 +186,30 @@ static void im2col_rows(void *c, int64_t r0, int64_t r1) {
 
 #define COL2IM_BODY(T)                                                                                   \
   do {                                                                                                   \
-    T *img = (T *)x->img;                                                                                \
-    const T *col = x->col;                                                                               \
-    int64_t kk = x->kh * x->kw, L = x->Ho * x->Wo;                                                       \
-    for (int64_t c = c0; c < c1; c++) {                                                                  \
-      T *plane = img + c * x->H * x->W;                                                                  \
+    int64_t kk = x->kh * x->kw;                                                                          \
+    for (int64_t u = u0; u < u1; u++) {                                                                  \
+      int64_t n = u / x->C, c = u % x->C;                                                                \
+      T *plane = (T *)x->img + n * x->img_stride + c * x->H * x->W;                                      \
       memset(plane, 0, sizeof(T) * (size_t)(x->H * x->W));                                              \
       for (int64_t ki = 0; ki < x->kh; ki++)                                                             \
         for (int64_t kj = 0; kj < x->kw; kj++) {                                                         \
-          const T *src = col + (c * kk + ki * x->kw + kj) * L;                                           \
+          const T *src = (const T *)x->col + (c * kk + ki * x->kw + kj) * x->ld + n * x->Ho * x->Wo;     \
           for (int64_t oh = 0; oh < x->Ho; oh++) {                                                       \
             int64_t ih = oh * sh - ph + ki * dh;                                                         \
             if (ih < 0 || ih >= x->H) continue;                                                          \
             T *drow = plane + ih * x->W;                                                                 \
-            const T *s = src + oh * x->Wo;                                                               \
+            const T *sr = src + oh * x->Wo;                                                              \
             int64_t off = kj * dw - pw;                                                                  \
             for (int64_t ow = 0; ow < x->Wo; ow++) {                                                     \
               int64_t iw = ow * sw + off;                                                                \
-              if (iw >= 0 && iw < x->W) drow[iw] += s[ow];                                               \
+              if (iw >= 0 && iw < x->W) drow[iw] += sr[ow];                                              \
             }                                                                                            \
           }                                                                                              \
         }                                                                                                \
     }                                                                                                    \
   } while (0)
 
-static void col2im_chans(void *c, int64_t c0, int64_t c1) {
+static void col2im_chans(void *c, int64_t u0, int64_t u1) {
   i2c_ctx *x = c;
   int64_t sh = x->p->stride[0], sw = x->p->stride[1], ph = x->p->padding[0], pw = x->p->padding[1];
   int64_t dh = x->p->dilation[0], dw = x->p->dilation[1];
@@ -217,6 +218,15 @@ static void col2im_chans(void *c, int64_t c0, int64_t c1) {
   else
     COL2IM_BODY(float);
 }
+
+/* dst [C, nb * L] <- src images [nb][C, L] (image stride src_stride) */
+static void gather_cl(char *dst, const char *src, int64_t C, int64_t L, int64_t nb, int64_t src_stride, size_t es) {
+  for (int64_t c = 0; c < C; c++)
+    for (int64_t n = 0; n < nb; n++)
+      memcpy(dst + (size_t)((c * nb + n) * L) * es, src + (size_t)(n * src_stride + c * L) * es, (size_t)L * es);
+}
+
+#define COL_BUDGET ((int64_t)128 << 20) /* bytes of column matrix per chunk of images */
 
 /* ---------------------------------------------------------- kernel */
 
@@ -238,26 +248,34 @@ static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
   int64_t Cig = Ci / G, Cog = Co / G, kk = kh * kw, L = Ho * Wo, HW = H * W, Kd = Cig * kk;
   int one = kk == 1 && p->stride[0] == 1 && p->stride[1] == 1 && p->padding[0] == 0 && p->padding[1] == 0 &&
             Ho == H && Wo == W;
-  i2c_ctx ic = {NULL, NULL, Cig, H, W, Ho, Wo, kh, kw, p, f64};
+  i2c_ctx ic = {NULL, NULL, Cig, H, W, Ho, Wo, kh, kw, p, f64, 1, Ci * HW, L};
 
   if (a->kind == CONV_FWD) {
     const char *x = load4(&a->in0, 0, f64);
     const char *w = load4(&a->in1, 1, f64);
     int direct;
     char *y = out4(&a->out0, 4, f64, &direct);
-    char *col = one ? NULL : tpurt__scratch(3, (size_t)Kd * L * es);
-    for (int64_t n = 0; n < N; n++)
-      for (int64_t g = 0; g < G; g++) {
-        const char *xg = x + (size_t)((n * Ci + g * Cig) * HW) * es;
-        const char *cm = xg;
-        if (!one) {
-          ic.img = xg;
-          ic.col = col;
-          tpurt_parallel_for(Kd, 1 + 4096 / (L + 1), im2col_rows, &ic);
-          cm = col;
+    int64_t nb = one ? 1 : COL_BUDGET / ((Kd * L > 0 ? Kd * L : 1) * (int64_t)es);
+    if (nb < 1) nb = 1;
+    if (nb > N) nb = N;
+    char *col = one ? NULL : tpurt__scratch(3, (size_t)(Kd * L * nb) * es);
+    for (int64_t g = 0; g < G; g++)
+      for (int64_t n0 = 0; n0 < N; n0 += nb) {
+        int64_t cnt = N - n0 < nb ? N - n0 : nb;
+        const char *wg = w + (size_t)(g * Cog * Kd) * es;
+        if (one) {
+          const char *xg = x + (size_t)((n0 * Ci + g * Cig) * HW) * es;
+          gemm_rt(f64, 0, 0, Cog, L, Kd, wg, Kd, xg, L, 0.0, y + (size_t)((n0 * Co + g * Cog) * L) * es, L, prec);
+          continue;
         }
-        gemm_rt(f64, 0, 0, Cog, L, Kd, w + (size_t)(g * Cog * Kd) * es, Kd, cm, L, 0.0,
-                y + (size_t)((n * Co + g * Cog) * L) * es, L, prec);
+        ic.img = x + (size_t)((n0 * Ci + g * Cig) * HW) * es;
+        ic.col = col;
+        ic.nb = cnt;
+        ic.ld = cnt * L;
+        tpurt_parallel_for(Kd * cnt, 1 + 4096 / (L + 1), im2col_rows, &ic);
+        for (int64_t n = 0; n < cnt; n++)
+          gemm_rt(f64, 0, 0, Cog, L, Kd, wg, Kd, col + (size_t)(n * L) * es, cnt * L, 0.0,
+                  y + (size_t)(((n0 + n) * Co + g * Cog) * L) * es, L, prec);
       }
     if (a->has1) { /* bias */
       const tpurt_view *bv = &a->out1;
@@ -287,20 +305,28 @@ static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
     const char *w = load4(&a->in1, 1, f64);
     int direct;
     char *dx = out4(&a->out0, 4, f64, &direct);
-    char *col = one ? NULL : tpurt__scratch(3, (size_t)Kd * L * es);
-    for (int64_t n = 0; n < N; n++)
-      for (int64_t g = 0; g < G; g++) {
-        char *dxg = dx + (size_t)((n * Ci + g * Cig) * HW) * es;
-        const char *dyg = dy + (size_t)((n * Co + g * Cog) * L) * es;
+    int64_t nb = one ? 1 : COL_BUDGET / ((Kd * L > 0 ? Kd * L : 1) * (int64_t)es);
+    if (nb < 1) nb = 1;
+    if (nb > N) nb = N;
+    char *col = one ? NULL : tpurt__scratch(3, (size_t)(Kd * L * nb) * es);
+    char *dyp = one ? NULL : tpurt__scratch(5, (size_t)(Cog * L * nb) * es);
+    for (int64_t g = 0; g < G; g++)
+      for (int64_t n0 = 0; n0 < N; n0 += nb) {
+        int64_t cnt = N - n0 < nb ? N - n0 : nb;
         const char *wg = w + (size_t)(g * Cog * Kd) * es;
+        const char *dyg = dy + (size_t)((n0 * Co + g * Cog) * L) * es;
+        char *dxg = dx + (size_t)((n0 * Ci + g * Cig) * HW) * es;
         if (one) {
           gemm_rt(f64, 1, 0, Cig, L, Cog, wg, Kd, dyg, L, 0.0, dxg, L, prec);
-        } else {
-          gemm_rt(f64, 1, 0, Kd, L, Cog, wg, Kd, dyg, L, 0.0, col, L, prec);
-          ic.img = dxg;
-          ic.col = col;
-          tpurt_parallel_for(Cig, 1, col2im_chans, &ic);
+          continue;
         }
+        gather_cl(dyp, dyg, Cog, L, cnt, Co * L, es);
+        gemm_rt(f64, 1, 0, Kd, cnt * L, Cog, wg, Kd, dyp, cnt * L, 0.0, col, cnt * L, prec);
+        ic.img = dxg;
+        ic.col = col;
+        ic.nb = cnt;
+        ic.ld = cnt * L;
+        tpurt_parallel_for(Cig * cnt, 1, col2im_chans, &ic);
       }
     if (a->has1) { /* bias over dx's channels (transposed convolution) */
       const tpurt_view *bv = &a->out1;
@@ -331,21 +357,23 @@ static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
       const char *x = load4(&a->in1, 1, f64);
       int direct;
       char *dw = out4(&a->out0, 4, f64, &direct);
-      char *col = one ? NULL : tpurt__scratch(3, (size_t)Kd * L * es);
+      int64_t nb = COL_BUDGET / ((Kd * L > 0 ? Kd * L : 1) * (int64_t)es);
+      if (nb < 1) nb = 1;
+      if (nb > N) nb = N;
+      char *col = tpurt__scratch(3, (size_t)(Kd * L * nb) * es);
+      char *dyp = tpurt__scratch(5, (size_t)(Cog * L * nb) * es);
       for (int64_t g = 0; g < G; g++) {
         char *dwg = dw + (size_t)(g * Cog * Kd) * es;
         if (N == 0) memset(dwg, 0, (size_t)(Cog * Kd) * es);
-        for (int64_t n = 0; n < N; n++) {
-          const char *xg = x + (size_t)((n * Ci + g * Cig) * HW) * es;
-          const char *dyg = dy + (size_t)((n * Co + g * Cog) * L) * es;
-          const char *cm = xg;
-          if (!one) {
-            ic.img = xg;
-            ic.col = col;
-            tpurt_parallel_for(Kd, 1 + 4096 / (L + 1), im2col_rows, &ic);
-            cm = col;
-          }
-          gemm_rt(f64, 0, 1, Cog, Kd, L, dyg, L, cm, L, n == 0 ? 0.0 : 1.0, dwg, Kd, prec);
+        for (int64_t n0 = 0; n0 < N; n0 += nb) {
+          int64_t cnt = N - n0 < nb ? N - n0 : nb;
+          ic.img = x + (size_t)((n0 * Ci + g * Cig) * HW) * es;
+          ic.col = col;
+          ic.nb = cnt;
+          ic.ld = cnt * L;
+          tpurt_parallel_for(Kd * cnt, 1 + 4096 / (L + 1), im2col_rows, &ic);
+          gather_cl(dyp, dy + (size_t)((n0 * Co + g * Cog) * L) * es, Cog, L, cnt, Co * L, es);
+          gemm_rt(f64, 0, 1, Cog, Kd, cnt * L, dyp, cnt * L, col, cnt * L, n0 == 0 ? 0.0 : 1.0, dwg, Kd, prec);
         }
       }
       if (!direct) xfer(&a->out0, dw, f64, 1);
