@@ -31,7 +31,7 @@ $(VENV)/.installed: $(VENV)/.deps pyproject.toml
 	touch $@
 
 torch_tpu/.built: $(VENV)/.installed $(RUNTIME_SRC) $(GLUE_SRC)
-	MAX_JOBS=$(JOBS) $(PY) setup.py --quiet build_ext --inplace
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 MAX_JOBS=$(JOBS) $(PY) setup.py --quiet build_ext --inplace
 	touch $@
 
 build: torch_tpu/.built

@@ -34,11 +34,31 @@
 
 static pthread_once_t g_lib_once = PTHREAD_ONCE_INIT;
 static char g_lib_name[160];
+static int g_lib_threads = 1;
+
+/* Per-shape threading: products below SERIAL_MNK multiply-adds run on the
+ * calling worker alone (measured: on 2 cores, splitting a 256^3..512^3
+ * product can cost more in hand-offs than it gains, badly so when the cores
+ * are shared); larger ones use all of the library's threads. The wheel
+ * exports no per-thread setting, so the library-wide count is switched
+ * (cached, so only a change of regime calls into the library; a race
+ * between streams can only cost speed, never correctness). */
+#define SERIAL_MNK ((double)(1 << 27) + 1) /* up to 512^3 */
+static _Atomic int g_cur_threads = -1;
+static void set_threads_for(int64_t M, int64_t N, int64_t K) {
+  int want = (double)M * (double)N * (double)K < SERIAL_MNK ? 1 : g_lib_threads;
+  if (atomic_load_explicit(&g_cur_threads, memory_order_relaxed) != want) {
+    atomic_store_explicit(&g_cur_threads, want, memory_order_relaxed);
+    scipy_openblas_set_num_threads(want);
+  }
+}
 
 static void lib_init(void) {
   int n = tpurt_num_threads();
   if (n < 1) n = 1;
   scipy_openblas_set_num_threads(n);
+  g_lib_threads = n;
+  atomic_store(&g_cur_threads, n);
   const char *ver = OPENBLAS_VERSION;
   while (*ver == ' ') ver++;
   char v[64];
@@ -197,6 +217,7 @@ void tpurt__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, 
     tpurt__pack_f32(pa, A, TPURT_F32, M, K, ta ? 1 : lda, ta ? lda : 1, high ? 2 : 1);
     tpurt__pack_f32(pb, B, TPURT_F32, K, N, tb ? 1 : ldb, tb ? ldb : 1, high ? 3 : 1);
     int64_t k2 = high ? 3 * K : K;
+    set_threads_for(M, N, k2);
     scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)k2, alpha, pa, (int)k2, pb,
                       (int)N, beta, C, (int)ldc);
     return;
@@ -206,6 +227,7 @@ void tpurt__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, 
       for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
     return;
   }
+  set_threads_for(M, N, K);
   scipy_cblas_sgemm(CblasRowMajor, tr(ta), tr(tb), (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C,
                     (int)ldc);
 }
@@ -218,6 +240,7 @@ void tpurt__dgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha,
       for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0 ? 0.0 : beta * C[i * ldc + j];
     return;
   }
+  set_threads_for(M, N, 2 * K); /* f64: twice the work per multiply-add */
   scipy_cblas_dgemm(CblasRowMajor, tr(ta), tr(tb), (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C,
                     (int)ldc);
 }
