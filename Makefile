@@ -31,7 +31,7 @@ $(VENV)/.installed: $(VENV)/.deps pyproject.toml
 	touch $@
 
 torch_tpu/.built: $(VENV)/.installed $(RUNTIME_SRC) $(GLUE_SRC)
-	MAX_JOBS=$(JOBS) $(PY) setup.py --quiet build_ext --inplace
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 MAX_JOBS=$(JOBS) $(PY) setup.py --quiet build_ext --inplace
 	touch $@
 
 build: torch_tpu/.built
@@ -41,11 +41,11 @@ run: build
 
 demo: run
 
-build/runtime/.configured: runtime/CMakeLists.txt
+build/runtime/.configured: runtime/CMakeLists.txt $(VENV)/.deps
 	cmake -S runtime -B build/runtime -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 	touch $@
 
-build/runtime-asan/.configured: runtime/CMakeLists.txt
+build/runtime-asan/.configured: runtime/CMakeLists.txt $(VENV)/.deps
 	cmake -S runtime -B build/runtime-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTPURT_SANITIZE=address,undefined >/dev/null
 	touch $@
 

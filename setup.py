@@ -19,7 +19,8 @@ def build_runtime() -> None:
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
     if not (RUNTIME_BUILD / "CMakeCache.txt").exists():
         subprocess.check_call(
-            ["cmake", "-S", str(ROOT / "runtime"), "-B", str(RUNTIME_BUILD), "-DCMAKE_BUILD_TYPE=Release", *gen]
+            ["cmake", "-S", str(ROOT / "runtime"), "-B", str(RUNTIME_BUILD), "-DCMAKE_BUILD_TYPE=Release",
+             f"-DTPURT_PYTHON={sys.executable}", *gen]
         )
     subprocess.check_call(["cmake", "--build", str(RUNTIME_BUILD), "--target", "tpurt"])
     LIB_DIR.mkdir(exist_ok=True)

@@ -1,6 +1,8 @@
-"""Run the benchmarks: ``python -m bench [device] [--repeats N] [--record]``.
+"""Run the benchmarks: ``python -m bench [device] [gemm] [--repeats N] [--record]``.
 
 device   host<->device copy bandwidth vs memcpy, empty-op round trip
+gemm     GEMM library choice (OpenBLAS / oneDNN / torch CPU, FMA peak),
+         tpu fp32/bf16 GEMM vs CPU, conv2d on ResNet-18 shapes vs CPU
 
 Figures are medians of interleaved repeats (configs alternate in every
 repeat). ``--record`` appends the Markdown tables to BENCHMARKS.md with the
@@ -11,18 +13,21 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import common, device
+from bench import common, device, gemm
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("suites", nargs="*", choices=[[], "device"], help="suites to run (default: all)")
+    parser.add_argument("suites", nargs="*", choices=[[], "device", "gemm"], help="suites to run (default: all)")
     parser.add_argument("--repeats", type=int, default=15, help="repeats per configuration (median reported)")
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 16, 256], help="copy sizes in MiB")
     parser.add_argument("--record", action="store_true", help="append the results to BENCHMARKS.md")
+    parser.add_argument("--gemm-sizes", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096],
+                        help="square GEMM sizes of the gemm suite")
+    parser.add_argument("--conv-batch", type=int, default=4, help="batch of the ResNet-18 conv shapes")
     args = parser.parse_args(argv)
-    args.suites = args.suites or ["device"]
+    args.suites = args.suites or ["device", "gemm"]
     command = "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv)
     if "device" in args.suites:
         copies, copy_table = device.copy_bandwidth(args.sizes_mib, args.repeats)
@@ -34,6 +39,18 @@ def main(argv: list[str] | None = None) -> int:
         print(body)
         if args.record:
             common.record("Device foundation: copies and op round trip", command.strip(), body)
+    if "gemm" in args.suites:
+        reps = max(3, args.repeats // 3)
+        lib, lib_table = gemm.library_choice(reps)
+        mm, mm_table = gemm.gemm(reps, args.gemm_sizes)
+        cv, cv_table = gemm.conv(reps, args.conv_batch)
+        common.save("gemm", {"machine": common.machine(), "library": lib, "gemm": mm, "conv": cv})
+        body = ("Library candidates' sgemm vs CPU `torch.matmul` (same process; OpenBLAS = scipy-openblas32, oneDNN "
+                "only when TORCH_TPU_BENCH_ONEDNN points at a libdnnl.so):\n\n" + lib_table +
+                "\n\n" + mm_table + "\n\n" + cv_table)
+        print(body)
+        if args.record:
+            common.record("GEMM and convolution", command.strip(), body)
     return 0
 
 

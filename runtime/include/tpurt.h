@@ -749,6 +749,65 @@ TPURT_API tpurt_status tpurt_group_norm_backward(tpurt_stream *s, const tpurt_vi
                                                  const tpurt_view *db, const tpurt_view *dy, const tpurt_view *x,
                                                  const tpurt_view *mean, const tpurt_view *rstd,
                                                  const tpurt_view *w, int groups);
+/* ------------------------------------- convolution, pooling, upsampling */
+
+/* 2-D convolution over NCHW views (any strides; 1-D convolutions use H = 1):
+ * x [N, C_in, H, W], w [C_out, C_in / groups, kH, kW], y [N, C_out, Ho, Wo]
+ * with Ho = (H + 2 pad - dil (kH - 1) - 1) / stride + 1 (likewise Wo).
+ * im2col + GEMM; f32 (with the precision modes of tpurt_gemm), f64, f16/bf16
+ * (computed in f32, rounded once). bias [C_out] may be NULL. */
+typedef struct tpurt_conv_params {
+  int64_t stride[2], padding[2], dilation[2];
+  int64_t groups;
+} tpurt_conv_params;
+TPURT_API tpurt_status tpurt_conv2d(tpurt_stream *s, const tpurt_view *y, const tpurt_view *x, const tpurt_view *w,
+                                    const tpurt_view *bias, const tpurt_conv_params *p, tpurt_precision precision);
+/* dx = d(conv2d)/dx applied to dy (overwrites dx); with bias (may be NULL,
+ * [C_in]) added it is also the forward of a transposed convolution. */
+TPURT_API tpurt_status tpurt_conv2d_backward_input(tpurt_stream *s, const tpurt_view *dx, const tpurt_view *dy,
+                                                   const tpurt_view *w, const tpurt_view *bias,
+                                                   const tpurt_conv_params *p, tpurt_precision precision);
+/* dw [C_out, C_in / groups, kH, kW] and db [C_out] (either may be NULL; x is
+ * only read for dw)
+ * from dy [N, C_out, Ho, Wo] and x [N, C_in, H, W] (overwritten). */
+TPURT_API tpurt_status tpurt_conv2d_backward_weight(tpurt_stream *s, const tpurt_view *dw, const tpurt_view *db,
+                                                    const tpurt_view *dy, const tpurt_view *x,
+                                                    const tpurt_conv_params *p, tpurt_precision precision);
+
+/* Pooling windows over NCHW views; output sizes come from the caller
+ * (ceil_mode decided there). Float dtypes; computed in f32 (f64 for f64). */
+typedef struct tpurt_pool_params {
+  int64_t kernel[2], stride[2], padding[2], dilation[2];
+  int count_include_pad;    /* avg */
+  int64_t divisor_override; /* avg, 0 = none */
+} tpurt_pool_params;
+/* out = max over each window; idx (int64, may be NULL) = h * W + w of the
+ * maximum in its plane (NaN wins, like PyTorch). */
+TPURT_API tpurt_status tpurt_max_pool2d(tpurt_stream *s, const tpurt_view *out, const tpurt_view *idx,
+                                        const tpurt_view *in, const tpurt_pool_params *p);
+/* grad_in = 0, then grad_in[plane][idx] += grad_out (also for adaptive max). */
+TPURT_API tpurt_status tpurt_max_pool2d_backward(tpurt_stream *s, const tpurt_view *grad_in,
+                                                 const tpurt_view *grad_out, const tpurt_view *idx);
+TPURT_API tpurt_status tpurt_avg_pool2d(tpurt_stream *s, const tpurt_view *out, const tpurt_view *in,
+                                        const tpurt_pool_params *p);
+TPURT_API tpurt_status tpurt_avg_pool2d_backward(tpurt_stream *s, const tpurt_view *grad_in,
+                                                 const tpurt_view *grad_out, const tpurt_pool_params *p);
+/* Adaptive pooling: window of output o over input n is
+ * [floor(o n / out), ceil((o + 1) n / out)). max: idx as max_pool2d. */
+TPURT_API tpurt_status tpurt_adaptive_pool2d(tpurt_stream *s, const tpurt_view *out, const tpurt_view *idx,
+                                             const tpurt_view *in, int max);
+TPURT_API tpurt_status tpurt_adaptive_avg_pool2d_backward(tpurt_stream *s, const tpurt_view *grad_in,
+                                                          const tpurt_view *grad_out);
+
+/* Upsampling NCHW. scale_h/scale_w: the user's scale factors, or <= 0 when
+ * not given (then in / out is used). bilinear: align_corners as PyTorch. */
+typedef enum { TPURT_UPSAMPLE_NEAREST = 0, TPURT_UPSAMPLE_BILINEAR = 1 } tpurt_upsample_mode;
+TPURT_API tpurt_status tpurt_upsample2d(tpurt_stream *s, const tpurt_view *out, const tpurt_view *in,
+                                        tpurt_upsample_mode mode, int align_corners, double scale_h, double scale_w);
+/* grad_in = 0, then the adjoint of the interpolation applied to grad_out. */
+TPURT_API tpurt_status tpurt_upsample2d_backward(tpurt_stream *s, const tpurt_view *grad_in,
+                                                 const tpurt_view *grad_out, tpurt_upsample_mode mode,
+                                                 int align_corners, double scale_h, double scale_w);
 
 #ifdef __cplusplus
 }

@@ -62,4 +62,9 @@ bool cpu_fallback_enabled();
 std::vector<std::pair<std::string, int64_t>> fallback_counts();
 void reset_fallback_counts();
 
+// Precision of f32 matmuls/convolutions (aten_matmul.cpp): -1 follows
+// torch.get_float32_matmul_precision(), else a tpurt_precision value.
+void set_matmul_precision(int p);
+int matmul_precision();
+
 }  // namespace torch_tpu

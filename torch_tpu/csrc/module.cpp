@@ -103,5 +103,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_host_empty_cache", [] { check(tpurt_host_empty_cache(), "empty_host_cache"); });
   m.def("_debug_launch_error", &debug_launch_error);
   m.def("_runtime_version", [] { return std::string(tpurt_version_string()); });
+  m.def("_set_matmul_precision", &set_matmul_precision);
+  m.def("_matmul_precision", &matmul_precision);
+  m.def("_gemm_library", [] { return std::string(tpurt_gemm_library()); });
   m.attr("_api_version") = TPURT_API_VERSION;
 }

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from torch_tpu import _C
+from torch_tpu.tpu.precision import Precision, precision  # noqa: E402  (matmul precision)
 
 Device = torch.types.Device | int | None
 
@@ -24,7 +25,7 @@ __all__ = [
     "get_device_properties", "get_device_capability", "memory_allocated", "max_memory_allocated",
     "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
     "memory_stats", "empty_cache", "mem_get_info", "fallback_stats", "reset_fallback_stats",
-    "get_amp_supported_dtype", "is_bf16_supported", "TpuDeviceProperties",
+    "get_amp_supported_dtype", "is_bf16_supported", "TpuDeviceProperties", "Precision", "precision",
 ]
 
 

@@ -1,0 +1,173 @@
+"""GEMM and convolution benchmarks.
+
+* ``library_choice``: the candidate libraries' sgemm (called through ctypes
+  in this process: OpenBLAS from scipy-openblas32, and oneDNN when
+  ``TORCH_TPU_BENCH_ONEDNN=/path/libdnnl.so`` is given) against
+  ``torch.matmul`` on the CPU, square sizes and small-transformer shapes,
+  with the machine's measured f32 FMA peak (runtime/bench/bench_gemm_libs.c).
+* ``gemm``: tpu fp32 GEMM vs CPU ``torch.matmul`` and as % of FMA peak;
+  bf16 GEMM vs CPU.
+* ``conv``: conv2d forward on ResNet-18 shapes vs CPU.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import torch_tpu  # noqa: F401
+from bench.common import ROOT, interleaved, markdown_table
+
+SQUARES = [256, 512, 1024, 2048, 4096]
+# small transformer: 4096 tokens, d_model 256, d_ff 1024 (M, N, K)
+TRANSFORMER = [(4096, 1024, 256), (4096, 256, 1024), (4096, 768, 256), (4096, 256, 256)]
+
+
+def _reps(flops: float) -> int:
+    return max(1, min(50, int(1.5e9 / flops)))
+
+
+def fma_peak(threads: int) -> float:
+    """GFLOP/s of a register-resident AVX2 FMA loop on `threads` threads."""
+    exe = ROOT / "build" / "runtime" / "tpurt_bench_gemm_libs"
+    if not exe.exists():
+        subprocess.check_call(["cmake", "--build", str(ROOT / "build" / "runtime"), "--target",
+                               "tpurt_bench_gemm_libs"], stdout=subprocess.DEVNULL)
+    out = subprocess.run([str(exe), "--peak-only", "--threads", str(threads)], capture_output=True, text=True,
+                         check=True).stdout
+    return float(re.search(r"^peak ([\d.]+)", out, re.M).group(1))
+
+
+class _Lib:
+    def __init__(self, name: str, path: str, kind: str, threads: int):
+        self.name = name
+        self.lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL)
+        self.kind = kind
+        if kind == "openblas":
+            self.fn = self.lib.scipy_cblas_sgemm
+            self.fn.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                                     ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+            self.lib.scipy_openblas_set_num_threads(threads)
+        else:
+            self.fn = self.lib.dnnl_sgemm
+            self.fn.argtypes = [ctypes.c_char, ctypes.c_char] + [ctypes.c_int64] * 3 + [
+                ctypes.c_float, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float,
+                ctypes.c_void_p, ctypes.c_int64]
+
+    def sgemm(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
+        m, k = a.shape
+        n = b.shape[1]
+        if self.kind == "openblas":
+            self.fn(101, 111, 111, m, n, k, 1.0, a.ctypes.data, k, b.ctypes.data, n, 0.0, c.ctypes.data, n)
+        else:
+            self.fn(b"N", b"N", m, n, k, 1.0, a.ctypes.data, k, b.ctypes.data, n, 0.0, c.ctypes.data, n)
+
+
+def library_choice(repeats: int) -> tuple[dict, str]:
+    threads = len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    import scipy_openblas32
+
+    libs = [_Lib("OpenBLAS", str(Path(scipy_openblas32.get_lib_dir()) / "libscipy_openblas.so"), "openblas",
+                 threads)]
+    dnnl = os.environ.get("TORCH_TPU_BENCH_ONEDNN")
+    if dnnl:
+        libs.append(_Lib("oneDNN", dnnl, "onednn", threads))
+    peak = fma_peak(threads)
+    rows, res = [], []
+    for m, n, k in [(s, s, s) for s in SQUARES] + TRANSFORMER:
+        a = np.random.rand(m, k).astype(np.float32)
+        b = np.random.rand(k, n).astype(np.float32)
+        c = np.empty((m, n), np.float32)
+        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+        flops = 2.0 * m * n * k
+        configs = {"torch": lambda: torch.matmul(ta, tb)}
+        for lib in libs:
+            configs[lib.name] = (lambda lib=lib: lib.sgemm(a, b, c))
+        t = interleaved(configs, repeats=repeats, inner=_reps(flops))
+        gf = {k_: flops / v / 1e9 for k_, v in t.items()}
+        res.append({"shape": [m, n, k], "gflops": gf})
+        rows.append([f"{m}×{k} @ {k}×{n}", f"{gf['torch']:.1f}"] +
+                    [f"{gf[lib.name]:.1f} ({gf[lib.name] / gf['torch']:.2f}×, {100 * gf[lib.name] / peak:.0f}%)"
+                     for lib in libs])
+    table = markdown_table(["shape (M×K @ K×N)", "torch CPU GFLOP/s"] +
+                           [f"{lib.name} GFLOP/s (vs torch, % peak)" for lib in libs], rows)
+    return {"peak_gflops": peak, "threads": threads, "rows": res}, (
+        f"Measured f32 FMA peak ({threads} threads, AVX2 FMA loop): **{peak:.1f} GFLOP/s**.\n\n" + table)
+
+
+def gemm(repeats: int, sizes: list[int]) -> tuple[dict, str]:
+    threads = len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    peak = fma_peak(threads)
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    rows, res = [], []
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            for m, n, k in [(s, s, s) for s in sizes] + TRANSFORMER:
+                if dtype == torch.bfloat16 and m * n * k > 2048**3:
+                    continue
+                a = torch.randn(m, k).to(dtype)
+                b = torch.randn(k, n).to(dtype)
+                da, db = a.to("tpu"), b.to("tpu")
+                flops = 2.0 * m * n * k
+
+                def dev():
+                    torch.matmul(da, db)
+                    torch.tpu.synchronize()
+
+                t = interleaved({"cpu": lambda: torch.matmul(a, b), "tpu": dev}, repeats=repeats,
+                                inner=_reps(flops))
+                gf = {k_: flops / v / 1e9 for k_, v in t.items()}
+                res.append({"dtype": str(dtype), "shape": [m, n, k], "gflops": gf})
+                rows.append([str(dtype).replace("torch.", ""), f"{m}×{k} @ {k}×{n}", f"{gf['cpu']:.1f}",
+                             f"{gf['tpu']:.1f}", f"{gf['tpu'] / gf['cpu']:.2f}×", f"{100 * gf['tpu'] / peak:.0f}%"])
+    finally:
+        torch.set_float32_matmul_precision(old)
+    table = markdown_table(["dtype", "shape", "CPU torch.matmul GFLOP/s", "tpu GFLOP/s", "tpu / CPU",
+                            "tpu % of FMA peak"], rows)
+    return {"peak_gflops": peak, "rows": res}, (
+        f"GEMM library: {torch_tpu._C._gemm_library()}; measured f32 FMA peak {peak:.1f} GFLOP/s "
+        f"({threads} threads). Goals: fp32 ≥ 0.9× CPU, ≥ 75 % of peak.\n\n" + table)
+
+
+# ResNet-18 convolutions (batch N): (C_in, H, C_out, kernel, stride, padding)
+RESNET18 = [(3, 224, 64, 7, 2, 3), (64, 56, 64, 3, 1, 1), (64, 56, 128, 3, 2, 1), (64, 56, 128, 1, 2, 0),
+            (128, 28, 128, 3, 1, 1), (128, 28, 256, 3, 2, 1), (256, 14, 256, 3, 1, 1), (256, 14, 512, 3, 2, 1),
+            (512, 7, 512, 3, 1, 1)]
+
+
+def conv(repeats: int, batch: int) -> tuple[dict, str]:
+    threads = len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    rows, res = [], []
+    try:
+        for ci, h, co, k, s, p in RESNET18:
+            x = torch.randn(batch, ci, h, h)
+            w = torch.randn(co, ci, k, k)
+            dx, dw = x.to("tpu"), w.to("tpu")
+            ho = (h + 2 * p - k) // s + 1
+            flops = 2.0 * batch * co * ho * ho * ci * k * k
+
+            def dev():
+                torch.nn.functional.conv2d(dx, dw, stride=s, padding=p)
+                torch.tpu.synchronize()
+
+            t = interleaved({"cpu": lambda: torch.nn.functional.conv2d(x, w, stride=s, padding=p), "tpu": dev},
+                            repeats=repeats, inner=_reps(flops))
+            gf = {k_: flops / v / 1e9 for k_, v in t.items()}
+            res.append({"shape": [batch, ci, h, co, k, s, p], "gflops": gf})
+            rows.append([f"{ci}→{co}, {h}×{h}, k{k} s{s} p{p}", f"{t['cpu'] * 1e3:.2f}", f"{t['tpu'] * 1e3:.2f}",
+                         f"{gf['tpu']:.1f}", f"{t['cpu'] / t['tpu']:.2f}×"])
+    finally:
+        torch.set_float32_matmul_precision(old)
+    table = markdown_table(["conv (batch %d)" % batch, "CPU ms", "tpu ms", "tpu GFLOP/s", "tpu speed vs CPU"], rows)
+    return {"rows": res}, "conv2d forward, fp32, ResNet-18 shapes (goal ≥ 0.8× CPU):\n\n" + table

@@ -1,0 +1,560 @@
+/*
+ * conv.c — 2-D convolution (forward, backward input, backward weight and
+ * bias) as im2col + GEMM on the library of gemm.c.
+ *
+ * Operands are first brought to contiguous NCHW buffers of the compute
+ * type (f32 for f32/f16/bf16, f64 for f64) unless they already are. For
+ * every image and group: col = im2col(x) [C_in/g * kH * kW, Ho * Wo], then
+ * y = w_g @ col. 1x1 convolutions with unit stride and no padding skip the
+ * im2col (the image is its own column matrix). Backward input is
+ * col2im(w_g^T @ dy) (which is also a transposed convolution's forward);
+ * backward weight accumulates dy @ col^T over the batch.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "gemm_internal.h"
+
+/* host view of a device address; empty views may carry a null one */
+static inline void *hv(tpurt_devptr p) { return p ? tpurt__host_view(p) : NULL; }
+
+enum { CONV_FWD = 0, CONV_BWD_IN = 1, CONV_BWD_W = 2 };
+
+typedef struct {
+  int kind;
+  int has0, has1; /* optional outputs / bias present */
+  tpurt_view out0, out1; /* fwd: y, bias(in); bwd_in: dx, bias(in); bwd_w: dw, db */
+  tpurt_view in0, in1;   /* fwd: x, w; bwd_in: dy, w; bwd_w: dy, x */
+  tpurt_conv_params p;
+  tpurt_precision prec;
+} conv_args;
+
+/* ------------------------------------------------ layout helpers */
+
+static int is_contig4(const tpurt_view *v) {
+  int64_t st = 1;
+  for (int k = 3; k >= 0; k--) {
+    if (v->sizes[k] != 1 && v->strides[k] != st) return 0;
+    st *= v->sizes[k];
+  }
+  return 1;
+}
+
+static int64_t numel4(const tpurt_view *v) { return v->sizes[0] * v->sizes[1] * v->sizes[2] * v->sizes[3]; }
+
+typedef struct {
+  const tpurt_view *v;
+  void *dst;
+  int f64;
+  int store; /* 0: view -> dst (load), 1: dst -> view (store) */
+  double alpha_unused;
+} xfer_ctx;
+
+/* rows of the view = N*C*H, each W elements */
+static void xfer_rows(void *c, int64_t r0, int64_t r1) {
+  xfer_ctx *x = c;
+  const tpurt_view *v = x->v;
+  int64_t C = v->sizes[1], H = v->sizes[2], W = v->sizes[3];
+  size_t es = tpurt_dtype_size(v->dtype);
+  char *base = hv(v->ptr);
+  for (int64_t r = r0; r < r1; r++) {
+    int64_t n = r / (C * H), ch = (r / H) % C, h = r % H;
+    char *row = base + (ptrdiff_t)((n * v->strides[0] + ch * v->strides[1] + h * v->strides[2]) * (int64_t)es);
+    int64_t ws = v->strides[3];
+    if (x->f64) {
+      double *d = (double *)x->dst + r * W;
+      if (!x->store)
+        for (int64_t j = 0; j < W; j++) d[j] = ((double *)row)[j * ws];
+      else
+        for (int64_t j = 0; j < W; j++) ((double *)row)[j * ws] = d[j];
+      continue;
+    }
+    float *d = (float *)x->dst + r * W;
+    switch (v->dtype) {
+      case TPURT_F32:
+        if (!x->store)
+          for (int64_t j = 0; j < W; j++) d[j] = ((float *)row)[j * ws];
+        else
+          for (int64_t j = 0; j < W; j++) ((float *)row)[j * ws] = d[j];
+        break;
+      case TPURT_BF16:
+        if (!x->store)
+          for (int64_t j = 0; j < W; j++) d[j] = tpurt__bf16_to_f32(((uint16_t *)row)[j * ws]);
+        else
+          for (int64_t j = 0; j < W; j++) ((uint16_t *)row)[j * ws] = tpurt__f32_to_bf16(d[j]);
+        break;
+      case TPURT_F16:
+        if (!x->store)
+          for (int64_t j = 0; j < W; j++) d[j] = tpurt__f16_to_f32(((uint16_t *)row)[j * ws]);
+        else
+          for (int64_t j = 0; j < W; j++) ((uint16_t *)row)[j * ws] = tpurt__f32_to_f16(d[j]);
+        break;
+      default: break;
+    }
+  }
+}
+
+static void xfer(const tpurt_view *v, void *buf, int f64, int store) {
+  xfer_ctx x = {v, buf, f64, store, 0};
+  int64_t rows = v->sizes[0] * v->sizes[1] * v->sizes[2];
+  int64_t W = v->sizes[3] ? v->sizes[3] : 1;
+  tpurt_parallel_for(rows, (1 << 14) / W + 1, xfer_rows, &x);
+}
+
+/* Contiguous compute-type data of a 4-D view (the view itself when it
+ * already is, else a scratch copy). */
+static void *load4(const tpurt_view *v, int slot, int f64) {
+  int ct = f64 ? TPURT_F64 : TPURT_F32;
+  if ((int)v->dtype == ct && is_contig4(v)) return hv(v->ptr);
+  void *buf = tpurt__scratch(slot, (size_t)numel4(v) * (f64 ? 8 : 4));
+  xfer(v, buf, f64, 0);
+  return buf;
+}
+
+/* Output buffer: the view's memory when contiguous in the compute type. */
+static void *out4(const tpurt_view *v, int slot, int f64, int *direct) {
+  int ct = f64 ? TPURT_F64 : TPURT_F32;
+  *direct = (int)v->dtype == ct && is_contig4(v);
+  if (*direct) return hv(v->ptr);
+  return tpurt__scratch(slot, (size_t)numel4(v) * (f64 ? 8 : 4));
+}
+
+static void gemm_rt(int f64, int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
+                    const void *B, int64_t ldb, double beta, void *C, int64_t ldc, tpurt_precision prec) {
+  if (f64)
+    tpurt__dgemm(ta, tb, M, N, K, 1.0, A, lda, B, ldb, beta, C, ldc);
+  else
+    tpurt__sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, (float)beta, C, ldc, prec);
+}
+
+/* --------------------------------------------------- im2col / col2im */
+
+/* Columns of nb images at once: col [C*kh*kw, nb * Ho*Wo], image n's
+ * columns at offset n * Ho*Wo of every row; image n at img + n * img_stride. */
+typedef struct {
+  const void *img; /* [C, H, W] of the first image */
+  void *col;
+  int64_t C, H, W, Ho, Wo, kh, kw;
+  const tpurt_conv_params *p;
+  int f64;
+  int64_t nb, img_stride, ld; /* images, elements between images, col row length */
+} i2c_ctx;
+
+#define IM2COL_BODY(T)                                                                                   \
+  do {                                                                                                   \
+    int64_t kk = x->kh * x->kw;                                                                          \
+    for (int64_t u = u0; u < u1; u++) {                                                                  \
+      int64_t r = u / x->nb, n = u % x->nb;                                                              \
+      int64_t c = r / kk, ki = (r / x->kw) % x->kh, kj = r % x->kw;                                     \
+      const T *plane = (const T *)x->img + n * x->img_stride + c * x->H * x->W;                          \
+      T *dst = (T *)x->col + r * x->ld + n * x->Ho * x->Wo;                                              \
+      for (int64_t oh = 0; oh < x->Ho; oh++) {                                                           \
+        int64_t ih = oh * sh - ph + ki * dh;                                                             \
+        T *d = dst + oh * x->Wo;                                                                         \
+        if (ih < 0 || ih >= x->H) {                                                                      \
+          memset(d, 0, sizeof(T) * (size_t)x->Wo);                                                      \
+          continue;                                                                                      \
+        }                                                                                                \
+        const T *srow = plane + ih * x->W;                                                               \
+        int64_t off = kj * dw - pw;                                                                      \
+        if (sw == 1) {                                                                                   \
+          for (int64_t ow = 0; ow < x->Wo; ow++) {                                                       \
+            int64_t iw = ow + off;                                                                       \
+            d[ow] = (iw >= 0 && iw < x->W) ? srow[iw] : (T)0;                                            \
+          }                                                                                              \
+        } else {                                                                                         \
+          for (int64_t ow = 0; ow < x->Wo; ow++) {                                                       \
+            int64_t iw = ow * sw + off;                                                                  \
+            d[ow] = (iw >= 0 && iw < x->W) ? srow[iw] : (T)0;                                            \
+          }                                                                                              \
+        }                                                                                                \
+      }                                                                                                  \
+    }                                                                                                    \
+  } while (0)
+
+static void im2col_rows(void *c, int64_t u0, int64_t u1) {
+  i2c_ctx *x = c;
+  int64_t sh = x->p->stride[0], sw = x->p->stride[1], ph = x->p->padding[0], pw = x->p->padding[1];
+  int64_t dh = x->p->dilation[0], dw = x->p->dilation[1];
+  if (x->f64)
+    IM2COL_BODY(double);
+  else
+    IM2COL_BODY(float);
+}
+
+#define COL2IM_BODY(T)                                                                                   \
+  do {                                                                                                   \
+    int64_t kk = x->kh * x->kw;                                                                          \
+    for (int64_t u = u0; u < u1; u++) {                                                                  \
+      int64_t n = u / x->C, c = u % x->C;                                                                \
+      T *plane = (T *)x->img + n * x->img_stride + c * x->H * x->W;                                      \
+      memset(plane, 0, sizeof(T) * (size_t)(x->H * x->W));                                              \
+      for (int64_t ki = 0; ki < x->kh; ki++)                                                             \
+        for (int64_t kj = 0; kj < x->kw; kj++) {                                                         \
+          const T *src = (const T *)x->col + (c * kk + ki * x->kw + kj) * x->ld + n * x->Ho * x->Wo;     \
+          for (int64_t oh = 0; oh < x->Ho; oh++) {                                                       \
+            int64_t ih = oh * sh - ph + ki * dh;                                                         \
+            if (ih < 0 || ih >= x->H) continue;                                                          \
+            T *drow = plane + ih * x->W;                                                                 \
+            const T *sr = src + oh * x->Wo;                                                              \
+            int64_t off = kj * dw - pw;                                                                  \
+            for (int64_t ow = 0; ow < x->Wo; ow++) {                                                     \
+              int64_t iw = ow * sw + off;                                                                \
+              if (iw >= 0 && iw < x->W) drow[iw] += sr[ow];                                              \
+            }                                                                                            \
+          }                                                                                              \
+        }                                                                                                \
+    }                                                                                                    \
+  } while (0)
+
+static void col2im_chans(void *c, int64_t u0, int64_t u1) {
+  i2c_ctx *x = c;
+  int64_t sh = x->p->stride[0], sw = x->p->stride[1], ph = x->p->padding[0], pw = x->p->padding[1];
+  int64_t dh = x->p->dilation[0], dw = x->p->dilation[1];
+  if (x->f64)
+    COL2IM_BODY(double);
+  else
+    COL2IM_BODY(float);
+}
+
+/* dst [C, nb * L] <- src images [nb][C, L] (image stride src_stride) */
+static void gather_cl(char *dst, const char *src, int64_t C, int64_t L, int64_t nb, int64_t src_stride, size_t es) {
+  for (int64_t c = 0; c < C; c++)
+    for (int64_t n = 0; n < nb; n++)
+      memcpy(dst + (size_t)((c * nb + n) * L) * es, src + (size_t)(n * src_stride + c * L) * es, (size_t)L * es);
+}
+
+#define COL_BUDGET ((int64_t)128 << 20) /* bytes of column matrix per chunk of images */
+
+/* ---------------------------------------------------------- kernel */
+
+static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
+  conv_args *a = pa;
+  tpurt__gemm_lib_init();
+  const tpurt_conv_params *p = &a->p;
+  int f64 = a->in0.dtype == TPURT_F64;
+  size_t es = f64 ? 8 : 4;
+  tpurt_precision prec = (!f64 && a->in0.dtype == TPURT_F32) ? a->prec : TPURT_PRECISION_HIGHEST;
+  /* geometry: x [N, Ci, H, W], y [N, Co, Ho, Wo], w [Co, Ci/g, kh, kw] */
+  const tpurt_view *xv, *yv, *wv;
+  if (a->kind == CONV_FWD) xv = &a->in0, wv = &a->in1, yv = &a->out0;
+  else if (a->kind == CONV_BWD_IN) xv = &a->out0, wv = &a->in1, yv = &a->in0;
+  else xv = &a->in1, wv = &a->out0, yv = &a->in0;
+  int64_t N = xv->sizes[0], Ci = xv->sizes[1], H = xv->sizes[2], W = xv->sizes[3];
+  int64_t Co = yv->sizes[1], Ho = yv->sizes[2], Wo = yv->sizes[3];
+  int64_t kh = wv->sizes[2], kw = wv->sizes[3], G = p->groups;
+  int64_t Cig = Ci / G, Cog = Co / G, kk = kh * kw, L = Ho * Wo, HW = H * W, Kd = Cig * kk;
+  int one = kk == 1 && p->stride[0] == 1 && p->stride[1] == 1 && p->padding[0] == 0 && p->padding[1] == 0 &&
+            Ho == H && Wo == W;
+  i2c_ctx ic = {NULL, NULL, Cig, H, W, Ho, Wo, kh, kw, p, f64, 1, Ci * HW, L};
+
+  if (a->kind == CONV_FWD) {
+    const char *x = load4(&a->in0, 0, f64);
+    const char *w = load4(&a->in1, 1, f64);
+    int direct;
+    char *y = out4(&a->out0, 4, f64, &direct);
+    int64_t nb = one ? 1 : COL_BUDGET / ((Kd * L > 0 ? Kd * L : 1) * (int64_t)es);
+    if (nb < 1) nb = 1;
+    if (nb > N) nb = N;
+    char *col = one ? NULL : tpurt__scratch(3, (size_t)(Kd * L * nb) * es);
+    for (int64_t g = 0; g < G; g++)
+      for (int64_t n0 = 0; n0 < N; n0 += nb) {
+        int64_t cnt = N - n0 < nb ? N - n0 : nb;
+        const char *wg = w + (size_t)(g * Cog * Kd) * es;
+        if (one) {
+          const char *xg = x + (size_t)((n0 * Ci + g * Cig) * HW) * es;
+          gemm_rt(f64, 0, 0, Cog, L, Kd, wg, Kd, xg, L, 0.0, y + (size_t)((n0 * Co + g * Cog) * L) * es, L, prec);
+          continue;
+        }
+        ic.img = x + (size_t)((n0 * Ci + g * Cig) * HW) * es;
+        ic.col = col;
+        ic.nb = cnt;
+        ic.ld = cnt * L;
+        tpurt_parallel_for(Kd * cnt, 1 + 4096 / (L + 1), im2col_rows, &ic);
+        for (int64_t n = 0; n < cnt; n++)
+          gemm_rt(f64, 0, 0, Cog, L, Kd, wg, Kd, col + (size_t)(n * L) * es, cnt * L, 0.0,
+                  y + (size_t)(((n0 + n) * Co + g * Cog) * L) * es, L, prec);
+      }
+    if (a->has1) { /* bias */
+      const tpurt_view *bv = &a->out1;
+      const char *bb = hv(bv->ptr);
+      size_t bes = tpurt_dtype_size(bv->dtype);
+      for (int64_t c = 0; c < Co; c++) {
+        const char *bp = bb + (ptrdiff_t)(c * bv->strides[0]) * (ptrdiff_t)bes;
+        double b = bv->dtype == TPURT_F64 ? *(const double *)bp
+                   : bv->dtype == TPURT_F32 ? *(const float *)bp
+                   : bv->dtype == TPURT_BF16 ? tpurt__bf16_to_f32(*(const uint16_t *)bp)
+                                             : tpurt__f16_to_f32(*(const uint16_t *)bp);
+        for (int64_t n = 0; n < N; n++) {
+          if (f64) {
+            double *yp = (double *)y + (n * Co + c) * L;
+            for (int64_t l = 0; l < L; l++) yp[l] += b;
+          } else {
+            float *yp = (float *)y + (n * Co + c) * L;
+            float bf = (float)b;
+            for (int64_t l = 0; l < L; l++) yp[l] += bf;
+          }
+        }
+      }
+    }
+    if (!direct) xfer(&a->out0, y, f64, 1);
+  } else if (a->kind == CONV_BWD_IN) {
+    const char *dy = load4(&a->in0, 0, f64);
+    const char *w = load4(&a->in1, 1, f64);
+    int direct;
+    char *dx = out4(&a->out0, 4, f64, &direct);
+    int64_t nb = one ? 1 : COL_BUDGET / ((Kd * L > 0 ? Kd * L : 1) * (int64_t)es);
+    if (nb < 1) nb = 1;
+    if (nb > N) nb = N;
+    char *col = one ? NULL : tpurt__scratch(3, (size_t)(Kd * L * nb) * es);
+    char *dyp = one ? NULL : tpurt__scratch(5, (size_t)(Cog * L * nb) * es);
+    for (int64_t g = 0; g < G; g++)
+      for (int64_t n0 = 0; n0 < N; n0 += nb) {
+        int64_t cnt = N - n0 < nb ? N - n0 : nb;
+        const char *wg = w + (size_t)(g * Cog * Kd) * es;
+        const char *dyg = dy + (size_t)((n0 * Co + g * Cog) * L) * es;
+        char *dxg = dx + (size_t)((n0 * Ci + g * Cig) * HW) * es;
+        if (one) {
+          gemm_rt(f64, 1, 0, Cig, L, Cog, wg, Kd, dyg, L, 0.0, dxg, L, prec);
+          continue;
+        }
+        gather_cl(dyp, dyg, Cog, L, cnt, Co * L, es);
+        gemm_rt(f64, 1, 0, Kd, cnt * L, Cog, wg, Kd, dyp, cnt * L, 0.0, col, cnt * L, prec);
+        ic.img = dxg;
+        ic.col = col;
+        ic.nb = cnt;
+        ic.ld = cnt * L;
+        tpurt_parallel_for(Cig * cnt, 1, col2im_chans, &ic);
+      }
+    if (a->has1) { /* bias over dx's channels (transposed convolution) */
+      const tpurt_view *bv = &a->out1;
+      const char *bb = hv(bv->ptr);
+      size_t bes = tpurt_dtype_size(bv->dtype);
+      for (int64_t c = 0; c < Ci; c++) {
+        const char *bp = bb + (ptrdiff_t)(c * bv->strides[0]) * (ptrdiff_t)bes;
+        double b = bv->dtype == TPURT_F64 ? *(const double *)bp
+                   : bv->dtype == TPURT_F32 ? *(const float *)bp
+                   : bv->dtype == TPURT_BF16 ? tpurt__bf16_to_f32(*(const uint16_t *)bp)
+                                             : tpurt__f16_to_f32(*(const uint16_t *)bp);
+        for (int64_t n = 0; n < N; n++) {
+          if (f64) {
+            double *xp = (double *)dx + (n * Ci + c) * HW;
+            for (int64_t l = 0; l < HW; l++) xp[l] += b;
+          } else {
+            float *xp = (float *)dx + (n * Ci + c) * HW;
+            float bf = (float)b;
+            for (int64_t l = 0; l < HW; l++) xp[l] += bf;
+          }
+        }
+      }
+    }
+    if (!direct) xfer(&a->out0, dx, f64, 1);
+  } else {
+    const char *dy = load4(&a->in0, 0, f64);
+    if (a->has0) {
+      const char *x = load4(&a->in1, 1, f64);
+      int direct;
+      char *dw = out4(&a->out0, 4, f64, &direct);
+      int64_t nb = COL_BUDGET / ((Kd * L > 0 ? Kd * L : 1) * (int64_t)es);
+      if (nb < 1) nb = 1;
+      if (nb > N) nb = N;
+      char *col = tpurt__scratch(3, (size_t)(Kd * L * nb) * es);
+      char *dyp = tpurt__scratch(5, (size_t)(Cog * L * nb) * es);
+      for (int64_t g = 0; g < G; g++) {
+        char *dwg = dw + (size_t)(g * Cog * Kd) * es;
+        if (N == 0) memset(dwg, 0, (size_t)(Cog * Kd) * es);
+        for (int64_t n0 = 0; n0 < N; n0 += nb) {
+          int64_t cnt = N - n0 < nb ? N - n0 : nb;
+          ic.img = x + (size_t)((n0 * Ci + g * Cig) * HW) * es;
+          ic.col = col;
+          ic.nb = cnt;
+          ic.ld = cnt * L;
+          tpurt_parallel_for(Kd * cnt, 1 + 4096 / (L + 1), im2col_rows, &ic);
+          gather_cl(dyp, dy + (size_t)((n0 * Co + g * Cog) * L) * es, Cog, L, cnt, Co * L, es);
+          gemm_rt(f64, 0, 1, Cog, Kd, cnt * L, dyp, cnt * L, col, cnt * L, n0 == 0 ? 0.0 : 1.0, dwg, Kd, prec);
+        }
+      }
+      if (!direct) xfer(&a->out0, dw, f64, 1);
+    }
+    if (a->has1) {
+      const tpurt_view *bv = &a->out1;
+      char *bb = hv(bv->ptr);
+      size_t bes = tpurt_dtype_size(bv->dtype);
+      for (int64_t c = 0; c < Co; c++) {
+        double s = 0;
+        for (int64_t n = 0; n < N; n++) {
+          if (f64) {
+            const double *q = (const double *)dy + (n * Co + c) * L;
+            for (int64_t l = 0; l < L; l++) s += q[l];
+          } else {
+            const float *q = (const float *)dy + (n * Co + c) * L;
+            float fs = 0;
+            for (int64_t l = 0; l < L; l++) fs += q[l];
+            s += fs;
+          }
+        }
+        char *bp = bb + (ptrdiff_t)(c * bv->strides[0]) * (ptrdiff_t)bes;
+        switch (bv->dtype) {
+          case TPURT_F64: *(double *)bp = s; break;
+          case TPURT_F32: *(float *)bp = (float)s; break;
+          case TPURT_BF16: *(uint16_t *)bp = tpurt__f32_to_bf16((float)s); break;
+          default: *(uint16_t *)bp = tpurt__f32_to_f16((float)s); break;
+        }
+      }
+    }
+  }
+  tpurt__scratch_trim();
+  return TPURT_OK;
+}
+
+/* ---------------------------------------------------------- launch */
+
+static int is_float(tpurt_dtype d) { return d == TPURT_F32 || d == TPURT_F64 || d == TPURT_F16 || d == TPURT_BF16; }
+
+static tpurt_status check_geom(const char *op, const tpurt_view *x, const tpurt_view *w, const tpurt_view *y,
+                               const tpurt_conv_params *p) {
+  if (!p) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: params is NULL", op);
+  for (int k = 0; k < 2; k++)
+    if (p->stride[k] < 1 || p->dilation[k] < 1 || p->padding[k] < 0)
+      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
+                        "%s: stride and dilation must be positive and padding non-negative", op);
+  if (p->groups < 1) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: groups must be positive", op);
+  int64_t N = x->sizes[0], Ci = x->sizes[1], Co = w->sizes[0];
+  if (Ci % p->groups || Co % p->groups)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: channels (%" PRId64 " in, %" PRId64
+                      " out) must be divisible by groups (%" PRId64 ")", op, Ci, Co, p->groups);
+  if (w->sizes[1] * p->groups != Ci)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
+                      "%s: weight of size [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "] expects %" PRId64
+                      " input channels, got %" PRId64, op, w->sizes[0], w->sizes[1], w->sizes[2], w->sizes[3],
+                      w->sizes[1] * p->groups, Ci);
+  for (int k = 0; k < 2; k++) {
+    int64_t in = x->sizes[2 + k], kern = w->sizes[2 + k];
+    int64_t eff = p->dilation[k] * (kern - 1) + 1;
+    int64_t o = in + 2 * p->padding[k] - eff;
+    o = o < 0 ? -1 : o / p->stride[k] + 1;
+    if (o < 1 && N > 0)
+      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: kernel size (%" PRId64 ") larger than padded input (%" PRId64
+                        ")", op, eff, in + 2 * p->padding[k]);
+    if (y->sizes[2 + k] != (o < 0 ? 0 : o))
+      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: output size %" PRId64 " does not match %" PRId64
+                        " in spatial dimension %d", op, y->sizes[2 + k], o, k);
+  }
+  if (y->sizes[0] != N || y->sizes[1] != Co)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: output batch/channels do not match", op);
+  if (!is_float(x->dtype) || x->dtype != w->dtype || x->dtype != y->dtype)
+    return tpurt__err(x->dtype == w->dtype && x->dtype == y->dtype ? TPURT_ERR_NOT_SUPPORTED
+                                                                   : TPURT_ERR_INVALID_ARGUMENT,
+                      "%s: input, weight and output must share one floating dtype (got %s, %s, %s)", op,
+                      tpurt_dtype_name(x->dtype), tpurt_dtype_name(w->dtype), tpurt_dtype_name(y->dtype));
+  return TPURT_OK;
+}
+
+static tpurt_status launch_conv(tpurt_stream *s, conv_args *a, const char *op, const tpurt_view *x,
+                                const tpurt_view *w, const tpurt_view *y) {
+  tpurt_status st;
+  if ((st = check_geom(op, x, w, y, &a->p))) return st;
+  if ((unsigned)a->prec > TPURT_PRECISION_HIGHEST)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: invalid precision", op);
+  if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(x->ptr)))) return st;
+  return tpurt_launch(s, op, k_conv, a, sizeof *a);
+}
+
+static tpurt_status check_bias(const tpurt_view *b, int64_t n, const char *op) {
+  tpurt_status st;
+  if ((st = tpurt__check_kernel_view(b, 1, op, "bias"))) return st;
+  if (b->sizes[0] != n)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: bias has %" PRId64 " elements, expected %" PRId64, op,
+                      b->sizes[0], n);
+  if (!is_float(b->dtype)) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: bias must be floating", op);
+  return TPURT_OK;
+}
+
+tpurt_status tpurt_conv2d(tpurt_stream *s, const tpurt_view *y, const tpurt_view *x, const tpurt_view *w,
+                          const tpurt_view *bias, const tpurt_conv_params *p, tpurt_precision precision) {
+  TPURT__INIT_OR_RETURN();
+  tpurt_status st;
+  const char *op = "conv2d";
+  if ((st = tpurt__check_kernel_view(y, 4, op, "output")) || (st = tpurt__check_kernel_view(x, 4, op, "input")) ||
+      (st = tpurt__check_kernel_view(w, 4, op, "weight")))
+    return st;
+  if (bias && (st = check_bias(bias, w->sizes[0], op))) return st;
+  conv_args a;
+  memset(&a, 0, sizeof a);
+  a.kind = CONV_FWD;
+  a.out0 = *y;
+  a.in0 = *x;
+  a.in1 = *w;
+  if (bias) a.has1 = 1, a.out1 = *bias;
+  if (p) a.p = *p;
+  a.prec = precision;
+  if (!p) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: params is NULL", op);
+  if (tpurt__view_numel(y) == 0) {
+    if ((st = check_geom(op, x, w, y, p))) return st;
+    return TPURT_OK;
+  }
+  return launch_conv(s, &a, op, x, w, y);
+}
+
+tpurt_status tpurt_conv2d_backward_input(tpurt_stream *s, const tpurt_view *dx, const tpurt_view *dy,
+                                         const tpurt_view *w, const tpurt_view *bias, const tpurt_conv_params *p,
+                                         tpurt_precision precision) {
+  TPURT__INIT_OR_RETURN();
+  tpurt_status st;
+  const char *op = "conv2d_backward_input";
+  if ((st = tpurt__check_kernel_view(dx, 4, op, "grad_input")) ||
+      (st = tpurt__check_kernel_view(dy, 4, op, "grad_output")) || (st = tpurt__check_kernel_view(w, 4, op, "weight")))
+    return st;
+  if (bias && (st = check_bias(bias, dx->sizes[1], op))) return st;
+  if (!p) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: params is NULL", op);
+  conv_args a;
+  memset(&a, 0, sizeof a);
+  a.kind = CONV_BWD_IN;
+  a.out0 = *dx;
+  a.in0 = *dy;
+  a.in1 = *w;
+  if (bias) a.has1 = 1, a.out1 = *bias;
+  a.p = *p;
+  a.prec = precision;
+  if (tpurt__view_numel(dx) == 0) return check_geom(op, dx, w, dy, p);
+  return launch_conv(s, &a, op, dx, w, dy);
+}
+
+tpurt_status tpurt_conv2d_backward_weight(tpurt_stream *s, const tpurt_view *dw, const tpurt_view *db,
+                                          const tpurt_view *dy, const tpurt_view *x, const tpurt_conv_params *p,
+                                          tpurt_precision precision) {
+  TPURT__INIT_OR_RETURN();
+  tpurt_status st;
+  const char *op = "conv2d_backward_weight";
+  if ((st = tpurt__check_kernel_view(dy, 4, op, "grad_output"))) return st;
+  if (!dw && !db) return TPURT_OK;
+  if (db && (st = check_bias(db, dy->sizes[1], op))) return st;
+  conv_args a;
+  memset(&a, 0, sizeof a);
+  a.kind = CONV_BWD_W;
+  a.in0 = *dy;
+  if (db) a.has1 = 1, a.out1 = *db;
+  a.prec = precision;
+  if (!dw) { /* bias gradient only */
+    if (!is_float(dy->dtype))
+      return tpurt__err(TPURT_ERR_NOT_SUPPORTED, "%s: not implemented for dtype %s", op, tpurt_dtype_name(dy->dtype));
+    a.p.groups = 1;
+    a.in1 = *dy;
+    a.out0 = *dy;
+    a.out0.sizes[2] = a.out0.sizes[3] = 1; /* 1x1 weight geometry, unused */
+    a.out0.sizes[0] = dy->sizes[1];
+    if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(dy->ptr)))) return st;
+    return tpurt_launch(s, op, k_conv, &a, sizeof a);
+  }
+  if ((st = tpurt__check_kernel_view(dw, 4, op, "grad_weight")) || (st = tpurt__check_kernel_view(x, 4, op, "input")))
+    return st;
+  if (!p) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: params is NULL", op);
+  a.has0 = 1;
+  a.out0 = *dw;
+  a.in1 = *x;
+  a.p = *p;
+  if (tpurt__view_numel(dw) == 0 && !db) return check_geom(op, x, dw, dy, p);
+  return launch_conv(s, &a, op, x, dw, dy);
+}

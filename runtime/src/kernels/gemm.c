@@ -1,0 +1,574 @@
+/*
+ * gemm.c — batched matrix products (tpurt_gemm) on OpenBLAS.
+ *
+ * The library was chosen by measurement (BENCHMARKS.md, "GEMM library
+ * choice"). A plain or transposed f32/f64 matrix is handed to the library as
+ * it is (transpose flag + leading dimension); any other view (general
+ * strides, negative strides, f16/bf16 data, reduced-precision modes) is
+ * packed into a contiguous f32 buffer first. f16/bf16 operands accumulate in
+ * f32 and the result is rounded once. Integer products use a blocked C loop
+ * with 64-bit accumulation (wrapping like the narrow type's own arithmetic).
+ *
+ * Precision of f32 products (a TPU MXU multiplies bf16):
+ *   HIGHEST  plain f32 GEMM
+ *   HIGH     3-pass: x = hi + lo (both bf16); hi*hi + hi*lo + lo*hi as ONE
+ *            GEMM over K tripled: [a_hi a_hi a_lo] @ [b_hi; b_lo; b_hi]
+ *   DEFAULT  1-pass: operands rounded to bf16, f32 GEMM
+ * bf16*bf16 products are exact in f32, so the only rounding left is the
+ * f32 accumulation, like the MXU.
+ *
+ * OpenBLAS runs its own worker threads: their count is set once, at first
+ * use, to the runtime's pool size (the usable cores). The runtime's pool is
+ * idle while a stream worker sits in the GEMM, so the two never add up.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cblas.h>
+
+#include "gemm_internal.h"
+
+/* ------------------------------------------------------------- library */
+
+static pthread_once_t g_lib_once = PTHREAD_ONCE_INIT;
+static char g_lib_name[160];
+static int g_lib_threads = 1;
+
+/* Per-shape threading: products below SERIAL_MNK multiply-adds run on the
+ * calling worker alone (measured: on 2 cores, splitting a 256^3..512^3
+ * product can cost more in hand-offs than it gains, badly so when the cores
+ * are shared); larger ones use all of the library's threads. The wheel
+ * exports no per-thread setting, so the library-wide count is switched
+ * (cached, so only a change of regime calls into the library; a race
+ * between streams can only cost speed, never correctness). */
+#define SERIAL_MNK ((double)(1 << 27) + 1) /* up to 512^3 */
+static _Atomic int g_cur_threads = -1;
+static void set_threads_for(int64_t M, int64_t N, int64_t K) {
+  int want = (double)M * (double)N * (double)K < SERIAL_MNK ? 1 : g_lib_threads;
+  if (atomic_load_explicit(&g_cur_threads, memory_order_relaxed) != want) {
+    atomic_store_explicit(&g_cur_threads, want, memory_order_relaxed);
+    scipy_openblas_set_num_threads(want);
+  }
+}
+
+static void lib_init(void) {
+  int n = tpurt_num_threads();
+  if (n < 1) n = 1;
+  scipy_openblas_set_num_threads(n);
+  g_lib_threads = n;
+  atomic_store(&g_cur_threads, n);
+  const char *ver = OPENBLAS_VERSION;
+  while (*ver == ' ') ver++;
+  char v[64];
+  snprintf(v, sizeof v, "%s", ver);
+  size_t l = strlen(v);
+  while (l && v[l - 1] == ' ') v[--l] = 0;
+  const char *core = scipy_openblas_get_corename();
+  snprintf(g_lib_name, sizeof g_lib_name, "%s (%s, %d threads)", v, core ? core : "?", n);
+}
+
+void tpurt__gemm_lib_init(void) { pthread_once(&g_lib_once, lib_init); }
+
+const char *tpurt_gemm_library(void) {
+  if (tpurt__ensure_init() != TPURT_OK) return "OpenBLAS (runtime not initialized)";
+  tpurt__gemm_lib_init();
+  return g_lib_name;
+}
+
+/* -------------------------------------------------------- scratch memory */
+
+/* Per-thread grow-only buffers: no allocation on the hot path once warm.
+ * Buffers above SCRATCH_KEEP bytes are released after the kernel. */
+#define SCRATCH_SLOTS 8
+#define SCRATCH_KEEP (256u << 20)
+static _Thread_local struct {
+  void *p;
+  size_t n;
+} g_scratch[SCRATCH_SLOTS];
+
+void *tpurt__scratch(int slot, size_t bytes) {
+  if (bytes == 0) bytes = 64;
+  if (g_scratch[slot].n < bytes) {
+    free(g_scratch[slot].p);
+    size_t n = (bytes + 4095) & ~(size_t)4095;
+    g_scratch[slot].p = aligned_alloc(64, n);
+    g_scratch[slot].n = g_scratch[slot].p ? n : 0;
+  }
+  return g_scratch[slot].p;
+}
+
+void tpurt__scratch_trim(void) {
+  for (int i = 0; i < SCRATCH_SLOTS; i++)
+    if (g_scratch[i].n > SCRATCH_KEEP) {
+      free(g_scratch[i].p);
+      g_scratch[i].p = NULL;
+      g_scratch[i].n = 0;
+    }
+}
+
+/* ------------------------------------------------------------- helpers */
+
+static inline float round_bf16(float x) { return tpurt__bf16_to_f32(tpurt__f32_to_bf16(x)); }
+
+/* Row r of a strided matrix converted to f32 (n elements). */
+static void load_row_f32(float *dst, const char *p, tpurt_dtype dt, int64_t cs, int64_t n) {
+  switch (dt) {
+    case TPURT_F32: {
+      const float *s = (const float *)p;
+      if (cs == 1)
+        memcpy(dst, s, (size_t)n * 4);
+      else
+        for (int64_t j = 0; j < n; j++) dst[j] = s[j * cs];
+      break;
+    }
+    case TPURT_BF16: {
+      const uint16_t *s = (const uint16_t *)p;
+      for (int64_t j = 0; j < n; j++) dst[j] = tpurt__bf16_to_f32(s[j * cs]);
+      break;
+    }
+    case TPURT_F16: {
+      const uint16_t *s = (const uint16_t *)p;
+      for (int64_t j = 0; j < n; j++) dst[j] = tpurt__f16_to_f32(s[j * cs]);
+      break;
+    }
+    default: break;
+  }
+}
+
+typedef struct {
+  float *dst;
+  const char *src;
+  tpurt_dtype dt;
+  int64_t rs, cs, cols, ld; /* strides in elements, dst leading dimension */
+  int mode;                 /* 0 plain, 1 round to bf16, 2 HIGH split of A, 3 HIGH split of B */
+  int64_t rows;
+} pack_ctx;
+
+static void pack_rows(void *c, int64_t b, int64_t e) {
+  pack_ctx *x = c;
+  size_t es = tpurt_dtype_size(x->dt);
+  for (int64_t i = b; i < e; i++) {
+    float *d = x->dst + i * x->ld;
+    load_row_f32(d, x->src + (ptrdiff_t)(i * x->rs) * (ptrdiff_t)es, x->dt, x->cs, x->cols);
+    int64_t n = x->cols;
+    if (x->mode == 1) {
+      for (int64_t j = 0; j < n; j++) d[j] = round_bf16(d[j]);
+    } else if (x->mode == 2) { /* A row: [hi | hi | lo] */
+      for (int64_t j = 0; j < n; j++) {
+        float h = round_bf16(d[j]);
+        d[n + j] = h;
+        d[2 * n + j] = round_bf16(d[j] - h);
+        d[j] = h;
+      }
+    } else if (x->mode == 3) { /* B rows: hi at i, lo at K+i, hi at 2K+i */
+      float *lo = x->dst + (x->rows + i) * x->ld, *h2 = x->dst + (2 * x->rows + i) * x->ld;
+      for (int64_t j = 0; j < n; j++) {
+        float h = round_bf16(d[j]);
+        lo[j] = round_bf16(d[j] - h);
+        h2[j] = h;
+        d[j] = h;
+      }
+    }
+  }
+}
+
+/* Packs rows x cols of a strided matrix into dst (row-major, ld = cols) as
+ * f32, applying the precision mode. */
+void tpurt__pack_f32(float *dst, const void *src, tpurt_dtype dt, int64_t rows, int64_t cols, int64_t rs, int64_t cs,
+                     int mode) {
+  pack_ctx x = {dst, src, dt, rs, cs, cols, mode == 2 ? 3 * cols : cols, mode, rows};
+  int64_t work = rows * cols;
+  if (work >= (1 << 16))
+    tpurt_parallel_for(rows, (1 << 15) / (cols ? cols : 1) + 1, pack_rows, &x);
+  else
+    pack_rows(&x, 0, rows);
+}
+
+/* Can (rows x cols, strides rs/cs) be handed to BLAS? Sets trans/ld. */
+static int blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, int *trans, int64_t *ld) {
+  if (rows <= 1) rs = cols > 1 ? cols : 1;
+  if (cols <= 1) cs = 1;
+  if (cs == 1 && rs >= (cols > 1 ? cols : 1) && rs <= INT32_MAX) {
+    *trans = 0;
+    *ld = rs;
+    return 1;
+  }
+  if (rows > 1 && cols > 1 && rs == 1 && cs >= rows && cs <= INT32_MAX) {
+    *trans = 1;
+    *ld = cs;
+    return 1;
+  }
+  return 0;
+}
+
+static inline enum CBLAS_TRANSPOSE tr(int t) { return t ? CblasTrans : CblasNoTrans; }
+
+/* Row-major C[M,N] = alpha op(A) op(B) + beta C on f32 data, with the
+ * precision applied by packing when not HIGHEST. Uses scratch slots 6, 7. */
+void tpurt__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc, tpurt_precision prec) {
+  if (M == 0 || N == 0) return;
+  if (prec != TPURT_PRECISION_HIGHEST && K > 0) {
+    int high = prec == TPURT_PRECISION_HIGH;
+    float *pa = tpurt__scratch(6, (size_t)M * K * (high ? 3 : 1) * 4);
+    float *pb = tpurt__scratch(7, (size_t)K * N * (high ? 3 : 1) * 4);
+    tpurt__pack_f32(pa, A, TPURT_F32, M, K, ta ? 1 : lda, ta ? lda : 1, high ? 2 : 1);
+    tpurt__pack_f32(pb, B, TPURT_F32, K, N, tb ? 1 : ldb, tb ? ldb : 1, high ? 3 : 1);
+    int64_t k2 = high ? 3 * K : K;
+    set_threads_for(M, N, k2);
+    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)k2, alpha, pa, (int)k2, pb,
+                      (int)N, beta, C, (int)ldc);
+    return;
+  }
+  if (K == 0) {
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    return;
+  }
+  set_threads_for(M, N, K);
+  scipy_cblas_sgemm(CblasRowMajor, tr(ta), tr(tb), (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C,
+                    (int)ldc);
+}
+
+void tpurt__dgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const double *A, int64_t lda,
+                  const double *B, int64_t ldb, double beta, double *C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0 ? 0.0 : beta * C[i * ldc + j];
+    return;
+  }
+  set_threads_for(M, N, 2 * K); /* f64: twice the work per multiply-add */
+  scipy_cblas_dgemm(CblasRowMajor, tr(ta), tr(tb), (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C,
+                    (int)ldc);
+}
+
+/* ------------------------------------------------------------- kernel */
+
+typedef struct {
+  tpurt_view c, a, b;
+  double alpha, beta;
+  tpurt_precision prec;
+} gemm_args;
+
+typedef struct {
+  char *p;
+  int64_t rs, cs;
+} mat;
+
+static mat batch_mat(const tpurt_view *v, int64_t bi) {
+  mat m;
+  size_t es = tpurt_dtype_size(v->dtype);
+  /* empty operands (K = 0) may have a null address: never translate it */
+  m.p = v->ptr ? (char *)tpurt__host_view(v->ptr) + (ptrdiff_t)(bi * v->strides[0]) * (ptrdiff_t)es : NULL;
+  m.rs = v->strides[1];
+  m.cs = v->strides[2];
+  return m;
+}
+
+/* c = alpha * t + beta * c (t contiguous f32 [M, N]) */
+static void epilogue_f32(const float *t, mat c, tpurt_dtype dt, int64_t M, int64_t N, float alpha, float beta) {
+  for (int64_t i = 0; i < M; i++) {
+    const float *tr_ = t + i * N;
+    char *row = c.p + (ptrdiff_t)(i * c.rs) * (ptrdiff_t)tpurt_dtype_size(dt);
+    for (int64_t j = 0; j < N; j++) {
+      float v = alpha * tr_[j];
+      switch (dt) {
+        case TPURT_F32: {
+          float *d = (float *)row + j * c.cs;
+          *d = beta == 0.0f ? v : v + beta * *d;
+          break;
+        }
+        case TPURT_BF16: {
+          uint16_t *d = (uint16_t *)row + j * c.cs;
+          *d = tpurt__f32_to_bf16(beta == 0.0f ? v : v + beta * tpurt__bf16_to_f32(*d));
+          break;
+        }
+        case TPURT_F16: {
+          uint16_t *d = (uint16_t *)row + j * c.cs;
+          *d = tpurt__f32_to_f16(beta == 0.0f ? v : v + beta * tpurt__f16_to_f32(*d));
+          break;
+        }
+        default: break;
+      }
+    }
+  }
+}
+
+static void gemm_float(const gemm_args *g) {
+  const tpurt_view *cv = &g->c, *av = &g->a, *bv = &g->b;
+  int64_t B = cv->sizes[0], M = cv->sizes[1], N = cv->sizes[2], K = av->sizes[2];
+  float alpha = (float)g->alpha, beta = (float)g->beta;
+  tpurt_precision prec = av->dtype == TPURT_F32 ? g->prec : TPURT_PRECISION_HIGHEST;
+  int mode_a = prec == TPURT_PRECISION_HIGHEST ? 0 : prec == TPURT_PRECISION_HIGH ? 2 : 1;
+  int mode_b = mode_a == 2 ? 3 : mode_a;
+  int64_t k2 = mode_a == 2 ? 3 * K : K;
+  const float *pb_cached = NULL;
+  for (int64_t bi = 0; bi < B; bi++) {
+    mat a = batch_mat(av, bi), b = batch_mat(bv, bi), c = batch_mat(cv, bi);
+    int ta = 0, tb = 0;
+    int64_t lda = 0, ldb = 0;
+    const float *pa, *pb;
+    if (K == 0) {
+      ta = tb = 0;
+      lda = ldb = 1;
+      pa = pb = NULL;
+    } else {
+      if (av->dtype == TPURT_F32 && mode_a == 0 && blas_layout(M, K, a.rs, a.cs, &ta, &lda)) {
+        pa = (const float *)a.p;
+      } else {
+        float *t = tpurt__scratch(0, (size_t)M * k2 * 4);
+        tpurt__pack_f32(t, a.p, av->dtype, M, K, a.rs, a.cs, mode_a);
+        pa = t;
+        ta = 0;
+        lda = k2;
+      }
+      if (bv->dtype == TPURT_F32 && mode_b == 0 && blas_layout(K, N, b.rs, b.cs, &tb, &ldb)) {
+        pb = (const float *)b.p;
+      } else {
+        if (!pb_cached || bv->strides[0] != 0) {
+          float *t = tpurt__scratch(1, (size_t)k2 * N * 4);
+          tpurt__pack_f32(t, b.p, bv->dtype, K, N, b.rs, b.cs, mode_b);
+          pb_cached = t;
+        }
+        pb = pb_cached;
+        tb = 0;
+        ldb = N;
+      }
+    }
+    int tc;
+    int64_t ldc;
+    if (cv->dtype == TPURT_F32 && blas_layout(M, N, c.rs, c.cs, &tc, &ldc)) {
+      if (!tc)
+        tpurt__sgemm(ta, tb, M, N, k2, alpha, pa, lda, pb, ldb, beta, (float *)c.p, ldc, TPURT_PRECISION_HIGHEST);
+      else /* C^T = op(B)^T op(A)^T */
+        tpurt__sgemm(!tb, !ta, N, M, k2, alpha, pb, ldb, pa, lda, beta, (float *)c.p, ldc, TPURT_PRECISION_HIGHEST);
+    } else {
+      float *t = tpurt__scratch(2, (size_t)M * N * 4);
+      tpurt__sgemm(ta, tb, M, N, k2, 1.0f, pa, lda, pb, ldb, 0.0f, t, N, TPURT_PRECISION_HIGHEST);
+      epilogue_f32(t, c, cv->dtype, M, N, alpha, beta);
+    }
+  }
+}
+
+static void pack_f64(double *dst, mat m, int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < cols; j++) dst[i * cols + j] = ((const double *)m.p)[i * m.rs + j * m.cs];
+}
+
+static void gemm_double(const gemm_args *g) {
+  const tpurt_view *cv = &g->c, *av = &g->a, *bv = &g->b;
+  int64_t B = cv->sizes[0], M = cv->sizes[1], N = cv->sizes[2], K = av->sizes[2];
+  for (int64_t bi = 0; bi < B; bi++) {
+    mat a = batch_mat(av, bi), b = batch_mat(bv, bi), c = batch_mat(cv, bi);
+    int ta = 0, tb = 0, tc = 0;
+    int64_t lda = 1, ldb = 1, ldc = 1;
+    const double *pa = NULL, *pb = NULL;
+    if (K > 0) {
+      if (blas_layout(M, K, a.rs, a.cs, &ta, &lda)) {
+        pa = (const double *)a.p;
+      } else {
+        double *t = tpurt__scratch(0, (size_t)M * K * 8);
+        pack_f64(t, a, M, K);
+        pa = t;
+        ta = 0;
+        lda = K;
+      }
+      if (blas_layout(K, N, b.rs, b.cs, &tb, &ldb)) {
+        pb = (const double *)b.p;
+      } else {
+        double *t = tpurt__scratch(1, (size_t)K * N * 8);
+        pack_f64(t, b, K, N);
+        pb = t;
+        tb = 0;
+        ldb = N;
+      }
+    }
+    if (blas_layout(M, N, c.rs, c.cs, &tc, &ldc)) {
+      if (!tc)
+        tpurt__dgemm(ta, tb, M, N, K, g->alpha, pa, lda, pb, ldb, g->beta, (double *)c.p, ldc);
+      else
+        tpurt__dgemm(!tb, !ta, N, M, K, g->alpha, pb, ldb, pa, lda, g->beta, (double *)c.p, ldc);
+    } else {
+      double *t = tpurt__scratch(2, (size_t)M * N * 8);
+      tpurt__dgemm(ta, tb, M, N, K, 1.0, pa, lda, pb, ldb, 0.0, t, N);
+      for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+          double *d = (double *)c.p + i * c.rs + j * c.cs;
+          double v = g->alpha * t[i * N + j];
+          *d = g->beta == 0.0 ? v : v + g->beta * *d;
+        }
+    }
+  }
+}
+
+/* ------------------------------------------------------ integer GEMM */
+
+static inline int64_t load_int(tpurt_dtype dt, const char *p) {
+  switch (dt) {
+    case TPURT_U8: return *(const uint8_t *)p;
+    case TPURT_I8: return *(const int8_t *)p;
+    case TPURT_I16: return *(const int16_t *)p;
+    case TPURT_U16: return *(const uint16_t *)p;
+    case TPURT_I32: return *(const int32_t *)p;
+    case TPURT_U32: return *(const uint32_t *)p;
+    case TPURT_I64: return *(const int64_t *)p;
+    case TPURT_U64: return (int64_t) * (const uint64_t *)p;
+    default: return 0;
+  }
+}
+static inline void store_int(tpurt_dtype dt, char *p, int64_t v) {
+  switch (dt) {
+    case TPURT_U8: *(uint8_t *)p = (uint8_t)v; break;
+    case TPURT_I8: *(int8_t *)p = (int8_t)v; break;
+    case TPURT_I16: *(int16_t *)p = (int16_t)v; break;
+    case TPURT_U16: *(uint16_t *)p = (uint16_t)v; break;
+    case TPURT_I32: *(int32_t *)p = (int32_t)v; break;
+    case TPURT_U32: *(uint32_t *)p = (uint32_t)v; break;
+    case TPURT_I64: *(int64_t *)p = v; break;
+    case TPURT_U64: *(uint64_t *)p = (uint64_t)v; break;
+    default: break;
+  }
+}
+
+static void pack_int(int64_t *dst, mat m, tpurt_dtype dt, int64_t rows, int64_t cols) {
+  size_t es = tpurt_dtype_size(dt);
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < cols; j++)
+      dst[i * cols + j] = load_int(dt, m.p + (ptrdiff_t)((i * m.rs + j * m.cs) * (int64_t)es));
+}
+
+typedef struct {
+  const int64_t *a, *b;
+  mat c;
+  tpurt_dtype dt;
+  int64_t N, K;
+  uint64_t alpha, beta;
+} igemm_ctx;
+
+#define IBLK 256
+static void igemm_rows(void *cx, int64_t r0, int64_t r1) {
+  igemm_ctx *x = cx;
+  int64_t N = x->N, K = x->K;
+  size_t es = tpurt_dtype_size(x->dt);
+  uint64_t acc[IBLK];
+  for (int64_t i = r0; i < r1; i++) {
+    for (int64_t j0 = 0; j0 < N; j0 += IBLK) {
+      int64_t nj = N - j0 < IBLK ? N - j0 : IBLK;
+      memset(acc, 0, sizeof acc);
+      for (int64_t k = 0; k < K; k++) {
+        uint64_t av = (uint64_t)x->a[i * K + k];
+        const int64_t *br = x->b + k * N + j0;
+        for (int64_t j = 0; j < nj; j++) acc[j] += av * (uint64_t)br[j]; /* wraps like the narrow type */
+      }
+      for (int64_t j = 0; j < nj; j++) {
+        char *d = x->c.p + (ptrdiff_t)((i * x->c.rs + (j0 + j) * x->c.cs) * (int64_t)es);
+        uint64_t v = x->alpha * acc[j];
+        if (x->beta) v += x->beta * (uint64_t)load_int(x->dt, d);
+        store_int(x->dt, d, (int64_t)v);
+      }
+    }
+  }
+}
+
+static void gemm_int(const gemm_args *g) {
+  const tpurt_view *cv = &g->c, *av = &g->a, *bv = &g->b;
+  int64_t B = cv->sizes[0], M = cv->sizes[1], N = cv->sizes[2], K = av->sizes[2];
+  for (int64_t bi = 0; bi < B; bi++) {
+    mat a = batch_mat(av, bi), b = batch_mat(bv, bi), c = batch_mat(cv, bi);
+    int64_t *pa = tpurt__scratch(0, (size_t)M * K * 8 + 8), *pb = tpurt__scratch(1, (size_t)K * N * 8 + 8);
+    pack_int(pa, a, av->dtype, M, K);
+    pack_int(pb, b, bv->dtype, K, N);
+    igemm_ctx x = {pa, pb, c, cv->dtype, N, K, (uint64_t)(int64_t)g->alpha, (uint64_t)(int64_t)g->beta};
+    tpurt_parallel_for(M, (1 << 16) / (N * (K + 1) + 1) + 1, igemm_rows, &x);
+  }
+}
+
+static tpurt_status k_gemm(void *p, char *err, size_t errlen) {
+  gemm_args *g = p;
+  tpurt__gemm_lib_init();
+  switch (g->a.dtype) {
+    case TPURT_F32:
+    case TPURT_F16:
+    case TPURT_BF16: gemm_float(g); break;
+    case TPURT_F64: gemm_double(g); break;
+    default: gemm_int(g); break;
+  }
+  tpurt__scratch_trim();
+  return TPURT_OK;
+}
+
+/* ------------------------------------------------------------- launch */
+
+tpurt_status tpurt__check_kernel_view(const tpurt_view *v, int ndim, const char *op, const char *what) {
+  if (!v) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op, what);
+  if ((unsigned)v->dtype >= TPURT_NUM_DTYPES)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: %s has an invalid dtype", op, what);
+  if (v->ndim != ndim)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: %s must have %d dimensions, got %d", op, what, ndim, v->ndim);
+  int64_t es = (int64_t)tpurt_dtype_size(v->dtype), lo = 0, hi = es, n = 1;
+  for (int k = 0; k < ndim; k++) {
+    if (v->sizes[k] < 0)
+      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: %s has a negative size", op, what);
+    n *= v->sizes[k];
+  }
+  if (n == 0) return TPURT_OK;
+  for (int k = 0; k < ndim; k++) {
+    int64_t span = (v->sizes[k] - 1) * v->strides[k] * es;
+    if (span < 0)
+      lo += span;
+    else
+      hi += span;
+  }
+  int dev = tpurt_devptr_device(v->ptr);
+  if (dev < 0) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: %s is not a device address", op, what);
+  return tpurt__check_dev_range(dev, v->ptr, lo, hi, what);
+}
+
+int64_t tpurt__view_numel(const tpurt_view *v) {
+  int64_t n = 1;
+  for (int k = 0; k < v->ndim; k++) n *= v->sizes[k];
+  return n;
+}
+
+tpurt_status tpurt_gemm(tpurt_stream *s, const tpurt_view *c, const tpurt_view *a, const tpurt_view *b, double alpha,
+                        double beta, tpurt_precision precision) {
+  TPURT__INIT_OR_RETURN();
+  tpurt_status st;
+  if ((st = tpurt__check_kernel_view(c, 3, "gemm", "output")) || (st = tpurt__check_kernel_view(a, 3, "gemm", "a")) ||
+      (st = tpurt__check_kernel_view(b, 3, "gemm", "b")))
+    return st;
+  int64_t B = c->sizes[0], M = c->sizes[1], N = c->sizes[2], K = a->sizes[2];
+  if (a->sizes[0] != B || b->sizes[0] != B || a->sizes[1] != M || b->sizes[1] != K || b->sizes[2] != N)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
+                      "gemm: shapes cannot be multiplied (a [%" PRId64 ", %" PRId64 ", %" PRId64 "], b [%" PRId64
+                      ", %" PRId64 ", %" PRId64 "], out [%" PRId64 ", %" PRId64 ", %" PRId64 "])",
+                      a->sizes[0], a->sizes[1], a->sizes[2], b->sizes[0], b->sizes[1], b->sizes[2], B, M, N);
+  if (a->dtype != b->dtype)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "gemm: operands must have the same dtype, got %s and %s",
+                      tpurt_dtype_name(a->dtype), tpurt_dtype_name(b->dtype));
+  tpurt_dtype dt = a->dtype;
+  int is_half = dt == TPURT_F16 || dt == TPURT_BF16;
+  if (dt == TPURT_BOOL || dt == TPURT_C64 || dt == TPURT_C128)
+    return tpurt__err(TPURT_ERR_NOT_SUPPORTED, "gemm: not implemented for dtype %s", tpurt_dtype_name(dt));
+  if (!(c->dtype == dt || (is_half && c->dtype == TPURT_F32)))
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "gemm: output dtype %s does not match operand dtype %s",
+                      tpurt_dtype_name(c->dtype), tpurt_dtype_name(dt));
+  if ((unsigned)precision > TPURT_PRECISION_HIGHEST)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "gemm: invalid precision %d", (int)precision);
+  if (M > INT32_MAX || N > INT32_MAX || 3 * K > INT32_MAX)
+    return tpurt__err(TPURT_ERR_NOT_SUPPORTED, "gemm: dimension too large for the GEMM library");
+  if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(c->ptr)))) return st;
+  if (B == 0 || M == 0 || N == 0) return TPURT_OK;
+  gemm_args g;
+  memset(&g, 0, sizeof g);
+  g.c = *c;
+  g.a = *a;
+  g.b = *b;
+  g.alpha = alpha;
+  g.beta = beta;
+  g.prec = precision;
+  return tpurt_launch(s, "gemm", k_gemm, &g, sizeof g);
+}

@@ -1,0 +1,25 @@
+/* gemm_internal.h — helpers shared by the GEMM-based kernels (gemm.c,
+ * conv.c): per-thread scratch buffers, f32 packing with precision modes,
+ * row-major GEMM entry points on host (already translated) pointers. */
+#ifndef TPURT_GEMM_INTERNAL_H
+#define TPURT_GEMM_INTERNAL_H
+#include "../internal.h"
+
+TPURT_INTERNAL void tpurt__gemm_lib_init(void);
+/* Per-thread buffer `slot` (0..7) of at least `bytes`; slots 6, 7 belong to tpurt__sgemm. */
+TPURT_INTERNAL void *tpurt__scratch(int slot, size_t bytes);
+TPURT_INTERNAL void tpurt__scratch_trim(void);
+/* rows x cols strided matrix -> row-major f32; mode 0 plain, 1 bf16-rounded,
+ * 2 HIGH split of a left operand ([hi|hi|lo], ld 3*cols), 3 HIGH split of a
+ * right operand (hi rows, lo rows, hi rows; dst holds 3*rows rows). */
+TPURT_INTERNAL void tpurt__pack_f32(float *dst, const void *src, tpurt_dtype dt, int64_t rows, int64_t cols,
+                                    int64_t rs, int64_t cs, int mode);
+TPURT_INTERNAL void tpurt__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                                 int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                                 tpurt_precision prec);
+TPURT_INTERNAL void tpurt__dgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const double *A,
+                                 int64_t lda, const double *B, int64_t ldb, double beta, double *C, int64_t ldc);
+/* Validates a view of ndim dims (dtype, sizes, device range). */
+TPURT_INTERNAL tpurt_status tpurt__check_kernel_view(const tpurt_view *v, int ndim, const char *op, const char *what);
+TPURT_INTERNAL int64_t tpurt__view_numel(const tpurt_view *v);
+#endif

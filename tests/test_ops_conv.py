@@ -1,0 +1,243 @@
+"""Convolution (1d/2d, stride/padding/dilation/groups, transposed), pooling
+(max with indices, avg, adaptive avg/max) and upsampling (nearest,
+bilinear with and without align_corners) on the tpu device vs PyTorch CPU,
+forward and gradients, small conv nets, errors like CPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu
+
+TOL = {torch.float32: (1e-4, 1e-4), torch.float64: (1e-10, 1e-10), torch.bfloat16: (3e-2, 3e-2),
+       torch.float16: (3e-3, 3e-3)}
+MY_OPS = ("convolution_overrideable", "convolution_backward_overrideable", "max_pool2d_with_indices",
+          "avg_pool2d", "_adaptive_avg_pool2d", "adaptive_max_pool2d", "upsample_nearest2d", "upsample_bilinear2d")
+
+
+def rand(*shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+
+
+def close(got, want):
+    assert got.device.type == "tpu"
+    got = got.detach().cpu()
+    want = want.detach()
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.shape, want.shape)
+    rtol, atol = TOL[want.dtype]
+    torch.testing.assert_close(got.double(), want.double(), rtol=rtol,
+                               atol=atol * max(1.0, want.double().abs().max().item() if want.numel() else 1.0))
+
+
+@pytest.fixture(autouse=True)
+def fallback_for_others():
+    """Ops of other families (sum, add, ...) may run through the CPU fallback
+    in these tests; the convolution/pooling/upsample ops must not."""
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    torch_tpu._C._set_cpu_fallback(True)
+    torch_tpu._C._reset_fallback_counts()
+    yield
+    stats = torch.tpu.fallback_stats()
+    torch_tpu._C._set_cpu_fallback(False)
+    torch.set_float32_matmul_precision(old)
+    bad = [k for k in stats if any(k.startswith(f"aten::{o}") for o in MY_OPS)]
+    assert not bad, f"ops fell back to the CPU: {bad}"
+
+
+def check_grads(fn, inputs, grad_seed=7):
+    """fn(*inputs) on CPU and tpu; compares outputs and input gradients."""
+    cpu_in = [x.detach().clone().requires_grad_(x.dtype.is_floating_point) for x in inputs]
+    tpu_in = [x.detach().to("tpu").requires_grad_(x.dtype.is_floating_point) for x in inputs]
+    out = fn(*cpu_in)
+    dout = fn(*tpu_in)
+    close(dout, out)
+    g = rand(*out.shape, dtype=out.dtype, seed=grad_seed)
+    out.backward(g)
+    dout.backward(g.to("tpu"))
+    for c, t in zip(cpu_in, tpu_in):
+        if c.grad is not None:
+            close(t.grad, c.grad)
+
+
+CONV2D_CASES = [
+    dict(),
+    dict(stride=2),
+    dict(padding=1),
+    dict(padding=(2, 1), dilation=(2, 1)),
+    dict(stride=(2, 1), padding=1, groups=2),
+    dict(groups=4),  # depthwise-like
+    dict(padding=0, kernel=1),  # 1x1 (no im2col)
+    dict(stride=2, kernel=1),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CONV2D_CASES)))
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv2d_forward_backward(case, bias):
+    kw = dict(CONV2D_CASES[case])
+    k = kw.pop("kernel", 3)
+    groups = kw.get("groups", 1)
+    x, w = rand(2, 4, 9, 8), rand(6 if groups != 4 else 8, 4 // groups, k, k, seed=1)
+    b = rand(w.shape[0], seed=2) if bias else None
+    args = [x, w] + ([b] if bias else [])
+    check_grads(lambda x, w, *b: F.conv2d(x, w, b[0] if b else None, **kw), args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16], ids=str)
+def test_conv2d_dtypes(dtype):
+    x, w, b = rand(2, 3, 7, 7, dtype=dtype), rand(5, 3, 3, 3, dtype=dtype, seed=1), rand(5, dtype=dtype, seed=2)
+    close(F.conv2d(x.to("tpu"), w.to("tpu"), b.to("tpu"), padding=1), F.conv2d(x, w, b, padding=1))
+    if dtype == torch.float64:
+        check_grads(lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1), [x, w, b])
+
+
+def test_conv2d_noncontiguous_input():
+    x = rand(2, 8, 6, 6).permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)  # channels_last strides
+    w = rand(4, 8, 3, 3, seed=1)
+    dx = rand(2, 8, 6, 6).permute(0, 2, 3, 1).contiguous().to("tpu").permute(0, 3, 1, 2)
+    close(F.conv2d(dx, w.to("tpu"), padding=1), F.conv2d(x, w, padding=1))
+    xs = rand(2, 8, 12, 12)[:, :, ::2, ::2]
+    close(F.conv2d(rand(2, 8, 12, 12).to("tpu")[:, :, ::2, ::2], w.to("tpu")), F.conv2d(xs, w))
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(stride=2, padding=1), dict(dilation=2, padding=2, groups=2)])
+def test_conv1d(kw):
+    x, w, b = rand(3, 4, 20), rand(6, 4 // kw.get("groups", 1), 3, seed=1), rand(6, seed=2)
+    check_grads(lambda x, w, b: F.conv1d(x, w, b, **kw), [x, w, b])
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(stride=2), dict(stride=2, padding=1, output_padding=1),
+                                dict(stride=(2, 1), padding=(1, 0), dilation=(1, 2), groups=2)])
+def test_conv_transpose2d(kw):
+    x, w, b = rand(2, 4, 5, 6), rand(4, 3, 3, 3, seed=1), rand(3 * kw.get("groups", 1), seed=2)
+    check_grads(lambda x, w, b: F.conv_transpose2d(x, w, b, **kw), [x, w, b])
+
+
+def test_conv_transpose1d():
+    x, w, b = rand(2, 4, 9), rand(4, 2, 4, seed=1), rand(2, seed=2)
+    check_grads(lambda x, w, b: F.conv_transpose1d(x, w, b, stride=3, padding=1), [x, w, b])
+
+
+def test_conv_errors_like_cpu():
+    def both(fn, *args):
+        with pytest.raises(Exception) as e_cpu:
+            fn(*args)
+        with pytest.raises(type(e_cpu.value)):
+            fn(*[a.to("tpu") for a in args])
+
+    both(lambda x, w: F.conv2d(x, w), rand(1, 3, 5, 5), rand(4, 2, 3, 3))  # channel mismatch
+    both(lambda x, w: F.conv2d(x, w), rand(1, 3, 2, 2), rand(4, 3, 3, 3))  # kernel larger than input
+    both(lambda x, w: F.conv2d(x, w, groups=2), rand(1, 3, 5, 5), rand(4, 1, 3, 3))
+    close(F.conv2d(rand(1, 3, 5, 5).to("tpu"), rand(4, 3, 3, 3).to("tpu")), F.conv2d(rand(1, 3, 5, 5), rand(4, 3, 3, 3)))
+
+
+def test_small_convnet_forward_backward():
+    torch.manual_seed(0)
+
+    def net():
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(8, 16, 3, stride=2, padding=1, groups=2), torch.nn.AvgPool2d(2, ceil_mode=True),
+            torch.nn.Upsample(scale_factor=2, mode="bilinear"), torch.nn.AdaptiveAvgPool2d((3, 2)),
+            torch.nn.Flatten(), torch.nn.Linear(16 * 6, 10))
+
+    cpu, dev = net(), net().to("tpu")
+    dev.load_state_dict(cpu.state_dict())
+    x = rand(2, 3, 16, 16)
+    g = rand(2, 10, seed=3)
+    out = cpu(x)
+    dout = dev(x.to("tpu"))
+    close(dout, out)
+    out.backward(g)
+    dout.backward(g.to("tpu"))
+    for (n, p), dp in zip(cpu.named_parameters(), dev.parameters()):
+        close(dp.grad, p.grad)
+
+
+# -------------------------------------------------------------------- pooling
+
+@pytest.mark.parametrize("kw", [dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1),
+                                dict(kernel_size=(3, 2), stride=(2, 1), dilation=(1, 2)),
+                                dict(kernel_size=3, stride=2, ceil_mode=True)])
+def test_max_pool2d(kw):
+    x = rand(2, 3, 9, 10)
+    check_grads(lambda x: F.max_pool2d(x, **kw), [x])
+    out, idx = F.max_pool2d(x, return_indices=True, **kw)
+    dout, didx = F.max_pool2d(x.to("tpu"), return_indices=True, **kw)
+    assert torch.equal(didx.cpu(), idx)
+    # unbatched (3-D) input
+    close(F.max_pool2d(x[0].to("tpu"), **kw), F.max_pool2d(x[0], **kw))
+
+
+def test_max_pool2d_nan_and_dtypes():
+    x = rand(1, 2, 6, 6)
+    x[0, 0, 1, 1] = float("nan")
+    out, idx = F.max_pool2d(x, 2, return_indices=True)
+    dout, didx = F.max_pool2d(x.to("tpu"), 2, return_indices=True)
+    torch.testing.assert_close(dout.cpu(), out, equal_nan=True)
+    assert torch.equal(didx.cpu(), idx)
+    for dt in (torch.float64, torch.bfloat16):
+        xd = rand(2, 3, 8, 8, dtype=dt)
+        close(F.max_pool2d(xd.to("tpu"), 3, 2, 1), F.max_pool2d(xd, 3, 2, 1))
+
+
+@pytest.mark.parametrize("kw", [dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1),
+                                dict(kernel_size=3, stride=2, padding=1, count_include_pad=False),
+                                dict(kernel_size=3, stride=2, ceil_mode=True),
+                                dict(kernel_size=2, divisor_override=3)])
+def test_avg_pool2d(kw):
+    check_grads(lambda x: F.avg_pool2d(x, **kw), [rand(2, 3, 9, 10)])
+
+
+@pytest.mark.parametrize("size", [(3, 4), (5, 5), (9, 2)])
+def test_adaptive_pools(size):
+    x = rand(2, 3, 9, 10)
+    check_grads(lambda x: F.adaptive_avg_pool2d(x, size), [x])
+    check_grads(lambda x: F.adaptive_max_pool2d(x, size), [x])
+    out, idx = F.adaptive_max_pool2d(x, size, return_indices=True)
+    assert torch.equal(F.adaptive_max_pool2d(x.to("tpu"), size, return_indices=True)[1].cpu(), idx)
+
+
+def test_pool_errors_like_cpu():
+    for fn in (lambda x: F.max_pool2d(x, 2, padding=2), lambda x: F.avg_pool2d(x, 5),
+               lambda x: F.max_pool2d(x, 0)):
+        x = rand(1, 2, 3, 3)
+        with pytest.raises(Exception) as e_cpu:
+            fn(x)
+        with pytest.raises(type(e_cpu.value)):
+            fn(x.to("tpu"))
+
+
+# ------------------------------------------------------------------- upsample
+
+@pytest.mark.parametrize("kw", [dict(scale_factor=2, mode="nearest"), dict(size=(7, 5), mode="nearest"),
+                                dict(scale_factor=1.5, mode="nearest"),
+                                dict(scale_factor=2, mode="bilinear", align_corners=False),
+                                dict(scale_factor=2, mode="bilinear", align_corners=True),
+                                dict(size=(7, 13), mode="bilinear", align_corners=False),
+                                dict(size=(3, 4), mode="bilinear", align_corners=True),
+                                dict(scale_factor=0.5, mode="bilinear")])
+def test_upsample(kw):
+    check_grads(lambda x: F.interpolate(x, **kw), [rand(2, 3, 6, 8)])
+
+
+def test_upsample_dtypes_and_strides():
+    x = rand(2, 3, 5, 6, dtype=torch.bfloat16)
+    close(F.interpolate(x.to("tpu"), scale_factor=2, mode="bilinear"), F.interpolate(x, scale_factor=2, mode="bilinear"))
+    xs = rand(2, 6, 5, 6)[:, ::2]
+    close(F.interpolate(rand(2, 6, 5, 6).to("tpu")[:, ::2], size=(9, 4), mode="nearest"),
+          F.interpolate(xs, size=(9, 4), mode="nearest"))
+
+
+def test_conv_precision_follows_setting():
+    x, w = rand(2, 16, 8, 8), rand(8, 16, 3, 3, seed=1)
+    exact = F.conv2d(x.double(), w.double())
+    with torch.tpu.precision(torch.tpu.Precision.DEFAULT):
+        d = F.conv2d(x.to("tpu"), w.to("tpu")).cpu()
+    torch.testing.assert_close(d, F.conv2d(x.bfloat16().float(), w.bfloat16().float()), rtol=1e-4, atol=1e-4)
+    with torch.tpu.precision(torch.tpu.Precision.HIGH):
+        h = F.conv2d(x.to("tpu"), w.to("tpu")).cpu()
+    assert (h.double() - exact).abs().max() < (d.double() - exact).abs().max() / 50
