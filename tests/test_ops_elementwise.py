@@ -419,3 +419,19 @@ def test_no_cpu_fallback_used():
     y = torch.where(y > 0, y, -y).clamp(-1, 1).pow(2).exp().log()
     torch.tpu.synchronize()
     assert dict(torch_tpu._C._fallback_counts()) == {}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_logsigmoid_forward_backward_matches_cpu(dtype):
+    x = torch.tensor([-200.0, -30.0, -1.5, -0.0, 0.0, 0.7, 25.0, 300.0, float("nan"), float("inf"), -float("inf")],
+                     dtype=dtype)
+    xc = x.clone().requires_grad_(True)
+    xd = x.to("tpu").requires_grad_(True)
+    yc = torch.nn.functional.logsigmoid(xc)
+    yd = torch.nn.functional.logsigmoid(xd)
+    tol = {"rtol": 1.6e-2, "atol": 1e-5} if dtype == torch.bfloat16 else {}
+    torch.testing.assert_close(yd.cpu(), yc, equal_nan=True, **tol)
+    g = torch.linspace(-2, 2, x.numel(), dtype=dtype)
+    yc.backward(g)
+    yd.backward(g.to("tpu"))
+    torch.testing.assert_close(xd.grad.cpu(), xc.grad, equal_nan=True, **tol)

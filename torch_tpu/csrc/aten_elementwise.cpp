@@ -528,6 +528,53 @@ at::Tensor& k_gelu_backward_out(const at::Tensor& grad, const at::Tensor& self, 
   return grad_input;
 }
 
+// log_sigmoid(x) = min(x, 0) - log1p(exp(-|x|)): a five-instruction
+// program (stable for large |x|). Like CUDA's kernel, it needs no buffer
+// for the backward: the returned buffer is empty.
+at::Tensor& log_sigmoid_run(const at::Tensor& self, at::Tensor& out) {
+  auto iter = at::TensorIterator::unary_float_op(out, self);
+  if (iter.numel() == 0) return out;
+  check_tpu(iter, "log_sigmoid_forward");
+  Prog pr(compute_for(iter.common_dtype()));
+  int x = load_inputs(pr, iter)[0];
+  int e = pr.emit(TPURT_EW_EXP, {pr.emit(TPURT_EW_NEG, {pr.emit(TPURT_EW_ABS, {x})})});
+  int lo = pr.emit(TPURT_EW_MINIMUM, {x, pr.emit(TPURT_EW_CONST, {}, 0.0)});
+  int o = pr.emit(TPURT_EW_SUB, {lo, pr.emit(TPURT_EW_LOG1P, {e})}, 1.0);
+  launch(pr, iter, {o}, "log_sigmoid_forward");
+  return out;
+}
+std::tuple<at::Tensor&, at::Tensor&> k_log_sigmoid_forward_out(const at::Tensor& self, at::Tensor& output,
+                                                               at::Tensor& buffer) {
+  log_sigmoid_run(self, output);
+  buffer.resize_({0});
+  return {output, buffer};
+}
+std::tuple<at::Tensor, at::Tensor> k_log_sigmoid_forward(const at::Tensor& self) {
+  at::Tensor out;
+  auto iter = at::TensorIterator::unary_float_op(out, self);
+  at::Tensor output = iter.output();
+  log_sigmoid_run(self, output);
+  return {output, at::empty({0}, self.options())};
+}
+// d/dx log_sigmoid(x) = sigmoid(-x)
+at::Tensor& k_log_sigmoid_backward_out(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& buffer,
+                                       at::Tensor& grad_input) {
+  auto iter = at::TensorIterator::binary_op(grad_input, grad, self);
+  if (iter.numel() == 0) return grad_input;
+  check_tpu(iter, "log_sigmoid_backward");
+  Prog pr(compute_for(iter.common_dtype()));
+  auto r = load_inputs(pr, iter);
+  int o = pr.emit(TPURT_EW_MUL, {r[0], pr.emit(TPURT_EW_SIGMOID, {pr.emit(TPURT_EW_NEG, {r[1]})})});
+  launch(pr, iter, {o}, "log_sigmoid_backward");
+  return grad_input;
+}
+at::Tensor k_log_sigmoid_backward(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& buffer) {
+  at::Tensor out;
+  auto iter = at::TensorIterator::binary_op(out, grad, self);
+  at::Tensor grad_input = iter.output();
+  return k_log_sigmoid_backward_out(grad, self, buffer, grad_input);
+}
+
 template <tpurt_ew_op OP>
 at::Tensor& backward_out(const at::Tensor& grad, const at::Tensor& x, at::Tensor& grad_input) {
   auto iter = at::TensorIterator::binary_op(grad_input, grad, x);
@@ -887,6 +934,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("relu_", TORCH_FN(k_relu_));
   m.impl("gelu.out", TORCH_FN(k_gelu_out));
   m.impl("gelu_backward.grad_input", TORCH_FN(k_gelu_backward_out));
+  m.impl("log_sigmoid_forward", TORCH_FN(k_log_sigmoid_forward));
+  m.impl("log_sigmoid_forward.output", TORCH_FN(k_log_sigmoid_forward_out));
+  m.impl("log_sigmoid_backward", TORCH_FN(k_log_sigmoid_backward));
+  m.impl("log_sigmoid_backward.grad_input", TORCH_FN(k_log_sigmoid_backward_out));
   m.impl("silu.out", TORCH_FN(unary_out<TPURT_EW_SILU>));
   m.impl("silu_backward.grad_input", TORCH_FN(backward_out<TPURT_EW_SILU_BACKWARD>));
   m.impl("mish.out", TORCH_FN(unary_out<TPURT_EW_MISH>));
