@@ -7,6 +7,8 @@ import warnings
 import pytest
 import torch
 
+import torch_tpu
+
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
           torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128]
 
@@ -185,3 +187,29 @@ def test_float8_bytes_roundtrip():
     x = torch.randn(16).to(torch.float8_e4m3fn)
     assert torch.equal(x.to("tpu").cpu().view(torch.uint8), x.view(torch.uint8))
     assert torch.equal(x.to("tpu")[::2].cpu().view(torch.uint8), x[::2].view(torch.uint8))
+
+
+def test_conjugate_and_negative_views_copy_correctly():
+    x = torch.randn(4, 3, dtype=torch.complex64)
+    d = x.to("tpu")
+    # lazy conj / neg views copied to the host, to the device and on the device
+    assert torch.equal(d.conj().cpu(), x.conj())
+    assert torch.equal(x.conj().to("tpu").cpu(), x.conj())
+    assert torch.equal(d.conj().clone().cpu(), x.conj())
+    assert torch.equal(torch.view_as_real(d).cpu(), torch.view_as_real(x))
+    assert torch.equal(torch.view_as_complex(torch.view_as_real(d)).cpu(), x)
+    y = torch.randn(5)
+    assert torch.equal(torch._neg_view(y.to("tpu")).cpu(), -y)
+    assert torch.equal(torch._neg_view(y).to("tpu").cpu(), -y)
+    # writing into a conjugate view stores the conjugate
+    out = torch.zeros(4, 3, dtype=torch.complex64, device="tpu")
+    out.conj().copy_(d)
+    assert torch.equal(out.cpu(), x.conj())
+    # fft.hfft works through these copies
+    z = torch.randn(6, dtype=torch.complex64)
+    torch_tpu.cpu_fallback_mode(True)
+    try:
+        got = torch.fft.hfft(z.to("tpu")).cpu()
+    finally:
+        torch_tpu.cpu_fallback_mode(False)
+    torch.testing.assert_close(got, torch.fft.hfft(z))

@@ -403,40 +403,6 @@ static tpurt_status k_strided(void *a, char *err, size_t errlen) {
   return TPURT_OK;
 }
 
-static tpurt_status check_view(const tpurt_view *v, const char *what) {
-  if (!v) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: view is NULL", what);
-  if ((unsigned)v->dtype >= TPURT_NUM_DTYPES)
-    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: invalid dtype %d", what, (int)v->dtype);
-  if (v->ndim < 0 || v->ndim > TPURT_MAX_DIMS)
-    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: invalid number of dimensions %d", what, v->ndim);
-  for (int k = 0; k < v->ndim; k++)
-    if (v->sizes[k] < 0)
-      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: negative size %" PRId64 " in dimension %d", what,
-                        v->sizes[k], k);
-  return TPURT_OK;
-}
-
-/* byte extent [lo, hi) of a non-empty view relative to ptr */
-static void view_extent(const tpurt_view *v, int64_t *lo, int64_t *hi) {
-  int64_t es = (int64_t)tpurt_dtype_size(v->dtype);
-  int64_t l = 0, h = 0;
-  for (int k = 0; k < v->ndim; k++) {
-    int64_t span = (v->sizes[k] - 1) * v->strides[k] * es;
-    if (span < 0)
-      l += span;
-    else
-      h += span;
-  }
-  *lo = l;
-  *hi = h + es;
-}
-
-static int64_t view_numel(const tpurt_view *v) {
-  int64_t n = 1;
-  for (int k = 0; k < v->ndim; k++) n *= v->sizes[k];
-  return n;
-}
-
 /* drop size-1 dims and merge dims contiguous relative to each other in all
  * views (strides given in elements, output in bytes). */
 static void coalesce(const tpurt_view *v0, const tpurt_view *v1, nd_shape *sh) {
@@ -468,7 +434,7 @@ static void coalesce(const tpurt_view *v0, const tpurt_view *v1, nd_shape *sh) {
 tpurt_status tpurt_copy_strided(tpurt_stream *s, const tpurt_view *dst, const tpurt_view *src) {
   TPURT__INIT_OR_RETURN();
   tpurt_status st;
-  if ((st = check_view(dst, "copy_strided (destination)")) || (st = check_view(src, "copy_strided (source)")))
+  if ((st = tpurt__check_view(dst, "copy_strided (destination)")) || (st = tpurt__check_view(src, "copy_strided (source)")))
     return st;
   if (dst->ndim != src->ndim)
     return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "copy_strided: shapes differ (%d vs %d dimensions)", dst->ndim,
@@ -479,10 +445,10 @@ tpurt_status tpurt_copy_strided(tpurt_stream *s, const tpurt_view *dst, const tp
                         "copy_strided: shapes differ in dimension %d (%" PRId64 " vs %" PRId64 ")", k, dst->sizes[k],
                         src->sizes[k]);
   if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(dst->ptr)))) return st;
-  if (view_numel(dst) == 0) return TPURT_OK;
+  if (tpurt__view_numel(dst) == 0) return TPURT_OK;
   int64_t dlo, dhi, slo, shi;
-  view_extent(dst, &dlo, &dhi);
-  view_extent(src, &slo, &shi);
+  tpurt__view_extent(dst, &dlo, &dhi);
+  tpurt__view_extent(src, &slo, &shi);
   if ((st = tpurt__check_dev_range(s->dev, dst->ptr, dlo, dhi, "copy_strided (destination)"))) return st;
   if ((st = tpurt__check_dev_range(s->dev, src->ptr, slo, shi, "copy_strided (source)"))) return st;
   strided_args a;
@@ -595,11 +561,11 @@ static tpurt_status k_fill(void *a, char *err, size_t errlen) {
 tpurt_status tpurt_fill(tpurt_stream *s, const tpurt_view *dst, tpurt_scalar value) {
   TPURT__INIT_OR_RETURN();
   tpurt_status st;
-  if ((st = check_view(dst, "fill"))) return st;
+  if ((st = tpurt__check_view(dst, "fill"))) return st;
   if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(dst->ptr)))) return st;
-  if (view_numel(dst) == 0) return TPURT_OK;
+  if (tpurt__view_numel(dst) == 0) return TPURT_OK;
   int64_t lo, hi;
-  view_extent(dst, &lo, &hi);
+  tpurt__view_extent(dst, &lo, &hi);
   if ((st = tpurt__check_dev_range(s->dev, dst->ptr, lo, hi, "fill"))) return st;
   fill_args f;
   memset(&f, 0, sizeof f);

@@ -156,6 +156,15 @@ TPURT_INTERNAL void *tpurt__host_view(tpurt_devptr p);
 TPURT_INTERNAL tpurt_status tpurt__check_dev_range(int dev, tpurt_devptr p, int64_t lo, int64_t hi,
                                                    const char *what);
 
+/* Launch-side view checks (view.c). */
+TPURT_INTERNAL int64_t tpurt__view_numel(const tpurt_view *v);
+/* Byte extent [lo, hi) of a non-empty view relative to its pointer. */
+TPURT_INTERNAL void tpurt__view_extent(const tpurt_view *v, int64_t *lo, int64_t *hi);
+/* Non-NULL, valid dtype, 0..TPURT_MAX_DIMS dims, no negative size. */
+TPURT_INTERNAL tpurt_status tpurt__check_view(const tpurt_view *v, const char *what);
+/* A non-empty view lies inside chip dev's memory (empty views pass). */
+TPURT_INTERNAL tpurt_status tpurt__check_view_range(int dev, const tpurt_view *v, const char *what);
+
 /* ------------------------------------------------------------ dtypes */
 /* Intermediate value for generic conversions. */
 typedef struct tpurt__val {

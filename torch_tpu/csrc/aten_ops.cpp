@@ -12,6 +12,8 @@
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/set_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
@@ -143,20 +145,35 @@ void copy_tpu_to_cpu(const at::Tensor& dst, const at::Tensor& src, bool non_bloc
   }
 }
 
+// The same memory without the lazy conjugate / negative bits (a view).
+at::Tensor physical(const at::Tensor& t) {
+  at::Tensor r = t;
+  if (r.is_conj()) r = at::_conj(r);
+  if (r.is_neg()) r = at::_neg_view(r);
+  return r;
+}
+
 at::Tensor tpu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(self.defined() && dst.defined(), "copy_: undefined tensor");
   at::assert_no_internal_overlap(dst);
   if (dst.numel() == 0) return dst;
-  bool src_tpu = self.device().type() == kTpu, dst_tpu = dst.device().type() == kTpu;
+  // Copies move stored values; the conjugate / negative bits of the two
+  // sides (PyTorch's lazy math views) are then reconciled on the
+  // destination: stored dst = conj^(sc^dc) neg^(sn^dn) (stored src).
+  bool flip_conj = self.is_conj() != dst.is_conj(), flip_neg = self.is_neg() != dst.is_neg();
+  at::Tensor src = physical(self), out = physical(dst);
+  bool src_tpu = src.device().type() == kTpu, dst_tpu = out.device().type() == kTpu;
   if (src_tpu && dst_tpu) {
-    copy_tpu_to_tpu(dst, self);
+    copy_tpu_to_tpu(out, src);
   } else if (dst_tpu) {
-    TORCH_CHECK(self.device().is_cpu(), "copy_ from ", self.device(), " to ", dst.device(), " is not supported");
-    copy_cpu_to_tpu(dst, self, non_blocking);
+    TORCH_CHECK(src.device().is_cpu(), "copy_ from ", src.device(), " to ", out.device(), " is not supported");
+    copy_cpu_to_tpu(out, src, non_blocking);
   } else {
-    TORCH_CHECK(dst.device().is_cpu(), "copy_ from ", self.device(), " to ", dst.device(), " is not supported");
-    copy_tpu_to_cpu(dst, self, non_blocking);
+    TORCH_CHECK(out.device().is_cpu(), "copy_ from ", src.device(), " to ", out.device(), " is not supported");
+    copy_tpu_to_cpu(out, src, non_blocking);
   }
+  if (flip_neg) out.neg_();
+  if (flip_conj && out.is_complex()) at::view_as_real(out).select(-1, 1).neg_();
   return dst;
 }
 
@@ -325,6 +342,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("as_strided", TORCH_FN(tpu_as_strided));
   m.impl("view", TORCH_FN(tpu_view));
   m.impl("_reshape_alias", TORCH_FN(tpu_reshape_alias));
+  m.impl("view_as_real", TORCH_FN(at::native::view_as_real));
+  m.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
   m.impl("resize_", TORCH_FN(tpu_resize));
   m.impl("_copy_from", TORCH_FN(tpu_copy_from));
   m.impl("_copy_from_and_resize", TORCH_FN(tpu_copy_from_and_resize));
@@ -336,6 +355,18 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(tpu_set_storage));
   m.impl("set_.source_Tensor", TORCH_FN(at::native::set_tensor_));
   m.impl("set_", TORCH_FN(tpu_set_empty));
+}
+
+// _copy_from reconciles the lazy conjugate / negative bits itself: the
+// generic math-bit fallbacks would materialize its inputs with clone(),
+// which copies through _copy_from again (endless recursion).
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

@@ -893,15 +893,7 @@ static tpurt_status check_view(const tpurt_view *v, const char *what, int i) {
 }
 
 static tpurt_status check_range(int dev, const tpurt_view *v, const char *what) {
-  int64_t es = (int64_t)tpurt_dtype_size(v->dtype), lo = 0, hi = 0;
-  for (int k = 0; k < v->ndim; k++) {
-    int64_t span = (v->sizes[k] - 1) * v->strides[k] * es;
-    if (span < 0)
-      lo += span;
-    else
-      hi += span;
-  }
-  return tpurt__check_dev_range(dev, v->ptr, lo, hi + es, what);
+  return tpurt__check_view_range(dev, v, what);
 }
 
 static tpurt_status validate(const tpurt_ew_program *prog, int nin, int nscalars) {

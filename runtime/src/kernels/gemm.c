@@ -503,34 +503,16 @@ static tpurt_status k_gemm(void *p, char *err, size_t errlen) {
 /* ------------------------------------------------------------- launch */
 
 tpurt_status tpurt__check_kernel_view(const tpurt_view *v, int ndim, const char *op, const char *what) {
-  if (!v) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op, what);
-  if ((unsigned)v->dtype >= TPURT_NUM_DTYPES)
-    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: %s has an invalid dtype", op, what);
+  char buf[96];
+  snprintf(buf, sizeof buf, "%s (%s)", op, what);
+  tpurt_status st = tpurt__check_view(v, buf);
+  if (st) return st;
   if (v->ndim != ndim)
     return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: %s must have %d dimensions, got %d", op, what, ndim, v->ndim);
-  int64_t es = (int64_t)tpurt_dtype_size(v->dtype), lo = 0, hi = es, n = 1;
-  for (int k = 0; k < ndim; k++) {
-    if (v->sizes[k] < 0)
-      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: %s has a negative size", op, what);
-    n *= v->sizes[k];
-  }
-  if (n == 0) return TPURT_OK;
-  for (int k = 0; k < ndim; k++) {
-    int64_t span = (v->sizes[k] - 1) * v->strides[k] * es;
-    if (span < 0)
-      lo += span;
-    else
-      hi += span;
-  }
+  if (tpurt__view_numel(v) == 0) return TPURT_OK;
   int dev = tpurt_devptr_device(v->ptr);
   if (dev < 0) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: %s is not a device address", op, what);
-  return tpurt__check_dev_range(dev, v->ptr, lo, hi, what);
-}
-
-int64_t tpurt__view_numel(const tpurt_view *v) {
-  int64_t n = 1;
-  for (int k = 0; k < v->ndim; k++) n *= v->sizes[k];
-  return n;
+  return tpurt__check_view_range(dev, v, buf);
 }
 
 tpurt_status tpurt_gemm(tpurt_stream *s, const tpurt_view *c, const tpurt_view *a, const tpurt_view *b, double alpha,

@@ -16,36 +16,14 @@
 
 #define KC_MAXOPS 16
 
-static inline int64_t kc_numel(const tpurt_view *v) {
-  int64_t n = 1;
-  for (int k = 0; k < v->ndim; k++) n *= v->sizes[k];
-  return n;
-}
+static inline int64_t kc_numel(const tpurt_view *v) { return tpurt__view_numel(v); }
 
 /* Validates a view and that its whole extent lies in dev's memory. */
 static inline tpurt_status kc_check(int dev, const tpurt_view *v, const char *op, const char *what) {
-  if (!v) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: %s view is NULL", op, what);
-  if ((unsigned)v->dtype >= TPURT_NUM_DTYPES)
-    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: %s has an invalid dtype %d", op, what, (int)v->dtype);
-  if (v->ndim < 0 || v->ndim > TPURT_MAX_DIMS)
-    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: %s has an invalid number of dimensions %d", op, what,
-                      v->ndim);
-  int64_t es = (int64_t)tpurt_dtype_size(v->dtype), lo = 0, hi = 0;
-  for (int k = 0; k < v->ndim; k++) {
-    if (v->sizes[k] < 0)
-      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: %s has a negative size in dimension %d", op, what, k);
-    if (v->sizes[k] == 0) return TPURT_OK;
-  }
-  for (int k = 0; k < v->ndim; k++) {
-    int64_t span = (v->sizes[k] - 1) * v->strides[k] * es;
-    if (span < 0)
-      lo += span;
-    else
-      hi += span;
-  }
   char buf[96];
   snprintf(buf, sizeof buf, "%s (%s)", op, what);
-  return tpurt__check_dev_range(dev, v->ptr, lo, hi + es, buf);
+  tpurt_status st = tpurt__check_view(v, buf);
+  return st ? st : tpurt__check_view_range(dev, v, buf);
 }
 
 static inline int kc_is_index_dtype(tpurt_dtype d) { return d == TPURT_I64 || d == TPURT_I32; }

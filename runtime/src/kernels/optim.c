@@ -166,28 +166,14 @@ static tpurt_status check_view(const tpurt_view *v, const char *op, const char *
   return TPURT_OK;
 }
 
-static int64_t numel_of(const tpurt_view *v) {
-  int64_t n = 1;
-  for (int k = 0; k < v->ndim; k++) n *= v->sizes[k];
-  return n;
-}
-
 static tpurt_status check_range(int dev, const tpurt_view *v, const char *op, const char *what, int i) {
-  if (numel_of(v) == 0) return TPURT_OK;
-  int64_t es = (int64_t)tpurt_dtype_size(v->dtype), lo = 0, hi = 0;
-  for (int k = 0; k < v->ndim; k++) {
-    int64_t span = (v->sizes[k] - 1) * v->strides[k] * es;
-    if (span < 0)
-      lo += span;
-    else
-      hi += span;
-  }
+  if (tpurt__view_numel(v) == 0) return TPURT_OK;
   char buf[96];
   snprintf(buf, sizeof buf, "%s (%s[%d])", op, what, i);
   if (tpurt_devptr_device(v->ptr) != dev)
     return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: %s[%d] is not on TPU %d (the stream's device)", op, what, i,
                       dev);
-  return tpurt__check_dev_range(dev, v->ptr, lo, hi + es, buf);
+  return tpurt__check_view_range(dev, v, buf);
 }
 
 static tpurt_status check_dscalar(int dev, const tpurt_dscalar *d, const char *op, const char *what) {
@@ -236,7 +222,7 @@ static tpurt_status pack(const pack_spec *ps, int with_scalars, blob **out, size
       }
       if ((st = check_range(ps->dev, v, ps->op, ps->names[o], i))) goto fail;
     }
-    int64_t numel = numel_of(v0);
+    int64_t numel = tpurt__view_numel(v0);
     /* coalesce jointly: drop size-1 dims, merge dims contiguous in every view */
     int64_t sizes[TPURT_MAX_DIMS], strides[MAXOPS][TPURT_MAX_DIMS];
     int nd = 0;
@@ -579,7 +565,7 @@ tpurt_status tpurt_fused_adam(tpurt_stream *s, int n, const tpurt_view *params, 
   if (!extra) return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory", op);
   for (int i = 0; i < n; i++) {
     if ((st = check_view(&steps[i], op, "state_steps", i))) goto fail_extra;
-    if (numel_of(&steps[i]) != 1 || !is_float_dtype(steps[i].dtype)) {
+    if (tpurt__view_numel(&steps[i]) != 1 || !is_float_dtype(steps[i].dtype)) {
       st = tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: state_steps[%d] must be a one-element floating point tensor",
                       op, i);
       goto fail_extra;
@@ -659,9 +645,9 @@ tpurt_status tpurt_fused_sgd(tpurt_stream *s, int n, const tpurt_view *params, c
 static tpurt_status one_f32(int dev, const tpurt_view *v, const char *op, const char *what, tpurt_dtype want) {
   tpurt_status st;
   if ((st = check_view(v, op, what, 0))) return st;
-  if (numel_of(v) != 1)
+  if (tpurt__view_numel(v) != 1)
     return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: %s must be a one-element tensor (got %" PRId64 " elements)",
-                      op, what, numel_of(v));
+                      op, what, tpurt__view_numel(v));
   if (v->dtype != want)
     return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: %s must be a %s tensor (got %s)", op, what,
                       tpurt_dtype_name(want), tpurt_dtype_name(v->dtype));
@@ -813,12 +799,12 @@ tpurt_status tpurt_foreach_norm(tpurt_stream *s, int n, const tpurt_view *out, c
   norm_out *outs = (norm_out *)(void *)extra;
   for (int i = 0; i < n; i++) {
     if ((st = check_view(&out[i], op, "out", i))) goto fail;
-    if (numel_of(&out[i]) != 1 || !is_float_dtype(out[i].dtype)) {
+    if (tpurt__view_numel(&out[i]) != 1 || !is_float_dtype(out[i].dtype)) {
       st = tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: out[%d] must be a one-element floating point tensor", op, i);
       goto fail;
     }
     if ((st = check_range(s->dev, &out[i], op, "out", i))) goto fail;
-    if (ord < 0 && numel_of(&in[i]) == 0) {
+    if (ord < 0 && tpurt__view_numel(&in[i]) == 0) {
       st = tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
                       "%s: the -inf norm of the empty tensor %d is undefined (no minimum of nothing)", op, i);
       goto fail;

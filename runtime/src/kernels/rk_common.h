@@ -33,37 +33,11 @@ static inline int rk_class(tpurt_dtype dt) {
 static inline tpurt_dtype rk_native(int cls) { return cls == RK_F32 ? TPURT_F32 : cls == RK_F64 ? TPURT_F64 : TPURT_I64; }
 static inline size_t rk_csize(int cls) { return cls == RK_F32 ? 4 : 8; }
 
-static inline tpurt_status rk_check_view(const tpurt_view *v, const char *what) {
-  if (!v) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: view is NULL", what);
-  if ((unsigned)v->dtype >= TPURT_NUM_DTYPES)
-    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: invalid dtype %d", what, (int)v->dtype);
-  if (v->ndim < 0 || v->ndim > TPURT_MAX_DIMS)
-    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: invalid number of dimensions %d", what, v->ndim);
-  for (int k = 0; k < v->ndim; k++)
-    if (v->sizes[k] < 0)
-      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: negative size %" PRId64 " in dimension %d", what,
-                        v->sizes[k], k);
-  return TPURT_OK;
-}
-
-static inline int64_t rk_numel(const tpurt_view *v) {
-  int64_t n = 1;
-  for (int k = 0; k < v->ndim; k++) n *= v->sizes[k];
-  return n;
-}
-
-/* validates that a non-empty view lies in device dev's memory */
+/* launch-side view checks: see view.c */
+static inline tpurt_status rk_check_view(const tpurt_view *v, const char *what) { return tpurt__check_view(v, what); }
+static inline int64_t rk_numel(const tpurt_view *v) { return tpurt__view_numel(v); }
 static inline tpurt_status rk_check_range(int dev, const tpurt_view *v, const char *what) {
-  if (rk_numel(v) == 0) return TPURT_OK;
-  int64_t es = (int64_t)tpurt_dtype_size(v->dtype), lo = 0, hi = 0;
-  for (int k = 0; k < v->ndim; k++) {
-    int64_t span = (v->sizes[k] - 1) * v->strides[k] * es;
-    if (span < 0)
-      lo += span;
-    else
-      hi += span;
-  }
-  return tpurt__check_dev_range(dev, v->ptr, lo, hi + es, what);
+  return tpurt__check_view_range(dev, v, what);
 }
 
 static inline int rk_same_shape(const tpurt_view *a, const tpurt_view *b) {
