@@ -55,10 +55,26 @@ SLICE = [
 
 # Ops that must pass in the CI slice (float32). Grows as kernels land.
 EXPECTED_PASS: list[str] = [
-    # copies, views, fills (main)
-    "clone", "contiguous", "view", "reshape", "permute", "transpose", "t", "squeeze", "unsqueeze", "narrow",
-    "select", "flatten", "diagonal", "movedim", "fill", "zero_", "zeros_like", "ones_like", "full_like",
-    "empty_like", "expand:fwd", "as_strided:fwd", "split:fwd", "unbind:fwd",
+    # copies, views, fills
+    "clone", "contiguous", "view", "reshape", "permute", "transpose", "t", "expand", "squeeze", "unsqueeze",
+    "narrow", "select", "flatten", "as_strided", "split", "unbind", "diagonal", "movedim", "fill", "zero_",
+    "zeros_like:fwd", "ones_like:fwd", "full_like:fwd", "empty_like:fwd",
+    # elementwise
+    "abs", "neg", "exp", "log", "sin", "sqrt", "sigmoid", "tanh", "nn.functional.relu", "nn.functional.gelu",
+    "add", "sub", "mul", "div.no_rounding_mode", "pow:fwd", "maximum", "where", "clamp", "eq:fwd", "lt:fwd",
+    # reductions / scans / softmax / sort
+    "sum", "mean", "amax", "argmax:fwd", "prod", "var", "softmax", "log_softmax", "cumsum", "linalg.vector_norm",
+    "topk", "cat", "stack",
+    # matmul / conv
+    "mm", "bmm", "matmul", "addmm", "nn.functional.linear", "nn.functional.conv2d",
+    # indexing
+    "index_select", "gather", "scatter", "index_add", "masked_fill:fwd", "__getitem__", "index_put",
+    "nn.functional.embedding:bwd",
+    # random (shapes and dtypes)
+    "nn.functional.dropout", "bernoulli", "rand_like:fwd",
+    # losses / norms
+    "nn.functional.cross_entropy", "nn.functional.mse_loss", "nn.functional.nll_loss",
+    "nn.functional.layer_norm:fwd",
 ]
 
 # Ops compared in the --cpu-fallback dry run of the slice (harness self-check).

@@ -458,3 +458,26 @@ def test_unique():
     same(cnt, ccnt)
     f = torch.tensor([0.5, -1.0, 0.5, 2.0])
     same(torch.unique(f.to(DT)), torch.unique(f))
+
+
+def test_gather_scatter_accept_int32_indices_like_cpu():
+    x = torch.randn(10, 5)
+    idx = torch.tensor([[0, 9, 3], [2, 3, 1]], dtype=torch.int32)
+    assert torch.equal(torch.gather(x.to("tpu"), 0, idx.to("tpu")).cpu(), torch.gather(x, 0, idx))
+    src = torch.randn(2, 3)
+    ref = torch.zeros(10, 5).scatter(0, idx, src)
+    got = torch.zeros(10, 5, device="tpu").scatter(0, idx.to("tpu"), src.to("tpu"))
+    assert torch.equal(got.cpu(), ref)
+    with pytest.raises(RuntimeError, match="Expected dtype int32/int64 for index"):
+        torch.gather(x.to("tpu"), 0, idx.to(torch.int16).to("tpu"))
+    # 0-dim self and index, as on CPU
+    s0, i1 = torch.tensor(2.5), torch.tensor([0])
+    assert torch.equal(torch.gather(s0.to("tpu"), 0, i1.to("tpu")).cpu(), torch.gather(s0, 0, i1))
+    assert torch.equal(torch.gather(s0.to("tpu"), 0, i1[0].to("tpu")).cpu(), torch.gather(s0, 0, i1[0]))
+    sd = s0.to("tpu").requires_grad_(True)
+    torch.gather(sd, 0, i1.to("tpu")).sum().backward()  # scatter_add into a 0-dim gradient
+    assert sd.grad.item() == 1.0
+    # an empty index of any dtype reads nothing, as on CPU
+    assert torch.gather(x[0].to("tpu"), 0, torch.tensor([]).to("tpu")).numel() == 0
+    assert torch.equal(torch.zeros(5, device="tpu").scatter(0, torch.tensor([]).to("tpu"),
+                                                            torch.tensor([]).to("tpu")).cpu(), torch.zeros(5))

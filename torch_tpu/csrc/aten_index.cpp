@@ -72,8 +72,14 @@ at::Tensor index_select(const at::Tensor& self, int64_t dim, const at::Tensor& i
 
 // ===================================================================== gather / scatter
 
+// A 0-dim tensor is a 1-element vector to the gather/scatter kernels (which
+// need the same ndim for every view), as PyTorch treats it.
+at::Tensor as1d(const at::Tensor& t) { return t.dim() == 0 ? t.view({1}) : t; }
+
 void gather_shape_check(const at::Tensor& self, int64_t dim, const at::Tensor& index, const char* op) {
-  TORCH_CHECK(index.scalar_type() == at::kLong, op, "(): Expected dtype int64 for index");
+  // Like CPU, an empty index of any dtype is accepted (nothing is read).
+  TORCH_CHECK(index.numel() == 0 || index.scalar_type() == at::kLong || index.scalar_type() == at::kInt, op,
+              "(): Expected dtype int32/int64 for index");
   auto sd = std::max<int64_t>(self.dim(), 1), id = std::max<int64_t>(index.dim(), 1);
   TORCH_CHECK(index.numel() == 0 || sd == id, "Index tensor must have the same number of dimensions as input tensor");
 }
@@ -92,7 +98,7 @@ at::Tensor& gather_out(const at::Tensor& self, int64_t dim, const at::Tensor& in
                   index.sizes(), " to be no larger than self ", self.sizes(), " apart from dimension ", dim);
   TORCH_CHECK(out.scalar_type() == self.scalar_type(), "gather(): Expected out tensor to have dtype ",
               self.scalar_type(), ", but got ", out.scalar_type(), " instead");
-  tpurt_view ov = view_of(out), sv = view_of(self), iv = view_of(index);
+  tpurt_view ov = view_of(as1d(out)), sv = view_of(as1d(self)), iv = view_of(as1d(index));
   check(tpurt_gather(stream_of(self), &ov, &sv, static_cast<int>(dim), &iv), "gather");
   return out;
 }
@@ -133,12 +139,12 @@ void scatter_impl(at::Tensor& self, int64_t dim, const at::Tensor& index_in, con
     if (src) TORCH_CHECK(index.size(d) <= src->size(d), "Expected index ", index.sizes(),
                          " to be no larger than src ", src->sizes());
   }
-  tpurt_view sv = view_of(self), iv = view_of(index);
+  tpurt_view sv = view_of(as1d(self)), iv = view_of(as1d(index));
   tpurt_view rv{};
   at::Tensor srcd;
   if (src) {
     srcd = on_device(*src, self);
-    rv = view_of(srcd);
+    rv = view_of(as1d(srcd));
   }
   check(tpurt_scatter(stream_of(self), &sv, static_cast<int>(dim), &iv, src ? &rv : nullptr, to_runtime(value), op,
                       include_self),
