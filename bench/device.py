@@ -59,13 +59,26 @@ def op_roundtrip(repeats: int) -> tuple[dict, str]:
         for _ in range(1000):
             cpu.fill_(1.0)
 
+    a_cpu, b_cpu = torch.ones(1), torch.ones(1)
+    a_tpu, b_tpu = a_cpu.to("tpu"), b_cpu.to("tpu")
+
+    def cpu_adds() -> None:
+        for _ in range(1000):
+            torch.add(a_cpu, b_cpu)
+
+    def tpu_adds() -> None:
+        for _ in range(1000):
+            torch.add(a_tpu, b_tpu)
+        torch.tpu.synchronize()
+
     t = interleaved({
         "cpu_fill": lambda: cpu.fill_(1.0),
         "tpu_fill_sync": tpu_sync,
         "tpu_item": lambda: tpu.item(),
         "tpu_d2h_1elem": lambda: host.copy_(tpu),
     }, repeats=repeats, inner=200)
-    burst = interleaved({"cpu_1000_fills": cpu_burst, "tpu_1000_fills_1_sync": tpu_burst}, repeats=repeats)
+    burst = interleaved({"cpu_1000_fills": cpu_burst, "tpu_1000_fills_1_sync": tpu_burst,
+                         "cpu_1000_adds": cpu_adds, "tpu_1000_adds_1_sync": tpu_adds}, repeats=repeats)
     t.update({k: v / 1000 for k, v in burst.items()})
     us = {k: v * 1e6 for k, v in t.items()}
     rows = [
@@ -77,5 +90,8 @@ def op_roundtrip(repeats: int) -> tuple[dict, str]:
         ["CPU `fill_`, per op in a burst of 1000", f"{us['cpu_1000_fills']:.2f}", "—"],
         ["tpu `fill_`, per op in a burst of 1000 + 1 sync", f"{us['tpu_1000_fills_1_sync']:.2f}",
          f"{us['tpu_1000_fills_1_sync'] / us['cpu_1000_fills']:.2f}× CPU burst"],
+        ["CPU `torch.add` of two 1-element tensors, per op in a burst of 1000", f"{us['cpu_1000_adds']:.2f}", "—"],
+        ["tpu `torch.add` of two 1-element tensors, per op, 1000 + 1 sync (goal ≤ 2× CPU)",
+         f"{us['tpu_1000_adds_1_sync']:.2f}", f"{us['tpu_1000_adds_1_sync'] / us['cpu_1000_adds']:.2f}× CPU adds"],
     ]
     return {"microseconds": us}, markdown_table(["operation", "µs (median)", "vs CPU fill_"], rows)
