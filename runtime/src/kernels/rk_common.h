@@ -47,6 +47,46 @@ static inline int rk_same_shape(const tpurt_view *a, const tpurt_view *b) {
   return 1;
 }
 
+/* ------------------------------------------------ lines along one dim */
+/* Work along one dim of up to RK_LINES_MAX same-shape views (softmax,
+ * scans): the other dims enumerate the lines; view v's line l starts at
+ * element offset rk_line_offsets(...)[v] and steps by step[v]. */
+#define RK_LINES_MAX 3
+typedef struct {
+  int64_t D;      /* length of each line */
+  int64_t nlines; /* number of lines */
+  int no;         /* number of (non-trivial) outer dims */
+  int64_t step[RK_LINES_MAX];
+  int64_t osz[TPURT_MAX_DIMS];
+  int64_t ost[RK_LINES_MAX][TPURT_MAX_DIMS];
+} rk_lines;
+
+/* shape gives the sizes; v[i] may be NULL (its strides are then 0). */
+static inline void rk_lines_plan(rk_lines *L, const tpurt_view *shape, int dim, const tpurt_view *const *v, int nv) {
+  int nd = shape->ndim;
+  memset(L, 0, sizeof *L);
+  L->D = nd ? shape->sizes[dim] : 1;
+  for (int i = 0; i < nv; i++) L->step[i] = nd && v[i] ? v[i]->strides[dim] : 0;
+  L->nlines = 1;
+  for (int k = 0; k < nd; k++) {
+    if (k == dim || shape->sizes[k] == 1) continue;
+    L->osz[L->no] = shape->sizes[k];
+    for (int i = 0; i < nv; i++) L->ost[i][L->no] = v[i] ? v[i]->strides[k] : 0;
+    L->nlines *= shape->sizes[k];
+    L->no++;
+  }
+}
+
+/* Element offsets of line l in each of the nv views. */
+static inline void rk_line_offsets(const rk_lines *L, int64_t l, int nv, int64_t *off) {
+  for (int i = 0; i < nv; i++) off[i] = 0;
+  for (int k = L->no - 1; k >= 0; k--) {
+    int64_t j = l % L->osz[k];
+    l /= L->osz[k];
+    for (int i = 0; i < nv; i++) off[i] += j * L->ost[i][k];
+  }
+}
+
 /* ------------------------------------------------------------ row loads */
 /* d[i] = convert(src[i * st]) for i < n; st in elements of dt. */
 #define RK_LOAD_LOOP(T, CONV)                                  \

@@ -13,10 +13,7 @@ typedef struct {
   int op, cls;
   tpurt_dtype idt, odt;
   tpurt_devptr in, out, idx;
-  int64_t D, sin, sout, sidx; /* scan dim: size, strides */
-  int no;
-  int64_t osz[TPURT_MAX_DIMS], oin[TPURT_MAX_DIMS], oout[TPURT_MAX_DIMS], oidx[TPURT_MAX_DIMS];
-  int64_t nlines;
+  rk_lines L; /* views: 0 in, 1 out, 2 idx */
 } splan;
 
 typedef struct {
@@ -32,25 +29,20 @@ static void scan_lines(void *c, int64_t lb, int64_t le) {
   _Alignas(32) double bd[LCH];
   int64_t *bi = (int64_t *)bd;
   for (int64_t l = lb; l < le; l++) {
-    int64_t r = l, io = 0, oo = 0, xo = 0;
-    for (int k = p->no - 1; k >= 0; k--) {
-      int64_t i = r % p->osz[k];
-      r /= p->osz[k];
-      io += i * p->oin[k];
-      oo += i * p->oout[k];
-      xo += i * p->oidx[k];
-    }
+    int64_t off[3];
+    rk_line_offsets(&p->L, l, 3, off);
+    int64_t io = off[0], oo = off[1], xo = off[2];
     const char *ip = x->in + io * ies;
     char *op = x->out + oo * oes;
     int64_t *xp = x->idx ? (int64_t *)x->idx + xo : NULL;
     /* carried state */
     double cd = p->op == TPURT_SCAN_CUMPROD ? 1.0 : p->op == TPURT_SCAN_LOGCUMSUMEXP ? -INFINITY : 0.0;
     int64_t ci = p->op == TPURT_SCAN_CUMPROD ? 1 : 0, cidx = 0;
-    for (int64_t o = 0; o < p->D; o += LCH) {
-      int64_t n = p->D - o < LCH ? p->D - o : LCH;
-      const char *src = ip + o * p->sin * ies;
+    for (int64_t o = 0; o < p->L.D; o += LCH) {
+      int64_t n = p->L.D - o < LCH ? p->L.D - o : LCH;
+      const char *src = ip + o * p->L.step[0] * ies;
       if (p->cls == RK_I64) {
-        rk_load_i64(bi, src, p->idt, p->sin, n);
+        rk_load_i64(bi, src, p->idt, p->L.step[0], n);
         switch (p->op) {
           case TPURT_SCAN_CUMSUM:
             for (int64_t i = 0; i < n; i++) bi[i] = ci = (int64_t)((uint64_t)ci + (uint64_t)bi[i]);
@@ -66,14 +58,14 @@ static void scan_lines(void *c, int64_t lb, int64_t le) {
                 cidx = o + i;
               }
               bi[i] = ci;
-              if (xp) xp[(o + i) * p->sidx] = cidx;
+              if (xp) xp[(o + i) * p->L.step[2]] = cidx;
             }
           }
         }
-        for (int64_t i = 0; i < n; i++) rk_store_i(op + (o + i) * p->sout * oes, p->odt, bi[i]);
+        for (int64_t i = 0; i < n; i++) rk_store_i(op + (o + i) * p->L.step[1] * oes, p->odt, bi[i]);
         continue;
       }
-      rk_load_f64(bd, src, p->idt, p->sin, n);
+      rk_load_f64(bd, src, p->idt, p->L.step[0], n);
       switch (p->op) {
         case TPURT_SCAN_CUMSUM:
           for (int64_t i = 0; i < n; i++) bd[i] = cd = cd + bd[i];
@@ -98,11 +90,11 @@ static void scan_lines(void *c, int64_t lb, int64_t le) {
               cidx = o + i;
             }
             bd[i] = cd;
-            if (xp) xp[(o + i) * p->sidx] = cidx;
+            if (xp) xp[(o + i) * p->L.step[2]] = cidx;
           }
         }
       }
-      rk_store_row_f64(op + o * p->sout * oes, p->odt, p->sout, bd, n);
+      rk_store_row_f64(op + o * p->L.step[1] * oes, p->odt, p->L.step[1], bd, n);
     }
   }
 }
@@ -112,7 +104,7 @@ static tpurt_status k_scan(void *a, char *err, size_t errlen) {
   (void)errlen;
   const splan *p = a;
   sctx x = {p, rk_hv(p->in), rk_hv(p->out), p->idx ? rk_hv(p->idx) : NULL};
-  tpurt_parallel_for(p->nlines, 32768 / (p->D + 1) + 1, scan_lines, &x);
+  tpurt_parallel_for(p->L.nlines, 32768 / (p->L.D + 1) + 1, scan_lines, &x);
   return TPURT_OK;
 }
 
@@ -152,19 +144,7 @@ tpurt_status tpurt_scan(tpurt_stream *s, tpurt_scan_op op, const tpurt_view *out
   p.in = in->ptr;
   p.out = out->ptr;
   p.idx = idx ? idx->ptr : 0;
-  p.D = nd ? in->sizes[dim] : 1;
-  p.sin = nd ? in->strides[dim] : 0;
-  p.sout = nd ? out->strides[dim] : 0;
-  p.sidx = nd && idx ? idx->strides[dim] : 0;
-  p.nlines = 1;
-  for (int k = 0; k < nd; k++) {
-    if (k == dim || in->sizes[k] == 1) continue;
-    p.osz[p.no] = in->sizes[k];
-    p.oin[p.no] = in->strides[k];
-    p.oout[p.no] = out->strides[k];
-    p.oidx[p.no] = idx ? idx->strides[k] : 0;
-    p.nlines *= in->sizes[k];
-    p.no++;
-  }
+  const tpurt_view *views[3] = {in, out, idx};
+  rk_lines_plan(&p.L, in, dim, views, 3);
   return tpurt_launch(s, nm, k_scan, &p, sizeof p);
 }

@@ -13,10 +13,7 @@ typedef struct {
   int log, bwd, cls;
   tpurt_dtype odt, idt, i2dt;
   tpurt_devptr out, in, in2;
-  int64_t D, sout, sin, sin2;
-  int no;
-  int64_t osz[TPURT_MAX_DIMS], oout[TPURT_MAX_DIMS], oin[TPURT_MAX_DIMS], oin2[TPURT_MAX_DIMS];
-  int64_t nlines;
+  rk_lines L; /* views: 0 out, 1 in, 2 in2 */
 } smplan;
 
 typedef struct {
@@ -28,8 +25,8 @@ typedef struct {
 
 #define SM_ROW(NAME, T, LOAD, STORE, EXP, LOGF)                                            \
   static void NAME(const smplan *p, char *op, const char *ip, const char *ip2, T *a, T *b) { \
-    int64_t D = p->D;                                                                    \
-    LOAD(a, ip, p->idt, p->sin, D);                                                      \
+    int64_t D = p->L.D;                                                                    \
+    LOAD(a, ip, p->idt, p->L.step[1], D);                                                      \
     if (!p->bwd) {                                                                       \
       T m = a[0];                                                                        \
       for (int64_t i = 1; i < D; i++) m = a[i] > m ? a[i] : m;                           \
@@ -47,7 +44,7 @@ typedef struct {
         for (int64_t i = 0; i < D; i++) a[i] *= inv;                                     \
       }                                                                                  \
     } else {                                                                             \
-      LOAD(b, ip2, p->i2dt, p->sin2, D);                                                 \
+      LOAD(b, ip2, p->i2dt, p->L.step[2], D);                                                 \
       T acc = 0;                                                                         \
       if (p->log) {                                                                      \
         for (int64_t i = 0; i < D; i++) acc += a[i];                                     \
@@ -57,7 +54,7 @@ typedef struct {
         for (int64_t i = 0; i < D; i++) a[i] = b[i] * (a[i] - acc);                      \
       }                                                                                  \
     }                                                                                    \
-    STORE(op, p->odt, p->sout, a, D);                                                    \
+    STORE(op, p->odt, p->L.step[0], a, D);                                                    \
   }
 SM_ROW(row_f, float, rk_load_f32, rk_store_row_f32, expf, logf)
 SM_ROW(row_d, double, rk_load_f64, rk_store_row_f64, exp, log)
@@ -70,24 +67,19 @@ static void sm_lines(void *c, int64_t lb, int64_t le) {
   _Alignas(32) double sa[STACK_D], sb[STACK_D];
   double *a = sa, *b = sb, *heap = NULL;
   size_t esz = p->cls == RK_F32 ? 4 : 8;
-  if ((size_t)p->D * esz > sizeof sa) {
-    heap = malloc(2 * (size_t)p->D * esz);
+  if ((size_t)p->L.D * esz > sizeof sa) {
+    heap = malloc(2 * (size_t)p->L.D * esz);
     if (!heap) {
       x->failed = 1;
       return;
     }
     a = heap;
-    b = (double *)((char *)heap + (size_t)p->D * esz);
+    b = (double *)((char *)heap + (size_t)p->L.D * esz);
   }
   for (int64_t l = lb; l < le; l++) {
-    int64_t r = l, oo = 0, io = 0, io2 = 0;
-    for (int k = p->no - 1; k >= 0; k--) {
-      int64_t i = r % p->osz[k];
-      r /= p->osz[k];
-      oo += i * p->oout[k];
-      io += i * p->oin[k];
-      io2 += i * p->oin2[k];
-    }
+    int64_t off[3];
+    rk_line_offsets(&p->L, l, 3, off);
+    int64_t oo = off[0], io = off[1], io2 = off[2];
     const char *ip2 = p->bwd ? x->in2 + io2 * i2es : NULL;
     if (p->cls == RK_F32)
       row_f(p, x->out + oo * oes, x->in + io * ies, ip2, (float *)a, (float *)b);
@@ -100,9 +92,9 @@ static void sm_lines(void *c, int64_t lb, int64_t le) {
 static tpurt_status k_softmax(void *a, char *err, size_t errlen) {
   const smplan *p = a;
   smctx x = {p, rk_hv(p->out), rk_hv(p->in), p->bwd ? rk_hv(p->in2) : NULL, 0};
-  tpurt_parallel_for(p->nlines, 16384 / (p->D + 1) + 1, sm_lines, &x);
+  tpurt_parallel_for(p->L.nlines, 16384 / (p->L.D + 1) + 1, sm_lines, &x);
   if (x.failed) {
-    snprintf(err, errlen, "out of host memory for softmax rows of %" PRId64 " elements", p->D);
+    snprintf(err, errlen, "out of host memory for softmax rows of %" PRId64 " elements", p->L.D);
     return TPURT_ERR_OUT_OF_MEMORY;
   }
   return TPURT_OK;
@@ -141,20 +133,8 @@ static tpurt_status sm_launch(tpurt_stream *s, const char *nm, const tpurt_view 
   p.out = out->ptr;
   p.in = in->ptr;
   p.in2 = in2 ? in2->ptr : 0;
-  p.D = nd ? in->sizes[dim] : 1;
-  p.sout = nd ? out->strides[dim] : 0;
-  p.sin = nd ? in->strides[dim] : 0;
-  p.sin2 = nd && in2 ? in2->strides[dim] : 0;
-  p.nlines = 1;
-  for (int k = 0; k < nd; k++) {
-    if (k == dim || in->sizes[k] == 1) continue;
-    p.osz[p.no] = in->sizes[k];
-    p.oout[p.no] = out->strides[k];
-    p.oin[p.no] = in->strides[k];
-    p.oin2[p.no] = in2 ? in2->strides[k] : 0;
-    p.nlines *= in->sizes[k];
-    p.no++;
-  }
+  const tpurt_view *views[3] = {out, in, in2};
+  rk_lines_plan(&p.L, in, dim, views, 3);
   return tpurt_launch(s, nm, k_softmax, &p, sizeof p);
 }
 
