@@ -37,13 +37,14 @@ static char g_lib_name[160];
 static int g_lib_threads = 1;
 
 /* Per-shape threading: products below SERIAL_MNK multiply-adds run on the
- * calling worker alone (measured: on 2 cores, splitting a 256^3..512^3
- * product can cost more in hand-offs than it gains, badly so when the cores
- * are shared); larger ones use all of the library's threads. The wheel
+ * calling worker alone (measured on a quiet 2-core machine: 256^3 runs at
+ * ~70 GFLOP/s on one thread but ~38 on two; 512^3 goes from ~56 to ~78 on
+ * two; splitting small products is worse still when the cores are
+ * shared); larger ones use all of the library's threads. The wheel
  * exports no per-thread setting, so the library-wide count is switched
  * (cached, so only a change of regime calls into the library; a race
  * between streams can only cost speed, never correctness). */
-#define SERIAL_MNK ((double)(1 << 27) + 1) /* up to 512^3 */
+#define SERIAL_MNK ((double)(1 << 24) + 1) /* up to 256^3 */
 static _Atomic int g_cur_threads = -1;
 static void set_threads_for(int64_t M, int64_t N, int64_t K) {
   int want = (double)M * (double)N * (double)K < SERIAL_MNK ? 1 : g_lib_threads;
