@@ -361,18 +361,7 @@ static int exec_i64(const tpurt_ew_inst *I, int64_t *restrict d, const int64_t *
   typedef int64_t T;
   const T p0 = f2i_param(I->p[0]), p1 = f2i_param(I->p[1]);
   int bad = 0;
-#define U(expr)                   \
-  for (int i = 0; i < n; i++) {   \
-    T x = a[i];                   \
-    d[i] = (expr);                \
-  }                               \
-  break
-#define B(expr)                   \
-  for (int i = 0; i < n; i++) {   \
-    T x = a[i], y = b[i];         \
-    d[i] = (expr);                \
-  }                               \
-  break
+#include "ew_loops.h"
 #define BDIV(expr)                \
   for (int i = 0; i < n; i++) {   \
     T x = a[i], y = b[i];         \
@@ -381,12 +370,6 @@ static int exec_i64(const tpurt_ew_inst *I, int64_t *restrict d, const int64_t *
       d[i] = 0;                   \
       continue;                   \
     }                             \
-    d[i] = (expr);                \
-  }                               \
-  break
-#define TR(expr)                  \
-  for (int i = 0; i < n; i++) {   \
-    T x = a[i], y = b[i], z = c[i]; \
     d[i] = (expr);                \
   }                               \
   break

@@ -10,24 +10,7 @@ static void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict
   typedef EW_T T;
   typedef EW_R R;
   const T p0 = (T)(R)I->p[0];
-#define U(expr)                   \
-  for (int i = 0; i < n; i++) {   \
-    T x = a[i];                   \
-    d[i] = (expr);                \
-  }                               \
-  break
-#define B(expr)                   \
-  for (int i = 0; i < n; i++) {   \
-    T x = a[i], y = b[i];         \
-    d[i] = (expr);                \
-  }                               \
-  break
-#define TR(expr)                  \
-  for (int i = 0; i < n; i++) {   \
-    T x = a[i], y = b[i], z = c[i]; \
-    d[i] = (expr);                \
-  }                               \
-  break
+#include "ew_loops.h"
 #define RE(x) EW_CR(creal)(x)
 #define IM(x) EW_CR(cimag)(x)
   switch (I->op) {

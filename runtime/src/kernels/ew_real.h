@@ -15,24 +15,7 @@ static void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict
   typedef EW_T T;
   const T p0 = (T)I->p[0], p1 = (T)I->p[1], p2 = (T)I->p[2];
   const T inf = (T)INFINITY;
-#define U(expr)                   \
-  for (int i = 0; i < n; i++) {   \
-    T x = a[i];                   \
-    d[i] = (expr);                \
-  }                               \
-  break
-#define B(expr)                   \
-  for (int i = 0; i < n; i++) {   \
-    T x = a[i], y = b[i];         \
-    d[i] = (expr);                \
-  }                               \
-  break
-#define TR(expr)                  \
-  for (int i = 0; i < n; i++) {   \
-    T x = a[i], y = b[i], z = c[i]; \
-    d[i] = (expr);                \
-  }                               \
-  break
+#include "ew_loops.h"
   switch (I->op) {
     case TPURT_EW_NEG: U(-x);
     case TPURT_EW_ABS: U(EW_M(fabs)(x));
