@@ -1,6 +1,7 @@
-"""Run the benchmarks: ``python -m bench [device] [gemm] [--repeats N] [--record]``.
+"""Run the benchmarks: ``python -m bench [device] [elementwise] [gemm] [--repeats N] [--record]``.
 
 device   host<->device copy bandwidth vs memcpy, empty-op round trip
+elementwise  large add/mul/gelu vs CPU and vs the machine's STREAM triad
 gemm     GEMM library choice (OpenBLAS / oneDNN / torch CPU, FMA peak),
          tpu fp32/bf16 GEMM vs CPU, conv2d on ResNet-18 shapes vs CPU
 
@@ -13,13 +14,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import common, device, gemm
+from bench import common, device, elementwise, gemm
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("suites", nargs="*", choices=[[], "device", "gemm"], help="suites to run (default: all)")
+    parser.add_argument("suites", nargs="*", choices=[[], "device", "elementwise", "gemm"], help="suites to run (default: all)")
     parser.add_argument("--repeats", type=int, default=15, help="repeats per configuration (median reported)")
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 16, 256], help="copy sizes in MiB")
     parser.add_argument("--record", action="store_true", help="append the results to BENCHMARKS.md")
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="square GEMM sizes of the gemm suite")
     parser.add_argument("--conv-batch", type=int, default=4, help="batch of the ResNet-18 conv shapes")
     args = parser.parse_args(argv)
-    args.suites = args.suites or ["device", "gemm"]
+    args.suites = args.suites or ["device", "elementwise", "gemm"]
     command = "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv)
     if "device" in args.suites:
         copies, copy_table = device.copy_bandwidth(args.sizes_mib, args.repeats)
@@ -39,6 +40,13 @@ def main(argv: list[str] | None = None) -> int:
         print(body)
         if args.record:
             common.record("Device foundation: copies and op round trip", command.strip(), body)
+    if "elementwise" in args.suites:
+        ew, ew_table = elementwise.elementwise(args.repeats)
+        common.save("elementwise", {"machine": common.machine(), **ew})
+        body = "Large elementwise ops (out= preallocated for add/mul; gelu allocates):\n\n" + ew_table
+        print(body)
+        if args.record:
+            common.record("Elementwise vs CPU and STREAM triad", command.strip(), body)
     if "gemm" in args.suites:
         reps = max(3, args.repeats // 3)
         lib, lib_table = gemm.library_choice(reps)

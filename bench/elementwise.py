@@ -1,0 +1,69 @@
+"""Large elementwise ops on tpu vs CPU and vs the machine's STREAM triad.
+
+The triad (a = b + s*c over float32 host arrays, every core through the
+runtime's thread pool) comes from ``runtime/bench/bench_stream.c``, built on
+demand in the runtime's CMake tree. Effective bandwidth of an op counts the
+bytes it must move at least once: two inputs and one output for add/mul, one
+input and one output for gelu.
+"""
+from __future__ import annotations
+
+import statistics
+import subprocess
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from bench.common import ROOT, interleaved, markdown_table
+
+RUNTIME_BUILD = ROOT / "build" / "runtime"
+
+
+def stream_triad(n: int, repeats: int) -> float:
+    """Median GB/s of the triad over `repeats` runs of n float32 elements."""
+    if not (RUNTIME_BUILD / "CMakeCache.txt").exists():
+        raise RuntimeError(f"{RUNTIME_BUILD} is not configured: run `make build` first")
+    subprocess.run(["cmake", "--build", str(RUNTIME_BUILD), "--target", "tpurt_bench_stream"], check=True,
+                   stdout=subprocess.DEVNULL)
+    exe = Path(RUNTIME_BUILD / "tpurt_bench_stream")
+    out = subprocess.run([str(exe), str(n), str(repeats)], check=True, capture_output=True, text=True).stdout
+    vals = [float(line.split()[1]) for line in out.splitlines() if line.startswith("triad_gbps")]
+    return statistics.median(vals)
+
+
+def elementwise(repeats: int, n: int = 1 << 24) -> tuple[dict, str]:
+    triad = stream_triad(n, max(5, repeats))
+    torch.manual_seed(0)
+    a_cpu, b_cpu = torch.randn(n), torch.randn(n)
+    a_tpu, b_tpu = a_cpu.to("tpu"), b_cpu.to("tpu")
+    o_cpu, o_tpu = torch.empty(n), torch.empty(n, device="tpu")
+
+    def tpu(fn):
+        def run() -> None:
+            fn()
+            torch.tpu.synchronize()
+        return run
+
+    ops = {
+        "add": (3, lambda: torch.add(a_cpu, b_cpu, out=o_cpu), lambda: torch.add(a_tpu, b_tpu, out=o_tpu)),
+        "mul": (3, lambda: torch.mul(a_cpu, b_cpu, out=o_cpu), lambda: torch.mul(a_tpu, b_tpu, out=o_tpu)),
+        "gelu": (2, lambda: F.gelu(a_cpu), lambda: F.gelu(a_tpu)),
+        "gelu tanh": (2, lambda: F.gelu(a_cpu, approximate="tanh"), lambda: F.gelu(a_tpu, approximate="tanh")),
+    }
+    configs = {}
+    for name, (_, c, t) in ops.items():
+        configs[f"cpu {name}"] = c
+        configs[f"tpu {name}"] = tpu(t)
+    times = interleaved(configs, repeats=repeats)
+    results: dict = {"elements": n, "triad_gbps": triad, "ops": {}}
+    rows = []
+    for name, (arrays, _, _) in ops.items():
+        tc, tt = times[f"cpu {name}"], times[f"tpu {name}"]
+        gbps = arrays * 4 * n / tt / 1e9
+        results["ops"][name] = {"cpu_s": tc, "tpu_s": tt, "tpu_gbps": gbps}
+        rows.append([name, f"{tc * 1e3:.2f}", f"{tt * 1e3:.2f}", f"{tc / tt:.2f}×", f"{gbps:.1f}",
+                     f"{gbps / triad:.2f}×"])
+    table = markdown_table(["op (16M float32)" if n == 1 << 24 else f"op ({n} float32)", "CPU ms", "tpu ms",
+                            "tpu speed / CPU (goal ≥ 0.8×)", "tpu GB/s", "/ STREAM triad (goal ≥ 0.7×)"], rows)
+    return results, f"STREAM triad (this machine, all cores): {triad:.1f} GB/s\n\n" + table
