@@ -235,6 +235,88 @@ typedef tpurt_status (*tpurt_kernel_fn)(void *args, char *err, size_t errlen);
 TPURT_API tpurt_status tpurt_launch(tpurt_stream *s, const char *name, tpurt_kernel_fn fn,
                                     const void *args, size_t args_size);
 
+/* ------------------------------------------------ execution modes (defer.c)
+ *
+ * STRICT runs every launch as it comes (asynchronously); BLOCKING waits for
+ * every launch (errors surface at the op that caused them); DEFER records
+ * launches per stream instead of queueing them. A recorded graph runs when
+ * it is cut: host synchronization (stream/device/event sync, device->host
+ * copies), event records and cross-stream waits, record_stream, a mode
+ * change, an explicit tpurt_flush, or the size cap. At the cut, consecutive
+ * elementwise programs are fused into one program (values pass in
+ * registers), stores to buffers that die inside the graph are dropped, and
+ * buffers allocated while recording ("promises": device addresses without
+ * memory) get memory only if they are still alive or must be read back
+ * from memory by another kernel; memory is allocated before its first use
+ * and freed after its last use in stream order. The plan (fusion, stores,
+ * allocation points) is cached by the graph's structure: launch-time
+ * scalars, buffer addresses and the argument values of non-elementwise
+ * kernels are not part of the key, so a training loop reuses one plan. */
+typedef enum tpurt_exec_mode {
+  TPURT_MODE_STRICT = 0,
+  TPURT_MODE_BLOCKING = 1,
+  TPURT_MODE_DEFER = 2
+} tpurt_exec_mode;
+/* Leaving DEFER flushes every pending graph first. */
+TPURT_API tpurt_status tpurt_set_exec_mode(tpurt_exec_mode mode);
+TPURT_API tpurt_exec_mode tpurt_get_exec_mode(void);
+
+typedef enum tpurt_flush_reason {
+  TPURT_FLUSH_EXPLICIT = 0, /* tpurt_flush / torch_tpu.flush() */
+  TPURT_FLUSH_SYNC,         /* stream or device synchronize, stream query */
+  TPURT_FLUSH_EVENT,        /* event record / wait */
+  TPURT_FLUSH_STREAM,       /* record_stream, a cross-stream use */
+  TPURT_FLUSH_TO_HOST,      /* device->host copy (.cpu(), .tolist(), .numpy()) */
+  TPURT_FLUSH_ITEM,         /* .item() or Python control flow on a device value */
+  TPURT_FLUSH_PRINT,        /* print / repr of a device tensor */
+  TPURT_FLUSH_SAVE,         /* torch.save */
+  TPURT_FLUSH_SIZE_CAP,     /* the graph reached the size cap */
+  TPURT_FLUSH_LOOP,         /* the recorded ops repeat a cached graph */
+  TPURT_FLUSH_MODE,         /* leaving the DEFER mode */
+  TPURT_FLUSH_COLLECTIVE,   /* collective communication */
+  TPURT_FLUSH_NUM_REASONS
+} tpurt_flush_reason;
+TPURT_API const char *tpurt_flush_reason_name(tpurt_flush_reason r);
+/* Runs the pending graphs of every stream of dev (dev < 0: every device). */
+TPURT_API tpurt_status tpurt_flush(int dev, tpurt_flush_reason reason);
+/* The reason to record for the next implicit cut made by this thread
+ * (e.g. the device->host copy of .item()); cleared by that cut. */
+TPURT_API void tpurt_flush_hint(tpurt_flush_reason reason);
+/* A callback that names the user's source line ("file.py:12") of the op
+ * being recorded (reason == NULL) or of a cut (*reason may be refined, e.g.
+ * a device->host copy made by print becomes TPURT_FLUSH_PRINT). The string
+ * must stay valid for the life of the process. NULL disables it. */
+typedef const char *(*tpurt_site_fn)(tpurt_flush_reason *reason);
+TPURT_API void tpurt_defer_set_site_fn(tpurt_site_fn fn);
+/* Recorded ops per graph before a size-cap cut (default 8192; >= 16). */
+TPURT_API void tpurt_defer_set_max_ops(int n);
+
+typedef struct tpurt_defer_stats {
+  uint64_t flushes[TPURT_FLUSH_NUM_REASONS];
+  uint64_t graphs_built;        /* plans built (cache misses) */
+  uint64_t cache_hits;          /* flushes that reused a cached plan */
+  uint64_t ops_recorded;        /* launches recorded */
+  uint64_t kernels_launched;    /* kernels run by flushes */
+  uint64_t fused_kernels;       /* launched programs made of >= 2 recorded ops */
+  uint64_t ops_fused;           /* recorded ops that ran inside fused programs */
+  uint64_t ops_eliminated;      /* elementwise ops whose results were never needed */
+  uint64_t stores_eliminated;   /* outputs kept in registers instead of memory */
+  uint64_t bytes_materialized;  /* promise bytes that got memory */
+  uint64_t bytes_never_materialized; /* promise bytes that never took memory */
+  uint64_t cached_plans;        /* plans in the cache now */
+} tpurt_defer_stats;
+TPURT_API void tpurt_defer_get_stats(tpurt_defer_stats *out);
+TPURT_API void tpurt_defer_reset_stats(void);
+/* The i-th most recent cut (0 = latest); returns 0 if there is none. */
+typedef struct tpurt_flush_record {
+  tpurt_flush_reason reason;
+  const char *site;   /* user source line or "" */
+  int ops;            /* recorded ops */
+  int kernels;        /* kernels launched */
+  int cache_hit;
+} tpurt_flush_record;
+TPURT_API int tpurt_defer_get_flush(int i, tpurt_flush_record *out);
+
 enum { TPURT_EVENT_DEFAULT = 0, TPURT_EVENT_TIMING = 1, TPURT_EVENT_BLOCKING_SYNC = 2 };
 TPURT_API tpurt_status tpurt_event_create(int flags, tpurt_event **out);
 /* Safe while records are pending: the event is freed once they are done. */

@@ -73,7 +73,18 @@ static tpurt_status finish_copy(tpurt_stream *s, uint64_t seq, int non_blocking)
 
 static tpurt_status launch_memcpy(tpurt_stream *s, memcpy_args *m, const char *name, int non_blocking) {
   uint64_t seq;
-  tpurt_status st = tpurt__enqueue(s, name, k_memcpy, m, sizeof *m, &seq);
+  tpurt_status st;
+  if (tpurt__deferring()) {
+    /* host->device: the data is staged now, so the host buffer is free to
+     * change (pinned or not); device->host: the graph runs first */
+    if (m->dir == DIR_H2D) return tpurt__defer_record_h2d(s, m->dst, m->host, m->n);
+    if (m->dir == DIR_D2H) {
+      if ((st = tpurt__defer_flush_device(s->dev, TPURT_FLUSH_TO_HOST))) return st;
+    } else {
+      return tpurt__defer_record_launch(s, name, k_memcpy, m, sizeof *m);
+    }
+  }
+  st = tpurt__enqueue(s, name, k_memcpy, m, sizeof *m, &seq);
   if (st) return st;
   if (atomic_load_explicit(&tpurt__blocking, memory_order_relaxed)) non_blocking = 0;
   return finish_copy(s, seq, non_blocking);

@@ -108,6 +108,12 @@ static tpurt_status do_init(void) {
       return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "TPU_LAUNCH_BLOCKING=\"%s\" is invalid: expected 0 or 1", e);
     blocking = (int)v;
   }
+  int defer = 0;
+  if ((e = getenv("TORCH_TPU_DEFER_AND_FUSE")) && *e) {
+    if (parse_int(e, 0, 1, &v))
+      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "TORCH_TPU_DEFER_AND_FUSE=\"%s\" is invalid: expected 0 or 1", e);
+    defer = (int)v && !blocking; /* TPU_LAUNCH_BLOCKING=1 (debugging) wins */
+  }
 
   int nthreads = 0;
   cpu_set_t set;
@@ -145,6 +151,7 @@ static tpurt_status do_init(void) {
 
   tpurt__cfg = c;
   atomic_store(&tpurt__blocking, blocking);
+  atomic_store(&tpurt__defer_on, defer);
   tpurt__pool_configure(nthreads);
   return TPURT_OK;
 }

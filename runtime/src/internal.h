@@ -100,6 +100,8 @@ struct tpurt_stream {
   tpurt_status err;
   char errmsg[TPURT_ERRMSG_LEN];
   pthread_t thread;
+  pthread_mutex_t dmu; /* the pending deferred graph (defer.c) */
+  void *dgraph;
 };
 
 struct tpurt_event {
@@ -155,6 +157,51 @@ TPURT_INTERNAL void *tpurt__host_view(tpurt_devptr p);
  * Sets last error and returns INVALID_ARGUMENT otherwise. */
 TPURT_INTERNAL tpurt_status tpurt__check_dev_range(int dev, tpurt_devptr p, int64_t lo, int64_t hi,
                                                    const char *what);
+
+/* ------------------------------------------------- DeferAndFuse (defer.c) */
+/* Promise addresses: memory allocated while recording; backed (real != 0)
+ * only once a graph decides it needs memory. */
+#define TPURT_PROMISE_TAG 0xD000000000000000ull
+#define TPURT_PROMISE_IDSHIFT 36
+#define TPURT_PROMISE_OFFMASK ((1ull << TPURT_PROMISE_IDSHIFT) - 1)
+static inline int tpurt__is_promise(tpurt_devptr p) { return (p & 0xF000000000000000ull) == TPURT_PROMISE_TAG; }
+static inline uint32_t tpurt__promise_id(tpurt_devptr p) {
+  return (uint32_t)((p >> TPURT_PROMISE_IDSHIFT) & 0xFFFFFFu);
+}
+typedef struct tpurt__promise {
+  _Atomic tpurt_devptr real; /* backing device address, 0 if none */
+  uint64_t size;
+  int dev;
+  uint8_t used, live, lost;
+  tpurt_stream *owner; /* stream whose pending graph allocated it */
+  tpurt_stream *home;  /* stream it was materialized on */
+  int local;           /* planner scratch */
+} tpurt__promise;
+TPURT_INTERNAL tpurt__promise *tpurt__promise_get(uint32_t id);
+TPURT_INTERNAL tpurt_status tpurt__promise_new(int dev, size_t size, tpurt_stream *s, tpurt_devptr *out);
+TPURT_INTERNAL tpurt_status tpurt__promise_free(tpurt_devptr p);
+
+TPURT_INTERNAL extern _Atomic int tpurt__defer_on;
+TPURT_INTERNAL extern _Thread_local int tpurt__defer_bypass; /* running a graph: launch for real */
+static inline int tpurt__deferring(void) {
+  return __builtin_expect(atomic_load_explicit(&tpurt__defer_on, memory_order_relaxed), 0) && !tpurt__defer_bypass;
+}
+TPURT_INTERNAL tpurt_status tpurt__defer_record_launch(tpurt_stream *s, const char *name, tpurt_kernel_fn fn,
+                                                      const void *args, size_t args_size);
+TPURT_INTERNAL tpurt_status tpurt__defer_record_ew(tpurt_stream *s, const tpurt_ew_program *prog,
+                                                  const tpurt_view *outs, const tpurt_view *ins, int nin,
+                                                  const double *scalars, int nscalars);
+TPURT_INTERNAL tpurt_status tpurt__defer_record_h2d(tpurt_stream *s, tpurt_devptr dst, const void *src, size_t n);
+/* 1 if the free was recorded for when s's pending graph runs. */
+TPURT_INTERNAL int tpurt__defer_record_free(tpurt_stream *s, tpurt_devptr p);
+/* Notes a device range validated by the launch being recorded. */
+TPURT_INTERNAL void tpurt__defer_note(tpurt_devptr p, int64_t lo, int64_t hi);
+TPURT_INTERNAL tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reason);
+TPURT_INTERNAL tpurt_status tpurt__defer_flush_device(int dev, tpurt_flush_reason reason);
+/* tpurt_elementwise with an explicit kernel name (NULL: from the program). */
+TPURT_INTERNAL tpurt_status tpurt__elementwise_named(tpurt_stream *s, const tpurt_ew_program *prog,
+                                                    const tpurt_view *outs, const tpurt_view *ins, int nin,
+                                                    const double *scalars, int nscalars, const char *name);
 
 /* Launch-side view checks (view.c). */
 TPURT_INTERNAL int64_t tpurt__view_numel(const tpurt_view *v);

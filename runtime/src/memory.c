@@ -85,6 +85,10 @@ static void mem_once(void) {
 /* ------------------------------------------------------------- helpers */
 
 int tpurt_devptr_device(tpurt_devptr p) {
+  if (tpurt__is_promise(p)) {
+    tpurt__promise *q = tpurt__promise_get(tpurt__promise_id(p));
+    return q && q->used ? q->dev : -1;
+  }
   if ((p & 0xF000000000000000ull) != TPURT_DEVPTR_BASE) return -1;
   uint64_t d = (p - TPURT_DEVPTR_BASE) >> TPURT_DEVPTR_SHIFT;
   if (d >= TPURT_MAX_DEVICES) return -1;
@@ -93,12 +97,36 @@ int tpurt_devptr_device(tpurt_devptr p) {
 }
 
 void *tpurt__host_view(tpurt_devptr p) {
+  if (__builtin_expect(tpurt__is_promise(p), 0)) {
+    tpurt__promise *q = tpurt__promise_get(tpurt__promise_id(p));
+    p = atomic_load_explicit(&q->real, memory_order_acquire) + (p & TPURT_PROMISE_OFFMASK);
+  }
   int d = (int)((p - TPURT_DEVPTR_BASE) >> TPURT_DEVPTR_SHIFT);
   unsigned char *b = atomic_load_explicit(&g_mem[d].base, memory_order_acquire);
   return b + tpurt__devptr_offset(p);
 }
 
 tpurt_status tpurt__check_dev_range(int dev, tpurt_devptr p, int64_t lo, int64_t hi, const char *what) {
+  if (tpurt__is_promise(p)) {
+    tpurt__promise *q = tpurt__promise_get(tpurt__promise_id(p));
+    if (!q || !q->used)
+      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: 0x%016" PRIx64 " is not a live TPU buffer", what, p);
+    if (q->dev != dev)
+      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: address 0x%016" PRIx64 " is on TPU %d, expected TPU %d",
+                        what, p, q->dev, dev);
+    if (q->lost)
+      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
+                        "%s: this tensor has no data: the deferred graph that was to produce it failed (see the "
+                        "error it raised)", what);
+    int64_t off = (int64_t)(p & TPURT_PROMISE_OFFMASK);
+    if (off + lo < 0 || (uint64_t)(off + hi) > q->size)
+      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
+                        "%s: range [0x%016" PRIx64 "%+" PRId64 ", %+" PRId64 ") is outside its buffer of %" PRIu64
+                        " bytes", what, p, lo, hi, q->size);
+    tpurt__defer_note(p, lo, hi);
+    return TPURT_OK;
+  }
+  tpurt__defer_note(p, lo, hi);
   int d = tpurt_devptr_device(p);
   if (d < 0)
     return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: 0x%016" PRIx64 " is not a TPU device address", what, p);
@@ -503,6 +531,7 @@ tpurt_status tpurt_malloc(int dev, size_t size, tpurt_stream *s, tpurt_devptr *o
   } else if (s->dev != dev) {
     return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "tpurt_malloc: stream belongs to TPU %d, not TPU %d", s->dev, dev);
   }
+  if (tpurt__deferring()) return tpurt__promise_new(dev, size, s, out);
   devmem *m = get_mem(dev);
   uint64_t rounded = size > UINT64_MAX - K_ROUND ? UINT64_MAX : (((uint64_t)size + K_ROUND - 1) & ~(K_ROUND - 1));
   int pool = rounded <= K_SMALL_MAX ? TPURT_POOL_SMALL : TPURT_POOL_LARGE;
@@ -565,6 +594,7 @@ static tpurt_status lookup_dev(tpurt_devptr p, const char *what, int *dev) {
 
 tpurt_status tpurt_free(tpurt_devptr p) {
   if (p == 0) return TPURT_OK;
+  if (tpurt__is_promise(p)) return tpurt__promise_free(p);
   int dev = -1;
   tpurt_status st = lookup_dev(p, "tpurt_free", &dev);
   if (st) return st;
@@ -572,6 +602,14 @@ tpurt_status tpurt_free(tpurt_devptr p) {
   uint64_t off = tpurt__devptr_offset(p);
   pthread_mutex_lock(&m->mu);
   blk *b = ht_find(m, off, 0);
+  if (b && b->allocated && !tpurt__defer_bypass && atomic_load_explicit(&tpurt__defer_on, memory_order_relaxed)) {
+    /* kernels recorded on its stream may still use it: free when they have run */
+    tpurt_stream *bs = b->stream;
+    pthread_mutex_unlock(&m->mu);
+    if (tpurt__defer_record_free(bs, p)) return TPURT_OK;
+    pthread_mutex_lock(&m->mu);
+    b = ht_find(m, off, 0);
+  }
   if (!b || !b->allocated) {
     pthread_mutex_unlock(&m->mu);
     return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
@@ -623,6 +661,13 @@ tpurt_status tpurt_record_stream(tpurt_devptr p, tpurt_stream *s) {
   if (st) return st;
   st = tpurt__resolve_stream(&s, dev);
   if (st) return st;
+  /* a use on another stream: what is recorded must be ordered first */
+  if ((st = tpurt__defer_flush_device(dev, TPURT_FLUSH_STREAM))) return st;
+  if (tpurt__is_promise(p)) {
+    tpurt__promise *q = tpurt__promise_get(tpurt__promise_id(p));
+    p = atomic_load(&q->real);
+    if (!p) return TPURT_OK; /* never needed memory */
+  }
   devmem *m = get_mem(dev);
   pthread_mutex_lock(&m->mu);
   blk *b = ht_find(m, tpurt__devptr_offset(p), 0);

@@ -102,6 +102,7 @@ static tpurt_stream *create_stream(int dev, int64_t id, int priority) {
   }
   pthread_mutex_init(&s->mu, NULL);
   pthread_mutex_init(&s->err_mu, NULL);
+  pthread_mutex_init(&s->dmu, NULL);
   pthread_attr_t at;
   pthread_attr_init(&at);
   pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
@@ -258,6 +259,7 @@ tpurt_status tpurt_launch(tpurt_stream *s, const char *name, tpurt_kernel_fn fn,
   if (st) return st;
   if (!fn) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "tpurt_launch: kernel function is NULL");
   if (args_size && !args) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "tpurt_launch: args is NULL");
+  if (tpurt__deferring()) return tpurt__defer_record_launch(s, name, fn, args, args_size);
   uint64_t seq;
   st = tpurt__enqueue(s, name, fn, args, args_size, &seq);
   if (st) return st;
@@ -272,12 +274,15 @@ tpurt_status tpurt_stream_synchronize(tpurt_stream *s) {
   tpurt_status st = tpurt__resolve_stream(&s, -1);
   if (st) return st;
   if (!s) return TPURT_ERR_INTERNAL; /* unreachable; placates gcc's -Wstringop-overflow */
+  st = tpurt__defer_flush_device(s->dev, TPURT_FLUSH_SYNC);
+  if (st) return st;
   tpurt__stream_wait_seq(s, tpurt__stream_enqueued(s));
   return tpurt__stream_take_error(s);
 }
 
 int tpurt_stream_query(tpurt_stream *s) {
   if (tpurt__resolve_stream(&s, -1) != TPURT_OK) return 1;
+  tpurt__defer_flush_device(s->dev, TPURT_FLUSH_SYNC); /* an error surfaces at the next synchronize */
   return tpurt__stream_reached(s, tpurt__stream_enqueued(s));
 }
 
@@ -290,6 +295,8 @@ void tpurt__device_wait(int dev) {
 
 tpurt_status tpurt_device_synchronize(int dev) {
   tpurt_status st = tpurt__check_device(dev);
+  if (st) return st;
+  st = tpurt__defer_flush_device(dev, TPURT_FLUSH_SYNC);
   if (st) return st;
   tpurt__device_wait(dev);
   tpurt_status first = TPURT_OK;
@@ -372,6 +379,7 @@ tpurt_status tpurt_event_record(tpurt_event *e, tpurt_stream *s) {
   if (!e) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "tpurt_event_record: event is NULL");
   tpurt_status st = tpurt__resolve_stream(&s, -1);
   if (st) return st;
+  if ((st = tpurt__defer_flush_device(s->dev, TPURT_FLUSH_EVENT))) return st;
   atomic_fetch_add(&e->refs, 1);
   event_cmd c = {e, atomic_fetch_add(&e->recorded, 1) + 1};
   atomic_store(&e->stream, s);
@@ -399,6 +407,7 @@ tpurt_status tpurt_stream_wait_event(tpurt_stream *s, tpurt_event *e) {
   if (!e) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "tpurt_stream_wait_event: event is NULL");
   tpurt_status st = tpurt__resolve_stream(&s, -1);
   if (st) return st;
+  if ((st = tpurt__defer_flush_device(s->dev, TPURT_FLUSH_EVENT))) return st;
   uint64_t target = atomic_load(&e->recorded);
   if (target == 0 || atomic_load(&e->done) >= target) return TPURT_OK;
   /* Same stream: FIFO order already places later work after the record. */

@@ -936,6 +936,12 @@ static tpurt_status validate(const tpurt_ew_program *prog, int nin, int nscalars
 
 tpurt_status tpurt_elementwise(tpurt_stream *s, const tpurt_ew_program *prog, const tpurt_view *outs,
                                const tpurt_view *ins, int nin, const double *scalars, int nscalars) {
+  return tpurt__elementwise_named(s, prog, outs, ins, nin, scalars, nscalars, NULL);
+}
+
+tpurt_status tpurt__elementwise_named(tpurt_stream *s, const tpurt_ew_program *prog, const tpurt_view *outs,
+                                      const tpurt_view *ins, int nin, const double *scalars, int nscalars,
+                                      const char *kname) {
   TPURT__INIT_OR_RETURN();
   tpurt_status st;
   if (!prog || !outs || (nin > 0 && !ins) || (nscalars > 0 && !scalars))
@@ -965,6 +971,7 @@ tpurt_status tpurt_elementwise(tpurt_stream *s, const tpurt_ew_program *prog, co
   if (numel == 0) return TPURT_OK;
   for (int i = 0; i < nops; i++)
     if ((st = check_range(s->dev, v[i], i < nout ? "elementwise (output)" : "elementwise (input)"))) return st;
+  if (tpurt__deferring()) return tpurt__defer_record_ew(s, prog, outs, ins, nin, scalars, nscalars);
 
   /* coalesce: drop size-1 dims, merge a dim into the next inner one when
    * every view is contiguous across the pair */
@@ -1041,8 +1048,8 @@ tpurt_status tpurt_elementwise(tpurt_stream *s, const tpurt_ew_program *prog, co
     }
     memcpy(&inst[k], &I, sizeof I);
   }
-  const char *name = "elementwise";
-  for (int k = prog->ninst - 1; k >= 0; k--)
+  const char *name = kname ? kname : "elementwise";
+  for (int k = prog->ninst - 1; k >= 0 && !kname; k--)
     if (prog->inst[k].op > TPURT_EW_CONST) {
       name = k_ops[prog->inst[k].op].name;
       break;

@@ -1,0 +1,1532 @@
+/*
+ * defer.c — the DeferAndFuse execution mode: promises, recording, fusion,
+ * the plan cache and planned execution (see "execution modes" in tpurt.h).
+ *
+ * Recording. In DEFER mode every launch on a stream is appended to the
+ * stream's pending graph instead of its queue: elementwise programs as
+ * structured nodes (program, views, launch scalars), other kernels as opaque
+ * nodes (kernel function, argument bytes, and the device ranges the launch
+ * validated — every kernel checks its views through tpurt__check_dev_range,
+ * which notes them here), host->device copies with their data staged, and
+ * frees of memory that pending nodes may still use as markers.
+ *
+ * Promises. Memory allocated while recording is a promise: an address
+ * 0xD... | id << 36 | offset with no memory behind it. A graph gives memory
+ * to a promise only if the promise is still alive when the graph ends, or a
+ * kernel must read it from memory (an opaque kernel, or a fused program
+ * that could not take the value from a register). Translation of a promise
+ * address goes through the promise table (one branch in tpurt__host_view).
+ *
+ * Planning (cached). Consecutive elementwise nodes with the same compute
+ * type and shape are merged into one program while no memory hazard
+ * forbids it: a value written by an earlier node and read back with the
+ * same view is taken from its register (with the rounding its store would
+ * have applied); reading or writing a range that overlaps a written or read
+ * range through a different view closes the group. Stores to promises that
+ * die inside the graph and are read by nobody else are dropped, dead
+ * instructions removed, registers allocated by linear scan. Memory is
+ * allocated before the first kernel that touches a promise and freed after
+ * the last, through the stream-ordered caching allocator. The plan depends
+ * only on the graph's structure — ops, shapes, strides, dtypes, the aliasing
+ * pattern of buffers, which promises live on — so it is cached under a hash
+ * of that structure; launch scalars and addresses are bound per execution.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+_Atomic int tpurt__defer_on;
+_Thread_local int tpurt__defer_bypass;
+static _Atomic int g_pending_graphs; /* streams with a non-empty pending graph */
+static _Thread_local int t_hint = -1;
+static _Atomic(tpurt_site_fn) g_site_fn;
+static _Atomic int g_max_ops = 8192;
+
+/* ------------------------------------------------------------- stats */
+
+static pthread_mutex_t g_stat_mu = PTHREAD_MUTEX_INITIALIZER;
+static tpurt_defer_stats g_stats;
+#define FLUSH_LOG 64
+static tpurt_flush_record g_log[FLUSH_LOG];
+static uint64_t g_nlog;
+
+static const char *k_reason_names[TPURT_FLUSH_NUM_REASONS] = {
+    "explicit", "synchronize", "event", "stream", "to_host", "item", "print",
+    "save",     "size_cap",    "loop",  "mode",   "collective"};
+
+const char *tpurt_flush_reason_name(tpurt_flush_reason r) {
+  return (unsigned)r < TPURT_FLUSH_NUM_REASONS ? k_reason_names[r] : "unknown";
+}
+
+void tpurt_defer_get_stats(tpurt_defer_stats *out) {
+  if (!out) return;
+  pthread_mutex_lock(&g_stat_mu);
+  *out = g_stats;
+  pthread_mutex_unlock(&g_stat_mu);
+}
+
+static _Atomic int g_nplans;
+void tpurt_defer_reset_stats(void) {
+  pthread_mutex_lock(&g_stat_mu);
+  memset(&g_stats, 0, sizeof g_stats);
+  g_nlog = 0;
+  pthread_mutex_unlock(&g_stat_mu);
+}
+
+int tpurt_defer_get_flush(int i, tpurt_flush_record *out) {
+  int ok = 0;
+  pthread_mutex_lock(&g_stat_mu);
+  if (i >= 0 && (uint64_t)i < g_nlog && i < FLUSH_LOG) {
+    if (out) *out = g_log[(g_nlog - 1 - (uint64_t)i) % FLUSH_LOG];
+    ok = 1;
+  }
+  pthread_mutex_unlock(&g_stat_mu);
+  return ok;
+}
+
+void tpurt_defer_set_site_fn(tpurt_site_fn fn) { atomic_store(&g_site_fn, fn); }
+void tpurt_defer_set_max_ops(int n) { atomic_store(&g_max_ops, n < 16 ? 16 : n); }
+void tpurt_flush_hint(tpurt_flush_reason reason) {
+  t_hint = (unsigned)reason < TPURT_FLUSH_NUM_REASONS ? (int)reason : -1;
+}
+
+/* ------------------------------------------------------------ promises */
+
+#define P_CHUNK 4096
+#define P_NCHUNKS 4096 /* 16M ids (24 bits) */
+static _Atomic(tpurt__promise *) g_pchunks[P_NCHUNKS];
+static pthread_mutex_t g_pmu = PTHREAD_MUTEX_INITIALIZER;
+static uint32_t g_pnext = 1; /* id 0 is never used */
+static uint32_t *g_pfree;
+static size_t g_npfree, g_cappfree;
+
+tpurt__promise *tpurt__promise_get(uint32_t id) {
+  tpurt__promise *c = atomic_load_explicit(&g_pchunks[id / P_CHUNK], memory_order_acquire);
+  return c ? &c[id % P_CHUNK] : NULL;
+}
+
+static uint32_t promise_new_id(void) {
+  uint32_t id = 0;
+  pthread_mutex_lock(&g_pmu);
+  if (g_npfree) {
+    id = g_pfree[--g_npfree];
+  } else if (g_pnext < (uint32_t)P_CHUNK * P_NCHUNKS) {
+    id = g_pnext;
+    if (!atomic_load(&g_pchunks[id / P_CHUNK])) {
+      tpurt__promise *c = calloc(P_CHUNK, sizeof *c);
+      if (!c) {
+        pthread_mutex_unlock(&g_pmu);
+        return 0;
+      }
+      atomic_store_explicit(&g_pchunks[id / P_CHUNK], c, memory_order_release);
+    }
+    g_pnext++;
+  }
+  pthread_mutex_unlock(&g_pmu);
+  return id;
+}
+
+static void promise_release_id(uint32_t id) {
+  tpurt__promise *q = tpurt__promise_get(id);
+  pthread_mutex_lock(&g_pmu);
+  memset(q, 0, sizeof *q);
+  if (g_npfree == g_cappfree) {
+    size_t nc = g_cappfree ? g_cappfree * 2 : 1024;
+    uint32_t *nf = realloc(g_pfree, nc * sizeof *nf);
+    if (!nf) { /* leak the id rather than fail */
+      pthread_mutex_unlock(&g_pmu);
+      return;
+    }
+    g_pfree = nf;
+    g_cappfree = nc;
+  }
+  g_pfree[g_npfree++] = id;
+  pthread_mutex_unlock(&g_pmu);
+}
+
+/* ------------------------------------------------------------- graphs */
+
+enum { N_EW = 1, N_OPAQUE, N_H2D, N_FREE };
+
+typedef struct acc {
+  tpurt_devptr p;
+  int64_t lo, hi; /* bytes [p + lo, p + hi) */
+} acc;
+
+typedef struct dnode {
+  uint8_t kind;
+  uint8_t nout, nin, nscal;
+  int ninst;
+  tpurt_dtype compute;
+  const char *name, *site;
+  /* N_EW */
+  tpurt_ew_inst *inst;
+  uint8_t out_reg[TPURT_EW_MAX_IO];
+  tpurt_view *views; /* nout outputs then nin inputs */
+  double *scal;
+  /* N_OPAQUE / N_H2D */
+  tpurt_kernel_fn fn;
+  void *args;
+  size_t args_size;
+  acc *acc;
+  int nacc;
+  /* N_FREE */
+  tpurt_devptr freed;
+} dnode;
+
+typedef struct bump {
+  struct bchunk *head;
+} bump;
+typedef struct bchunk {
+  struct bchunk *next;
+  size_t used, cap;
+  _Alignas(16) unsigned char data[];
+} bchunk;
+
+static void *bump_alloc(bump *b, size_t n) {
+  n = (n + 15) & ~(size_t)15;
+  bchunk *c = b->head;
+  if (!c || c->used + n > c->cap) {
+    size_t cap = n > (1u << 16) ? n : (1u << 16);
+    c = malloc(sizeof *c + cap);
+    if (!c) return NULL;
+    c->next = b->head;
+    c->used = 0;
+    c->cap = cap;
+    b->head = c;
+  }
+  void *p = c->data + c->used;
+  c->used += n;
+  return p;
+}
+static void bump_free(bump *b) {
+  while (b->head) {
+    bchunk *n = b->head->next;
+    free(b->head);
+    b->head = n;
+  }
+}
+
+typedef struct dgraph {
+  dnode *nodes;
+  int n, cap;
+  uint32_t *promises; /* allocated while recording, in order */
+  int np, capp;
+  bump mem;
+} dgraph;
+
+static dgraph *graph_of(tpurt_stream *s) {
+  if (!s->dgraph) {
+    s->dgraph = calloc(1, sizeof(dgraph));
+  }
+  return s->dgraph;
+}
+static int graph_empty(const dgraph *g) { return !g || (g->n == 0 && g->np == 0); }
+
+/* Caller holds s->dmu. Marks the stream pending when it gets its first item. */
+static void mark_pending(tpurt_stream *s, dgraph *g, int was_empty) {
+  (void)s;
+  if (was_empty && !graph_empty(g)) atomic_fetch_add(&g_pending_graphs, 1);
+}
+
+static dnode *push_node(dgraph *g) {
+  if (g->n == g->cap) {
+    int nc = g->cap ? g->cap * 2 : 256;
+    dnode *nn = realloc(g->nodes, (size_t)nc * sizeof *nn);
+    if (!nn) return NULL;
+    g->nodes = nn;
+    g->cap = nc;
+  }
+  dnode *d = &g->nodes[g->n++];
+  memset(d, 0, sizeof *d);
+  return d;
+}
+
+/* ------------------------------------------------- access notes (TLS) */
+
+#define MAX_NOTES 256
+static _Thread_local acc t_notes[MAX_NOTES];
+static _Thread_local int t_nnotes, t_notes_overflow;
+
+void tpurt__defer_note(tpurt_devptr p, int64_t lo, int64_t hi) {
+  if (!tpurt__deferring()) return;
+  if (t_nnotes < MAX_NOTES) {
+    t_notes[t_nnotes].p = p;
+    t_notes[t_nnotes].lo = lo;
+    t_notes[t_nnotes].hi = hi;
+    t_nnotes++;
+  } else {
+    t_notes_overflow = 1;
+  }
+}
+
+static const char *site_now(void) {
+  tpurt_site_fn fn = atomic_load_explicit(&g_site_fn, memory_order_relaxed);
+  return fn ? fn(NULL) : NULL;
+}
+
+/* A node on stream s may read a promise that another stream is still
+ * recording: run that stream's graph first. */
+static tpurt_status flush_foreign(tpurt_stream *s, const tpurt_devptr *ptrs, int n) {
+  for (int i = 0; i < n; i++) {
+    if (!tpurt__is_promise(ptrs[i])) continue;
+    tpurt__promise *q = tpurt__promise_get(tpurt__promise_id(ptrs[i]));
+    if (q && q->owner && q->owner != s) {
+      tpurt_status st = tpurt__defer_flush_stream(q->owner, TPURT_FLUSH_STREAM);
+      if (st) return st;
+    }
+  }
+  return TPURT_OK;
+}
+
+static tpurt_status after_record(tpurt_stream *s, int n) {
+  if (n >= atomic_load_explicit(&g_max_ops, memory_order_relaxed))
+    return tpurt__defer_flush_device(s->dev, TPURT_FLUSH_SIZE_CAP);
+  return TPURT_OK;
+}
+
+static void count_recorded(void) {
+  pthread_mutex_lock(&g_stat_mu);
+  g_stats.ops_recorded++;
+  pthread_mutex_unlock(&g_stat_mu);
+}
+
+tpurt_status tpurt__defer_record_launch(tpurt_stream *s, const char *name, tpurt_kernel_fn fn, const void *args,
+                                        size_t args_size) {
+  int nn = t_nnotes;
+  acc notes[MAX_NOTES];
+  memcpy(notes, t_notes, (size_t)nn * sizeof *notes);
+  int overflow = t_notes_overflow;
+  t_nnotes = 0;
+  t_notes_overflow = 0;
+  /* promises named in the argument bytes (views copied into the arguments) */
+  tpurt_devptr extra[64];
+  int nextra = 0;
+  for (size_t off = 0; off + 8 <= args_size && nextra < 64; off += 8) {
+    tpurt_devptr w;
+    memcpy(&w, (const unsigned char *)args + off, 8);
+    if (tpurt__is_promise(w)) {
+      tpurt__promise *q = tpurt__promise_get(tpurt__promise_id(w));
+      if (q && q->used) extra[nextra++] = w;
+    }
+  }
+  tpurt_devptr fp[MAX_NOTES];
+  for (int i = 0; i < nn; i++) fp[i] = notes[i].p;
+  tpurt_status st = flush_foreign(s, fp, nn);
+  if (!st) st = flush_foreign(s, extra, nextra);
+  if (st) return st;
+  if (overflow) { /* too many ranges to track: run what is pending, then this launch, in order */
+    st = tpurt__defer_flush_stream(s, TPURT_FLUSH_SIZE_CAP);
+    if (st) return st;
+    tpurt__defer_bypass++;
+    st = tpurt_launch(s, name, fn, args, args_size);
+    tpurt__defer_bypass--;
+    return st;
+  }
+  const char *site = site_now();
+  pthread_mutex_lock(&s->dmu);
+  dgraph *g = graph_of(s);
+  if (!g) {
+    pthread_mutex_unlock(&s->dmu);
+    return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory while recording", name ? name : "launch");
+  }
+  int was_empty = graph_empty(g);
+  dnode *d = push_node(g);
+  void *a = args_size ? bump_alloc(&g->mem, args_size) : NULL;
+  acc *ac = bump_alloc(&g->mem, sizeof(acc) * (size_t)(nn + nextra + 1));
+  if (!d || (args_size && !a) || !ac) {
+    if (d) g->n--;
+    pthread_mutex_unlock(&s->dmu);
+    return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory while recording", name ? name : "launch");
+  }
+  if (args_size) memcpy(a, args, args_size);
+  memcpy(ac, notes, (size_t)nn * sizeof *ac);
+  for (int i = 0; i < nextra; i++) {
+    tpurt__promise *q = tpurt__promise_get(tpurt__promise_id(extra[i]));
+    ac[nn + i].p = extra[i] & ~TPURT_PROMISE_OFFMASK;
+    ac[nn + i].lo = 0;
+    ac[nn + i].hi = (int64_t)q->size;
+  }
+  d->kind = N_OPAQUE;
+  d->name = name;
+  d->site = site;
+  d->fn = fn;
+  d->args = a;
+  d->args_size = args_size;
+  d->acc = ac;
+  d->nacc = nn + nextra;
+  mark_pending(s, g, was_empty);
+  int n = g->n;
+  pthread_mutex_unlock(&s->dmu);
+  count_recorded();
+  return after_record(s, n);
+}
+
+tpurt_status tpurt__defer_record_ew(tpurt_stream *s, const tpurt_ew_program *prog, const tpurt_view *outs,
+                                    const tpurt_view *ins, int nin, const double *scalars, int nscalars) {
+  t_nnotes = 0;
+  t_notes_overflow = 0;
+  int nout = prog->nout;
+  tpurt_devptr fp[2 * TPURT_EW_MAX_IO];
+  for (int i = 0; i < nout; i++) fp[i] = outs[i].ptr;
+  for (int i = 0; i < nin; i++) fp[nout + i] = ins[i].ptr;
+  tpurt_status st = flush_foreign(s, fp, nout + nin);
+  if (st) return st;
+  const char *site = site_now();
+  pthread_mutex_lock(&s->dmu);
+  dgraph *g = graph_of(s);
+  if (!g) {
+    pthread_mutex_unlock(&s->dmu);
+    return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "elementwise: out of host memory while recording");
+  }
+  int was_empty = graph_empty(g);
+  dnode *d = push_node(g);
+  tpurt_ew_inst *inst = bump_alloc(&g->mem, sizeof(tpurt_ew_inst) * (size_t)prog->ninst);
+  tpurt_view *views = bump_alloc(&g->mem, sizeof(tpurt_view) * (size_t)(nout + nin));
+  double *sc = nscalars ? bump_alloc(&g->mem, sizeof(double) * (size_t)nscalars) : NULL;
+  if (!d || !inst || !views || (nscalars && !sc)) {
+    if (d) g->n--;
+    pthread_mutex_unlock(&s->dmu);
+    return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "elementwise: out of host memory while recording");
+  }
+  memcpy(inst, prog->inst, sizeof(tpurt_ew_inst) * (size_t)prog->ninst);
+  for (int i = 0; i < nout + nin; i++) {
+    const tpurt_view *v = i < nout ? &outs[i] : &ins[i - nout];
+    tpurt_view *w = &views[i];
+    w->ptr = v->ptr;
+    w->dtype = v->dtype;
+    w->ndim = v->ndim;
+    memcpy(w->sizes, v->sizes, sizeof(int64_t) * (size_t)v->ndim);
+    memcpy(w->strides, v->strides, sizeof(int64_t) * (size_t)v->ndim);
+  }
+  if (nscalars) memcpy(sc, scalars, sizeof(double) * (size_t)nscalars);
+  d->kind = N_EW;
+  d->nout = (uint8_t)nout;
+  d->nin = (uint8_t)nin;
+  d->nscal = (uint8_t)nscalars;
+  d->ninst = prog->ninst;
+  d->compute = prog->compute;
+  d->inst = inst;
+  memcpy(d->out_reg, prog->out_reg, sizeof d->out_reg);
+  d->views = views;
+  d->scal = sc;
+  d->site = site;
+  d->name = tpurt_ew_op_name((tpurt_ew_op)prog->inst[prog->ninst - 1].op);
+  mark_pending(s, g, was_empty);
+  int n = g->n;
+  pthread_mutex_unlock(&s->dmu);
+  count_recorded();
+  return after_record(s, n);
+}
+
+typedef struct h2d_args {
+  tpurt_devptr dst;
+  void *data;
+  size_t n;
+} h2d_args;
+
+static tpurt_status k_h2d_staged(void *a, char *err, size_t errlen) {
+  (void)err;
+  (void)errlen;
+  h2d_args *h = a;
+  memcpy(tpurt__host_view(h->dst), h->data, h->n);
+  return TPURT_OK;
+}
+
+tpurt_status tpurt__defer_record_h2d(tpurt_stream *s, tpurt_devptr dst, const void *src, size_t n) {
+  t_nnotes = 0;
+  t_notes_overflow = 0;
+  tpurt_status st = flush_foreign(s, &dst, 1);
+  if (st) return st;
+  const char *site = site_now();
+  pthread_mutex_lock(&s->dmu);
+  dgraph *g = graph_of(s);
+  if (!g) {
+    pthread_mutex_unlock(&s->dmu);
+    return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "copy_h2d: out of host memory while recording");
+  }
+  int was_empty = graph_empty(g);
+  dnode *d = push_node(g);
+  h2d_args *a = bump_alloc(&g->mem, sizeof *a);
+  void *data = bump_alloc(&g->mem, n);
+  acc *ac = bump_alloc(&g->mem, sizeof *ac);
+  if (!d || !a || !data || !ac) {
+    if (d) g->n--;
+    pthread_mutex_unlock(&s->dmu);
+    return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "copy_h2d: out of host memory while staging %zu bytes", n);
+  }
+  memcpy(data, src, n);
+  a->dst = dst;
+  a->data = data;
+  a->n = n;
+  ac->p = dst;
+  ac->lo = 0;
+  ac->hi = (int64_t)n;
+  d->kind = N_H2D;
+  d->name = "copy_h2d";
+  d->site = site;
+  d->fn = k_h2d_staged;
+  d->args = a;
+  d->args_size = sizeof *a;
+  d->acc = ac;
+  d->nacc = 1;
+  mark_pending(s, g, was_empty);
+  int cnt = g->n;
+  pthread_mutex_unlock(&s->dmu);
+  count_recorded();
+  return after_record(s, cnt);
+}
+
+/* A free of p while s has a pending graph: recorded as a marker, done when
+ * the graph runs. Returns 1 if recorded, 0 if the caller frees now. */
+int tpurt__defer_record_free(tpurt_stream *s, tpurt_devptr p) {
+  if (tpurt__defer_bypass || !s) return 0;
+  if (atomic_load_explicit(&g_pending_graphs, memory_order_acquire) == 0 && !tpurt__is_promise(p)) return 0;
+  pthread_mutex_lock(&s->dmu);
+  dgraph *g = s->dgraph;
+  if (graph_empty(g)) {
+    pthread_mutex_unlock(&s->dmu);
+    return 0;
+  }
+  dnode *d = push_node(g);
+  if (!d) { /* cannot record: run the graph, then free */
+    pthread_mutex_unlock(&s->dmu);
+    tpurt__defer_flush_stream(s, TPURT_FLUSH_SIZE_CAP);
+    return 0;
+  }
+  d->kind = N_FREE;
+  d->name = "free";
+  d->freed = p;
+  pthread_mutex_unlock(&s->dmu);
+  return 1;
+}
+
+tpurt_status tpurt__promise_new(int dev, size_t size, tpurt_stream *s, tpurt_devptr *out) {
+  if ((uint64_t)size > TPURT_PROMISE_OFFMASK)
+    return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "Tried to allocate %zu bytes: larger than one deferred buffer can be",
+                      size);
+  uint32_t id = promise_new_id();
+  if (!id) return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "out of deferred buffer ids (too many live tensors)");
+  tpurt__promise *q = tpurt__promise_get(id);
+  q->size = size;
+  q->dev = dev;
+  q->live = 1;
+  q->owner = s;
+  q->local = -1;
+  atomic_store(&q->real, 0);
+  q->used = 1;
+  pthread_mutex_lock(&s->dmu);
+  dgraph *g = graph_of(s);
+  int ok = 0;
+  if (g) {
+    int was_empty = graph_empty(g);
+    if (g->np == g->capp) {
+      int nc = g->capp ? g->capp * 2 : 256;
+      uint32_t *np = realloc(g->promises, (size_t)nc * sizeof *np);
+      if (np) {
+        g->promises = np;
+        g->capp = nc;
+      }
+    }
+    if (g->np < g->capp) {
+      g->promises[g->np++] = id;
+      ok = 1;
+      mark_pending(s, g, was_empty);
+    }
+  }
+  pthread_mutex_unlock(&s->dmu);
+  if (!ok) {
+    promise_release_id(id);
+    return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "out of host memory while recording an allocation");
+  }
+  *out = TPURT_PROMISE_TAG | ((uint64_t)id << TPURT_PROMISE_IDSHIFT);
+  return TPURT_OK;
+}
+
+tpurt_status tpurt__promise_free(tpurt_devptr p) {
+  uint32_t id = tpurt__promise_id(p);
+  tpurt__promise *q = tpurt__promise_get(id);
+  if (!q || !q->used || (p & TPURT_PROMISE_OFFMASK))
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
+                      "tpurt_free: 0x%016" PRIx64 " was not returned by tpurt_malloc or was already freed", p);
+  tpurt_stream *home = q->owner ? q->owner : q->home;
+  if (tpurt__defer_record_free(home, p)) {
+    q->live = 0;
+    return TPURT_OK;
+  }
+  /* nothing pending can use it: free now */
+  tpurt_devptr r = atomic_load(&q->real);
+  tpurt_status st = TPURT_OK;
+  if (r) {
+    tpurt__defer_bypass++;
+    st = tpurt_free(r);
+    tpurt__defer_bypass--;
+  }
+  promise_release_id(id);
+  return st;
+}
+
+/* --------------------------------------------------------------- hashing */
+
+static inline uint64_t mix(uint64_t h, uint64_t x) {
+  h ^= x + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+  h *= 0xBF58476D1CE4E5B9ull;
+  return h ^ (h >> 31);
+}
+static inline uint64_t mixd(uint64_t h, double d) {
+  uint64_t u;
+  memcpy(&u, &d, 8);
+  return mix(h, u);
+}
+
+/* ------------------------------------------------------------- planning */
+
+/* Units of execution: a fused group, an opaque node, a free marker. */
+enum { U_GROUP = 1, U_NODE, U_FREE };
+/* Steps of a plan. */
+enum { S_ALLOC = 1, S_RELEASE, S_UNIT };
+
+typedef struct vref {
+  int node, idx; /* idx into the node's views (outputs first) */
+} vref;
+
+typedef struct fgroup {
+  tpurt_ew_program prog;
+  int nin, nout;
+  vref in[TPURT_EW_MAX_IO], out[TPURT_EW_MAX_IO];
+  int *nodes; /* member ew nodes, in order (their scalars are concatenated) */
+  int nn;
+  const char *name;
+} fgroup;
+
+typedef struct unit {
+  int kind, idx; /* group index / node index */
+} unit;
+
+typedef struct pstep {
+  int kind, a;
+} pstep;
+
+typedef struct plan {
+  uint64_t key, key2;
+  int nnodes, nprom;
+  fgroup *groups;
+  int ngroups;
+  unit *units;
+  int nunits;
+  pstep *steps;
+  int nsteps;
+  uint8_t *materialize; /* per local promise */
+  int kernels, fused_kernels, ops_fused, ops_eliminated, stores_eliminated;
+  struct plan *next;
+} plan;
+
+#define PLAN_BUCKETS 1024
+static plan *g_plans[PLAN_BUCKETS];
+static pthread_mutex_t g_plan_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static const char *intern(const char *s) {
+  /* plans live for the process: a small table of names */
+  static struct istr {
+    char *s;
+    struct istr *next;
+  } *tab[256];
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  uint64_t h = 1469598103934665603ull;
+  for (const char *c = s; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+  pthread_mutex_lock(&mu);
+  struct istr *e = tab[h % 256];
+  for (; e; e = e->next)
+    if (!strcmp(e->s, s)) break;
+  if (!e) {
+    e = malloc(sizeof *e);
+    if (e) {
+      e->s = strdup(s);
+      if (!e->s) {
+        free(e);
+        e = NULL;
+      } else {
+        e->next = tab[h % 256];
+        tab[h % 256] = e;
+      }
+    }
+  }
+  pthread_mutex_unlock(&mu);
+  return e ? e->s : "fused";
+}
+
+static int view_eq(const tpurt_view *a, const tpurt_view *b) {
+  if (a->ptr != b->ptr || a->dtype != b->dtype || a->ndim != b->ndim) return 0;
+  for (int k = 0; k < a->ndim; k++)
+    if (a->sizes[k] != b->sizes[k] || a->strides[k] != b->strides[k]) return 0;
+  return 1;
+}
+
+static void view_range(const tpurt_view *v, uint64_t *lo, uint64_t *hi) {
+  int64_t l, h;
+  tpurt__view_extent(v, &l, &h);
+  *lo = v->ptr + (uint64_t)l;
+  *hi = v->ptr + (uint64_t)h;
+}
+
+static int ranges_overlap(const tpurt_view *a, const tpurt_view *b) {
+  uint64_t al, ah, bl, bh;
+  view_range(a, &al, &ah);
+  view_range(b, &bl, &bh);
+  return al < bh && bl < ah;
+}
+
+/* Local index of a promise of this graph (-1 if p is not one). */
+static int local_of(tpurt_devptr p) {
+  if (!tpurt__is_promise(p)) return -1;
+  tpurt__promise *q = tpurt__promise_get(tpurt__promise_id(p));
+  return q ? q->local : -1;
+}
+
+/* --- group building --- */
+
+typedef struct vinst {
+  uint16_t op;
+  int dst, src[3];
+  double p[4];
+} vinst;
+
+#define G_MAX_VI (2 * TPURT_EW_MAX_INST)
+typedef struct gstate {
+  tpurt_dtype compute;
+  const tpurt_view *shape;
+  vinst vi[G_MAX_VI];
+  int nvi, nvreg;
+  struct {
+    const tpurt_view *v;
+    int vreg;
+    vref ref;
+  } w[TPURT_EW_MAX_IO], in[TPURT_EW_MAX_IO];
+  int nw, nin;
+  int nscal;
+  int nodes[G_MAX_VI];
+  int nn;
+} gstate;
+
+static int needs_cast(tpurt_dtype stored, tpurt_dtype compute) { return stored != compute; }
+
+static int emit(gstate *g, uint16_t op, int s0, int s1, int s2, const double *p) {
+  if (g->nvi >= G_MAX_VI) return -1;
+  vinst *v = &g->vi[g->nvi++];
+  v->op = op;
+  v->dst = g->nvreg++;
+  v->src[0] = s0;
+  v->src[1] = s1;
+  v->src[2] = s2;
+  if (p)
+    memcpy(v->p, p, sizeof v->p);
+  else
+    memset(v->p, 0, sizeof v->p);
+  return v->dst;
+}
+
+static int op_nsrc(uint16_t op) {
+  if (op <= TPURT_EW_CONST) return 0;
+  if (op < TPURT_EW_ADD) return 1;
+  if (op < TPURT_EW_WHERE) return 2;
+  return 3;
+}
+
+/* Linear-scan register allocation of g's instructions with the given
+ * live-out vregs. Writes the program (instructions and out_reg). Returns 0
+ * or -1 if it needs more than TPURT_EW_MAX_REGS registers or instructions. */
+static int assemble(const gstate *g, const int *outs, int nout, tpurt_ew_program *prog, int *keep_inst) {
+  int nv = g->nvreg;
+  int *last = malloc(sizeof(int) * (size_t)(nv ? nv : 1));
+  int *live = calloc((size_t)(nv ? nv : 1), sizeof(int));
+  int *phys = malloc(sizeof(int) * (size_t)(nv ? nv : 1));
+  int rc = -1;
+  if (!last || !live || !phys) goto out;
+  for (int v = 0; v < nv; v++) {
+    last[v] = -1;
+    phys[v] = -1;
+  }
+  for (int k = 0; k < nout; k++) live[outs[k]] = 1;
+  /* dead code elimination, backwards */
+  for (int i = g->nvi - 1; i >= 0; i--) {
+    const vinst *I = &g->vi[i];
+    keep_inst[i] = live[I->dst];
+    if (!keep_inst[i]) continue;
+    for (int s = 0; s < op_nsrc(I->op); s++) live[I->src[s]] = 1;
+  }
+  int n = 0;
+  for (int i = 0; i < g->nvi; i++) {
+    if (!keep_inst[i]) continue;
+    n++;
+    for (int s = 0; s < op_nsrc(g->vi[i].op); s++) last[g->vi[i].src[s]] = i;
+  }
+  if (n > TPURT_EW_MAX_INST) goto out;
+  for (int k = 0; k < nout; k++) last[outs[k]] = G_MAX_VI + 1;
+  uint32_t used = 0;
+  int pi = 0;
+  for (int i = 0; i < g->nvi; i++) {
+    if (!keep_inst[i]) continue;
+    const vinst *I = &g->vi[i];
+    int r = -1;
+    for (int q = 0; q < TPURT_EW_MAX_REGS; q++)
+      if (!(used & (1u << q))) {
+        r = q;
+        break;
+      }
+    if (r < 0) goto out;
+    tpurt_ew_inst *P = &prog->inst[pi++];
+    P->op = I->op;
+    P->dst = (uint8_t)r;
+    for (int s = 0; s < 3; s++) P->src[s] = (uint8_t)(s < op_nsrc(I->op) ? phys[I->src[s]] : 0);
+    memcpy(P->p, I->p, sizeof P->p);
+    /* free sources whose last use is here, then hold dst */
+    for (int s = 0; s < op_nsrc(I->op); s++)
+      if (last[I->src[s]] == i) used &= ~(1u << phys[I->src[s]]);
+    phys[I->dst] = r;
+    if (last[I->dst] >= 0) used |= 1u << r; /* read later or stored */
+  }
+  prog->ninst = pi;
+  prog->nout = nout;
+  prog->compute = g->compute;
+  for (int k = 0; k < nout; k++) prog->out_reg[k] = (uint8_t)phys[outs[k]];
+  rc = 0;
+out:
+  free(last);
+  free(live);
+  free(phys);
+  return rc;
+}
+
+/* Tries to append ew node ni to g. Returns 1 on success (g updated), 0 if
+ * the node cannot join the group. */
+static int group_add(gstate *g, const dgraph *G, int ni) {
+  const dnode *d = &G->nodes[ni];
+  const tpurt_view *o0 = &d->views[0];
+  if (g->nn > 0) {
+    if (d->compute != g->compute || o0->ndim != g->shape->ndim) return 0;
+    for (int k = 0; k < o0->ndim; k++)
+      if (o0->sizes[k] != g->shape->sizes[k]) return 0;
+    if (g->nn >= G_MAX_VI) return 0;
+  }
+  gstate *t = malloc(sizeof *t);
+  if (!t) return 0;
+  *t = *g;
+  if (t->nn == 0) {
+    t->compute = d->compute;
+    t->shape = o0;
+  }
+  int map[TPURT_EW_MAX_REGS];
+  int ok = 1;
+  for (int i = 0; i < d->ninst && ok; i++) {
+    const tpurt_ew_inst *I = &d->inst[i];
+    int r = -1;
+    if (I->op == TPURT_EW_LOAD) {
+      int j = (int)I->p[0];
+      const tpurt_view *v = &d->views[d->nout + j];
+      int fw = -1;
+      for (int k = 0; k < t->nw; k++)
+        if (view_eq(t->w[k].v, v)) fw = k;
+      if (fw >= 0) {
+        r = t->w[fw].vreg;
+        if (needs_cast(v->dtype, t->compute)) {
+          double p[4] = {(double)v->dtype, 0, 0, 0};
+          r = emit(t, TPURT_EW_CAST, r, 0, 0, p);
+        }
+      } else {
+        for (int k = 0; k < t->nw && ok; k++)
+          if (ranges_overlap(t->w[k].v, v)) ok = 0;
+        if (!ok) break;
+        int fi = -1;
+        for (int k = 0; k < t->nin; k++)
+          if (view_eq(t->in[k].v, v)) fi = k;
+        if (fi >= 0) {
+          r = t->in[fi].vreg;
+        } else {
+          if (t->nin >= TPURT_EW_MAX_IO) {
+            ok = 0;
+            break;
+          }
+          double p[4] = {(double)t->nin, 0, 0, 0};
+          r = emit(t, TPURT_EW_LOAD, 0, 0, 0, p);
+          t->in[t->nin].v = v;
+          t->in[t->nin].vreg = r;
+          t->in[t->nin].ref.node = ni;
+          t->in[t->nin].ref.idx = d->nout + j;
+          t->nin++;
+        }
+      }
+    } else if (I->op == TPURT_EW_SCALAR) {
+      double p[4] = {I->p[0] + t->nscal, I->p[1], I->p[2], I->p[3]};
+      r = emit(t, TPURT_EW_SCALAR, 0, 0, 0, p);
+    } else {
+      int ns = op_nsrc(I->op);
+      int s[3] = {0, 0, 0};
+      for (int q = 0; q < ns; q++) s[q] = map[I->src[q]];
+      r = emit(t, I->op, s[0], s[1], s[2], I->p);
+    }
+    if (r < 0) ok = 0;
+    map[I->dst] = r;
+  }
+  for (int k = 0; k < d->nout && ok; k++) {
+    const tpurt_view *o = &d->views[k];
+    for (int q = 0; q < t->nin && ok; q++)
+      if (!view_eq(t->in[q].v, o) && ranges_overlap(t->in[q].v, o)) ok = 0;
+    int fw = -1;
+    for (int q = 0; q < t->nw && ok; q++) {
+      if (view_eq(t->w[q].v, o))
+        fw = q;
+      else if (ranges_overlap(t->w[q].v, o))
+        ok = 0;
+    }
+    if (!ok) break;
+    int vr = map[d->out_reg[k]];
+    if (fw >= 0) {
+      t->w[fw].vreg = vr;
+      t->w[fw].ref.node = ni;
+      t->w[fw].ref.idx = k;
+    } else {
+      if (t->nw >= TPURT_EW_MAX_IO) {
+        ok = 0;
+        break;
+      }
+      t->w[t->nw].v = o;
+      t->w[t->nw].vreg = vr;
+      t->w[t->nw].ref.node = ni;
+      t->w[t->nw].ref.idx = k;
+      t->nw++;
+    }
+  }
+  if (ok) {
+    /* the pessimistic program (every write stored) must fit */
+    int outs[TPURT_EW_MAX_IO];
+    for (int k = 0; k < t->nw; k++) outs[k] = t->w[k].vreg;
+    tpurt_ew_program *prog = malloc(sizeof *prog);
+    int *keep = malloc(sizeof(int) * G_MAX_VI);
+    ok = prog && keep && assemble(t, outs, t->nw, prog, keep) == 0;
+    free(prog);
+    free(keep);
+  }
+  if (ok) {
+    t->nscal += d->nscal;
+    t->nodes[t->nn++] = ni;
+    *g = *t;
+  }
+  free(t);
+  return ok;
+}
+
+/* Per local promise facts gathered while planning. */
+typedef struct pfacts {
+  uint8_t live;    /* still held by the user at the end */
+  uint8_t memread; /* read from memory by some unit (or written by an opaque kernel) */
+  int first, last; /* units that touch it in memory */
+} pfacts;
+
+static void touch(pfacts *f, tpurt_devptr p, int u) {
+  int l = local_of(p);
+  if (l < 0) return;
+  if (f[l].first < 0) f[l].first = u;
+  f[l].last = u;
+}
+
+static plan *build_plan(dgraph *G) {
+  plan *P = calloc(1, sizeof *P);
+  gstate *gs = malloc(sizeof *gs);
+  pfacts *pf = calloc((size_t)(G->np ? G->np : 1), sizeof *pf);
+  gstate *gl = NULL; /* groups' states */
+  int ngl = 0, capgl = 0;
+  if (!P || !gs || !pf) goto fail;
+  P->nnodes = G->n;
+  P->nprom = G->np;
+  P->units = malloc(sizeof(unit) * (size_t)(G->n + 1));
+  int *deferred_frees = malloc(sizeof(int) * (size_t)(G->n + 1));
+  if (!P->units || !deferred_frees) {
+    free(deferred_frees);
+    goto fail;
+  }
+  int ndf = 0;
+  for (int l = 0; l < G->np; l++) {
+    tpurt__promise *q = tpurt__promise_get(G->promises[l]);
+    pf[l].live = q->live;
+    pf[l].first = pf[l].last = -1;
+  }
+  /* 1. grouping */
+  gs->nn = 0;
+  gs->nvi = gs->nvreg = gs->nw = gs->nin = gs->nscal = 0;
+#define CLOSE_GROUP()                                                        \
+  do {                                                                       \
+    if (gs->nn > 0) {                                                        \
+      if (ngl == capgl) {                                                    \
+        capgl = capgl ? capgl * 2 : 16;                                      \
+        gstate *ng = realloc(gl, sizeof(gstate) * (size_t)capgl);            \
+        if (!ng) goto fail;                                                  \
+        gl = ng;                                                             \
+      }                                                                      \
+      gl[ngl] = *gs;                                                         \
+      P->units[P->nunits].kind = U_GROUP;                                    \
+      P->units[P->nunits].idx = ngl++;                                       \
+      P->nunits++;                                                           \
+      gs->nn = gs->nvi = gs->nvreg = gs->nw = gs->nin = gs->nscal = 0;       \
+    }                                                                        \
+    for (int _f = 0; _f < ndf; _f++) {                                       \
+      P->units[P->nunits].kind = U_FREE;                                     \
+      P->units[P->nunits].idx = deferred_frees[_f];                          \
+      P->nunits++;                                                           \
+    }                                                                        \
+    ndf = 0;                                                                 \
+  } while (0)
+  for (int i = 0; i < G->n; i++) {
+    const dnode *d = &G->nodes[i];
+    if (d->kind == N_FREE) {
+      if (gs->nn > 0)
+        deferred_frees[ndf++] = i;
+      else {
+        P->units[P->nunits].kind = U_FREE;
+        P->units[P->nunits].idx = i;
+        P->nunits++;
+      }
+      continue;
+    }
+    if (d->kind == N_EW) {
+      if (group_add(gs, G, i)) continue;
+      CLOSE_GROUP();
+      if (group_add(gs, G, i)) continue;
+      goto fail; /* a single recorded program always fits */
+    }
+    CLOSE_GROUP();
+    P->units[P->nunits].kind = U_NODE;
+    P->units[P->nunits].idx = i;
+    P->nunits++;
+  }
+  CLOSE_GROUP();
+#undef CLOSE_GROUP
+  free(deferred_frees);
+  /* 2. which promises must live in memory */
+  for (int u = 0; u < P->nunits; u++) {
+    unit *U = &P->units[u];
+    if (U->kind == U_GROUP) {
+      gstate *g = &gl[U->idx];
+      for (int k = 0; k < g->nin; k++) {
+        int l = local_of(g->in[k].v->ptr);
+        if (l >= 0) pf[l].memread = 1;
+      }
+    } else if (U->kind == U_NODE) {
+      const dnode *d = &G->nodes[U->idx];
+      for (int k = 0; k < d->nacc; k++) {
+        int l = local_of(d->acc[k].p);
+        if (l >= 0) pf[l].memread = 1;
+      }
+    }
+  }
+  P->materialize = calloc((size_t)(G->np ? G->np : 1), 1);
+  if (!P->materialize) goto fail;
+  for (int l = 0; l < G->np; l++) P->materialize[l] = pf[l].live || pf[l].memread;
+  /* 3. assemble groups with the stores that are needed */
+  P->groups = calloc((size_t)(ngl ? ngl : 1), sizeof(fgroup));
+  if (!P->groups) goto fail;
+  P->ngroups = ngl;
+  for (int gi = 0; gi < ngl; gi++) {
+    gstate *g = &gl[gi];
+    fgroup *F = &P->groups[gi];
+    int outs[TPURT_EW_MAX_IO], nout = 0;
+    for (int k = 0; k < g->nw; k++) {
+      int l = local_of(g->w[k].v->ptr);
+      if (l >= 0 && !P->materialize[l]) {
+        P->stores_eliminated++;
+        continue;
+      }
+      F->out[nout] = g->w[k].ref;
+      outs[nout++] = g->w[k].vreg;
+    }
+    F->nodes = malloc(sizeof(int) * (size_t)g->nn);
+    if (!F->nodes) goto fail;
+    memcpy(F->nodes, g->nodes, sizeof(int) * (size_t)g->nn);
+    F->nn = g->nn;
+    if (nout == 0) { /* nothing it computes is needed */
+      F->nout = 0;
+      P->ops_eliminated += g->nn;
+      continue;
+    }
+    int keep[G_MAX_VI];
+    if (assemble(g, outs, nout, &F->prog, keep) != 0) goto fail;
+    /* renumber the loads that survived */
+    int slot[TPURT_EW_MAX_IO], nin = 0;
+    for (int k = 0; k < g->nin; k++) slot[k] = -1;
+    for (int i = 0, pi = 0; i < g->nvi; i++) {
+      if (!keep[i]) continue;
+      if (g->vi[i].op == TPURT_EW_LOAD) {
+        int k = (int)g->vi[i].p[0];
+        if (slot[k] < 0) {
+          slot[k] = nin;
+          F->in[nin++] = g->in[k].ref;
+        }
+        F->prog.inst[pi].p[0] = slot[k];
+      }
+      pi++;
+    }
+    F->nin = nin;
+    F->nout = nout;
+    /* members whose instructions all died still count as fused away */
+    char name[96];
+    int len = snprintf(name, sizeof name, "%s", g->nn > 1 ? "fused(" : "");
+    for (int m = 0; m < g->nn && len < (int)sizeof name - 8; m++)
+      len += snprintf(name + len, sizeof name - (size_t)len, "%s%s", m ? "," : "", G->nodes[g->nodes[m]].name);
+    if (g->nn > 1) snprintf(name + len, sizeof name - (size_t)len, ")");
+    F->name = intern(name);
+    P->kernels++;
+    if (g->nn > 1) {
+      P->fused_kernels++;
+      P->ops_fused += g->nn;
+    }
+  }
+  /* 4. memory touches per unit, then the steps */
+  for (int u = 0; u < P->nunits; u++) {
+    unit *U = &P->units[u];
+    if (U->kind == U_GROUP) {
+      fgroup *F = &P->groups[U->idx];
+      if (F->nout == 0) continue;
+      for (int k = 0; k < F->nin; k++) touch(pf, G->nodes[F->in[k].node].views[F->in[k].idx].ptr, u);
+      for (int k = 0; k < F->nout; k++) touch(pf, G->nodes[F->out[k].node].views[F->out[k].idx].ptr, u);
+    } else if (U->kind == U_NODE) {
+      const dnode *d = &G->nodes[U->idx];
+      P->kernels++;
+      for (int k = 0; k < d->nacc; k++) touch(pf, d->acc[k].p, u);
+    }
+  }
+  P->steps = malloc(sizeof(pstep) * (size_t)(P->nunits + 2 * G->np + 1));
+  if (!P->steps) goto fail;
+  for (int u = 0; u < P->nunits; u++) {
+    for (int l = 0; l < G->np; l++)
+      if (P->materialize[l] && pf[l].first == u) P->steps[P->nsteps++] = (pstep){S_ALLOC, l};
+    P->steps[P->nsteps++] = (pstep){S_UNIT, u};
+    for (int l = 0; l < G->np; l++)
+      if (P->materialize[l] && !pf[l].live && pf[l].last == u) P->steps[P->nsteps++] = (pstep){S_RELEASE, l};
+  }
+  for (int l = 0; l < G->np; l++)
+    if (P->materialize[l] && pf[l].first < 0) P->steps[P->nsteps++] = (pstep){S_ALLOC, l};
+  free(gs);
+  free(gl);
+  free(pf);
+  return P;
+fail:
+  if (P) {
+    for (int gi = 0; gi < P->ngroups; gi++) free(P->groups[gi].nodes);
+    free(P->groups);
+    free(P->units);
+    free(P->steps);
+    free(P->materialize);
+    free(P);
+  }
+  free(gs);
+  free(gl);
+  free(pf);
+  return NULL;
+}
+
+/* Structural key of a graph. Promises of the graph are named by their
+ * local index; other memory by the cluster of overlapping ranges it falls
+ * in (numbered by first appearance) and its offset in the cluster. */
+typedef struct xr {
+  uint64_t lo, hi;
+  int order, cluster;
+} xr;
+
+static int xr_cmp(const void *a, const void *b) {
+  const xr *x = a, *y = b;
+  return x->lo < y->lo ? -1 : x->lo > y->lo ? 1 : 0;
+}
+
+static void graph_key(dgraph *G, uint64_t *k1, uint64_t *k2) {
+  /* external ranges in order of appearance */
+  int nx = 0, capx = 64;
+  xr *X = malloc(sizeof *X * (size_t)capx);
+#define ADD_X(LO, HI)                                         \
+  do {                                                        \
+    if (X && nx == capx) {                                    \
+      capx *= 2;                                              \
+      xr *nxr = realloc(X, sizeof *X * (size_t)capx);         \
+      if (!nxr) {                                             \
+        free(X);                                              \
+        X = NULL;                                             \
+      } else                                                  \
+        X = nxr;                                              \
+    }                                                         \
+    if (X) {                                                  \
+      X[nx].lo = (LO);                                        \
+      X[nx].hi = (HI);                                        \
+      X[nx].order = nx;                                       \
+      nx++;                                                   \
+    }                                                         \
+  } while (0)
+  for (int i = 0; i < G->n; i++) {
+    dnode *d = &G->nodes[i];
+    if (d->kind == N_EW) {
+      for (int v = 0; v < d->nout + d->nin; v++)
+        if (local_of(d->views[v].ptr) < 0) {
+          uint64_t lo, hi;
+          view_range(&d->views[v], &lo, &hi);
+          ADD_X(lo, hi);
+        }
+    } else if (d->kind == N_FREE) {
+      if (local_of(d->freed) < 0) ADD_X(d->freed, d->freed + 1);
+    } else {
+      for (int a = 0; a < d->nacc; a++)
+        if (local_of(d->acc[a].p) < 0) ADD_X(d->acc[a].p + (uint64_t)d->acc[a].lo, d->acc[a].p + (uint64_t)d->acc[a].hi);
+    }
+  }
+#undef ADD_X
+  int *canon = NULL;
+  uint64_t *cstart = NULL;
+  int *byorder = NULL;
+  if (X && nx) {
+    qsort(X, (size_t)nx, sizeof *X, xr_cmp);
+    int c = -1;
+    uint64_t end = 0;
+    cstart = malloc(sizeof *cstart * (size_t)nx);
+    for (int i = 0; i < nx; i++) {
+      if (c < 0 || X[i].lo >= end) {
+        c++;
+        if (cstart) cstart[c] = X[i].lo;
+        end = X[i].hi;
+      } else if (X[i].hi > end) {
+        end = X[i].hi;
+      }
+      X[i].cluster = c;
+    }
+    canon = malloc(sizeof(int) * (size_t)(c + 1));
+    byorder = malloc(sizeof(int) * (size_t)nx);
+    if (canon && byorder) {
+      for (int i = 0; i <= c; i++) canon[i] = -1;
+      for (int i = 0; i < nx; i++) byorder[X[i].order] = i;
+      int next = 0;
+      for (int o = 0; o < nx; o++) {
+        int cl = X[byorder[o]].cluster;
+        if (canon[cl] < 0) canon[cl] = next++;
+      }
+    }
+  }
+  uint64_t h = 0x7470755f64656665ull, h2 = 0x1234567;
+  int xo = 0; /* external range counter, in order of appearance */
+#define HX(LOW)                                                                        \
+  do {                                                                                 \
+    if (X && canon && byorder && cstart && xo < nx) {                                  \
+      xr *r = &X[byorder[xo]];                                                         \
+      h = mix(h, 0xE0 + (uint64_t)canon[r->cluster]);                                  \
+      h = mix(h, (LOW) - cstart[r->cluster]);                                          \
+    } else {                                                                           \
+      h = mix(h, (LOW)); /* could not build clusters: raw address (still correct) */  \
+    }                                                                                  \
+    xo++;                                                                              \
+  } while (0)
+#define HP(PTR, LOW)                                                        \
+  do {                                                                      \
+    int _l = local_of(PTR);                                                 \
+    if (_l >= 0) {                                                          \
+      h = mix(h, 0xA0 + (uint64_t)_l);                                      \
+      h = mix(h, (PTR) & TPURT_PROMISE_OFFMASK);                            \
+    } else {                                                                \
+      HX(LOW);                                                              \
+    }                                                                       \
+  } while (0)
+  for (int i = 0; i < G->n; i++) {
+    dnode *d = &G->nodes[i];
+    h = mix(h, d->kind);
+    if (d->kind == N_EW) {
+      h = mix(h, (uint64_t)d->compute);
+      h = mix(h, (uint64_t)d->ninst | ((uint64_t)d->nout << 16) | ((uint64_t)d->nin << 24) |
+                     ((uint64_t)d->nscal << 32));
+      for (int k = 0; k < d->ninst; k++) {
+        const tpurt_ew_inst *I = &d->inst[k];
+        h = mix(h, (uint64_t)I->op | ((uint64_t)I->dst << 16) | ((uint64_t)I->src[0] << 24) |
+                       ((uint64_t)I->src[1] << 32) | ((uint64_t)I->src[2] << 40));
+        for (int q = 0; q < 4; q++) h = mixd(h, I->p[q]);
+      }
+      for (int k = 0; k < d->nout; k++) h = mix(h, d->out_reg[k]);
+      for (int v = 0; v < d->nout + d->nin; v++) {
+        const tpurt_view *w = &d->views[v];
+        uint64_t lo, hi;
+        view_range(w, &lo, &hi);
+        HP(w->ptr, lo);
+        if (local_of(w->ptr) < 0) h = mix(h, w->ptr - lo);
+        h = mix(h, (uint64_t)w->dtype | ((uint64_t)w->ndim << 8));
+        for (int k = 0; k < w->ndim; k++) {
+          h = mix(h, (uint64_t)w->sizes[k]);
+          h = mix(h, (uint64_t)w->strides[k]);
+        }
+      }
+    } else if (d->kind == N_FREE) {
+      HP(d->freed, d->freed);
+    } else {
+      h = mix(h, (uint64_t)(uintptr_t)d->fn);
+      h = mix(h, d->args_size);
+      h = mix(h, (uint64_t)d->nacc);
+      for (int a = 0; a < d->nacc; a++) {
+        HP(d->acc[a].p, d->acc[a].p + (uint64_t)d->acc[a].lo);
+        h = mix(h, (uint64_t)d->acc[a].lo);
+        h = mix(h, (uint64_t)d->acc[a].hi);
+      }
+    }
+    h2 = mix(h2, h);
+  }
+#undef HP
+#undef HX
+  for (int l = 0; l < G->np; l++) {
+    tpurt__promise *q = tpurt__promise_get(G->promises[l]);
+    h = mix(h, q->size);
+    h = mix(h, q->live);
+  }
+  h = mix(h, (uint64_t)G->n);
+  h = mix(h, (uint64_t)G->np);
+  free(X);
+  free(canon);
+  free(cstart);
+  free(byorder);
+  *k1 = h;
+  *k2 = mix(h2, h);
+}
+
+/* --------------------------------------------------------------- execution */
+
+typedef struct exec_ctx {
+  tpurt_stream *s;
+  dgraph *G;
+  plan *P;
+} exec_ctx;
+
+static tpurt_status run_unit(exec_ctx *x, int u) {
+  unit *U = &x->P->units[u];
+  dgraph *G = x->G;
+  if (U->kind == U_FREE) {
+    const dnode *d = &G->nodes[U->idx];
+    if (local_of(d->freed) >= 0) return TPURT_OK; /* the plan releases it after its last use */
+    return tpurt_free(d->freed);
+  }
+  if (U->kind == U_NODE) {
+    dnode *d = &G->nodes[U->idx];
+    char nm[160];
+    const char *name = d->name ? d->name : "kernel";
+    if (d->site) {
+      snprintf(nm, sizeof nm, "%s (recorded at %s)", name, d->site);
+      name = intern(nm);
+    }
+    return tpurt__enqueue(x->s, name, d->fn, d->args, d->args_size, NULL);
+  }
+  fgroup *F = &x->P->groups[U->idx];
+  if (F->nout == 0) return TPURT_OK;
+  tpurt_view outs[TPURT_EW_MAX_IO], ins[TPURT_EW_MAX_IO];
+  for (int k = 0; k < F->nout; k++) outs[k] = G->nodes[F->out[k].node].views[F->out[k].idx];
+  for (int k = 0; k < F->nin; k++) ins[k] = G->nodes[F->in[k].node].views[F->in[k].idx];
+  double scal[4 * TPURT_EW_MAX_INST];
+  int ns = 0;
+  for (int m = 0; m < F->nn; m++) {
+    const dnode *d = &G->nodes[F->nodes[m]];
+    if (ns + d->nscal > (int)(sizeof scal / sizeof scal[0]))
+      return tpurt__err(TPURT_ERR_INTERNAL, "deferred graph: too many scalars in %s", F->name);
+    if (d->nscal) memcpy(scal + ns, d->scal, sizeof(double) * d->nscal);
+    ns += d->nscal;
+  }
+  const char *name = F->name;
+  const dnode *last = &G->nodes[F->nodes[F->nn - 1]];
+  if (last->site) {
+    char nm[200];
+    snprintf(nm, sizeof nm, "%s (recorded at %s)", F->name, last->site);
+    name = intern(nm);
+  }
+  return tpurt__elementwise_named(x->s, &F->prog, outs, ins, F->nin, scal, ns, name);
+}
+
+static tpurt_status run_plan(exec_ctx *x) {
+  plan *P = x->P;
+  dgraph *G = x->G;
+  tpurt_status st = TPURT_OK;
+  for (int i = 0; i < P->nsteps && !st; i++) {
+    pstep *S = &P->steps[i];
+    if (S->kind == S_UNIT) {
+      st = run_unit(x, S->a);
+    } else if (S->kind == S_ALLOC) {
+      tpurt__promise *q = tpurt__promise_get(G->promises[S->a]);
+      tpurt_devptr r = 0;
+      st = tpurt_malloc(q->dev, q->size, x->s, &r);
+      if (!st) atomic_store_explicit(&q->real, r, memory_order_release);
+    } else if (S->kind == S_RELEASE) {
+      tpurt__promise *q = tpurt__promise_get(G->promises[S->a]);
+      tpurt_devptr r = atomic_exchange(&q->real, 0);
+      if (r) st = tpurt_free(r);
+    }
+  }
+  return st;
+}
+
+static void free_plan_contents(plan *P) {
+  for (int gi = 0; gi < P->ngroups; gi++) free(P->groups[gi].nodes);
+  free(P->groups);
+  free(P->units);
+  free(P->steps);
+  free(P->materialize);
+}
+
+/* Runs s's pending graph. */
+tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reason) {
+  if (!s) return TPURT_OK;
+  if (atomic_load_explicit(&g_pending_graphs, memory_order_acquire) == 0) return TPURT_OK;
+  if (t_hint >= 0) {
+    reason = (tpurt_flush_reason)t_hint;
+    t_hint = -1;
+  }
+  pthread_mutex_lock(&s->dmu);
+  dgraph *G = s->dgraph;
+  if (graph_empty(G)) {
+    pthread_mutex_unlock(&s->dmu);
+    return TPURT_OK;
+  }
+  s->dgraph = NULL; /* new recordings start a new graph (after this one) */
+  atomic_fetch_sub(&g_pending_graphs, 1);
+  tpurt_site_fn sf = atomic_load(&g_site_fn);
+  const char *site = sf ? sf(&reason) : NULL;
+  tpurt__defer_bypass++;
+  for (int l = 0; l < G->np; l++) tpurt__promise_get(G->promises[l])->local = l;
+  uint64_t k1, k2;
+  graph_key(G, &k1, &k2);
+  pthread_mutex_lock(&g_plan_mu);
+  plan *P = g_plans[k1 % PLAN_BUCKETS];
+  while (P && !(P->key == k1 && P->key2 == k2 && P->nnodes == G->n && P->nprom == G->np)) P = P->next;
+  pthread_mutex_unlock(&g_plan_mu);
+  int hit = P != NULL;
+  tpurt_status st = TPURT_OK;
+  if (!P) {
+    P = build_plan(G);
+    if (!P) {
+      st = tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "deferred graph: out of host memory while planning %d ops", G->n);
+    } else {
+      P->key = k1;
+      P->key2 = k2;
+      pthread_mutex_lock(&g_plan_mu);
+      P->next = g_plans[k1 % PLAN_BUCKETS];
+      g_plans[k1 % PLAN_BUCKETS] = P;
+      pthread_mutex_unlock(&g_plan_mu);
+      atomic_fetch_add(&g_nplans, 1);
+    }
+  }
+  uint64_t mat = 0, never = 0;
+  if (P) {
+    exec_ctx x = {s, G, P};
+    st = run_plan(&x);
+    for (int l = 0; l < G->np; l++) {
+      tpurt__promise *q = tpurt__promise_get(G->promises[l]);
+      if (P->materialize[l])
+        mat += q->size;
+      else
+        never += q->size;
+    }
+  }
+  /* promises: live ones now belong to the stream's memory; dead ones go */
+  for (int l = 0; l < G->np; l++) {
+    uint32_t id = G->promises[l];
+    tpurt__promise *q = tpurt__promise_get(id);
+    q->local = -1;
+    q->owner = NULL;
+    q->home = s;
+    if (!q->live) {
+      tpurt_devptr r = atomic_exchange(&q->real, 0);
+      if (r) tpurt_free(r);
+      promise_release_id(id);
+    } else if (!atomic_load(&q->real)) {
+      q->lost = 1; /* the graph failed before giving it memory */
+    }
+  }
+  /* free markers of memory from outside the graph that a failed run skipped */
+  if (st) {
+    tpurt_status keep = st;
+    char msg[TPURT_ERRMSG_LEN];
+    snprintf(msg, sizeof msg, "%s", tpurt_last_error());
+    for (int i = 0; i < G->n; i++)
+      if (G->nodes[i].kind == N_FREE && local_of(G->nodes[i].freed) < 0) tpurt_free(G->nodes[i].freed);
+    tpurt__err(keep, "%s (in a deferred graph of %d ops cut by %s%s%s)", msg, G->n, tpurt_flush_reason_name(reason),
+               site ? " at " : "", site ? site : "");
+  }
+  tpurt__defer_bypass--;
+  pthread_mutex_lock(&g_stat_mu);
+  g_stats.flushes[reason]++;
+  if (hit)
+    g_stats.cache_hits++;
+  else if (P)
+    g_stats.graphs_built++;
+  if (P) {
+    g_stats.kernels_launched += (uint64_t)P->kernels;
+    g_stats.fused_kernels += (uint64_t)P->fused_kernels;
+    g_stats.ops_fused += (uint64_t)P->ops_fused;
+    g_stats.ops_eliminated += (uint64_t)P->ops_eliminated;
+    g_stats.stores_eliminated += (uint64_t)P->stores_eliminated;
+  }
+  g_stats.bytes_materialized += mat;
+  g_stats.bytes_never_materialized += never;
+  g_stats.cached_plans = (uint64_t)atomic_load(&g_nplans);
+  tpurt_flush_record *r = &g_log[g_nlog % FLUSH_LOG];
+  r->reason = reason;
+  r->site = site ? site : "";
+  int nops = 0;
+  for (int i = 0; i < G->n; i++) nops += G->nodes[i].kind != N_FREE;
+  r->ops = nops;
+  r->kernels = P ? P->kernels : 0;
+  r->cache_hit = hit;
+  g_nlog++;
+  pthread_mutex_unlock(&g_stat_mu);
+  bump_free(&G->mem);
+  free(G->nodes);
+  free(G->promises);
+  free(G);
+  pthread_mutex_unlock(&s->dmu);
+  (void)free_plan_contents;
+  return st;
+}
+
+tpurt_status tpurt__defer_flush_device(int dev, tpurt_flush_reason reason) {
+  if (atomic_load_explicit(&g_pending_graphs, memory_order_acquire) == 0) {
+    t_hint = -1;
+    return TPURT_OK;
+  }
+  int hint = t_hint;
+  tpurt_stream **all;
+  int n = tpurt__all_streams(&all);
+  tpurt_status first = TPURT_OK;
+  for (int i = 0; i < n; i++) {
+    if (dev >= 0 && all[i]->dev != dev) continue;
+    t_hint = hint;
+    tpurt_status st = tpurt__defer_flush_stream(all[i], reason);
+    if (st && !first) first = st;
+  }
+  t_hint = -1;
+  return first;
+}
+
+tpurt_status tpurt_flush(int dev, tpurt_flush_reason reason) {
+  TPURT__INIT_OR_RETURN();
+  if ((unsigned)reason >= TPURT_FLUSH_NUM_REASONS)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "tpurt_flush: invalid reason %d", (int)reason);
+  if (dev >= 0) {
+    tpurt_status st = tpurt__check_device(dev);
+    if (st) return st;
+  }
+  return tpurt__defer_flush_device(dev, reason);
+}
+
+tpurt_status tpurt_set_exec_mode(tpurt_exec_mode mode) {
+  if ((unsigned)mode > TPURT_MODE_DEFER)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "invalid execution mode %d", (int)mode);
+  TPURT__INIT_OR_RETURN();
+  tpurt_status st = TPURT_OK;
+  if (mode != TPURT_MODE_DEFER && atomic_load(&tpurt__defer_on)) {
+    atomic_store(&tpurt__defer_on, 0);
+    st = tpurt__defer_flush_device(-1, TPURT_FLUSH_MODE);
+  }
+  tpurt_set_launch_blocking(mode == TPURT_MODE_BLOCKING);
+  if (mode == TPURT_MODE_DEFER) atomic_store(&tpurt__defer_on, 1);
+  return st;
+}
+
+tpurt_exec_mode tpurt_get_exec_mode(void) {
+  if (atomic_load(&tpurt__defer_on)) return TPURT_MODE_DEFER;
+  return tpurt_launch_blocking() ? TPURT_MODE_BLOCKING : TPURT_MODE_STRICT;
+}

@@ -1,0 +1,295 @@
+/* test_defer.c — DeferAndFuse: results identical to strict mode, fusion of
+ * elementwise chains, intermediates that never take memory, plan cache
+ * reuse with changing launch scalars, in-place and aliasing hazards, frees
+ * of memory that recorded kernels still use, flush reasons, errors. */
+#define _GNU_SOURCE
+#include <stdint.h>
+
+#include "check.h"
+
+static tpurt_stream *S;
+
+static tpurt_view view1(tpurt_devptr p, int64_t n, int64_t st) {
+  tpurt_view v;
+  memset(&v, 0, sizeof v);
+  v.ptr = p;
+  v.dtype = TPURT_F32;
+  v.ndim = 1;
+  v.sizes[0] = n;
+  v.strides[0] = st;
+  return v;
+}
+
+/* out = op(LOAD 0, LOAD 1) or op(LOAD 0, SCALAR 0) */
+static tpurt_ew_program bin(tpurt_ew_op op, int with_scalar) {
+  tpurt_ew_program pr;
+  memset(&pr, 0, sizeof pr);
+  pr.compute = TPURT_F32;
+  pr.inst[0].op = TPURT_EW_LOAD;
+  pr.inst[0].dst = 0;
+  pr.inst[0].p[0] = 0;
+  pr.inst[1].op = with_scalar ? TPURT_EW_SCALAR : TPURT_EW_LOAD;
+  pr.inst[1].dst = 1;
+  pr.inst[1].p[0] = with_scalar ? 0 : 1;
+  pr.inst[2].op = (uint16_t)op;
+  pr.inst[2].dst = 2;
+  pr.inst[2].src[0] = 0;
+  pr.inst[2].src[1] = 1;
+  pr.inst[2].p[0] = 1.0; /* alpha of add/sub */
+  pr.ninst = 3;
+  pr.nout = 1;
+  pr.out_reg[0] = 2;
+  return pr;
+}
+
+static tpurt_ew_program un(tpurt_ew_op op) {
+  tpurt_ew_program pr;
+  memset(&pr, 0, sizeof pr);
+  pr.compute = TPURT_F32;
+  pr.inst[0].op = TPURT_EW_LOAD;
+  pr.inst[1].op = (uint16_t)op;
+  pr.inst[1].dst = 1;
+  pr.ninst = 2;
+  pr.nout = 1;
+  pr.out_reg[0] = 1;
+  return pr;
+}
+
+static tpurt_scalar fsc(double v) {
+  tpurt_scalar s;
+  memset(&s, 0, sizeof s);
+  s.kind = TPURT_SCALAR_FLOAT;
+  s.re = v;
+  return s;
+}
+
+#define N 10000
+
+/* y = relu((a + b) * s) - a, with c and d intermediates freed before the
+ * cut. Returns y (device). */
+static tpurt_devptr g_mid[3];
+static tpurt_devptr chain(tpurt_devptr a, tpurt_devptr b, float s, int free_mid) {
+  tpurt_devptr c, d, e, y;
+  CHECK_OK(tpurt_malloc(0, N * 4, S, &c));
+  CHECK_OK(tpurt_malloc(0, N * 4, S, &d));
+  CHECK_OK(tpurt_malloc(0, N * 4, S, &e));
+  CHECK_OK(tpurt_malloc(0, N * 4, S, &y));
+  tpurt_view va = view1(a, N, 1), vb = view1(b, N, 1), vc = view1(c, N, 1), vd = view1(d, N, 1),
+             ve = view1(e, N, 1), vy = view1(y, N, 1);
+  tpurt_ew_program add = bin(TPURT_EW_ADD, 0), mul = bin(TPURT_EW_MUL, 1), sub = bin(TPURT_EW_SUB, 0),
+                   relu = un(TPURT_EW_RELU);
+  tpurt_view in2[2];
+  in2[0] = va;
+  in2[1] = vb;
+  CHECK_OK(tpurt_elementwise(S, &add, &vc, in2, 2, NULL, 0));
+  double sc = s;
+  CHECK_OK(tpurt_elementwise(S, &mul, &vd, &vc, 1, &sc, 1));
+  CHECK_OK(tpurt_elementwise(S, &relu, &ve, &vd, 1, NULL, 0));
+  in2[0] = ve;
+  in2[1] = va;
+  CHECK_OK(tpurt_elementwise(S, &sub, &vy, in2, 2, NULL, 0));
+  if (free_mid) {
+    CHECK_OK(tpurt_free(c));
+    CHECK_OK(tpurt_free(d));
+    CHECK_OK(tpurt_free(e));
+  } else {
+    g_mid[0] = c;
+    g_mid[1] = d;
+    g_mid[2] = e;
+  }
+  return y;
+}
+
+static void fill_inputs(float *ha, float *hb) {
+  for (int i = 0; i < N; i++) {
+    ha[i] = (float)((i % 17) - 8) * 0.25f;
+    hb[i] = (float)((i % 5) - 2) * 0.5f;
+  }
+}
+
+static void check_chain(const float *hy, const float *ha, const float *hb, float s) {
+  int bad = 0;
+  for (int i = 0; i < N; i++) {
+    float c = ha[i] + hb[i];
+    float d = c * s;
+    float e = d > 0 ? d : 0;
+    float want = e - ha[i];
+    if (hy[i] != want) bad++;
+  }
+  CHECK_EQ(bad, 0);
+}
+
+static void test_fusion_and_cache(void) {
+  static float ha[N], hb[N], hy[N];
+  fill_inputs(ha, hb);
+  tpurt_devptr a, b;
+  CHECK_OK(tpurt_malloc(0, N * 4, S, &a));
+  CHECK_OK(tpurt_malloc(0, N * 4, S, &b));
+  CHECK_OK(tpurt_memcpy_h2d(S, a, ha, N * 4, 0));
+  CHECK_OK(tpurt_memcpy_h2d(S, b, hb, N * 4, 0));
+  CHECK_OK(tpurt_stream_synchronize(S));
+
+  CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_DEFER));
+  CHECK_EQ(tpurt_get_exec_mode(), TPURT_MODE_DEFER);
+  tpurt_defer_reset_stats();
+  tpurt_memory_stats m0;
+  CHECK_OK(tpurt_memory_reset_peak(0));
+  CHECK_OK(tpurt_memory_get_stats(0, &m0));
+  for (int step = 0; step < 4; step++) {
+    float s = 0.5f + (float)step; /* a launch scalar that changes every step */
+    tpurt_devptr y = chain(a, b, s, 1);
+    memset(hy, 0, sizeof hy);
+    CHECK_OK(tpurt_memcpy_d2h(S, hy, y, N * 4, 0));
+    check_chain(hy, ha, hb, s);
+    CHECK_OK(tpurt_free(y));
+  }
+  tpurt_defer_stats st;
+  tpurt_defer_get_stats(&st);
+  CHECK_EQ(st.flushes[TPURT_FLUSH_TO_HOST], 4);
+  CHECK_EQ(st.graphs_built, 1); /* one plan, */
+  CHECK_EQ(st.cache_hits, 3);   /* reused with new scalars and buffers */
+  CHECK_EQ(st.ops_recorded, 16);
+  CHECK_EQ(st.fused_kernels, 4); /* the four ops ran as one kernel per step */
+  CHECK_EQ(st.ops_fused, 16);
+  CHECK_EQ(st.kernels_launched, 4);
+  CHECK(st.stores_eliminated >= 12);
+  CHECK(st.bytes_never_materialized >= 4ull * 3 * N * 4);
+  tpurt_memory_stats m1;
+  CHECK_OK(tpurt_memory_get_stats(0, &m1));
+  /* intermediates never took memory: the peak grew by y only (rounded) */
+  CHECK(m1.allocated_bytes[0].peak - m0.allocated_bytes[0].current <= 2 * N * 4);
+  tpurt_flush_record r;
+  CHECK(tpurt_defer_get_flush(0, &r));
+  CHECK_EQ(r.reason, TPURT_FLUSH_TO_HOST);
+  CHECK_EQ(r.ops, 4);
+  CHECK_EQ(r.kernels, 1);
+  CHECK_EQ(r.cache_hit, 1);
+
+  /* the same chain with intermediates kept alive: their stores happen */
+  tpurt_defer_reset_stats();
+  tpurt_devptr y = chain(a, b, 2.0f, 0);
+  CHECK_OK(tpurt_memcpy_d2h(S, hy, y, N * 4, 0));
+  check_chain(hy, ha, hb, 2.0f);
+  tpurt_defer_get_stats(&st);
+  CHECK_EQ(st.stores_eliminated, 0);
+  CHECK_EQ(st.graphs_built, 1); /* liveness differs: another plan */
+
+  CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_STRICT));
+  for (int i = 0; i < 3; i++) CHECK_OK(tpurt_free(g_mid[i]));
+  CHECK_OK(tpurt_free(y));
+  CHECK_OK(tpurt_free(a));
+  CHECK_OK(tpurt_free(b));
+}
+
+/* In-place chains and reads through a different view of a written buffer. */
+static void test_hazards(void) {
+  static float hx[N], hw[N];
+  for (int i = 0; i < N; i++) hx[i] = (float)i;
+  tpurt_devptr x, w;
+  CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_DEFER));
+  CHECK_OK(tpurt_malloc(0, N * 4, S, &x));
+  CHECK_OK(tpurt_malloc(0, N * 4, S, &w));
+  CHECK_OK(tpurt_memcpy_h2d(S, x, hx, N * 4, 0)); /* staged */
+  for (int i = 0; i < N; i++) hx[i] = -1.f;     /* the host buffer may change at once */
+  tpurt_view vx = view1(x, N, 1), vw = view1(w, N, 1);
+  tpurt_ew_program mul = bin(TPURT_EW_MUL, 1), add = bin(TPURT_EW_ADD, 0);
+  double two = 2.0;
+  /* x *= 2 (in place), then w = x + reversed(x): reversed view overlaps the
+   * written x through another view -> must read memory after the store */
+  CHECK_OK(tpurt_elementwise(S, &mul, &vx, &vx, 1, &two, 1));
+  tpurt_view rev = view1(x + (uint64_t)(N - 1) * 4, N, -1);
+  tpurt_view in2[2] = {vx, rev};
+  CHECK_OK(tpurt_elementwise(S, &add, &vw, in2, 2, NULL, 0));
+  /* x *= 2 again in place */
+  CHECK_OK(tpurt_elementwise(S, &mul, &vx, &vx, 1, &two, 1));
+  CHECK_OK(tpurt_memcpy_d2h(S, hw, w, N * 4, 0));
+  CHECK_OK(tpurt_memcpy_d2h(S, hx, x, N * 4, 0));
+  int bad = 0;
+  for (int i = 0; i < N; i++) {
+    if (hw[i] != 2.f * i + 2.f * (N - 1 - i)) bad++;
+    if (hx[i] != 4.f * i) bad++;
+  }
+  CHECK_EQ(bad, 0);
+  CHECK_OK(tpurt_free(x));
+  CHECK_OK(tpurt_free(w));
+  CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_STRICT));
+}
+
+/* Memory freed while recorded kernels still read it is released only after
+ * they ran; events and synchronize cut the graph. */
+static void test_frees_and_cuts(void) {
+  static float h[N];
+  for (int i = 0; i < N; i++) h[i] = 1.f + (float)i;
+  tpurt_devptr a, y;
+  CHECK_OK(tpurt_malloc(0, N * 4, S, &a)); /* real memory (strict) */
+  CHECK_OK(tpurt_memcpy_h2d(S, a, h, N * 4, 0));
+  CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_DEFER));
+  tpurt_defer_reset_stats();
+  CHECK_OK(tpurt_malloc(0, N * 4, S, &y));
+  tpurt_view va = view1(a, N, 1), vy = view1(y, N, 1);
+  tpurt_ew_program sq = un(TPURT_EW_SQUARE);
+  CHECK_OK(tpurt_elementwise(S, &sq, &vy, &va, 1, NULL, 0));
+  CHECK_OK(tpurt_free(a)); /* recorded as a marker */
+  /* a new allocation must not get a's memory before the square ran */
+  tpurt_devptr z;
+  CHECK_OK(tpurt_malloc(0, N * 4, S, &z));
+  tpurt_view vz = view1(z, N, 1);
+  CHECK_OK(tpurt_fill(S, &vz, fsc(0.0)));
+  tpurt_event *e;
+  CHECK_OK(tpurt_event_create(0, &e));
+  CHECK_OK(tpurt_event_record(e, S)); /* cut: event */
+  CHECK_OK(tpurt_event_synchronize(e));
+  tpurt_event_destroy(e);
+  static float hy[N];
+  CHECK_OK(tpurt_memcpy_d2h(S, hy, y, N * 4, 0));
+  int bad = 0;
+  for (int i = 0; i < N; i++) bad += hy[i] != h[i] * h[i];
+  CHECK_EQ(bad, 0);
+  tpurt_defer_stats st;
+  tpurt_defer_get_stats(&st);
+  CHECK_EQ(st.flushes[TPURT_FLUSH_EVENT], 1);
+  /* explicit flush with nothing pending is a no-op; a sync cut */
+  CHECK_OK(tpurt_fill(S, &vz, fsc(3.0)));
+  CHECK_OK(tpurt_stream_synchronize(S));
+  tpurt_defer_get_stats(&st);
+  CHECK_EQ(st.flushes[TPURT_FLUSH_SYNC], 1);
+  CHECK_OK(tpurt_flush(0, TPURT_FLUSH_EXPLICIT));
+  tpurt_defer_get_stats(&st);
+  CHECK_EQ(st.flushes[TPURT_FLUSH_EXPLICIT], 0);
+  tpurt_flush_record r;
+  CHECK(tpurt_defer_get_flush(0, &r));
+  CHECK_EQ(r.reason, TPURT_FLUSH_SYNC);
+  /* size cap */
+  tpurt_defer_set_max_ops(16);
+  for (int i = 0; i < 40; i++) CHECK_OK(tpurt_fill(S, &vz, fsc((double)i)));
+  tpurt_defer_get_stats(&st);
+  CHECK_EQ(st.flushes[TPURT_FLUSH_SIZE_CAP], 2);
+  tpurt_defer_set_max_ops(8192);
+  CHECK_OK(tpurt_memcpy_d2h(S, hy, z, 4, 0));
+  CHECK_EQ(hy[0], 39.f);
+  /* bad launches fail when recorded, as in strict mode */
+  tpurt_view half = view1(z, N / 2, 1);
+  CHECK_ST(tpurt_elementwise(S, &sq, &vy, &half, 1, NULL, 0), TPURT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(tpurt_free(y));
+  CHECK_OK(tpurt_free(z));
+  CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_STRICT));
+  /* promises that lived on are ordinary memory afterwards */
+  tpurt_memory_stats ms;
+  CHECK_OK(tpurt_memory_get_stats(0, &ms));
+  CHECK_EQ(ms.allocated_bytes[0].current, 0);
+}
+
+int main(void) {
+  CHECK_OK(tpurt_init());
+  CHECK_OK(tpurt_stream_default(0, &S));
+  tpurt_memory_stats ms;
+  test_fusion_and_cache();
+  CHECK_OK(tpurt_memory_get_stats(0, &ms));
+  CHECK_EQ(ms.allocated_bytes[0].current, 0);
+  test_hazards();
+  CHECK_OK(tpurt_memory_get_stats(0, &ms));
+  CHECK_EQ(ms.allocated_bytes[0].current, 0);
+  test_frees_and_cuts();
+  CHECK_ST(tpurt_set_exec_mode((tpurt_exec_mode)7), TPURT_ERR_INVALID_ARGUMENT);
+  TEST_MAIN_END();
+}
