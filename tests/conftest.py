@@ -1,8 +1,13 @@
 """Shared fixtures: every test starts with CPU fallback off and the device
-synchronized and free of pending errors."""
+synchronized and free of pending errors.
+
+The kernel behaviour tests (tests/test_ops_*.py, tests/test_optim.py) run
+twice, in the strict and in the DeferAndFuse execution mode ([strict] /
+[defer] in the test ids), and must give the same results in both."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +28,30 @@ def _clean_device_state():
     torch_tpu._C._set_cpu_fallback(False)
     for i in range(torch.tpu.device_count()):
         torch.tpu.synchronize(i)
+
+
+_BOTH_MODES = re.compile(r"^test_(ops_\w+|optim)$")
+
+
+def pytest_generate_tests(metafunc):
+    module = metafunc.module.__name__.rsplit(".", 1)[-1]
+    if _BOTH_MODES.match(module) and "_exec_mode" in metafunc.fixturenames:
+        metafunc.parametrize("_exec_mode", ["strict", "defer"], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def _exec_mode(request):
+    """Runs the test in request.param's execution mode (modules selected by
+    pytest_generate_tests); other tests run in the process's mode."""
+    mode = getattr(request, "param", None)
+    if mode is None:
+        yield None
+        return
+    previous = torch_tpu.set_execution_mode(mode)
+    try:
+        yield mode
+    finally:
+        torch_tpu.set_execution_mode(previous)
 
 
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -55,6 +55,8 @@ def _register() -> None:
 _register()
 _importing = False
 
-from torch_tpu._internal.execution_mode import cpu_fallback_mode  # noqa: E402
+from torch_tpu._internal.execution_mode import (  # noqa: E402
+    cpu_fallback_mode, execution_mode, flush, get_execution_mode, set_execution_mode)
 
-__all__ = ["cpu_fallback_mode", "__version__"]
+__all__ = ["cpu_fallback_mode", "execution_mode", "flush", "get_execution_mode", "set_execution_mode",
+           "__version__"]

@@ -107,9 +107,41 @@ tpurt__promise *tpurt__promise_get(uint32_t id) {
   return c ? &c[id % P_CHUNK] : NULL;
 }
 
+/* Released ids wait until every stream of their chip has passed the work
+ * queued so far: kernels still queued translate the promise address through
+ * the table on the worker, so the entry stays intact until then. */
+typedef struct pend_id {
+  uint32_t id;
+  int n;
+  tpurt__fence f[TPURT_STREAMS_PER_DEVICE];
+} pend_id;
+static pend_id *g_pend;
+static size_t g_npend, g_cappend, g_pend_head;
+
+static void recycle_reached(void) { /* caller holds g_pmu */
+  while (g_pend_head < g_npend) {
+    pend_id *e = &g_pend[g_pend_head];
+    int done = 1;
+    for (int i = 0; i < e->n && done; i++) done = tpurt__stream_reached(e->f[i].s, e->f[i].seq);
+    if (!done) break;
+    memset(tpurt__promise_get(e->id), 0, sizeof(tpurt__promise));
+    if (g_npfree == g_cappfree) {
+      size_t nc = g_cappfree ? g_cappfree * 2 : 1024;
+      uint32_t *nf = realloc(g_pfree, nc * sizeof *nf);
+      if (!nf) break;
+      g_pfree = nf;
+      g_cappfree = nc;
+    }
+    g_pfree[g_npfree++] = e->id;
+    g_pend_head++;
+  }
+  if (g_pend_head == g_npend) g_pend_head = g_npend = 0;
+}
+
 static uint32_t promise_new_id(void) {
   uint32_t id = 0;
   pthread_mutex_lock(&g_pmu);
+  if (!g_npfree && g_npend) recycle_reached();
   if (g_npfree) {
     id = g_pfree[--g_npfree];
   } else if (g_pnext < (uint32_t)P_CHUNK * P_NCHUNKS) {
@@ -130,20 +162,50 @@ static uint32_t promise_new_id(void) {
 
 static void promise_release_id(uint32_t id) {
   tpurt__promise *q = tpurt__promise_get(id);
-  pthread_mutex_lock(&g_pmu);
-  memset(q, 0, sizeof *q);
-  if (g_npfree == g_cappfree) {
-    size_t nc = g_cappfree ? g_cappfree * 2 : 1024;
-    uint32_t *nf = realloc(g_pfree, nc * sizeof *nf);
-    if (!nf) { /* leak the id rather than fail */
-      pthread_mutex_unlock(&g_pmu);
-      return;
+  pend_id e;
+  e.id = id;
+  e.n = 0;
+  tpurt_stream **all;
+  int n = tpurt__all_streams(&all);
+  for (int i = 0; i < n && e.n < TPURT_STREAMS_PER_DEVICE; i++)
+    if (all[i]->dev == q->dev) {
+      e.f[e.n].s = all[i];
+      e.f[e.n].seq = tpurt__stream_enqueued(all[i]);
+      e.n++;
     }
-    g_pfree = nf;
-    g_cappfree = nc;
+  pthread_mutex_lock(&g_pmu);
+  q->used = 0; /* no new use; the translation stays for queued kernels */
+  if (g_npend == g_cappend) {
+    if (g_pend_head > 0) { /* compact */
+      memmove(g_pend, g_pend + g_pend_head, (g_npend - g_pend_head) * sizeof *g_pend);
+      g_npend -= g_pend_head;
+      g_pend_head = 0;
+    }
+    if (g_npend == g_cappend) {
+      size_t nc = g_cappend ? g_cappend * 2 : 1024;
+      pend_id *np = realloc(g_pend, nc * sizeof *np);
+      if (!np) { /* leak the id rather than reuse it early */
+        pthread_mutex_unlock(&g_pmu);
+        return;
+      }
+      g_pend = np;
+      g_cappend = nc;
+    }
   }
-  g_pfree[g_npfree++] = id;
+  g_pend[g_npend++] = e;
   pthread_mutex_unlock(&g_pmu);
+}
+
+/* Frees the memory behind a promise once (stream-ordered: later kernels on
+ * the stream may reuse it, queued ones still read it). */
+static tpurt_status promise_free_real(tpurt__promise *q) {
+  tpurt_devptr r = atomic_load(&q->real);
+  if (!r || q->real_freed) return TPURT_OK;
+  q->real_freed = 1;
+  tpurt__defer_bypass++;
+  tpurt_status st = tpurt_free(r);
+  tpurt__defer_bypass--;
+  return st;
 }
 
 /* ------------------------------------------------------------- graphs */
@@ -156,6 +218,7 @@ typedef struct acc {
 } acc;
 
 typedef struct dnode {
+  uint64_t sig; /* structural signature for loop detection */
   uint8_t kind;
   uint8_t nout, nin, nscal;
   int ninst;
@@ -212,6 +275,7 @@ static void bump_free(bump *b) {
 typedef struct dgraph {
   dnode *nodes;
   int n, cap;
+  int nops; /* nodes that are not free markers */
   uint32_t *promises; /* allocated while recording, in order */
   int np, capp;
   bump mem;
@@ -281,10 +345,46 @@ static tpurt_status flush_foreign(tpurt_stream *s, const tpurt_devptr *ptrs, int
   return TPURT_OK;
 }
 
+static uint64_t mix(uint64_t h, uint64_t x);
+
+/* Caller holds s->dmu: signature of the node just recorded. */
+static int note_op(dgraph *g, dnode *d) {
+  uint64_t h = mix(d->kind, (uint64_t)(uintptr_t)d->fn);
+  if (d->kind == N_EW) {
+    h = mix(h, (uint64_t)d->compute | ((uint64_t)d->ninst << 8) | ((uint64_t)d->inst[d->ninst - 1].op << 16));
+    for (int k = 0; k < d->views[0].ndim; k++) h = mix(h, (uint64_t)d->views[0].sizes[k]);
+  } else {
+    h = mix(h, d->args_size);
+    h = mix(h, (uint64_t)d->nacc);
+  }
+  d->sig = h;
+  return ++g->nops;
+}
+
 static tpurt_status after_record(tpurt_stream *s, int n) {
+  int loop = s->defer_loop_len;
+  if (loop > 0 && n >= loop) return tpurt__defer_flush_device(s->dev, TPURT_FLUSH_LOOP);
   if (n >= atomic_load_explicit(&g_max_ops, memory_order_relaxed))
     return tpurt__defer_flush_device(s->dev, TPURT_FLUSH_SIZE_CAP);
   return TPURT_OK;
+}
+
+/* Smallest period P (at most n/3) with which the last 3P recorded ops
+ * repeat; 0 if none. */
+static int find_period(const dgraph *G) {
+  int n = 0;
+  uint64_t *sig = malloc(sizeof *sig * (size_t)(G->nops ? G->nops : 1));
+  if (!sig) return 0;
+  for (int i = 0; i < G->n; i++)
+    if (G->nodes[i].kind != N_FREE) sig[n++] = G->nodes[i].sig;
+  int found = 0;
+  for (int P = 1; P <= n / 3 && !found; P++) {
+    int ok = 1;
+    for (int i = n - 2 * P; i < n && ok; i++) ok = sig[i] == sig[i - P];
+    if (ok) found = P;
+  }
+  free(sig);
+  return found;
 }
 
 static void count_recorded(void) {
@@ -358,7 +458,7 @@ tpurt_status tpurt__defer_record_launch(tpurt_stream *s, const char *name, tpurt
   d->acc = ac;
   d->nacc = nn + nextra;
   mark_pending(s, g, was_empty);
-  int n = g->n;
+  int n = note_op(g, d);
   pthread_mutex_unlock(&s->dmu);
   count_recorded();
   return after_record(s, n);
@@ -415,7 +515,7 @@ tpurt_status tpurt__defer_record_ew(tpurt_stream *s, const tpurt_ew_program *pro
   d->site = site;
   d->name = tpurt_ew_op_name((tpurt_ew_op)prog->inst[prog->ninst - 1].op);
   mark_pending(s, g, was_empty);
-  int n = g->n;
+  int n = note_op(g, d);
   pthread_mutex_unlock(&s->dmu);
   count_recorded();
   return after_record(s, n);
@@ -473,7 +573,7 @@ tpurt_status tpurt__defer_record_h2d(tpurt_stream *s, tpurt_devptr dst, const vo
   d->acc = ac;
   d->nacc = 1;
   mark_pending(s, g, was_empty);
-  int cnt = g->n;
+  int cnt = note_op(g, d);
   pthread_mutex_unlock(&s->dmu);
   count_recorded();
   return after_record(s, cnt);
@@ -557,20 +657,14 @@ tpurt_status tpurt__promise_free(tpurt_devptr p) {
     return TPURT_OK;
   }
   /* nothing pending can use it: free now */
-  tpurt_devptr r = atomic_load(&q->real);
-  tpurt_status st = TPURT_OK;
-  if (r) {
-    tpurt__defer_bypass++;
-    st = tpurt_free(r);
-    tpurt__defer_bypass--;
-  }
+  tpurt_status st = promise_free_real(q);
   promise_release_id(id);
   return st;
 }
 
 /* --------------------------------------------------------------- hashing */
 
-static inline uint64_t mix(uint64_t h, uint64_t x) {
+static uint64_t mix(uint64_t h, uint64_t x) {
   h ^= x + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
   h *= 0xBF58476D1CE4E5B9ull;
   return h ^ (h >> 31);
@@ -1337,6 +1431,45 @@ static tpurt_status run_unit(exec_ctx *x, int u) {
   return tpurt__elementwise_named(x->s, &F->prog, outs, ins, F->nin, scal, ns, name);
 }
 
+/* TORCH_TPU_DEFER_DEBUG=1: every plan built is printed to stderr. */
+static void debug_plan(const dgraph *G, const plan *P) {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("TORCH_TPU_DEFER_DEBUG");
+    on = e && *e && *e != '0';
+  }
+  if (!on) return;
+  fprintf(stderr, "[defer] plan %016" PRIx64 ": %d nodes, %d promises, %d units, %d kernels\n", P->key, G->n, G->np,
+          P->nunits, P->kernels);
+  for (int i = 0; i < G->n; i++) {
+    const dnode *d = &G->nodes[i];
+    fprintf(stderr, "[defer]   node %d kind %d %s", i, d->kind, d->name ? d->name : "?");
+    if (d->kind == N_EW)
+      for (int v = 0; v < d->nout + d->nin; v++) fprintf(stderr, " %s%016" PRIx64, v < d->nout ? "w:" : "r:", d->views[v].ptr);
+    else if (d->kind == N_FREE)
+      fprintf(stderr, " %016" PRIx64, d->freed);
+    else
+      for (int a = 0; a < d->nacc; a++) fprintf(stderr, " a:%016" PRIx64 "[%" PRId64 ",%" PRId64 ")", d->acc[a].p, d->acc[a].lo, d->acc[a].hi);
+    fprintf(stderr, "\n");
+  }
+  for (int l = 0; l < G->np; l++)
+    fprintf(stderr, "[defer]   promise %d id %u size %" PRIu64 " live %d materialize %d\n", l, G->promises[l],
+            tpurt__promise_get(G->promises[l])->size, tpurt__promise_get(G->promises[l])->live, P->materialize[l]);
+  for (int i = 0; i < P->nsteps; i++) {
+    const pstep *S = &P->steps[i];
+    if (S->kind == S_UNIT) {
+      const unit *U = &P->units[S->a];
+      if (U->kind == U_GROUP)
+        fprintf(stderr, "[defer]   step group %s (%d in, %d out)\n", P->groups[U->idx].name, P->groups[U->idx].nin,
+                P->groups[U->idx].nout);
+      else
+        fprintf(stderr, "[defer]   step %s node %d\n", U->kind == U_NODE ? "kernel" : "free", U->idx);
+    } else {
+      fprintf(stderr, "[defer]   step %s promise %d\n", S->kind == S_ALLOC ? "alloc" : "release", S->a);
+    }
+  }
+}
+
 static tpurt_status run_plan(exec_ctx *x) {
   plan *P = x->P;
   dgraph *G = x->G;
@@ -1351,9 +1484,7 @@ static tpurt_status run_plan(exec_ctx *x) {
       st = tpurt_malloc(q->dev, q->size, x->s, &r);
       if (!st) atomic_store_explicit(&q->real, r, memory_order_release);
     } else if (S->kind == S_RELEASE) {
-      tpurt__promise *q = tpurt__promise_get(G->promises[S->a]);
-      tpurt_devptr r = atomic_exchange(&q->real, 0);
-      if (r) st = tpurt_free(r);
+      st = promise_free_real(tpurt__promise_get(G->promises[S->a]));
     }
   }
   return st;
@@ -1385,6 +1516,15 @@ tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reaso
   atomic_fetch_sub(&g_pending_graphs, 1);
   tpurt_site_fn sf = atomic_load(&g_site_fn);
   const char *site = sf ? sf(&reason) : NULL;
+  /* loop detection: a graph cut by the size cap whose ops repeat with period
+   * P makes later graphs k*P ops long, so every one has the same structure */
+  if (reason == TPURT_FLUSH_SIZE_CAP) {
+    int P = find_period(G);
+    int cap = atomic_load(&g_max_ops);
+    s->defer_loop_len = P > 0 ? P * (cap / P) : 0;
+  } else if (reason != TPURT_FLUSH_LOOP) {
+    s->defer_loop_len = 0; /* the program cuts its graphs itself */
+  }
   tpurt__defer_bypass++;
   for (int l = 0; l < G->np; l++) tpurt__promise_get(G->promises[l])->local = l;
   uint64_t k1, k2;
@@ -1412,6 +1552,7 @@ tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reaso
   uint64_t mat = 0, never = 0;
   if (P) {
     exec_ctx x = {s, G, P};
+    if (!hit) debug_plan(G, P);
     st = run_plan(&x);
     for (int l = 0; l < G->np; l++) {
       tpurt__promise *q = tpurt__promise_get(G->promises[l]);
@@ -1429,8 +1570,7 @@ tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reaso
     q->owner = NULL;
     q->home = s;
     if (!q->live) {
-      tpurt_devptr r = atomic_exchange(&q->real, 0);
-      if (r) tpurt_free(r);
+      promise_free_real(q);
       promise_release_id(id);
     } else if (!atomic_load(&q->real)) {
       q->lost = 1; /* the graph failed before giving it memory */
@@ -1466,9 +1606,7 @@ tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reaso
   tpurt_flush_record *r = &g_log[g_nlog % FLUSH_LOG];
   r->reason = reason;
   r->site = site ? site : "";
-  int nops = 0;
-  for (int i = 0; i < G->n; i++) nops += G->nodes[i].kind != N_FREE;
-  r->ops = nops;
+  r->ops = G->nops;
   r->kernels = P ? P->kernels : 0;
   r->cache_hit = hit;
   g_nlog++;

@@ -102,6 +102,7 @@ struct tpurt_stream {
   pthread_t thread;
   pthread_mutex_t dmu; /* the pending deferred graph (defer.c) */
   void *dgraph;
+  int defer_loop_len; /* recorded ops per graph once a loop was detected (0: none) */
 };
 
 struct tpurt_event {
@@ -172,7 +173,7 @@ typedef struct tpurt__promise {
   _Atomic tpurt_devptr real; /* backing device address, 0 if none */
   uint64_t size;
   int dev;
-  uint8_t used, live, lost;
+  uint8_t used, live, lost, real_freed;
   tpurt_stream *owner; /* stream whose pending graph allocated it */
   tpurt_stream *home;  /* stream it was materialized on */
   int local;           /* planner scratch */

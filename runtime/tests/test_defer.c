@@ -263,7 +263,8 @@ static void test_frees_and_cuts(void) {
   tpurt_defer_set_max_ops(16);
   for (int i = 0; i < 40; i++) CHECK_OK(tpurt_fill(S, &vz, fsc((double)i)));
   tpurt_defer_get_stats(&st);
-  CHECK_EQ(st.flushes[TPURT_FLUSH_SIZE_CAP], 2);
+  CHECK_EQ(st.flushes[TPURT_FLUSH_SIZE_CAP], 1); /* then the ops repeat with period 1: */
+  CHECK_EQ(st.flushes[TPURT_FLUSH_LOOP], 1);
   tpurt_defer_set_max_ops(8192);
   CHECK_OK(tpurt_memcpy_d2h(S, hy, z, 4, 0));
   CHECK_EQ(hy[0], 39.f);
@@ -279,6 +280,39 @@ static void test_frees_and_cuts(void) {
   CHECK_EQ(ms.allocated_bytes[0].current, 0);
 }
 
+/* A loop with no cut of its own: after the first size-cap cut the period of
+ * the recorded ops is found, later graphs are whole periods and reuse one
+ * plan. */
+static void test_loop_detection(void) {
+  static float h[N];
+  tpurt_devptr x;
+  CHECK_OK(tpurt_malloc(0, N * 4, S, &x));
+  tpurt_view vx = view1(x, N, 1);
+  CHECK_OK(tpurt_fill(S, &vx, fsc(0.0)));
+  CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_DEFER));
+  tpurt_defer_reset_stats();
+  tpurt_defer_set_max_ops(33);
+  tpurt_ew_program mul = bin(TPURT_EW_MUL, 1), add = bin(TPURT_EW_ADD, 1);
+  double half = 0.5, one = 1.0;
+  float want = 0.f;
+  for (int i = 0; i < 300; i++) {
+    CHECK_OK(tpurt_elementwise(S, &mul, &vx, &vx, 1, &half, 1));
+    CHECK_OK(tpurt_elementwise(S, &add, &vx, &vx, 1, &one, 1));
+    want = want * 0.5f + 1.f;
+  }
+  CHECK_OK(tpurt_memcpy_d2h(S, h, x, N * 4, 0));
+  CHECK_EQ(h[N - 1] == want, 1);
+  tpurt_defer_stats st;
+  tpurt_defer_get_stats(&st);
+  CHECK_EQ(st.flushes[TPURT_FLUSH_SIZE_CAP], 1);
+  CHECK(st.flushes[TPURT_FLUSH_LOOP] >= 15);
+  CHECK(st.cache_hits >= st.flushes[TPURT_FLUSH_LOOP] - 1);
+  CHECK(st.graphs_built <= 4);
+  tpurt_defer_set_max_ops(8192);
+  CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_STRICT));
+  CHECK_OK(tpurt_free(x));
+}
+
 int main(void) {
   CHECK_OK(tpurt_init());
   CHECK_OK(tpurt_stream_default(0, &S));
@@ -290,6 +324,7 @@ int main(void) {
   CHECK_OK(tpurt_memory_get_stats(0, &ms));
   CHECK_EQ(ms.allocated_bytes[0].current, 0);
   test_frees_and_cuts();
+  test_loop_detection();
   CHECK_ST(tpurt_set_exec_mode((tpurt_exec_mode)7), TPURT_ERR_INVALID_ARGUMENT);
   TEST_MAIN_END();
 }

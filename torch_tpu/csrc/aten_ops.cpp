@@ -207,6 +207,7 @@ at::Tensor& tpu_zero(at::Tensor& self) { return tpu_fill_scalar(self, 0); }
 c10::Scalar tpu_local_scalar_dense(const at::Tensor& self) {
   TORCH_CHECK(self.numel() == 1, "a Tensor with ", self.numel(), " elements cannot be converted to Scalar");
   at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
+  tpurt_flush_hint(TPURT_FLUSH_ITEM);  // a deferred graph cut here is named after .item()
   tpu_copy_from(self.reshape({}), host, false);
   return host.item();
 }

@@ -4,6 +4,11 @@
 #include <torch/csrc/Generator.h>
 #include <torch/extension.h>
 
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
 #include "glue.h"
 
 namespace torch_tpu {
@@ -57,6 +62,108 @@ void debug_launch_error(const std::string& message) {
         "debug_error");
 }
 
+// ---------------------------------------------------------- DeferAndFuse
+// The runtime asks for the user's source line of each recorded op (error
+// attribution) and of each cut (the flush log); a cut made by a host copy
+// inside print/repr or torch.save is refined to that reason.
+
+std::string g_skip_prefix[2];   // torch's and torch_tpu's package folders
+bool g_node_sites = true;       // TORCH_TPU_DEFER_SITES=0 turns per-op lines off
+std::mutex g_site_mu;
+std::unordered_map<std::string, std::unique_ptr<std::string>> g_sites;
+
+const char* intern_site(const std::string& s) {
+  std::lock_guard<std::mutex> lock(g_site_mu);
+  auto it = g_sites.find(s);
+  if (it != g_sites.end()) return it->second->c_str();
+  auto owned = std::make_unique<std::string>(s);
+  const char* p = owned->c_str();
+  g_sites.emplace(s, std::move(owned));
+  return p;
+}
+
+bool starts_with(const char* s, const std::string& prefix) {
+  return !prefix.empty() && std::strncmp(s, prefix.c_str(), prefix.size()) == 0;
+}
+bool ends_with(const char* s, const char* suffix) {
+  size_t n = std::strlen(s), m = std::strlen(suffix);
+  return n >= m && std::strcmp(s + n - m, suffix) == 0;
+}
+
+const char* site_fn(tpurt_flush_reason* reason) {
+  if (!reason && !g_node_sites) return nullptr;
+  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return nullptr;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  const char* out = nullptr;
+  PyFrameObject* f = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(f);
+  while (f) {
+    PyCodeObject* code = PyFrame_GetCode(f);
+    const char* file = PyUnicode_AsUTF8(code->co_filename);
+    if (file && reason && (*reason == TPURT_FLUSH_TO_HOST || *reason == TPURT_FLUSH_ITEM)) {
+      if (ends_with(file, "torch/_tensor_str.py"))
+        *reason = TPURT_FLUSH_PRINT;
+      else if (ends_with(file, "torch/serialization.py"))
+        *reason = TPURT_FLUSH_SAVE;
+    }
+    bool library = !file || starts_with(file, g_skip_prefix[0]) || starts_with(file, g_skip_prefix[1]);
+    if (!library) {
+      out = intern_site(std::string(file) + ":" + std::to_string(PyFrame_GetLineNumber(f)));
+      Py_DECREF(code);
+      break;
+    }
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(f);
+    Py_DECREF(f);
+    f = back;
+  }
+  Py_XDECREF(f);
+  if (PyErr_Occurred()) PyErr_Clear();
+  PyGILState_Release(gil);
+  return out;
+}
+
+void install_site_fn(const std::string& torch_dir, const std::string& tpu_dir, bool node_sites) {
+  g_skip_prefix[0] = torch_dir;
+  g_skip_prefix[1] = tpu_dir;
+  g_node_sites = node_sites;
+  tpurt_defer_set_site_fn(&site_fn);
+}
+
+py::dict defer_stats() {
+  tpurt_defer_stats s;
+  tpurt_defer_get_stats(&s);
+  py::dict flushes;
+  for (int r = 0; r < TPURT_FLUSH_NUM_REASONS; r++)
+    flushes[tpurt_flush_reason_name(static_cast<tpurt_flush_reason>(r))] = s.flushes[r];
+  py::dict d;
+  d["flushes"] = flushes;
+  d["graphs_built"] = s.graphs_built;
+  d["cache_hits"] = s.cache_hits;
+  d["cached_graphs"] = s.cached_plans;
+  d["ops_recorded"] = s.ops_recorded;
+  d["kernels_launched"] = s.kernels_launched;
+  d["fused_kernels"] = s.fused_kernels;
+  d["ops_fused"] = s.ops_fused;
+  d["ops_eliminated"] = s.ops_eliminated;
+  d["stores_eliminated"] = s.stores_eliminated;
+  d["bytes_materialized"] = s.bytes_materialized;
+  d["bytes_never_materialized"] = s.bytes_never_materialized;
+  py::list recent;
+  tpurt_flush_record r;
+  for (int i = 0; tpurt_defer_get_flush(i, &r); i++) {
+    py::dict e;
+    e["reason"] = std::string(tpurt_flush_reason_name(r.reason));
+    e["site"] = std::string(r.site ? r.site : "");
+    e["ops"] = r.ops;
+    e["kernels"] = r.kernels;
+    e["cache_hit"] = static_cast<bool>(r.cache_hit);
+    recent.append(e);
+  }
+  d["recent_flushes"] = recent;
+  return d;
+}
+
 }  // namespace
 }  // namespace torch_tpu
 
@@ -106,5 +213,23 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_matmul_precision", &set_matmul_precision);
   m.def("_matmul_precision", &matmul_precision);
   m.def("_gemm_library", [] { return std::string(tpurt_gemm_library()); });
+  m.def("_set_exec_mode", [](int mode) {
+    ensure_initialized();
+    py::gil_scoped_release nogil;
+    check(tpurt_set_exec_mode(static_cast<tpurt_exec_mode>(mode)), "set_execution_mode");
+  });
+  m.def("_exec_mode", [] {
+    ensure_initialized();
+    return static_cast<int>(tpurt_get_exec_mode());
+  });
+  m.def("_flush", [](int index) {
+    ensure_initialized();
+    py::gil_scoped_release nogil;
+    check(tpurt_flush(index, TPURT_FLUSH_EXPLICIT), "flush");
+  });
+  m.def("_defer_stats", &defer_stats);
+  m.def("_reset_defer_stats", [] { tpurt_defer_reset_stats(); });
+  m.def("_set_defer_max_ops", [](int n) { tpurt_defer_set_max_ops(n); });
+  m.def("_install_site_fn", &install_site_fn);
   m.attr("_api_version") = TPURT_API_VERSION;
 }

@@ -26,6 +26,7 @@ __all__ = [
     "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
     "memory_stats", "empty_cache", "mem_get_info", "fallback_stats", "reset_fallback_stats",
     "get_amp_supported_dtype", "is_bf16_supported", "TpuDeviceProperties", "Precision", "precision",
+    "defer_stats", "reset_defer_stats",
 ]
 
 
@@ -365,3 +366,23 @@ def fallback_stats() -> dict[str, int]:
 
 def reset_fallback_stats() -> None:
     _C._reset_fallback_counts()
+
+
+# ------------------------------------------------------------ DeferAndFuse
+
+
+def defer_stats() -> dict[str, Any]:
+    """Counters of the DeferAndFuse mode since the last reset: ``flushes``
+    (cuts by reason), ``graphs_built`` (plans made: cache misses),
+    ``cache_hits``, ``cached_graphs``, ``ops_recorded``, ``kernels_launched``,
+    ``fused_kernels`` (kernels made of several ops), ``ops_fused``,
+    ``ops_eliminated``, ``stores_eliminated`` (values kept in registers),
+    ``bytes_materialized`` / ``bytes_never_materialized`` (tensors created
+    while deferring that did / never did take device memory) and
+    ``recent_flushes`` (latest first: reason, user source line, ops, kernels,
+    cache hit)."""
+    return dict(_C._defer_stats())
+
+
+def reset_defer_stats() -> None:
+    _C._reset_defer_stats()

@@ -1,0 +1,108 @@
+"""DeferAndFuse vs Strict Eager vs PyTorch CPU eager on training steps of
+the small workloads of bench/models.py (minGPT, Llama-style decoder,
+ResNet-18-style CNN). One training step = zero_grad, forward, loss,
+backward, AdamW step, loss.item() (the usual logging sync, which is also
+the cut that ends the deferred graph). Configurations alternate inside
+every repeat; the median step time is reported, with peak device memory
+per mode and the host time spent issuing one step (before its sync)."""
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+
+import torch
+
+import torch_tpu
+from bench import models
+from bench.common import markdown_table
+
+WORKLOADS = ("mingpt", "llama", "resnet")
+
+
+class Runner:
+    def __init__(self, name: str, device: str, mode: str | None, base: torch.nn.Module, batches, loss_fn) -> None:
+        self.device, self.mode = device, mode
+        self.model = copy.deepcopy(base).to(device)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        self.batches = [(x.to(device), y.to(device)) for x, y in batches]
+        self.loss_fn = loss_fn
+        self.i = 0
+        self.issue: list[float] = []
+
+    def step(self) -> float:
+        x, y = self.batches[self.i % len(self.batches)]
+        self.i += 1
+        ctx = torch_tpu.execution_mode(self.mode) if self.mode else _null()
+        with ctx:
+            t0 = time.perf_counter()
+            self.opt.zero_grad(set_to_none=True)
+            loss = self.loss_fn(self.model(x), y)
+            loss.backward()
+            self.opt.step()
+            self.issue.append(time.perf_counter() - t0)
+            return loss.item()
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def _peak(r: Runner, steps: int = 3) -> int:
+    torch.tpu.synchronize()
+    torch.tpu.reset_peak_memory_stats()
+    for _ in range(steps):
+        r.step()
+    torch.tpu.synchronize()
+    return torch.tpu.max_memory_allocated()
+
+
+def run(repeats: int, workloads=WORKLOADS, warmup: int = 3) -> tuple[dict, str]:
+    results: dict = {}
+    rows = []
+    for name in workloads:
+        base, batches, loss_fn = models.make(name)
+        runners = {
+            "cpu eager": Runner(name, "cpu", None, base, batches, loss_fn),
+            "tpu strict": Runner(name, "tpu", "strict", base, batches, loss_fn),
+            "tpu defer": Runner(name, "tpu", "defer", base, batches, loss_fn),
+        }
+        for r in runners.values():
+            for _ in range(warmup):
+                r.step()
+            r.issue.clear()
+        torch.tpu.reset_defer_stats()
+        samples: dict[str, list[float]] = {k: [] for k in runners}
+        for _ in range(repeats):
+            for k, r in runners.items():
+                t0 = time.perf_counter()
+                r.step()
+                samples[k].append(time.perf_counter() - t0)
+        stats = torch.tpu.defer_stats()
+        med = {k: statistics.median(v) for k, v in samples.items()}
+        issue = {k: statistics.median(r.issue) for k, r in runners.items()}
+        peak_strict = _peak(runners["tpu strict"])
+        peak_defer = _peak(runners["tpu defer"])
+        params = sum(p.numel() for p in base.parameters())
+        res = {"params": params, "step_s": med, "issue_s": issue, "peak_strict": peak_strict,
+               "peak_defer": peak_defer, "defer_stats": {k: v for k, v in stats.items() if k != "recent_flushes"}}
+        results[name] = res
+        rows.append([
+            f"{name} ({params / 1e6:.2f}M params)",
+            f"{med['cpu eager'] * 1e3:.1f}", f"{med['tpu strict'] * 1e3:.1f}", f"{med['tpu defer'] * 1e3:.1f}",
+            f"{med['tpu strict'] / med['tpu defer']:.2f}×", f"{med['cpu eager'] / med['tpu defer']:.2f}×",
+            f"{peak_strict / 2**20:.1f} / {peak_defer / 2**20:.1f} ({peak_defer / max(1, peak_strict):.2f}×)",
+            f"{issue['tpu strict'] * 1e3:.1f} / {issue['tpu defer'] * 1e3:.1f}",
+            f"{stats['ops_recorded'] // max(1, repeats)} → {stats['kernels_launched'] // max(1, repeats)}",
+            f"{stats['graphs_built']} / {stats['cache_hits']}",
+        ])
+    table = markdown_table([
+        "train step", "CPU eager ms", "tpu strict ms", "tpu defer ms", "defer speed / strict (goal ≥ 2.0×)",
+        "defer speed / CPU (goal ≥ 1.3×)", "peak MiB strict / defer (goal ≤ 0.7×)",
+        "host issue ms strict / defer", "ops → kernels per step (defer)", "graphs built / cache hits",
+    ], rows)
+    return results, table
