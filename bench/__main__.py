@@ -1,8 +1,9 @@
-"""Run the benchmarks: ``python -m bench [device] [gemm] [--repeats N] [--record]``.
+"""Run the benchmarks: ``python -m bench [device] [gemm] [attention] [--repeats N] [--record]``.
 
 device   host<->device copy bandwidth vs memcpy, empty-op round trip
 gemm     GEMM library choice (OpenBLAS / oneDNN / torch CPU, FMA peak),
          tpu fp32/bf16 GEMM vs CPU, conv2d on ResNet-18 shapes vs CPU
+attention fused scaled_dot_product_attention fwd and fwd+bwd vs CPU SDPA
 
 Figures are medians of interleaved repeats (configs alternate in every
 repeat). ``--record`` appends the Markdown tables to BENCHMARKS.md with the
@@ -13,13 +14,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import common, device, gemm
+from bench import attention, common, device, gemm
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("suites", nargs="*", choices=[[], "device", "gemm"], help="suites to run (default: all)")
+    parser.add_argument("suites", nargs="*", choices=[[], "device", "gemm", "attention"], help="suites to run (default: all)")
     parser.add_argument("--repeats", type=int, default=15, help="repeats per configuration (median reported)")
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 16, 256], help="copy sizes in MiB")
     parser.add_argument("--record", action="store_true", help="append the results to BENCHMARKS.md")
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="square GEMM sizes of the gemm suite")
     parser.add_argument("--conv-batch", type=int, default=4, help="batch of the ResNet-18 conv shapes")
     args = parser.parse_args(argv)
-    args.suites = args.suites or ["device", "gemm"]
+    args.suites = args.suites or ["device", "gemm", "attention"]
     command = "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv)
     if "device" in args.suites:
         copies, copy_table = device.copy_bandwidth(args.sizes_mib, args.repeats)
@@ -51,6 +52,12 @@ def main(argv: list[str] | None = None) -> int:
         print(body)
         if args.record:
             common.record("GEMM and convolution", command.strip(), body)
+    if "attention" in args.suites:
+        att, att_table = attention.attention(max(3, args.repeats // 5))
+        common.save("attention", {"machine": common.machine(), **att})
+        print(att_table)
+        if args.record:
+            common.record("Fused attention", command.strip(), att_table)
     return 0
 
 
