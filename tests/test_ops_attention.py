@@ -46,7 +46,7 @@ def check(co, do, cg, dg, dtype):
     torch.testing.assert_close(do.float(), co, rtol=rtol, atol=atol)
     if cg is not None:
         for c, d in zip(cg, dg):
-            scale = max(1.0, c.abs().max().item())
+            scale = max(1.0, c.abs().max().item()) if c.numel() else 1.0
             torch.testing.assert_close(d.float(), c, rtol=rtol * 4, atol=atol * 4 * scale)
 
 
@@ -240,7 +240,7 @@ def test_gpt_block_trains():
     F.cross_entropy(cpu_m(idx).flatten(0, 1), tgt.flatten()).backward()
     F.cross_entropy(dev_m(idx.to(DT)).flatten(0, 1), tgt.to(DT).flatten()).backward()
     for (n, a), b in zip(cpu_m.named_parameters(), dev_m.parameters()):
-        torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-4, atol=1e-5, msg=n)
+        torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-3, atol=1e-4, msg=n)
     # dropout 0.1: trains
     model = Block(p=0.1).to(DT)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)

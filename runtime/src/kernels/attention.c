@@ -64,16 +64,45 @@ static inline float att_exp(float x) {
   return x < -87.0f ? 0.0f : y;
 }
 
+/* 8-lane versions (GCC vector extensions: one AVX2 register). */
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+static inline v8f v8_load(const float *p) {
+  v8f v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+static inline void v8_store(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+static inline v8f v8_splat(float x) { return (v8f){x, x, x, x, x, x, x, x}; }
+static inline v8f v8_sel(v8i m, v8f a, v8f b) { return (v8f)(((v8i)a & m) | ((v8i)b & ~m)); }
+static inline v8f v8_exp(v8f x) {
+  v8i lo = x < v8_splat(-87.0f), hi = x > v8_splat(88.0f);
+  v8f xc = v8_sel(lo, v8_splat(-87.0f), v8_sel(hi, v8_splat(88.0f), x));
+  v8f magic = v8_splat(12582912.0f);
+  v8f t = xc * v8_splat(1.44269504088896341f) + magic;
+  v8f n = t - magic;
+  v8f r = xc - n * v8_splat(0.693145751953125f);
+  r = r - n * v8_splat(1.428606765330187045e-06f);
+  v8f p = v8_splat(1.0f / 720.0f);
+  p = p * r + v8_splat(1.0f / 120.0f);
+  p = p * r + v8_splat(1.0f / 24.0f);
+  p = p * r + v8_splat(1.0f / 6.0f);
+  p = p * r + v8_splat(0.5f);
+  p = p * r + v8_splat(1.0f);
+  p = p * r + v8_splat(1.0f);
+  v8i e = (((v8i)t - 0x4B400000) + 127) << 23;
+  return v8_sel(lo, v8_splat(0.0f), p * (v8f)e);
+}
+
 /* s[c] = exp(s[c] - m); returns the sum. */
 static float exp_row(float *restrict s, int64_t n, float m) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  v8f acc = v8_splat(0.0f), mv = v8_splat(m);
   int64_t c = 0;
-  for (; c + 8 <= n; c += 8)
-    for (int k = 0; k < 8; k++) {
-      float e = att_exp(s[c + k] - m);
-      s[c + k] = e;
-      acc[k] += e;
-    }
+  for (; c + 8 <= n; c += 8) {
+    v8f e = v8_exp(v8_load(s + c) - mv);
+    v8_store(s + c, e);
+    acc += e;
+  }
   float sum = 0;
   for (; c < n; c++) {
     float e = att_exp(s[c] - m);
@@ -85,11 +114,12 @@ static float exp_row(float *restrict s, int64_t n, float m) {
 }
 
 static float max_row(const float *restrict s, int64_t n, float m) {
-  float acc[8];
-  for (int k = 0; k < 8; k++) acc[k] = m;
+  v8f acc = v8_splat(m);
   int64_t c = 0;
-  for (; c + 8 <= n; c += 8)
-    for (int k = 0; k < 8; k++) acc[k] = s[c + k] > acc[k] ? s[c + k] : acc[k];
+  for (; c + 8 <= n; c += 8) {
+    v8f v = v8_load(s + c);
+    acc = v8_sel(v > acc, v, acc);
+  }
   for (; c < n; c++) m = s[c] > m ? s[c] : m;
   for (int k = 0; k < 8; k++) m = acc[k] > m ? acc[k] : m;
   return m;
