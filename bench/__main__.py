@@ -1,10 +1,11 @@
-"""Run the benchmarks: ``python -m bench [device] [elementwise] [gemm] [defer] [--repeats N] [--record]``.
+"""Run the benchmarks: ``python -m bench [device] [elementwise] [gemm] [attention] [defer] [--repeats N] [--record]``.
 
 device   host<->device copy bandwidth vs memcpy, empty-op round trip
 elementwise  large add/mul/gelu vs CPU and vs the machine's STREAM triad
 defer    DeferAndFuse vs strict eager vs CPU eager on minGPT / Llama / ResNet train steps
 gemm     GEMM library choice (OpenBLAS / oneDNN / torch CPU, FMA peak),
          tpu fp32/bf16 GEMM vs CPU, conv2d on ResNet-18 shapes vs CPU
+attention fused scaled_dot_product_attention fwd and fwd+bwd vs CPU SDPA
 
 Figures are medians of interleaved repeats (configs alternate in every
 repeat). ``--record`` appends the Markdown tables to BENCHMARKS.md with the
@@ -15,13 +16,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import common, defer, device, elementwise, gemm
+from bench import attention, common, defer, device, elementwise, gemm
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("suites", nargs="*", choices=[[], "device", "elementwise", "gemm", "defer"], help="suites to run (default: all)")
+    parser.add_argument("suites", nargs="*", choices=[[], "device", "elementwise", "gemm", "attention", "defer"], help="suites to run (default: all)")
     parser.add_argument("--repeats", type=int, default=15, help="repeats per configuration (median reported)")
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 16, 256], help="copy sizes in MiB")
     parser.add_argument("--record", action="store_true", help="append the results to BENCHMARKS.md")
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="square GEMM sizes of the gemm suite")
     parser.add_argument("--conv-batch", type=int, default=4, help="batch of the ResNet-18 conv shapes")
     args = parser.parse_args(argv)
-    args.suites = args.suites or ["device", "elementwise", "gemm", "defer"]
+    args.suites = args.suites or ["device", "elementwise", "gemm", "attention", "defer"]
     command = "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv)
     if "device" in args.suites:
         copies, copy_table = device.copy_bandwidth(args.sizes_mib, args.repeats)
@@ -60,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
         print(body)
         if args.record:
             common.record("GEMM and convolution", command.strip(), body)
+    if "attention" in args.suites:
+        att, att_table = attention.attention(max(3, args.repeats // 5))
+        common.save("attention", {"machine": common.machine(), **att})
+        print(att_table)
+        if args.record:
+            common.record("Fused attention", command.strip(), att_table)
     if "defer" in args.suites:
         res, table = defer.run(max(5, args.repeats))
         common.save("defer", {"machine": common.machine(), "workloads": res})

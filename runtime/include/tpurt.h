@@ -891,6 +891,40 @@ TPURT_API tpurt_status tpurt_upsample2d_backward(tpurt_stream *s, const tpurt_vi
                                                  const tpurt_view *grad_out, tpurt_upsample_mode mode,
                                                  int align_corners, double scale_h, double scale_w);
 
+/* ------------------------------------ fused scaled dot-product attention
+ *
+ * q [B, H, L, D], k [B, Hk, S, D], v [B, Hk, S, Dv], out [B, H, L, Dv]
+ * (any strides; f32, f16 or bf16, one dtype, computed in f32). H must be a
+ * multiple of Hk: query head h reads key/value head h / (H / Hk) (GQA).
+ * mask (may be NULL) [B, H, L, S] (stride 0 broadcasts): bool (false =
+ * masked out) or a float bias added to the scaled scores. is_causal masks
+ * key j for query i when j > i (top-left aligned, as PyTorch). Rows with
+ * every key masked give 0. Dropout keeps element (bh, i, j) (bh = b * H + h)
+ * iff u >= dropout_p, u the 24-bit uniform of word j % 4 of Philox block
+ * offset + (bh * L + i) * ceil(S / 4) + j / 4 (see
+ * tpurt_attention_dropout_blocks), and scales kept ones by 1 / (1 - p).
+ * lse [B, H, L] f32 (may be NULL in the forward) is the log-sum-exp of
+ * every row of scores (-inf for fully masked rows). */
+typedef struct tpurt_attention_params {
+  double scale;
+  int is_causal;
+  double dropout_p;
+  uint64_t seed, offset;
+  tpurt_precision precision; /* of the f32 tile products */
+} tpurt_attention_params;
+TPURT_API uint64_t tpurt_attention_dropout_blocks(int64_t bh, int64_t L, int64_t S);
+TPURT_API tpurt_status tpurt_attention(tpurt_stream *s, const tpurt_view *out, const tpurt_view *lse,
+                                       const tpurt_view *q, const tpurt_view *k, const tpurt_view *v,
+                                       const tpurt_view *mask, const tpurt_attention_params *p);
+/* Gradients from the forward's out and lse; any of dq, dk, dv, dmask may be
+ * NULL. dmask [B, H, L, S] receives the gradient of the scores (= of an
+ * additive bias) where keys are visible; the caller zero-fills it first. */
+TPURT_API tpurt_status tpurt_attention_backward(tpurt_stream *s, const tpurt_view *dq, const tpurt_view *dk,
+                                                const tpurt_view *dv, const tpurt_view *dmask,
+                                                const tpurt_view *dout, const tpurt_view *q, const tpurt_view *k,
+                                                const tpurt_view *v, const tpurt_view *out, const tpurt_view *lse,
+                                                const tpurt_view *mask, const tpurt_attention_params *p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -101,6 +101,32 @@ def is_random(op: Any) -> bool:
     return op_key(op) in RANDOM_OPS or op.name in RANDOM_OPS or bool(getattr(op, "has_nondeterministic_output", False))
 
 
+# Ops that are random only for some samples: those drawing a dropout mask
+# (dropout_p > 0; for multi_head_attention_forward dropout_p is the 10th
+# positional argument and only applies with training=True). Such samples
+# are compared like RANDOM_OPS (structure, dtypes and shapes, not values:
+# the device's random numbers are not the CPU's); the others by value.
+def _sdpa_dropout(sample: Any) -> float:
+    return float(sample.kwargs.get("dropout_p", 0.0) or 0.0)
+
+
+def _mha_dropout(sample: Any) -> float:
+    p = sample.kwargs.get("dropout_p", sample.args[9] if len(sample.args) > 9 else 0.0)
+    return float(p or 0.0) if sample.kwargs.get("training", True) else 0.0
+
+
+SAMPLE_DROPOUT = {
+    "nn.functional.scaled_dot_product_attention": _sdpa_dropout,
+    "nn.functional.multi_head_attention_forward": _mha_dropout,
+}
+
+
+def is_random_sample(op: Any, sample: Any) -> bool:
+    """True if this sample of the op draws random numbers (see SAMPLE_DROPOUT)."""
+    fn = SAMPLE_DROPOUT.get(op_key(op))
+    return fn is not None and fn(sample) > 0
+
+
 def tolerance_override(op: Any, dtype: torch.dtype) -> tuple[float, float] | None:
     """(rtol, atol) the OpInfo declares for comparing an accelerator against the
     CPU (``toleranceOverride`` decorators of TestCommon.test_compare_cpu and of

@@ -28,6 +28,7 @@ from typing import Any, Callable
 import torch
 
 from .compare import compare
+from .opdb import is_random_sample
 
 __all__ = ["STATUSES", "classify_exception", "to_device", "run_forward_sample", "run_backward_sample",
            "run_item", "SampleFailure"]
@@ -336,10 +337,13 @@ def run_item(op: Any, dtype: torch.dtype, direction: str, device: str = "tpu", *
         if on_sample is not None:
             on_sample(index)
         def run_sample(sample=sample, index=index) -> None:
+            # samples that draw a dropout mask compare structure only, like random ops
+            sample_values = values and not is_random_sample(op, sample)
             if direction == "fwd":
-                run_forward_sample(op, dev_fn, sample, device, values=values, override=override)
+                run_forward_sample(op, dev_fn, sample, device, values=sample_values, override=override)
             else:
-                run_backward_sample(op, dev_fn, sample, device, values=values, override=override, seed=index)
+                run_backward_sample(op, dev_fn, sample, device, values=sample_values, override=override,
+                                    seed=index)
 
         try:
             run_sample()

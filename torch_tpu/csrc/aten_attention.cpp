@@ -1,0 +1,234 @@
+// Fused scaled_dot_product_attention: the "overrideable" SDPA backend.
+//
+// torch.nn.functional.scaled_dot_product_attention asks the device's
+// _fused_sdp_choice stub which backend to use. For tpu tensors of a shape
+// and dtype the fused kernel handles, it answers "overrideable", so
+// PyTorch calls _scaled_dot_product_fused_attention_overrideable (and its
+// backward through autograd); everything else takes the composite "math"
+// path on the device, which also raises PyTorch's own errors for inputs
+// that do not broadcast. The computation is tpurt_attention[_backward].
+#include "glue.h"
+
+#include <ATen/Context.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/SDPBackend.h>
+#include <ATen/native/DispatchStub.h>
+#include <ATen/native/transformers/attention.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <mutex>
+
+namespace torch_tpu {
+namespace {
+
+bool fused_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
+
+tpurt_precision attention_precision() {
+  int p = matmul_precision();
+  if (p >= 0) return static_cast<tpurt_precision>(p);
+  switch (at::globalContext().float32MatmulPrecision()) {
+    case at::Float32MatmulPrecision::HIGH: return TPURT_PRECISION_HIGH;
+    case at::Float32MatmulPrecision::MEDIUM: return TPURT_PRECISION_DEFAULT;
+    default: return TPURT_PRECISION_HIGHEST;
+  }
+}
+
+// Can the fused kernel take these inputs as they are?
+bool fused_supported(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const std::optional<at::Tensor>& mask, double dropout_p, bool enable_gqa) {
+  for (const at::Tensor* t : {&q, &k, &v})
+    if (!t->defined() || t->device() != q.device() || t->is_nested() || t->layout() != at::kStrided) return false;
+  if (q.device().type() != kTpu) return false;
+  if (q.dim() != k.dim() || q.dim() != v.dim() || (q.dim() != 3 && q.dim() != 4)) return false;
+  if (!fused_dtype(q.scalar_type()) || k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type())
+    return false;
+  if (q.size(-1) == 0 || q.size(-1) > 4096 || v.size(-1) > 4096 || k.size(-1) != q.size(-1) ||
+      k.size(-2) != v.size(-2))
+    return false;
+  if (q.size(0) != k.size(0) || q.size(0) != v.size(0)) return false;
+  if (q.dim() == 4) {
+    int64_t hq = q.size(1), hk = k.size(1);
+    if (v.size(1) != hk) return false;
+    if (hq != hk && !(enable_gqa && hk > 0 && hq % hk == 0)) return false;
+  }
+  if (!(dropout_p >= 0 && dropout_p <= 1)) return false;
+  if (mask.has_value() && mask->defined()) {
+    const at::Tensor& m = *mask;
+    if (m.device() != q.device() || m.is_nested() || m.layout() != at::kStrided) return false;
+    if (m.scalar_type() != at::kBool && !fused_dtype(m.scalar_type()) && m.scalar_type() != at::kDouble) return false;
+    std::vector<int64_t> target(q.sizes().begin(), q.sizes().end() - 1);
+    target.push_back(k.size(-2));
+    if (m.dim() > q.dim() || !at::is_expandable_to(m.sizes(), target)) return false;
+  }
+  return true;
+}
+
+int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                         std::optional<double> scale, bool enable_gqa) {
+  if (at::globalContext().userEnabledOverrideableSDP() && fused_supported(q, k, v, attn_mask, dropout_p, enable_gqa))
+    return static_cast<int64_t>(at::SDPBackend::overrideable);
+  if (at::globalContext().userEnabledMathSDP()) return static_cast<int64_t>(at::SDPBackend::math);
+  return static_cast<int64_t>(at::SDPBackend::error);
+}
+
+// Validates the fused op's direct inputs (it can also be called by name).
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const char* op) {
+  TORCH_CHECK(q.dim() == k.dim() && q.dim() == v.dim() && (q.dim() == 3 || q.dim() == 4), op,
+              ": expected query, key and value to be 3-D or 4-D tensors of the same rank, got ", q.dim(), "-D, ",
+              k.dim(), "-D and ", v.dim(), "-D");
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), op,
+              ": Expected query, key, and value to have the same dtype, but got query.dtype: ", q.scalar_type(),
+              " key.dtype: ", k.scalar_type(), " and value.dtype: ", v.scalar_type(), " instead.");
+  TORCH_CHECK(fused_dtype(q.scalar_type()), op, ": query, key and value must be float32, float16 or bfloat16, got ",
+              q.scalar_type());
+  for (const at::Tensor* t : {&q, &k, &v})
+    TORCH_CHECK(t->device() == q.device() && t->device().type() == kTpu, op,
+                ": expected query, key and value on one tpu device");
+  TORCH_CHECK(k.size(-1) == q.size(-1) && k.size(-2) == v.size(-2) && k.size(0) == q.size(0) &&
+                  v.size(0) == q.size(0),
+              op, ": shapes of query ", q.sizes(), ", key ", k.sizes(), " and value ", v.sizes(), " do not match");
+  if (q.dim() == 4)
+    TORCH_CHECK(k.size(1) == v.size(1) && k.size(1) > 0 && q.size(1) % k.size(1) == 0, op,
+                ": number of heads in query (", q.size(1), ") must be a multiple of the heads of key and value (",
+                k.size(1), ", ", v.size(1), ")");
+}
+
+at::Tensor as4(const at::Tensor& t) { return t.dim() == 3 ? t.unsqueeze(1) : t; }
+
+// The mask / bias broadcast to [B, H, L, S] (as a view with stride 0).
+at::Tensor mask4(const at::Tensor& m, const at::Tensor& q, int64_t S) {
+  std::vector<int64_t> target(q.sizes().begin(), q.sizes().end() - 1);
+  target.push_back(S);
+  TORCH_CHECK(m.dim() <= q.dim() && at::is_expandable_to(m.sizes(), target),
+              "scaled_dot_product_attention: attn_mask of shape ", m.sizes(),
+              " cannot be broadcast to the attention weights' shape ", c10::IntArrayRef(target));
+  TORCH_CHECK(m.device() == q.device(), "scaled_dot_product_attention: attn_mask must be on ", q.device(),
+              ", got ", m.device());
+  return as4(m.expand(target));
+}
+
+double scale_of(const at::Tensor& q, std::optional<double> scale) {
+  return scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+}
+
+using FwdResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor,
+                             at::Tensor, at::Tensor>;
+
+FwdResult sdpa_forward(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                       const std::optional<at::Tensor>& attn_bias, double dropout_p, bool is_causal,
+                       bool return_debug_mask, std::optional<double> scale) {
+  const char* op = "_scaled_dot_product_fused_attention_overrideable";
+  check_inputs(query, key, value, op);
+  TORCH_CHECK(dropout_p >= 0 && dropout_p <= 1, op, ": dropout probability has to be between 0 and 1, but got ",
+              dropout_p);
+  c10::DeviceGuard guard(query.device());
+  at::Tensor q = as4(query), k = as4(key), v = as4(value);
+  int64_t B = q.size(0), H = q.size(1), L = q.size(2), S = k.size(2), Dv = v.size(3);
+  at::Tensor out4 = at::empty({B, H, L, Dv}, q.options());
+  at::Tensor lse = at::empty({B, H, L}, q.options().dtype(at::kFloat));
+  at::Tensor m;
+  if (attn_bias.has_value() && attn_bias->defined()) m = mask4(*attn_bias, query, S);
+  tpurt_attention_params p{};
+  p.scale = scale_of(query, scale);
+  p.is_causal = is_causal;
+  p.dropout_p = dropout_p;
+  p.precision = attention_precision();
+  if (dropout_p > 0 && out4.numel() > 0) {
+    const at::Generator& g = default_generator(query.device().index());
+    std::lock_guard<std::mutex> lock(const_cast<at::Generator&>(g).mutex());
+    tpurt_generator* st = generator_state(g);
+    p.seed = st->seed;
+    p.offset = tpurt_generator_reserve(st, tpurt_attention_dropout_blocks(B * H, L, S));
+  }
+  tpurt_view ov = view_of(out4), lv = view_of(lse), qv = view_of(q), kv = view_of(k), vv = view_of(v), mv{};
+  if (m.defined()) mv = view_of(m);
+  check(tpurt_attention(current_stream(query.device().index()), &ov, &lv, &qv, &kv, &vv, m.defined() ? &mv : nullptr,
+                        &p),
+        op);
+  at::Tensor out = query.dim() == 3 ? out4.squeeze(1) : out4;
+  at::Tensor lse_out = query.dim() == 3 ? lse.squeeze(1) : lse;
+  auto cpu64 = at::TensorOptions().dtype(at::kLong).device(at::kCPU);
+  at::Tensor seed_t = at::scalar_tensor(static_cast<int64_t>(p.seed), cpu64);
+  at::Tensor offset_t = at::scalar_tensor(static_cast<int64_t>(p.offset), cpu64);
+  (void)return_debug_mask;  // no debug mask: the attention probabilities are never materialised
+  return FwdResult(out, lse_out, at::empty({0}, q.options().dtype(at::kInt)),
+                   at::empty({0}, q.options().dtype(at::kInt)), c10::SymInt(L), c10::SymInt(S), seed_t, offset_t,
+                   at::empty({0}, q.options()));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
+    const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const at::Tensor& attn_bias, std::array<bool, 4> grad_input_mask, const at::Tensor& out,
+    const at::Tensor& logsumexp, const at::Tensor& cum_seq_q, const at::Tensor& cum_seq_k, c10::SymInt max_q,
+    c10::SymInt max_k, double dropout_p, bool is_causal, const at::Tensor& philox_seed,
+    const at::Tensor& philox_offset, std::optional<double> scale) {
+  const char* op = "_scaled_dot_product_fused_attention_overrideable_backward";
+  if (!grad_out.defined()) return {};
+  check_inputs(query, key, value, op);
+  c10::DeviceGuard guard(query.device());
+  at::Tensor q = as4(query), k = as4(key), v = as4(value), go = as4(grad_out), o = as4(out);
+  at::Tensor lse = query.dim() == 3 ? logsumexp.unsqueeze(1) : logsumexp;
+  int64_t B = q.size(0), H = q.size(1), L = q.size(2), S = k.size(2);
+  TORCH_CHECK(go.sizes() == o.sizes() && o.size(0) == B && o.size(1) == H && o.size(2) == L, op, ": grad_out ",
+              grad_out.sizes(), " and out ", out.sizes(), " do not match the query ", query.sizes());
+  TORCH_CHECK(lse.dim() == 3 && lse.size(0) == B && lse.size(1) == H && lse.size(2) == L &&
+                  lse.scalar_type() == at::kFloat && lse.device() == query.device(),
+              op, ": logsumexp must be the float32 [B, H, L] output of the forward");
+  at::Tensor dq = grad_input_mask[0] ? at::empty(query.sizes(), query.options()) : at::Tensor();
+  at::Tensor dk = grad_input_mask[1] ? at::empty(key.sizes(), key.options()) : at::Tensor();
+  at::Tensor dv = grad_input_mask[2] ? at::empty(value.sizes(), value.options()) : at::Tensor();
+  at::Tensor m, dm;
+  if (attn_bias.defined()) {
+    m = mask4(attn_bias, query, S);
+    if (grad_input_mask[3] && at::isFloatingType(attn_bias.scalar_type()))
+      dm = at::zeros({B, H, L, S}, q.options().dtype(at::kFloat));
+  }
+  tpurt_attention_params p{};
+  p.scale = scale_of(query, scale);
+  p.is_causal = is_causal;
+  p.dropout_p = dropout_p;
+  p.precision = attention_precision();
+  if (dropout_p > 0) {
+    TORCH_CHECK(philox_seed.defined() && philox_offset.defined() && philox_seed.numel() == 1 &&
+                    philox_offset.numel() == 1,
+                op, ": dropout needs the philox seed and offset of the forward");
+    p.seed = static_cast<uint64_t>(philox_seed.item<int64_t>());
+    p.offset = static_cast<uint64_t>(philox_offset.item<int64_t>());
+  }
+  at::Tensor dq4 = dq.defined() ? as4(dq) : dq, dk4 = dk.defined() ? as4(dk) : dk, dv4 = dv.defined() ? as4(dv) : dv;
+  tpurt_view qv = view_of(q), kv = view_of(k), vv = view_of(v), gv = view_of(go), ov = view_of(o), lv = view_of(lse);
+  tpurt_view dqv{}, dkv{}, dvv{}, dmv{}, mv{};
+  if (dq4.defined()) dqv = view_of(dq4);
+  if (dk4.defined()) dkv = view_of(dk4);
+  if (dv4.defined()) dvv = view_of(dv4);
+  if (dm.defined()) dmv = view_of(dm);
+  if (m.defined()) mv = view_of(m);
+  check(tpurt_attention_backward(current_stream(query.device().index()), dq4.defined() ? &dqv : nullptr,
+                                 dk4.defined() ? &dkv : nullptr, dv4.defined() ? &dvv : nullptr,
+                                 dm.defined() ? &dmv : nullptr, &gv, &qv, &kv, &vv, &ov, &lv,
+                                 m.defined() ? &mv : nullptr, &p),
+        op);
+  at::Tensor dbias;
+  if (dm.defined()) {
+    at::Tensor d = query.dim() == 3 ? dm.squeeze(1) : dm;
+    dbias = at::sum_to(d, attn_bias.sizes()).to(attn_bias.scalar_type());
+  }
+  return {dq, dk, dv, dbias};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_fused_sdp_choice", TORCH_FN(fused_sdp_choice));
+  m.impl("_scaled_dot_product_fused_attention_overrideable", TORCH_FN(sdpa_forward));
+  m.impl("_scaled_dot_product_fused_attention_overrideable_backward", TORCH_FN(sdpa_backward));
+}
+
+}  // namespace torch_tpu
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &torch_tpu::fused_sdp_choice)
+}
