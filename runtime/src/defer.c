@@ -1018,6 +1018,17 @@ typedef struct pfacts {
   int first, last; /* units that touch it in memory */
 } pfacts;
 
+static int may_fail(const dnode *d) {
+  if (d->compute != TPURT_I64) return 0;
+  for (int i = 0; i < d->ninst; i++) {
+    uint16_t op = d->inst[i].op;
+    if (op == TPURT_EW_DIV || op == TPURT_EW_DIV_TRUNC || op == TPURT_EW_DIV_FLOOR || op == TPURT_EW_REMAINDER ||
+        op == TPURT_EW_FMOD)
+      return 1;
+  }
+  return 0;
+}
+
 static void touch(pfacts *f, tpurt_devptr p, int u) {
   int l = local_of(p);
   if (l < 0) return;
@@ -1105,6 +1116,16 @@ static plan *build_plan(dgraph *G) {
       for (int k = 0; k < g->nin; k++) {
         int l = local_of(g->in[k].v->ptr);
         if (l >= 0) pf[l].memread = 1;
+      }
+      /* an op that can fail (integer division by zero) runs even when its
+       * result is not needed, so that the error is raised as in strict mode */
+      for (int m = 0; m < g->nn; m++) {
+        const dnode *d = &G->nodes[g->nodes[m]];
+        if (!may_fail(d)) continue;
+        for (int k = 0; k < d->nout; k++) {
+          int l = local_of(d->views[k].ptr);
+          if (l >= 0) pf[l].memread = 1;
+        }
       }
     } else if (U->kind == U_NODE) {
       const dnode *d = &G->nodes[U->idx];
