@@ -531,6 +531,7 @@ static void test_special(void) {
       if (f) {
         if (cases[i].op == TPURT_EW_NEXTAFTER) want = nextafterf(1.0f, 2.0f);
         if (cases[i].op == TPURT_EW_I0 && cases[i].x == -50.0) want = (float)want;
+        if (cases[i].op == TPURT_EW_NDTRI && cases[i].x < 1e-100) want = -INFINITY; /* 1e-300 is 0 in f32 */
       }
       double tol = f ? 2e-6 : (cases[i].op == TPURT_EW_NDTRI && cases[i].x < 1e-100 ? 1e-5 : 1e-12);
       if (cases[i].op == TPURT_EW_CHEBYSHEV_T && cases[i].y == 20.0) tol = 1e-6;
