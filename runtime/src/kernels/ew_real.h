@@ -271,10 +271,11 @@ static void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict
     case TPURT_EW_I0E: U((T)ews_bessel_i((double)x, 0, 1));
     case TPURT_EW_I1: U((T)ews_bessel_i((double)x, 1, 0));
     case TPURT_EW_I1E: U((T)ews_bessel_i((double)x, 1, 1));
-    case TPURT_EW_BESSEL_J0: U((T)j0((double)x));
-    case TPURT_EW_BESSEL_J1: U((T)j1((double)x));
-    case TPURT_EW_BESSEL_Y0: U(x < 0 ? (T)NAN : (T)y0((double)x));
-    case TPURT_EW_BESSEL_Y1: U(x < 0 ? (T)NAN : (T)y1((double)x));
+    /* +-inf give NaN as in PyTorch's CPU kernels */
+    case TPURT_EW_BESSEL_J0: U(EW_M(fabs)(x) == inf ? (T)NAN : (T)j0((double)x));
+    case TPURT_EW_BESSEL_J1: U(EW_M(fabs)(x) == inf ? (T)NAN : (T)j1((double)x));
+    case TPURT_EW_BESSEL_Y0: U((x < 0 || x == inf) ? (T)NAN : (T)y0((double)x));
+    case TPURT_EW_BESSEL_Y1: U((x < 0 || x == inf) ? (T)NAN : (T)y1((double)x));
     case TPURT_EW_BESSEL_K0: U((T)ews_bessel_k((double)x, 0, 0));
     case TPURT_EW_BESSEL_K1: U((T)ews_bessel_k((double)x, 1, 0));
     case TPURT_EW_BESSEL_K0E: U((T)ews_bessel_k((double)x, 0, 1));

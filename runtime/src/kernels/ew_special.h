@@ -143,8 +143,7 @@ static double ews_bessel_k(double x, int nu, int scaled) {
 
 static double ews_airy_ai(double x) {
   if (x != x) return x;
-  if (x == INFINITY) return 0.0;
-  if (x == -INFINITY) return 0.0;
+  if (isinf(x)) return NAN; /* as PyTorch's CPU kernel */
   if (x > 2.0) {
     double z = 2.0 / 3.0 * x * sqrt(x);
     if (z > 740.0) return 0.0;
@@ -200,11 +199,12 @@ static double ews_zeta(double s, double q) {
   if (s != s || q != q) return NAN;
   if (s == 1.0) return INFINITY;
   if (s < 1.0) return NAN;
+  if (s == INFINITY) return q == 1.0 ? 1.0 : (q > 0 && q < 1.0 ? INFINITY : NAN); /* as PyTorch's CPU kernel */
   if (q <= 0.0) {
     if (q == floor(q)) return INFINITY;
     if (s != floor(s)) return NAN;
   }
-  if (q == INFINITY) return 0.0;
+  if (q == INFINITY) return NAN; /* as PyTorch's CPU kernel */
   /* B_{2j} / (2j)! */
   static const double B[12] = {8.333333333333333e-02,  -1.388888888888889e-03, 3.306878306878307e-05,
                                -8.267195767195768e-07, 2.08767569878681e-08,   -5.284190138687493e-10,
@@ -231,6 +231,8 @@ static double ews_zeta(double s, double q) {
 
 static double ews_trigamma(double x) {
   if (x != x) return x;
+  if (x == INFINITY) return 0.0;
+  if (x == -INFINITY) return NAN;
   if (x <= 0 && x == floor(x)) return INFINITY;
   if (x < 0) {
     /* psi1(x) + psi1(1 - x) = pi^2 / sin^2(pi x) */
