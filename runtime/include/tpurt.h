@@ -447,6 +447,32 @@ typedef enum tpurt_ew_op {
   TPURT_EW_LERP,                      /* src0 + src2 * (src1 - src0) */
   TPURT_EW_ADDCMUL,                   /* src0 + p0 * src1 * src2 */
   TPURT_EW_ADDCDIV,                   /* src0 + p0 * src1 / src2 */
+  /* special functions and remaining pointwise ops (real compute unless noted) */
+  TPURT_EW_I0, TPURT_EW_I0E, TPURT_EW_I1, TPURT_EW_I1E,           /* modified Bessel I (e: exp(-|x|) scaled) */
+  TPURT_EW_BESSEL_J0, TPURT_EW_BESSEL_J1, TPURT_EW_BESSEL_Y0, TPURT_EW_BESSEL_Y1,
+  TPURT_EW_BESSEL_K0, TPURT_EW_BESSEL_K1, TPURT_EW_BESSEL_K0E, TPURT_EW_BESSEL_K1E, /* e: exp(x) scaled */
+  TPURT_EW_SPHERICAL_BESSEL_J0, TPURT_EW_AIRY_AI,
+  TPURT_EW_POLYGAMMA,                 /* p0 = n (0: digamma, 1: trigamma, ...) */
+  TPURT_EW_NDTRI, TPURT_EW_LOG_NDTR, TPURT_EW_ERFCX, TPURT_EW_ENTR, TPURT_EW_SINC,
+  TPURT_EW_SIGNBIT,                   /* 1 if the sign bit is set (integers: x < 0) */
+  TPURT_EW_HARDSHRINK,                /* |x| <= p0 ? 0 : x */
+  TPURT_EW_SOFTSHRINK,                /* x > p0 ? x - p0 : x < -p0 ? x + p0 : 0 */
+  TPURT_EW_ANGLE,                     /* real: pi if x < 0 else 0 (NaN kept); complex: arg (zero imag) */
+  TPURT_EW_FREXP_MANTISSA, TPURT_EW_FREXP_EXPONENT, /* x = m * 2^e, |m| in [0.5, 1) */
+  TPURT_EW_ZETA,                      /* Hurwitz zeta(src0, src1) */
+  TPURT_EW_IGAMMA, TPURT_EW_IGAMMAC,  /* regularized lower / upper incomplete gamma (a = src0, x = src1) */
+  TPURT_EW_XLOG1PY,                   /* src0 * log1p(src1), 0 where src0 == 0 (NaN src1 propagates) */
+  TPURT_EW_LOGADDEXP, TPURT_EW_LOGADDEXP2,
+  TPURT_EW_HEAVISIDE,                 /* src0 == 0 ? src1 : src0 > 0 */
+  TPURT_EW_NEXTAFTER,                 /* p0 = 0, or TPURT_F16 / TPURT_BF16: step in that format */
+  /* orthogonal polynomials: src0 = x, src1 = n (truncated to an integer; n < 0 gives 0) */
+  TPURT_EW_CHEBYSHEV_T, TPURT_EW_CHEBYSHEV_U, TPURT_EW_CHEBYSHEV_V, TPURT_EW_CHEBYSHEV_W,
+  TPURT_EW_SHIFTED_CHEBYSHEV_T, TPURT_EW_SHIFTED_CHEBYSHEV_U, TPURT_EW_SHIFTED_CHEBYSHEV_V,
+  TPURT_EW_SHIFTED_CHEBYSHEV_W, TPURT_EW_HERMITE_H, TPURT_EW_HERMITE_HE, TPURT_EW_LAGUERRE_L,
+  TPURT_EW_LEGENDRE_P,
+  TPURT_EW_SHRINK_BACKWARD,           /* |src1| <= p0 ? 0 : src0 (hardshrink and softshrink backward) */
+  TPURT_EW_COMPLEX,                   /* complex compute: re(src0) + i re(src1) */
+  TPURT_EW_POLAR,                     /* complex compute: re(src0) * (cos re(src1) + i sin re(src1)) */
   TPURT_EW_NUM_OPS
 } tpurt_ew_op;
 
