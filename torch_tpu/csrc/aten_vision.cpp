@@ -322,7 +322,7 @@ std::vector<int64_t> adaptive3(const at::Tensor& self, c10::IntArrayRef os, cons
   return std::vector<int64_t>(os.begin(), os.end());
 }
 
-at::Tensor& adaptive_avg_pool3d_out(const at::Tensor& self, c10::IntArrayRef output_size, at::Tensor& out) {
+at::Tensor& adaptive_avg_pool3d_out_impl(const at::Tensor& self, c10::IntArrayRef output_size, at::Tensor& out) {
   float_input(self, "adaptive_avg_pool3d");
   auto o = adaptive3(self, output_size, "adaptive_avg_pool3d");
   at::native::resize_output(out, with_spatial(self, 3, o));
@@ -333,7 +333,10 @@ at::Tensor& adaptive_avg_pool3d_out(const at::Tensor& self, c10::IntArrayRef out
 }
 at::Tensor adaptive_avg_pool3d(const at::Tensor& self, c10::SymIntArrayRef output_size) {
   at::Tensor out = at::empty({0}, self.options());
-  return adaptive_avg_pool3d_out(self, C10_AS_INTARRAYREF_SLOW(output_size), out);
+  return adaptive_avg_pool3d_out_impl(self, C10_AS_INTARRAYREF_SLOW(output_size), out);
+}
+at::Tensor& adaptive_avg_pool3d_out(const at::Tensor& self, c10::SymIntArrayRef output_size, at::Tensor& out) {
+  return adaptive_avg_pool3d_out_impl(self, C10_AS_INTARRAYREF_SLOW(output_size), out);
 }
 at::Tensor& adaptive_avg_pool3d_backward_out(const at::Tensor& grad_out, const at::Tensor& self, at::Tensor& gi) {
   at::native::resize_output(gi, self.sizes());
@@ -480,8 +483,9 @@ void fill_scales(double sc[3], std::initializer_list<std::optional<double>> s) {
   for (auto& v : s) sc[3 - n + i++] = v ? *v : -1.0;
 }
 
-at::Tensor& interp_out(const at::Tensor& self, c10::IntArrayRef os, tpurt_interp_mode mode, bool align,
+at::Tensor& interp_out(const at::Tensor& self, c10::SymIntArrayRef os_, tpurt_interp_mode mode, bool align,
                        std::initializer_list<std::optional<double>> scales, at::Tensor& out, const char* name) {
+  c10::IntArrayRef os = C10_AS_INTARRAYREF_SLOW(os_);
   int64_t sd = (int64_t)os.size();
   float_input(self, name);
   TORCH_CHECK(self.dim() == sd + 2, "Expected ", sd + 2, "D input (got ", self.dim(), "D) for ", name);
@@ -497,9 +501,10 @@ at::Tensor& interp_out(const at::Tensor& self, c10::IntArrayRef os, tpurt_interp
   check(tpurt_interpolate(stream_of(self), &o, &x, mode, align, sc), name);
   return out;
 }
-at::Tensor& interp_bwd(const at::Tensor& go, c10::IntArrayRef os, c10::IntArrayRef is, tpurt_interp_mode mode,
+at::Tensor& interp_bwd(const at::Tensor& go, c10::SymIntArrayRef os_, c10::SymIntArrayRef is_, tpurt_interp_mode mode,
                        bool align, std::initializer_list<std::optional<double>> scales, at::Tensor& gi,
                        const char* name) {
+  c10::IntArrayRef os = C10_AS_INTARRAYREF_SLOW(os_), is = C10_AS_INTARRAYREF_SLOW(is_);
   int64_t sd = (int64_t)os.size();
   TORCH_CHECK((int64_t)is.size() == sd + 2, "It is expected input_size equals to ", sd + 2, ", but got size ",
               is.size());
@@ -519,23 +524,23 @@ at::Tensor& interp_bwd(const at::Tensor& go, c10::IntArrayRef os, c10::IntArrayR
 
 using OD = std::optional<double>;
 #define NEAREST(NAME, MODE)                                                                                        \
-  at::Tensor& NAME##1d_out(const at::Tensor& s, c10::IntArrayRef os, OD a, at::Tensor& o) {                       \
+  at::Tensor& NAME##1d_out(const at::Tensor& s, c10::SymIntArrayRef os, OD a, at::Tensor& o) {                       \
     return interp_out(s, os, MODE, false, {a}, o, #NAME "1d");                                                     \
   }                                                                                                                \
-  at::Tensor& NAME##2d_out(const at::Tensor& s, c10::IntArrayRef os, OD a, OD b, at::Tensor& o) {                 \
+  at::Tensor& NAME##2d_out(const at::Tensor& s, c10::SymIntArrayRef os, OD a, OD b, at::Tensor& o) {                 \
     return interp_out(s, os, MODE, false, {a, b}, o, #NAME "2d");                                                  \
   }                                                                                                                \
-  at::Tensor& NAME##3d_out(const at::Tensor& s, c10::IntArrayRef os, OD a, OD b, OD c, at::Tensor& o) {           \
+  at::Tensor& NAME##3d_out(const at::Tensor& s, c10::SymIntArrayRef os, OD a, OD b, OD c, at::Tensor& o) {           \
     return interp_out(s, os, MODE, false, {a, b, c}, o, #NAME "3d");                                               \
   }                                                                                                                \
-  at::Tensor& NAME##1d_bwd(const at::Tensor& g, c10::IntArrayRef os, c10::IntArrayRef is, OD a, at::Tensor& o) {  \
+  at::Tensor& NAME##1d_bwd(const at::Tensor& g, c10::SymIntArrayRef os, c10::SymIntArrayRef is, OD a, at::Tensor& o) {  \
     return interp_bwd(g, os, is, MODE, false, {a}, o, #NAME "1d_backward");                                        \
   }                                                                                                                \
-  at::Tensor& NAME##2d_bwd(const at::Tensor& g, c10::IntArrayRef os, c10::IntArrayRef is, OD a, OD b,             \
+  at::Tensor& NAME##2d_bwd(const at::Tensor& g, c10::SymIntArrayRef os, c10::SymIntArrayRef is, OD a, OD b,             \
                            at::Tensor& o) {                                                                        \
     return interp_bwd(g, os, is, MODE, false, {a, b}, o, #NAME "2d_backward");                                     \
   }                                                                                                                \
-  at::Tensor& NAME##3d_bwd(const at::Tensor& g, c10::IntArrayRef os, c10::IntArrayRef is, OD a, OD b, OD c,       \
+  at::Tensor& NAME##3d_bwd(const at::Tensor& g, c10::SymIntArrayRef os, c10::SymIntArrayRef is, OD a, OD b, OD c,       \
                            at::Tensor& o) {                                                                        \
     return interp_bwd(g, os, is, MODE, false, {a, b, c}, o, #NAME "3d_backward");                                  \
   }
@@ -543,25 +548,25 @@ NEAREST(upsample_nearest, TPURT_INTERP_NEAREST)
 NEAREST(upsample_nearest_exact, TPURT_INTERP_NEAREST_EXACT)
 #undef NEAREST
 
-at::Tensor& linear1d_out(const at::Tensor& s, c10::IntArrayRef os, bool al, OD a, at::Tensor& o) {
+at::Tensor& linear1d_out(const at::Tensor& s, c10::SymIntArrayRef os, bool al, OD a, at::Tensor& o) {
   return interp_out(s, os, TPURT_INTERP_LINEAR, al, {a}, o, "upsample_linear1d");
 }
-at::Tensor& linear1d_bwd(const at::Tensor& g, c10::IntArrayRef os, c10::IntArrayRef is, bool al, OD a,
+at::Tensor& linear1d_bwd(const at::Tensor& g, c10::SymIntArrayRef os, c10::SymIntArrayRef is, bool al, OD a,
                          at::Tensor& o) {
   return interp_bwd(g, os, is, TPURT_INTERP_LINEAR, al, {a}, o, "upsample_linear1d_backward");
 }
-at::Tensor& trilinear_out(const at::Tensor& s, c10::IntArrayRef os, bool al, OD a, OD b, OD c, at::Tensor& o) {
+at::Tensor& trilinear_out(const at::Tensor& s, c10::SymIntArrayRef os, bool al, OD a, OD b, OD c, at::Tensor& o) {
   return interp_out(s, os, TPURT_INTERP_LINEAR, al, {a, b, c}, o, "upsample_trilinear3d");
 }
-at::Tensor& trilinear_bwd(const at::Tensor& g, c10::IntArrayRef os, c10::IntArrayRef is, bool al, OD a, OD b, OD c,
+at::Tensor& trilinear_bwd(const at::Tensor& g, c10::SymIntArrayRef os, c10::SymIntArrayRef is, bool al, OD a, OD b, OD c,
                           at::Tensor& o) {
   return interp_bwd(g, os, is, TPURT_INTERP_LINEAR, al, {a, b, c}, o, "upsample_trilinear3d_backward");
 }
 #define TWO_D(NAME, MODE)                                                                                          \
-  at::Tensor& NAME##_out(const at::Tensor& s, c10::IntArrayRef os, bool al, OD a, OD b, at::Tensor& o) {          \
+  at::Tensor& NAME##_out(const at::Tensor& s, c10::SymIntArrayRef os, bool al, OD a, OD b, at::Tensor& o) {          \
     return interp_out(s, os, MODE, al, {a, b}, o, #NAME);                                                          \
   }                                                                                                                \
-  at::Tensor& NAME##_bwd(const at::Tensor& g, c10::IntArrayRef os, c10::IntArrayRef is, bool al, OD a, OD b,      \
+  at::Tensor& NAME##_bwd(const at::Tensor& g, c10::SymIntArrayRef os, c10::SymIntArrayRef is, bool al, OD a, OD b,      \
                          at::Tensor& o) {                                                                          \
     return interp_bwd(g, os, is, MODE, al, {a, b}, o, #NAME "_backward");                                          \
   }

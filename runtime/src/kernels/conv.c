@@ -451,7 +451,9 @@ static tpurt_status check_geom(const char *op, const tpurt_view *x, const tpurt_
     if (o < 1 && N > 0)
       return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: kernel size (%" PRId64 ") larger than padded input (%" PRId64
                         ")", op, eff, in + 2 * p->padding[k]);
-    if (y->sizes[2 + k] != (o < 0 ? 0 : o))
+    /* smaller outputs are allowed: a transposed convolution with
+     * output_padding >= stride has input rows no window reaches */
+    if (y->sizes[2 + k] > (o < 0 ? 0 : o))
       return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: output size %" PRId64 " does not match %" PRId64
                         " in spatial dimension %d", op, y->sizes[2 + k], o, k);
   }
