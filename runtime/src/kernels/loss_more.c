@@ -250,7 +250,8 @@ static inline double pw_dist_fin(double p, double acc) {
   return pow(acc, 1.0 / p);
 }
 /* d dist / d diff */
-static inline double pw_grad(double p, double diff, double dist) {
+static inline double pw_grad(double p, double diff, double dist, int f32) {
+  if (f32) diff = (float)diff; /* the forward rounded |diff| to the data type */
   if (p == 0) return 0;
   double sg = (diff > 0) - (diff < 0);
   if (p == 1) return sg;
@@ -286,7 +287,7 @@ static void dist_chunk(void *c, int64_t b, int64_t e) {
             if (j == i) continue;
             int64_t q = i < j ? pair_index(N, i, j) : pair_index(N, j, i);
             double g = kc_ld(a->gout.dtype, E1(&a->gout, go, q)), dist = kc_ld(a->dist.dtype, E1(&a->dist, dd, q));
-            s += g * pw_grad(a->p, xi - kc_ld(v1->dtype, E2(v1, x1, j, k)), dist);
+            s += g * pw_grad(a->p, xi - kc_ld(v1->dtype, E2(v1, x1, j, k)), dist, v1->dtype != TPURT_F64);
           }
           kc_st(a->out.dtype, E2(&a->out, o, i, k), s);
         }
@@ -312,7 +313,7 @@ static void dist_chunk(void *c, int64_t b, int64_t e) {
         for (int64_t j = 0; j < R; j++) {
           double g = kc_ld(a->gout.dtype, E3(&a->gout, go, bb, i, j));
           double dist = kc_ld(a->dist.dtype, E3(&a->dist, dd, bb, i, j));
-          s += g * pw_grad(a->p, xi - kc_ld(v2->dtype, E3(v2, x2, bb, j, k)), dist);
+          s += g * pw_grad(a->p, xi - kc_ld(v2->dtype, E3(v2, x2, bb, j, k)), dist, v1->dtype != TPURT_F64);
         }
         kc_st(a->out.dtype, E3(&a->out, o, bb, i, k), s);
       }
