@@ -950,6 +950,137 @@ TPURT_API tpurt_status tpurt_attention_backward(tpurt_stream *s, const tpurt_vie
                                                 const tpurt_view *dout, const tpurt_view *q, const tpurt_view *k,
                                                 const tpurt_view *v, const tpurt_view *out, const tpurt_view *lse,
                                                 const tpurt_view *mask, const tpurt_attention_params *p);
+/* ------------------------------------------ vision: 3-D pooling, unpooling,
+ * fractional pooling, interpolation, grid sampling, im2col / col2im.
+ *
+ * Spatial views are 5-D [N, C, D, H, W] (1-D / 2-D callers use size-1 dims
+ * with stride 0). Float dtypes; computed in f64, stored in the view dtype.
+ * Plane indices (max pooling, unpooling) are (d * H + h) * W + w. */
+typedef struct tpurt_pool3d_params {
+  int64_t kernel[3], stride[3], padding[3], dilation[3];
+  int count_include_pad;    /* avg */
+  int64_t divisor_override; /* avg, 0 = none */
+} tpurt_pool3d_params;
+/* out (and idx, int64, may be NULL) = max over each window (NaN wins). */
+TPURT_API tpurt_status tpurt_max_pool3d(tpurt_stream *s, const tpurt_view *out, const tpurt_view *idx,
+                                        const tpurt_view *in, const tpurt_pool3d_params *p);
+TPURT_API tpurt_status tpurt_avg_pool3d(tpurt_stream *s, const tpurt_view *out, const tpurt_view *in,
+                                        const tpurt_pool3d_params *p);
+TPURT_API tpurt_status tpurt_avg_pool3d_backward(tpurt_stream *s, const tpurt_view *grad_in,
+                                                 const tpurt_view *grad_out, const tpurt_pool3d_params *p);
+/* Adaptive windows [floor(o n / out), ceil((o + 1) n / out)) per dim. */
+TPURT_API tpurt_status tpurt_adaptive_pool3d(tpurt_stream *s, const tpurt_view *out, const tpurt_view *idx,
+                                             const tpurt_view *in, int max);
+TPURT_API tpurt_status tpurt_adaptive_avg_pool3d_backward(tpurt_stream *s, const tpurt_view *grad_in,
+                                                          const tpurt_view *grad_out);
+/* Fractional max pooling: samples [N, C, K] (float) in [0, 1); sample_dim[k]
+ * is the sample used for spatial dim k (D, H, W) or -1 (that dim must have
+ * in = out = kernel = 1). */
+TPURT_API tpurt_status tpurt_fractional_max_pool3d(tpurt_stream *s, const tpurt_view *out, const tpurt_view *idx,
+                                                   const tpurt_view *in, const tpurt_view *samples,
+                                                   const int64_t kernel[3], const int sample_dim[3]);
+/* out = 0, then out[plane][idx] += src (accumulate: max pooling backward)
+ * or out[plane][idx] = src (max_unpool; an index outside the plane fails
+ * with TPURT_ERR_INVALID_ARGUMENT at the next sync). idx has src's shape. */
+TPURT_API tpurt_status tpurt_scatter_planes(tpurt_stream *s, const tpurt_view *out, const tpurt_view *src,
+                                            const tpurt_view *idx, int accumulate);
+
+/* Separable interpolation over D, H, W. scales[k]: the user's scale factor
+ * of dim k or <= 0 (then in / out is used). */
+typedef enum {
+  TPURT_INTERP_NEAREST = 0,    /* PyTorch's legacy 'nearest' */
+  TPURT_INTERP_NEAREST_EXACT,  /* 'nearest-exact' */
+  TPURT_INTERP_LINEAR,         /* linear / bilinear / trilinear */
+  TPURT_INTERP_CUBIC,          /* bicubic, A = -0.75, clamped borders */
+  TPURT_INTERP_LINEAR_AA,      /* antialiased (triangle filter) */
+  TPURT_INTERP_CUBIC_AA        /* antialiased (Keys, a = -0.5) */
+} tpurt_interp_mode;
+TPURT_API tpurt_status tpurt_interpolate(tpurt_stream *s, const tpurt_view *out, const tpurt_view *in,
+                                         tpurt_interp_mode mode, int align_corners, const double scales[3]);
+/* grad_in = adjoint of the interpolation applied to grad_out (overwrites). */
+TPURT_API tpurt_status tpurt_interpolate_backward(tpurt_stream *s, const tpurt_view *grad_in,
+                                                  const tpurt_view *grad_out, tpurt_interp_mode mode,
+                                                  int align_corners, const double scales[3]);
+
+/* Grid sampling: in [N, C, D, H, W], grid [N, Do, Ho, Wo, dims] (dims 2:
+ * (x, y) with D = Do = 1, or 3: (x, y, z)), out [N, C, Do, Ho, Wo].
+ * interp 0 bilinear, 1 nearest, 2 bicubic (dims 2); padding 0 zeros,
+ * 1 border, 2 reflection. */
+TPURT_API tpurt_status tpurt_grid_sample(tpurt_stream *s, const tpurt_view *out, const tpurt_view *in,
+                                         const tpurt_view *grid, int interp, int padding, int align_corners);
+/* grad_in (may be NULL) and grad_grid (may be NULL), both overwritten. */
+TPURT_API tpurt_status tpurt_grid_sample_backward(tpurt_stream *s, const tpurt_view *grad_in,
+                                                  const tpurt_view *grad_grid, const tpurt_view *grad_out,
+                                                  const tpurt_view *in, const tpurt_view *grid, int interp,
+                                                  int padding, int align_corners);
+
+/* im2col: col [N, C * kh * kw, L] from img [N, C, H, W] (L = Ho * Wo of a
+ * convolution with p); col2im (to_image = 1): img = sum of the columns. */
+TPURT_API tpurt_status tpurt_im2col(tpurt_stream *s, const tpurt_view *col, const tpurt_view *img,
+                                    const int64_t kernel[2], const tpurt_conv_params *p, int to_image);
+
+/* ---- more losses (reduction: 0 none, 1 mean, 2 sum) */
+/* multi_margin: input [N, C], target [N] (int), weight [C] or NULL, p 1 or
+ * 2. out [N] or 0-D. Targets outside [0, C) fail with TPURT_ERR_INDEX. */
+TPURT_API tpurt_status tpurt_multi_margin_loss(tpurt_stream *s, const tpurt_view *out, const tpurt_view *input,
+                                               const tpurt_view *target, const tpurt_view *weight, int p,
+                                               double margin, int reduction);
+TPURT_API tpurt_status tpurt_multi_margin_loss_backward(tpurt_stream *s, const tpurt_view *grad_in,
+                                                        const tpurt_view *grad_out, const tpurt_view *input,
+                                                        const tpurt_view *target, const tpurt_view *weight, int p,
+                                                        double margin, int reduction);
+/* multilabel_margin: input/target/is_target [N, C] (target int, -1 ends a
+ * row's labels; is_target written by the forward in input's dtype). */
+TPURT_API tpurt_status tpurt_multilabel_margin_loss(tpurt_stream *s, const tpurt_view *out,
+                                                    const tpurt_view *is_target, const tpurt_view *input,
+                                                    const tpurt_view *target, int reduction);
+TPURT_API tpurt_status tpurt_multilabel_margin_loss_backward(tpurt_stream *s, const tpurt_view *grad_in,
+                                                             const tpurt_view *grad_out, const tpurt_view *input,
+                                                             const tpurt_view *target, const tpurt_view *is_target,
+                                                             int reduction);
+/* p-norm distances: out [B, P, R] between rows of x1 [B, P, M] and x2
+ * [B, R, M] (p >= 0, inf allowed). backward: grad_x1 from grad_out and the
+ * forward's dist. */
+TPURT_API tpurt_status tpurt_cdist(tpurt_stream *s, const tpurt_view *out, const tpurt_view *x1,
+                                   const tpurt_view *x2, double p);
+TPURT_API tpurt_status tpurt_cdist_backward(tpurt_stream *s, const tpurt_view *grad_x1, const tpurt_view *grad_out,
+                                            const tpurt_view *x1, const tpurt_view *x2, const tpurt_view *dist,
+                                            double p);
+/* pdist: out [N (N - 1) / 2] over row pairs i < j of x [N, M]. */
+TPURT_API tpurt_status tpurt_pdist(tpurt_stream *s, const tpurt_view *out, const tpurt_view *x, double p);
+TPURT_API tpurt_status tpurt_pdist_backward(tpurt_stream *s, const tpurt_view *grad_x, const tpurt_view *grad_out,
+                                            const tpurt_view *x, const tpurt_view *dist, double p);
+/* CTC loss: log_probs [T, B, C]; targets 1-D int, target b starting at
+ * tgt_offsets[b] with stride tgt_stride; input_lengths, target_lengths,
+ * tgt_offsets [B] int64. Writes nll [B] and log_alpha [B, T, 2 Smax + 1].
+ * Lengths out of range fail with TPURT_ERR_INVALID_ARGUMENT. */
+TPURT_API tpurt_status tpurt_ctc_loss(tpurt_stream *s, const tpurt_view *nll, const tpurt_view *log_alpha,
+                                      const tpurt_view *log_probs, const tpurt_view *targets,
+                                      const tpurt_view *input_lengths, const tpurt_view *target_lengths,
+                                      const tpurt_view *tgt_offsets, int64_t tgt_stride, int64_t blank);
+/* grad [T, B, C] of sum_b grad_out[b] * nll[b] (zero_infinity zeroes the
+ * gradient of infinite losses). */
+TPURT_API tpurt_status tpurt_ctc_loss_backward(tpurt_stream *s, const tpurt_view *grad, const tpurt_view *grad_out,
+                                               const tpurt_view *log_probs, const tpurt_view *targets,
+                                               const tpurt_view *input_lengths, const tpurt_view *target_lengths,
+                                               const tpurt_view *tgt_offsets, int64_t tgt_stride,
+                                               const tpurt_view *nll, const tpurt_view *log_alpha, int64_t blank,
+                                               int zero_infinity);
+
+/* 3-D convolution over NCDHW views (2-D calls use D = 1); same contract as
+ * tpurt_conv2d with three spatial dims. */
+typedef struct tpurt_conv3d_params {
+  int64_t stride[3], padding[3], dilation[3];
+  int64_t groups;
+} tpurt_conv3d_params;
+TPURT_API tpurt_status tpurt_conv3d(tpurt_stream *s, const tpurt_view *y, const tpurt_view *x, const tpurt_view *w,
+                                    const tpurt_view *bias, const tpurt_conv3d_params *p, tpurt_precision precision);
+TPURT_API tpurt_status tpurt_conv3d_backward_input(tpurt_stream *s, const tpurt_view *dx, const tpurt_view *dy,
+                                                   const tpurt_view *w, const tpurt_view *bias,
+                                                   const tpurt_conv3d_params *p, tpurt_precision precision);
+TPURT_API tpurt_status tpurt_conv3d_backward_weight(tpurt_stream *s, const tpurt_view *dw, const tpurt_view *db,
+                                                    const tpurt_view *dy, const tpurt_view *x,
+                                                    const tpurt_conv3d_params *p, tpurt_precision precision);
 
 #ifdef __cplusplus
 }
