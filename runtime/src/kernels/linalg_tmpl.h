@@ -69,7 +69,9 @@ static tpurt_status F(svd)(la_args *g, char *err, size_t errlen) {
   T *work = tpurt__scratch(5, (size_t)lw * sizeof(T));
   for (int64_t b = 0; b < g->nbatch; b++) {
     F(load)(a, m, A, g, b, m, n);
-    lapack_int info = LA(gesdd)(LAPACK_COL_MAJOR, jobz, m, n, a, m, s, u, ldu, vt, ldvt, work, lw, iw);
+    int finite = 1;
+    for (int64_t i = 0; i < (int64_t)m * n; i++) finite &= isfinite(a[i]) != 0;
+    lapack_int info = finite ? LA(gesdd)(LAPACK_COL_MAJOR, jobz, m, n, a, m, s, u, ldu, vt, ldvt, work, lw, iw) : -4;
     if (info == -4 || info > 0) {
       if (info == -4)
         snprintf(err, errlen, "linalg.svd: The algorithm failed to converge because the input matrix contained "
