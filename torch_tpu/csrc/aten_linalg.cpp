@@ -113,12 +113,13 @@ Tensor& solve_triangular_out(const Tensor& A, const Tensor& B, bool upper, bool 
   check_square(A, "linalg.solve_triangular");
   check_input(B, "linalg.solve_triangular", "B");
   check_same_dtype(A, B, "linalg.solve_triangular");
-  if (left)
+  if (left) {
     TORCH_CHECK(A.size(-1) == B.size(-2), "linalg.solve_triangular: Incompatible shapes of A and B for the equation ",
                 "AX = B (", A.size(-2), "x", A.size(-1), " and ", B.size(-2), "x", B.size(-1), ")");
-  else
+  } else {
     TORCH_CHECK(A.size(-2) == B.size(-1), "linalg.solve_triangular: Incompatible shapes of A and B for the equation ",
                 "XA = B (", A.size(-2), "x", A.size(-1), " and ", B.size(-2), "x", B.size(-1), ")");
+  }
   auto b = at::infer_size(batch_of(A), batch_of(B));
   out_as(out, shape(b, {B.size(-2), B.size(-1)}), A.scalar_type(), "linalg.solve_triangular", "out");
   if (out.numel() == 0) return out;
@@ -209,12 +210,13 @@ Tensor& lu_solve_out(const Tensor& LU, const Tensor& piv, const Tensor& B, bool 
   TORCH_CHECK(piv.dim() >= 1 && piv.size(-1) == n && batch_of(piv, 1).equals(batch_of(LU)),
               "linalg.lu_solve: Expected LU.shape[:-1] and pivots.shape to be the same, but got pivots with shape ",
               piv.sizes(), " instead");
-  if (left)
+  if (left) {
     TORCH_CHECK(B.size(-2) == n, "linalg.lu_solve: Incompatible shapes of A and B for the equation AX = B (", n, "x",
                 n, " and ", B.size(-2), "x", B.size(-1), ")");
-  else
+  } else {
     TORCH_CHECK(B.size(-1) == n, "linalg.lu_solve: Incompatible shapes of A and B for the equation XA = B (", n, "x",
                 n, " and ", B.size(-2), "x", B.size(-1), ")");
+  }
   auto b = at::infer_size(batch_of(LU), batch_of(B));
   out_as(out, shape(b, {B.size(-2), B.size(-1)}), B.scalar_type(), "linalg.lu_solve", "out");
   if (out.numel() == 0) return out;
@@ -241,12 +243,13 @@ Tup4 solve_ex_out(const Tensor& A, const Tensor& B, bool left, bool check_errors
   Tensor B_ = vector_case ? B.unsqueeze(-1) : B;
   TORCH_CHECK(B_.dim() >= 2, "linalg.solve: The input tensor B must have at least 2 dimensions.");
   int64_t n = A.size(-1);
-  if (left)
+  if (left) {
     TORCH_CHECK(B_.size(-2) == n, "linalg.solve: Incompatible shapes of A and B for the equation AX = B (", n, "x",
                 n, " and ", B_.size(-2), "x", B_.size(-1), ")");
-  else
+  } else {
     TORCH_CHECK(B_.size(-1) == n, "linalg.solve: Incompatible shapes of A and B for the equation XA = B (", n, "x",
                 n, " and ", B_.size(-2), "x", B_.size(-1), ")");
+  }
   auto b = at::infer_size(batch_of(A), batch_of(B_));
   auto rs = shape(b, {B_.size(-2), B_.size(-1)});
   if (vector_case) rs.pop_back();
