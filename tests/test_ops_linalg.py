@@ -56,8 +56,8 @@ def test_svd(dtype, shape, full):
     k = min(shape[-2], shape[-1])
     rec = U.cpu()[..., :k] @ torch.diag_embed(S.cpu()).to(dtype) @ Vh.cpu()[..., :k, :]
     torch.testing.assert_close(rec, a, **TOL[dtype])
-    # same driver as CPU: same signs
-    torch.testing.assert_close(U.cpu(), U0, **TOL[dtype])
+    # singular vectors agree up to sign
+    torch.testing.assert_close(U.cpu()[..., :k].abs(), U0[..., :k].abs(), **TOL[dtype])
     close(torch.linalg.svdvals(tpu(a)), torch.linalg.svdvals(a))
 
 
@@ -207,7 +207,7 @@ def test_eig(dtype):
     w, V = torch.linalg.eig(tpu(A))
     w0, V0 = torch.linalg.eig(A)
     close(w, w0)
-    close(V, V0)
+    close(V.abs(), V0.abs())  # eigenvectors agree up to a phase
     close(torch.linalg.eigvals(tpu(A)), torch.linalg.eigvals(A))
     with pytest.raises(RuntimeError, match="infs or NaNs"):
         torch.linalg.eig(tpu(torch.full((2, 2), float("nan"), dtype=dtype)))
@@ -324,6 +324,8 @@ def test_pinv_matrix_norm_and_lowrank():
     close(torch.linalg.matrix_rank(tpu(a)), torch.linalg.matrix_rank(a))
 
 
-def test_float16_not_implemented():
-    with pytest.raises(NotImplementedError):
+def test_unsupported_dtypes():
+    with pytest.raises(RuntimeError, match="Low precision"):
         torch.linalg.inv(tpu(well_cond(3, 3)).half())
+    with pytest.raises(NotImplementedError):
+        torch.geqrf(tpu(well_cond(3, 3)).to(torch.complex64))

@@ -277,8 +277,9 @@ Tup3 det_out(const Tensor& A, Tensor& det, Tensor& LU, Tensor& piv) {
   out_as(det, b, A.scalar_type(), "linalg.det", "result");
   out_as(LU, A.sizes(), A.scalar_type(), "linalg.det", "LU");
   out_as(piv, shape(b, {A.size(-1)}), at::kInt, "linalg.det", "pivots");
-  run(TPURT_LA_DET, (int64_t)b.size(), {view_of(det), absent(), view_of(LU), view_of(piv)}, {view_of(A)},
-      {0, 0, 0, 0}, A);
+  // like CPU: a contiguous A is factored as A^T (the backward expects that LU)
+  run(TPURT_LA_DET, (int64_t)b.size(), {view_of(det), absent(), view_of(LU), view_of(piv)},
+      {view_of(A.is_contiguous() ? A.mT() : A)}, {0, 0, 0, 0}, A);
   return {det, LU, piv};
 }
 
@@ -289,8 +290,8 @@ Tup4 slogdet_out(const Tensor& A, Tensor& sign, Tensor& logabs, Tensor& LU, Tens
   out_as(logabs, b, A.scalar_type(), "linalg.slogdet", "logabsdet");
   out_as(LU, A.sizes(), A.scalar_type(), "linalg.slogdet", "LU");
   out_as(piv, shape(b, {A.size(-1)}), at::kInt, "linalg.slogdet", "pivots");
-  run(TPURT_LA_DET, (int64_t)b.size(), {view_of(sign), view_of(logabs), view_of(LU), view_of(piv)}, {view_of(A)},
-      {1, 0, 0, 0}, A);
+  run(TPURT_LA_DET, (int64_t)b.size(), {view_of(sign), view_of(logabs), view_of(LU), view_of(piv)},
+      {view_of(A.is_contiguous() ? A.mT() : A)}, {1, 0, 0, 0}, A);
   return {sign, logabs, LU, piv};
 }
 
