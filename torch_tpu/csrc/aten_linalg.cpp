@@ -590,6 +590,12 @@ Tensor matrix_exp(const Tensor& A) {
   check_square(A, "linalg.matrix_exp");
   Tensor out = at::empty(A.sizes(), A.options());
   if (out.numel() == 0) return out;
+  if (A.scalar_type() == at::kFloat) {  // evaluated in f64, rounded once
+    Tensor Ad = A.to(at::kDouble), Ed = at::empty(A.sizes(), Ad.options());
+    run(TPURT_LA_MATRIX_EXP, A.dim() - 2, {view_of(Ed)}, {view_of(Ad)}, {0, 0, 0, 0}, A);
+    out.copy_(Ed);
+    return out;
+  }
   run(TPURT_LA_MATRIX_EXP, A.dim() - 2, {view_of(out)}, {view_of(A)}, {0, 0, 0, 0}, A);
   return out;
 }
@@ -634,9 +640,10 @@ Tensor& addbmm_out(const Tensor& self, const Tensor& b1, const Tensor& b2, const
   int64_t M = b1.size(1), N = b2.size(2);
   auto e = at::expand_size(self, {M, N}, "addbmm");
   (void)e;
-  Tensor prod = b1.size(0) == 0 ? at::zeros({M, N}, b1.options()) : at::bmm(b1, b2).sum(0);
-  bool beta0 = beta.isFloatingPoint() ? beta.toDouble() == 0.0 : beta.toLong() == 0;
-  Tensor r = beta0 ? at::mul(prod, alpha) : at::add(at::mul(self.expand({M, N}), beta), prod, alpha);
+  // sum_b b1[b] @ b2[b] is ONE product over K' = B * K: [b1[0] ... b1[B-1]] @ [b2[0]; ...; b2[B-1]]
+  int64_t B = b1.size(0), K = b1.size(2);
+  Tensor lhs = b1.permute({1, 0, 2}).reshape({M, B * K}), rhs = b2.reshape({B * K, N});
+  Tensor r = at::addmm(self.expand({M, N}), lhs, rhs, beta, alpha);
   if (!out.is_same(self)) at::native::resize_output(out, {M, N});
   out.copy_(r);
   return out;
