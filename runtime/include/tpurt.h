@@ -1081,6 +1081,54 @@ TPURT_API tpurt_status tpurt_conv3d_backward_input(tpurt_stream *s, const tpurt_
 TPURT_API tpurt_status tpurt_conv3d_backward_weight(tpurt_stream *s, const tpurt_view *dw, const tpurt_view *db,
                                                     const tpurt_view *dy, const tpurt_view *x,
                                                     const tpurt_conv3d_params *p, tpurt_precision precision);
+/* ------------------------------------------------ linear algebra (LAPACK)
+ *
+ * tpurt_linalg runs one LAPACK-based operation over a batch. Every view has
+ * the same `batch_ndim` leading dims (inputs may broadcast them with stride
+ * 0) followed by the operand's own dims, listed per op below as
+ * [rows, cols] / [len] / [] (one value per matrix). Matrix data is f32 or
+ * f64 (one dtype per call); pivots are int32/int64 (1-based, LAPACK's
+ * convention), info int32, rank int64. An output with ndim = -1 is absent
+ * (not computed). Any strides. Failures that LAPACK reports per matrix go
+ * to `info` when the op has one; otherwise the op fails at the next sync
+ * with PyTorch's message. flags[0..3] per op (unused ones 0):
+ *   SVD        in A[m,n]; out U[m,m|k], S[k], Vh[n|k,n] (U, Vh absent when
+ *              !compute_uv); flags full_matrices, compute_uv. (gesdd)
+ *   TRSM       in A[n,n], B[n,r]; out X[n,r]; flags upper, transpose A,
+ *              unit diagonal. Left side only (transpose views for right).
+ *   LU         in A[m,n]; out LU[m,n], pivots[k], info[]. (getrf)
+ *   LU_SOLVE   in LU[n,n], pivots[n], B[n,r]; out X; flags transpose.
+ *   LU_UNPACK  in LU[m,n], pivots[k]; out P[m,m], L[m,k], U[k,n] (any absent).
+ *   SOLVE      in A[n,n], B[n,r]; out X[n,r], LU, pivots[n], info[].
+ *   INV        in A[n,n]; out inverse, info[].
+ *   DET        in A[n,n]; out det[] (flags[0] = 0) or sign[], logabsdet[]
+ *              (flags[0] = 1; out1 absent for det), LU, pivots (may be absent).
+ *   EIGH       in A[n,n]; out w[n], V[n,n] (absent: values only); flags upper.
+ *   GEQRF      in A[m,n]; out QR[m,n], tau[k].
+ *   ORGQR      in QR[m,n], tau[t]; out Q[m,c] (c <= m). (orgqr)
+ *   ORMQR      in QR[nq,>=t], tau[t], C[mc,nc]; out X[mc,nc]; flags left, transpose.
+ *   CHOLESKY   in A[n,n]; out L[n,n], info[]; flags upper.
+ *   CHOLESKY_SOLVE  in B[n,r], L[n,n]; out X[n,r]; flags upper.
+ *   CHOLESKY_INVERSE in L[n,n]; out X[n,n]; flags upper.
+ *   EIG        in A[n,n] real; out w[n], V[n,n] complex (V may be absent). (geev)
+ *   LDL        in A[n,n]; out LD[n,n], pivots[n], info[]; flags upper. (sytrf)
+ *   LDL_SOLVE  in LD[n,n], pivots[n], B[n,r]; out X; flags upper.
+ *   LSTSQ      in A[m,n], B[m,r]; out X[max(m,n),r] (LAPACK's raw solution),
+ *              rank[], S[k] (both may be absent); flags driver (0 gels,
+ *              1 gelsy, 2 gelsd, 3 gelss); rcond.
+ *   MATRIX_EXP in A[n,n]; out exp(A). (scaling and squaring, Pade [8/8])
+ *   CROSS      in a[3], b[3]; out a x b (any real or integer dtype).
+ */
+typedef enum tpurt_linalg_op {
+  TPURT_LA_SVD = 0, TPURT_LA_TRSM, TPURT_LA_LU, TPURT_LA_LU_SOLVE, TPURT_LA_LU_UNPACK, TPURT_LA_SOLVE, TPURT_LA_INV,
+  TPURT_LA_DET, TPURT_LA_EIGH, TPURT_LA_GEQRF, TPURT_LA_ORGQR, TPURT_LA_ORMQR, TPURT_LA_CHOLESKY,
+  TPURT_LA_CHOLESKY_SOLVE, TPURT_LA_CHOLESKY_INVERSE, TPURT_LA_EIG, TPURT_LA_LDL, TPURT_LA_LDL_SOLVE, TPURT_LA_LSTSQ,
+  TPURT_LA_MATRIX_EXP, TPURT_LA_CROSS,
+  TPURT_LA_NUM_OPS
+} tpurt_linalg_op;
+TPURT_API tpurt_status tpurt_linalg(tpurt_stream *s, tpurt_linalg_op op, int batch_ndim, const tpurt_view *outs,
+                                    int nout, const tpurt_view *ins, int nin, const int64_t *flags, double rcond);
+TPURT_API const char *tpurt_linalg_op_name(tpurt_linalg_op op);
 
 #ifdef __cplusplus
 }
