@@ -3,6 +3,7 @@
 device   host<->device copy bandwidth vs memcpy, empty-op round trip
 gemm     GEMM library choice (OpenBLAS / oneDNN / torch CPU, FMA peak),
          tpu fp32/bf16 GEMM vs CPU, conv2d on ResNet-18 shapes vs CPU
+fft      rfft / fft of 2^20 and of 1024x1024 (batch and 2-d) vs CPU torch.fft
 
 Figures are medians of interleaved repeats (configs alternate in every
 repeat). ``--record`` appends the Markdown tables to BENCHMARKS.md with the
@@ -13,13 +14,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import common, device, gemm
+from bench import common, device, fft, gemm
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("suites", nargs="*", choices=[[], "device", "gemm"], help="suites to run (default: all)")
+    parser.add_argument("suites", nargs="*", choices=[[], "device", "gemm", "fft"], help="suites to run (default: all)")
     parser.add_argument("--repeats", type=int, default=15, help="repeats per configuration (median reported)")
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 16, 256], help="copy sizes in MiB")
     parser.add_argument("--record", action="store_true", help="append the results to BENCHMARKS.md")
@@ -51,6 +52,12 @@ def main(argv: list[str] | None = None) -> int:
         print(body)
         if args.record:
             common.record("GEMM and convolution", command.strip(), body)
+    if "fft" in args.suites:
+        res, table = fft.fft(max(3, args.repeats // 3))
+        common.save("fft", {"machine": common.machine(), **res})
+        print(table)
+        if args.record:
+            common.record("FFT", command.strip(), table)
     return 0
 
 

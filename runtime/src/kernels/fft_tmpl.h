@@ -281,83 +281,135 @@ static void FN(fft_c2r)(const fft_plan *p, FT *restrict inr, FT *restrict ini, F
 
 /* ------------------------------------------------- a pass over lines */
 
+/* Lines are processed in blocks of up to FFT_BLK lines that are adjacent in
+ * memory (consecutive along an outer dim of unit stride in src and dst):
+ * element j of the block's lines is then one short contiguous run, so the
+ * gathers and scatters of strided lines use whole cache lines. */
+#define FFT_BLK 8
 static void FN(fft_pass_lines)(void *c, int64_t lb, int64_t le) {
   fft_pass *P = c;
   const fft_plan *pl = P->plan;
   const int64_t n = P->n;
   int64_t len = n > P->nsrc ? n : P->nsrc;
   if (P->ndst > len) len = P->ndst;
-  len += 2;
-  size_t total = (size_t)(3 * len + pl->scratch + 64);
+  len = (len + 2 + 15) / 16 * 16;
+  const int64_t ss = P->L.step[0], ds = P->L.step[1];
+  int64_t inner = 1; /* lines per run of adjacent lines */
+  if (P->L.no > 0 && P->L.ost[0][P->L.no - 1] == 1 && P->L.ost[1][P->L.no - 1] == 1 && (ss != 1 || ds != 1))
+    inner = P->L.osz[P->L.no - 1];
+  const int bmax = inner > 1 ? FFT_BLK : 1;
+  size_t total = (size_t)(3 * len * bmax + pl->scratch + 64);
   FT *buf = aligned_alloc(64, ((total * sizeof(FT)) + 63) / 64 * 64);
   if (!buf) {
     atomic_store(&P->oom, 1);
     return;
   }
-  FT *lr = buf, *li = buf + len, *lx = buf + 2 * len, *w = buf + 3 * len;
-  const int64_t ss = P->L.step[0], ds = P->L.step[1];
+  FT *LR = buf, *LI = buf + len * bmax, *LX = buf + 2 * len * bmax, *w = buf + 3 * len * bmax;
   const FT scale = (FT)P->scale;
-  for (int64_t l = lb; l < le; l++) {
+  const int64_t nh = n / 2 + 1;
+  for (int64_t l = lb; l < le;) {
+    int64_t cnt = 1;
+    if (bmax > 1) {
+      cnt = inner - l % inner;
+      if (cnt > bmax) cnt = bmax;
+      if (cnt > le - l) cnt = le - l;
+    }
     int64_t off[2];
     rk_line_offsets(&P->L, l, 2, off);
     if (P->kind == FFT_PASS_C2C) {
       const FT *src = (const FT *)P->src + 2 * off[0];
       FT *dst = (FT *)P->dst + 2 * off[1];
-      if (ss == 1) {
+      if (cnt == 1) {
         for (int64_t j = 0; j < n; j++) {
-          lr[j] = src[2 * j];
-          li[j] = src[2 * j + 1];
+          LR[j] = src[2 * j * ss];
+          LI[j] = src[2 * j * ss + 1];
         }
       } else {
-        for (int64_t j = 0; j < n; j++) {
-          lr[j] = src[2 * j * ss];
-          li[j] = src[2 * j * ss + 1];
-        }
+        for (int64_t j = 0; j < n; j++)
+          for (int64_t b = 0; b < cnt; b++) {
+            LR[b * len + j] = src[2 * (j * ss + b)];
+            LI[b * len + j] = src[2 * (j * ss + b) + 1];
+          }
       }
-      FN(fft_c2c)(pl, lr, li, w);
-      if (ds == 1) {
+      for (int64_t b = 0; b < cnt; b++) FN(fft_c2c)(pl, LR + b * len, LI + b * len, w);
+      if (cnt == 1) {
         for (int64_t j = 0; j < n; j++) {
-          dst[2 * j] = lr[j] * scale;
-          dst[2 * j + 1] = li[j] * scale;
+          dst[2 * j * ds] = LR[j] * scale;
+          dst[2 * j * ds + 1] = LI[j] * scale;
         }
       } else {
-        for (int64_t j = 0; j < n; j++) {
-          dst[2 * j * ds] = lr[j] * scale;
-          dst[2 * j * ds + 1] = li[j] * scale;
-        }
+        for (int64_t j = 0; j < n; j++)
+          for (int64_t b = 0; b < cnt; b++) {
+            dst[2 * (j * ds + b)] = LR[b * len + j] * scale;
+            dst[2 * (j * ds + b) + 1] = LI[b * len + j] * scale;
+          }
       }
     } else if (P->kind == FFT_PASS_R2C) {
       const FT *src = (const FT *)P->src + off[0];
       FT *dst = (FT *)P->dst + 2 * off[1];
-      if (ss == 1)
-        memcpy(lx, src, (size_t)n * sizeof(FT));
-      else
-        for (int64_t j = 0; j < n; j++) lx[j] = src[j * ss];
-      FN(fft_r2c)(pl, lx, lr, li, w);
-      int64_t nh = n / 2 + 1, nout = P->ndst;
-      for (int64_t k = nh; k < nout; k++) { /* two-sided output: X_(n-k) = conj X_k */
-        lr[k] = lr[n - k];
-        li[k] = -li[n - k];
+      int64_t nout = P->ndst;
+      if (cnt == 1) {
+        if (ss == 1)
+          memcpy(LX, src, (size_t)n * sizeof(FT));
+        else
+          for (int64_t j = 0; j < n; j++) LX[j] = src[j * ss];
+      } else {
+        for (int64_t j = 0; j < n; j++)
+          for (int64_t b = 0; b < cnt; b++) LX[b * len + j] = src[j * ss + b];
       }
-      for (int64_t j = 0; j < nout; j++) {
-        dst[2 * j * ds] = lr[j] * scale;
-        dst[2 * j * ds + 1] = li[j] * scale;
+      for (int64_t b = 0; b < cnt; b++) {
+        FT *lr = LR + b * len, *li = LI + b * len;
+        FN(fft_r2c)(pl, LX + b * len, lr, li, w);
+        for (int64_t k = nh; k < nout; k++) { /* two-sided output: X_(n-k) = conj X_k */
+          lr[k] = lr[n - k];
+          li[k] = -li[n - k];
+        }
+      }
+      if (cnt == 1) {
+        for (int64_t j = 0; j < nout; j++) {
+          dst[2 * j * ds] = LR[j] * scale;
+          dst[2 * j * ds + 1] = LI[j] * scale;
+        }
+      } else {
+        for (int64_t j = 0; j < nout; j++)
+          for (int64_t b = 0; b < cnt; b++) {
+            dst[2 * (j * ds + b)] = LR[b * len + j] * scale;
+            dst[2 * (j * ds + b) + 1] = LI[b * len + j] * scale;
+          }
       }
     } else { /* C2R */
       const FT *src = (const FT *)P->src + 2 * off[0];
       FT *dst = (FT *)P->dst + off[1];
-      int64_t nh = n / 2 + 1, cnt = P->nsrc < nh ? P->nsrc : nh;
-      for (int64_t j = 0; j < cnt; j++) {
-        lr[j] = src[2 * j * ss];
-        li[j] = src[2 * j * ss + 1];
+      int64_t m = P->nsrc < nh ? P->nsrc : nh;
+      if (cnt == 1) {
+        for (int64_t j = 0; j < m; j++) {
+          LR[j] = src[2 * j * ss];
+          LI[j] = src[2 * j * ss + 1];
+        }
+      } else {
+        for (int64_t j = 0; j < m; j++)
+          for (int64_t b = 0; b < cnt; b++) {
+            LR[b * len + j] = src[2 * (j * ss + b)];
+            LI[b * len + j] = src[2 * (j * ss + b) + 1];
+          }
       }
-      for (int64_t j = cnt; j < nh; j++) lr[j] = li[j] = 0;
-      FN(fft_c2r)(pl, lr, li, lx, w);
-      if (ds == 1)
-        for (int64_t j = 0; j < n; j++) dst[j] = lx[j] * scale;
-      else
-        for (int64_t j = 0; j < n; j++) dst[j * ds] = lx[j] * scale;
+      for (int64_t b = 0; b < cnt; b++) {
+        FT *lr = LR + b * len, *li = LI + b * len;
+        for (int64_t j = m; j < nh; j++) lr[j] = li[j] = 0;
+        FN(fft_c2r)(pl, lr, li, LX + b * len, w);
+      }
+      if (cnt == 1) {
+        if (ds == 1)
+          for (int64_t j = 0; j < n; j++) dst[j] = LX[j] * scale;
+        else
+          for (int64_t j = 0; j < n; j++) dst[j * ds] = LX[j] * scale;
+      } else {
+        for (int64_t j = 0; j < n; j++)
+          for (int64_t b = 0; b < cnt; b++) dst[j * ds + b] = LX[b * len + j] * scale;
+      }
     }
+    l += cnt;
   }
   free(buf);
 }
+#undef FFT_BLK
