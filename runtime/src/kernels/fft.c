@@ -30,6 +30,7 @@
 
 #define FFT_MAX_RADIX 61 /* larger prime factors go through Bluestein */
 #define FFT_MAX_STAGES 64
+#define FFT_PAR_MIN (1 << 15) /* lines this long split their stages over the pool */
 
 typedef struct fft_stage_t {
   int r;

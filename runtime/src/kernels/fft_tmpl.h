@@ -19,13 +19,13 @@
 #define FFT_LOOP_PQ(...)                                     \
   do {                                                       \
     if (s == 1) {                                            \
-      for (int64_t p = 0; p < m; p++) {                      \
+      for (int64_t p = p0; p < p1; p++) {                    \
         const int64_t q = 0;                                 \
         __VA_ARGS__                                          \
       }                                                      \
     } else {                                                 \
-      for (int64_t p = 0; p < m; p++)                        \
-        for (int64_t q = 0; q < s; q++) {                    \
+      for (int64_t p = p0; p < p1; p++)                      \
+        for (int64_t q = q0; q < q1; q++) {                  \
           __VA_ARGS__                                        \
         }                                                    \
     }                                                        \
@@ -39,8 +39,9 @@
     yi[o] = xr_ * (wi_) + xi_ * (wr_);            \
   } while (0)
 
+/* The part p0 <= p < p1, q0 <= q < q1 of a stage (the s == 1 form ignores q). */
 static void FN(fft_stage)(const fft_stage_t *S, int sign, const FT *restrict xr, const FT *restrict xi,
-                          FT *restrict yr, FT *restrict yi) {
+                          FT *restrict yr, FT *restrict yi, int64_t p0, int64_t p1, int64_t q0, int64_t q1) {
   const int64_t m = S->m, s = S->s;
   const FT *restrict twr = (const FT *)S->twr, *restrict twi = (const FT *)S->twi;
   const FT sg = (FT)sign;
@@ -117,8 +118,8 @@ static void FN(fft_stage)(const fft_stage_t *S, int sign, const FT *restrict xr,
       const int r = S->r;
       const FT *gr = (const FT *)S->gr, *gi = (const FT *)S->gi;
       FT ar[FFT_MAX_RADIX], ai[FFT_MAX_RADIX];
-      for (int64_t p = 0; p < m; p++)
-        for (int64_t q = 0; q < s; q++) {
+      for (int64_t p = p0; p < p1; p++)
+        for (int64_t q = (s == 1 ? 0 : q0); q < (s == 1 ? 1 : q1); q++) {
           for (int t = 0; t < r; t++) {
             ar[t] = xr[q + s * (p + t * m)];
             ai[t] = xi[q + s * (p + t * m)];
@@ -146,6 +147,21 @@ static void FN(fft_stage)(const fft_stage_t *S, int sign, const FT *restrict xr,
 }
 #undef FFT_LOOP_PQ
 #undef FFT_STW
+
+typedef struct {
+  const fft_stage_t *S;
+  int sign;
+  const FT *xr, *xi;
+  FT *yr, *yi;
+} FN(fft_stage_ctx);
+static void FN(fft_stage_p)(void *c, int64_t b, int64_t e) {
+  FN(fft_stage_ctx) *x = c;
+  FN(fft_stage)(x->S, x->sign, x->xr, x->xi, x->yr, x->yi, b, e, 0, x->S->s);
+}
+static void FN(fft_stage_q)(void *c, int64_t b, int64_t e) {
+  FN(fft_stage_ctx) *x = c;
+  FN(fft_stage)(x->S, x->sign, x->xr, x->xi, x->yr, x->yi, 0, x->S->m, b, e);
+}
 
 /* ------------------------------------------------------ complex lines */
 
@@ -184,7 +200,14 @@ static void FN(fft_c2c)(const fft_plan *p, FT *restrict xr, FT *restrict xi, FT 
   }
   FT *ar = xr, *ai = xi, *br = w, *bi = w + n;
   for (int k = 0; k < p->nst; k++) {
-    FN(fft_stage)(&p->st[k], p->sign, ar, ai, br, bi);
+    const fft_stage_t *S = &p->st[k];
+    if (n >= FFT_PAR_MIN) { /* long line: the stage is split over the pool (inline when nested) */
+      FN(fft_stage_ctx) c = {S, p->sign, ar, ai, br, bi};
+      int by_p = S->s == 1 || S->m >= 64;
+      tpurt_parallel_for(by_p ? S->m : S->s, by_p ? 1 + 4096 / S->s : 4096, by_p ? FN(fft_stage_p) : FN(fft_stage_q), &c);
+    } else {
+      FN(fft_stage)(S, p->sign, ar, ai, br, bi, 0, S->m, 0, S->s);
+    }
     FT *t = ar;
     ar = br;
     br = t;
