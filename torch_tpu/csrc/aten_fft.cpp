@@ -132,7 +132,7 @@ at::Tensor& fft_c2r_out(const at::Tensor& self, at::IntArrayRef dim, int64_t nor
 }
 
 // conj_physical: a copy of the logical values, then the imaginary parts negated.
-at::Tensor& conj_physical_out(const at::Tensor& self, at::Tensor& out) {
+at::Tensor& k_conj_physical_out(const at::Tensor& self, at::Tensor& out) {
   check_tpu(self, "conj_physical");
   TORCH_CHECK(out.scalar_type() == self.scalar_type(), "conj_physical: expected out dtype ", self.scalar_type(),
               " but got ", out.scalar_type());
@@ -144,6 +144,8 @@ at::Tensor& conj_physical_out(const at::Tensor& self, at::Tensor& out) {
   return out;
 }
 
+at::Tensor& conj_physical_inplace(at::Tensor& self) { return k_conj_physical_out(self, self); }
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -153,7 +155,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_fft_c2c.out", TORCH_FN(fft_c2c_out));
   m.impl("_fft_c2r", TORCH_FN(fft_c2r));
   m.impl("_fft_c2r.out", TORCH_FN(fft_c2r_out));
-  m.impl("conj_physical.out", TORCH_FN(conj_physical_out));
+  m.impl("conj_physical.out", TORCH_FN(k_conj_physical_out));
+  m.impl("conj_physical_", TORCH_FN(conj_physical_inplace));
 }
 
 }  // namespace torch_tpu
