@@ -1,6 +1,8 @@
 /*
  * fft_tmpl.h — the precision-dependent part of the FFT (included by fft.c
- * twice: FT = float with FN(x) = x##_f, FT = double with FN(x) = x##_d).
+ * twice: FN(x) = x##_f for float32 / complex64 data, FN(x) = x##_d for
+ * float64 / complex128; ST is the stored type, FT the compute type — double
+ * in both, so float32 transforms are exact to about one float rounding).
  *
  * Complex lines are held split (real parts, imaginary parts) so the
  * butterfly loops vectorize. A transform of length n is a sequence of
@@ -340,8 +342,8 @@ static void FN(fft_pass_lines)(void *c, int64_t lb, int64_t le) {
     int64_t off[2];
     rk_line_offsets(&P->L, l, 2, off);
     if (P->kind == FFT_PASS_C2C) {
-      const FT *src = (const FT *)P->src + 2 * off[0];
-      FT *dst = (FT *)P->dst + 2 * off[1];
+      const ST *src = (const ST *)P->src + 2 * off[0];
+      ST *dst = (ST *)P->dst + 2 * off[1];
       if (cnt == 1) {
         for (int64_t j = 0; j < n; j++) {
           LR[j] = src[2 * j * ss];
@@ -357,25 +359,22 @@ static void FN(fft_pass_lines)(void *c, int64_t lb, int64_t le) {
       for (int64_t b = 0; b < cnt; b++) FN(fft_c2c)(pl, LR + b * len, LI + b * len, w);
       if (cnt == 1) {
         for (int64_t j = 0; j < n; j++) {
-          dst[2 * j * ds] = LR[j] * scale;
-          dst[2 * j * ds + 1] = LI[j] * scale;
+          dst[2 * j * ds] = (ST)(LR[j] * scale);
+          dst[2 * j * ds + 1] = (ST)(LI[j] * scale);
         }
       } else {
         for (int64_t j = 0; j < n; j++)
           for (int64_t b = 0; b < cnt; b++) {
-            dst[2 * (j * ds + b)] = LR[b * len + j] * scale;
-            dst[2 * (j * ds + b) + 1] = LI[b * len + j] * scale;
+            dst[2 * (j * ds + b)] = (ST)(LR[b * len + j] * scale);
+            dst[2 * (j * ds + b) + 1] = (ST)(LI[b * len + j] * scale);
           }
       }
     } else if (P->kind == FFT_PASS_R2C) {
-      const FT *src = (const FT *)P->src + off[0];
-      FT *dst = (FT *)P->dst + 2 * off[1];
+      const ST *src = (const ST *)P->src + off[0];
+      ST *dst = (ST *)P->dst + 2 * off[1];
       int64_t nout = P->ndst;
       if (cnt == 1) {
-        if (ss == 1)
-          memcpy(LX, src, (size_t)n * sizeof(FT));
-        else
-          for (int64_t j = 0; j < n; j++) LX[j] = src[j * ss];
+        for (int64_t j = 0; j < n; j++) LX[j] = src[j * ss];
       } else {
         for (int64_t j = 0; j < n; j++)
           for (int64_t b = 0; b < cnt; b++) LX[b * len + j] = src[j * ss + b];
@@ -390,19 +389,19 @@ static void FN(fft_pass_lines)(void *c, int64_t lb, int64_t le) {
       }
       if (cnt == 1) {
         for (int64_t j = 0; j < nout; j++) {
-          dst[2 * j * ds] = LR[j] * scale;
-          dst[2 * j * ds + 1] = LI[j] * scale;
+          dst[2 * j * ds] = (ST)(LR[j] * scale);
+          dst[2 * j * ds + 1] = (ST)(LI[j] * scale);
         }
       } else {
         for (int64_t j = 0; j < nout; j++)
           for (int64_t b = 0; b < cnt; b++) {
-            dst[2 * (j * ds + b)] = LR[b * len + j] * scale;
-            dst[2 * (j * ds + b) + 1] = LI[b * len + j] * scale;
+            dst[2 * (j * ds + b)] = (ST)(LR[b * len + j] * scale);
+            dst[2 * (j * ds + b) + 1] = (ST)(LI[b * len + j] * scale);
           }
       }
     } else { /* C2R */
-      const FT *src = (const FT *)P->src + 2 * off[0];
-      FT *dst = (FT *)P->dst + off[1];
+      const ST *src = (const ST *)P->src + 2 * off[0];
+      ST *dst = (ST *)P->dst + off[1];
       int64_t m = P->nsrc < nh ? P->nsrc : nh;
       if (cnt == 1) {
         for (int64_t j = 0; j < m; j++) {
@@ -423,12 +422,12 @@ static void FN(fft_pass_lines)(void *c, int64_t lb, int64_t le) {
       }
       if (cnt == 1) {
         if (ds == 1)
-          for (int64_t j = 0; j < n; j++) dst[j] = LX[j] * scale;
+          for (int64_t j = 0; j < n; j++) dst[j] = (ST)(LX[j] * scale);
         else
-          for (int64_t j = 0; j < n; j++) dst[j * ds] = LX[j] * scale;
+          for (int64_t j = 0; j < n; j++) dst[j * ds] = (ST)(LX[j] * scale);
       } else {
         for (int64_t j = 0; j < n; j++)
-          for (int64_t b = 0; b < cnt; b++) dst[j * ds + b] = LX[b * len + j] * scale;
+          for (int64_t b = 0; b < cnt; b++) dst[j * ds + b] = (ST)(LX[b * len + j] * scale);
       }
     }
     l += cnt;
