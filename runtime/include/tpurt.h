@@ -1129,6 +1129,29 @@ typedef enum tpurt_linalg_op {
 TPURT_API tpurt_status tpurt_linalg(tpurt_stream *s, tpurt_linalg_op op, int batch_ndim, const tpurt_view *outs,
                                     int nout, const tpurt_view *ins, int nin, const int64_t *flags, double rcond);
 TPURT_API const char *tpurt_linalg_op_name(tpurt_linalg_op op);
+/* ------------------------------------------------------------------ FFT
+ *
+ * Discrete Fourier transforms over `ndims` distinct dims of in (any
+ * strides), written to out (must not overlap in). Unnormalized sums
+ * X_k = sum_j x_j exp(sign 2 pi i j k / n) scaled by `scale` (the caller's
+ * normalization: 1, 1/sqrt(n) or 1/n over the signal size):
+ *   C2C: complex -> complex of one dtype, sign -1 when forward else +1;
+ *   R2C: f32 -> c64 / f64 -> c128, sign -1; out along the last listed dim
+ *        has n/2+1 (one-sided) or n (two-sided) entries, n = in's size;
+ *   C2R: c64 -> f32 / c128 -> f64, sign +1; the last listed dim of in holds
+ *        the half spectrum (entries past out's n/2+1 are ignored, missing
+ *        ones read as 0; the imaginary parts of the DC and, for even n,
+ *        Nyquist terms are ignored); with ndims > 1 it needs `work`, a
+ *        view of in's shape and dtype (overwritten).
+ * Other dims must match between in and out. Any length: mixed radix
+ * (2, 3, 4, 5, primes <= 61) or Bluestein; plans are cached process-wide
+ * per (n, precision, direction, real). Accumulates in the data's precision
+ * with twiddles computed in double. Async. */
+typedef enum { TPURT_FFT_C2C = 0, TPURT_FFT_R2C = 1, TPURT_FFT_C2R = 2 } tpurt_fft_kind;
+TPURT_API tpurt_status tpurt_fft(tpurt_stream *s, tpurt_fft_kind kind, const tpurt_view *out, const tpurt_view *in,
+                                 const tpurt_view *work, int ndims, const int *dims, int forward, double scale);
+/* Number of cached FFT plans (tests). */
+TPURT_API int tpurt_fft_plan_cache_size(void);
 
 #ifdef __cplusplus
 }
