@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m bench [device] [elementwise] [gemm] [attention] [defer] [--repeats N] [--record]``.
+"""Run the benchmarks: ``python -m bench [device] [elementwise] [gemm] [attention] [defer] [fft] [--repeats N] [--record]``.
 
 device   host<->device copy bandwidth vs memcpy, empty-op round trip
 elementwise  large add/mul/gelu vs CPU and vs the machine's STREAM triad
@@ -6,6 +6,7 @@ defer    DeferAndFuse vs strict eager vs CPU eager on minGPT / Llama / ResNet tr
 gemm     GEMM library choice (OpenBLAS / oneDNN / torch CPU, FMA peak),
          tpu fp32/bf16 GEMM vs CPU, conv2d on ResNet-18 shapes vs CPU
 attention fused scaled_dot_product_attention fwd and fwd+bwd vs CPU SDPA
+fft      rfft / fft of 2^20 and of 1024x1024 (batch and 2-d) vs CPU torch.fft (not in the default run)
 
 Figures are medians of interleaved repeats (configs alternate in every
 repeat). ``--record`` appends the Markdown tables to BENCHMARKS.md with the
@@ -16,13 +17,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import attention, common, defer, device, elementwise, gemm
+from bench import attention, common, defer, device, elementwise, fft, gemm
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("suites", nargs="*", choices=[[], "device", "elementwise", "gemm", "attention", "defer"], help="suites to run (default: all)")
+    parser.add_argument("suites", nargs="*", choices=[[], "device", "elementwise", "gemm", "attention", "defer", "fft"], help="suites to run (default: all)")
     parser.add_argument("--repeats", type=int, default=15, help="repeats per configuration (median reported)")
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 16, 256], help="copy sizes in MiB")
     parser.add_argument("--record", action="store_true", help="append the results to BENCHMARKS.md")
@@ -75,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         print(body)
         if args.record:
             common.record("DeferAndFuse vs strict eager vs CPU", command.strip(), body)
+    if "fft" in args.suites:
+        res, table = fft.fft(max(3, args.repeats // 3))
+        common.save("fft", {"machine": common.machine(), **res})
+        print(table)
+        if args.record:
+            common.record("FFT", command.strip(), table)
     return 0
 
 

@@ -13,7 +13,9 @@ import torch_tpu
 TOL = {torch.float32: (1e-4, 1e-4), torch.float64: (1e-10, 1e-10), torch.bfloat16: (3e-2, 3e-2),
        torch.float16: (3e-3, 3e-3)}
 MY_OPS = ("convolution_overrideable", "convolution_backward_overrideable", "max_pool2d_with_indices",
-          "avg_pool2d", "_adaptive_avg_pool2d", "adaptive_max_pool2d", "upsample_nearest2d", "upsample_bilinear2d")
+          "avg_pool2d", "_adaptive_avg_pool2d", "adaptive_max_pool2d", "upsample_nearest2d", "upsample_bilinear2d",
+          "avg_pool3d", "max_pool3d", "_adaptive_avg_pool3d", "adaptive_max_pool3d", "max_unpool", "fractional_max",
+          "upsample_", "_upsample_", "grid_sampler", "im2col", "col2im")
 
 
 def rand(*shape, dtype=torch.float32, seed=0):
@@ -241,3 +243,172 @@ def test_conv_precision_follows_setting():
     with torch.tpu.precision(torch.tpu.Precision.HIGH):
         h = F.conv2d(x.to("tpu"), w.to("tpu")).cpu()
     assert (h.double() - exact).abs().max() < (d.double() - exact).abs().max() / 50
+
+
+# ------------------------------------------------------ 3-d conv and pooling
+
+@pytest.mark.parametrize("kw", [dict(), dict(stride=2, padding=1), dict(padding=(1, 0, 2), dilation=(1, 2, 1)),
+                                dict(groups=2, stride=(1, 2, 1))])
+def test_conv3d(kw):
+    check_grads(lambda x, w, b: F.conv3d(x, w, b, **kw), [rand(2, 4, 5, 6, 5), rand(6, 4 // kw.get("groups", 1), 3, 2, 3,
+                                                                                 seed=1), rand(6, seed=2)])
+
+
+def test_conv3d_same_and_transpose3d():
+    check_grads(lambda x, w: F.conv3d(x, w, padding="same"), [rand(1, 2, 4, 4, 4), rand(3, 2, 3, 1, 2, seed=1)])
+    check_grads(lambda x, w, b: F.conv_transpose3d(x, w, b, stride=2, padding=1, output_padding=1),
+                [rand(1, 3, 3, 4, 3), rand(3, 2, 3, 3, 3, seed=1), rand(2, seed=2)])
+
+
+def test_conv_transpose2d_output_padding():
+    check_grads(lambda x, w, b: F.conv_transpose2d(x, w, b, stride=(3, 2), padding=(1, 2), output_padding=(2, 1)),
+                [rand(2, 2, 4, 4), rand(2, 2, 4, 5, seed=1), rand(4, seed=2)[:2]])
+
+
+@pytest.mark.parametrize("kw", [dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1),
+                                dict(kernel_size=(2, 3, 2), stride=(1, 2, 1), ceil_mode=True),
+                                dict(kernel_size=3, padding=1, count_include_pad=False),
+                                dict(kernel_size=2, divisor_override=3)])
+def test_avg_pool3d(kw):
+    check_grads(lambda x: F.avg_pool3d(x, **kw), [rand(2, 3, 5, 6, 7)])
+
+
+@pytest.mark.parametrize("kw", [dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1),
+                                dict(kernel_size=2, dilation=2, ceil_mode=True)])
+def test_max_pool3d(kw):
+    x = rand(2, 3, 5, 6, 7)
+    check_grads(lambda x: F.max_pool3d(x, **kw), [x])
+    _, idx = F.max_pool3d(x, return_indices=True, **kw)
+    assert torch.equal(F.max_pool3d(x.to("tpu"), return_indices=True, **kw)[1].cpu(), idx)
+
+
+def test_adaptive_pools_3d_and_unbatched():
+    check_grads(lambda x: F.adaptive_avg_pool3d(x, (2, 3, 5)), [rand(2, 3, 5, 6, 7)])
+    check_grads(lambda x: F.adaptive_max_pool3d(x, (3, 2, 4)), [rand(3, 5, 6, 7)])
+    check_grads(lambda x: F.interpolate(x, size=(2, 3, 4), mode="area"), [rand(1, 2, 5, 6, 7)])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16], ids=str)
+def test_pool3d_dtypes(dtype):
+    x = rand(1, 2, 4, 5, 6, dtype=dtype)
+    close(F.max_pool3d(x.to("tpu"), 2), F.max_pool3d(x, 2))
+    close(F.avg_pool3d(x.to("tpu"), 2), F.avg_pool3d(x.double(), 2).to(dtype))
+
+
+def test_max_pool3d_nan_noncontiguous():
+    x = rand(1, 2, 4, 4, 8)
+    x[0, 1, 1, 1, 1] = float("nan")
+    xt = x.to("tpu")[..., ::2]
+    close(F.max_pool3d(xt, 2), F.max_pool3d(x[..., ::2], 2))
+
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+def test_max_unpool(nd):
+    pool = [F.max_pool1d, F.max_pool2d, F.max_pool3d][nd - 1]
+    unpool = [F.max_unpool1d, F.max_unpool2d, F.max_unpool3d][nd - 1]
+    x = rand(2, 3, *([6] * nd))
+    out, idx = pool(x, 2, return_indices=True)
+    check_grads(lambda o: unpool(o, idx.to(o.device), 2), [out])
+
+
+def test_max_unpool_bad_index_raises():
+    x = rand(1, 1, 2, 2)
+    idx = torch.tensor([[[[0, 1], [2, 99]]]])
+    with pytest.raises(RuntimeError):
+        F.max_unpool2d(x, idx, 2)
+    with pytest.raises(RuntimeError):
+        F.max_unpool2d(x.to("tpu"), idx.to("tpu"), 2)
+        torch.tpu.synchronize()
+    close(F.max_unpool2d(x.to("tpu"), torch.tensor([[[[0, 1], [2, 15]]]]).to("tpu"), 2),
+          F.max_unpool2d(x, torch.tensor([[[[0, 1], [2, 15]]]]), 2))
+
+
+@pytest.mark.parametrize("nd", [2, 3])
+def test_fractional_max_pool(nd):
+    fn = F.fractional_max_pool2d if nd == 2 else F.fractional_max_pool3d
+    x = rand(2, 3, *([7] * nd))
+    samples = torch.rand(2, 3, nd, generator=torch.Generator().manual_seed(3))
+    check_grads(lambda x: fn(x, 2, output_size=4, _random_samples=samples.to(x.device)), [x])
+    # without explicit samples: shape and values drawn from the input
+    out = fn(x.to("tpu"), 3, output_ratio=(0.5,) * nd)
+    assert out.shape == fn(x, 3, output_ratio=(0.5,) * nd).shape
+
+
+# ------------------------------------------------------------ interpolation
+
+@pytest.mark.parametrize("kw", [dict(scale_factor=2, mode="nearest"), dict(size=7, mode="nearest"),
+                                dict(scale_factor=1.7, mode="nearest-exact"), dict(size=5, mode="linear"),
+                                dict(scale_factor=2.5, mode="linear", align_corners=True),
+                                dict(size=3, mode="linear")])
+def test_interpolate_1d(kw):
+    check_grads(lambda x: F.interpolate(x, **kw), [rand(2, 3, 6)])
+
+
+@pytest.mark.parametrize("kw", [dict(size=(7, 5), mode="nearest-exact"), dict(scale_factor=2, mode="bicubic"),
+                                dict(size=(5, 11), mode="bicubic", align_corners=True),
+                                dict(size=(3, 4), mode="bilinear", antialias=True),
+                                dict(size=(9, 12), mode="bilinear", antialias=True, align_corners=True),
+                                dict(size=(3, 5), mode="bicubic", antialias=True)])
+def test_interpolate_2d(kw):
+    check_grads(lambda x: F.interpolate(x, **kw), [rand(2, 3, 6, 8)])
+
+
+@pytest.mark.parametrize("kw", [dict(scale_factor=2, mode="nearest"), dict(size=(3, 7, 5), mode="nearest-exact"),
+                                dict(size=(3, 7, 5), mode="trilinear"),
+                                dict(scale_factor=(1.5, 2, 0.5), mode="trilinear", align_corners=True)])
+def test_interpolate_3d(kw):
+    check_grads(lambda x: F.interpolate(x, **kw), [rand(1, 2, 4, 5, 6)])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16], ids=str)
+def test_interpolate_dtypes(dtype):
+    x = rand(1, 2, 4, 5, 6, dtype=dtype)
+    close(F.interpolate(x.to("tpu"), scale_factor=2, mode="trilinear"), F.interpolate(x, scale_factor=2,
+                                                                                       mode="trilinear"))
+    x2 = rand(1, 2, 5, 6, dtype=dtype)
+    close(F.interpolate(x2.to("tpu"), size=(7, 9), mode="bicubic"), F.interpolate(x2, size=(7, 9), mode="bicubic"))
+
+
+# ------------------------------------------------------------ grid sampling
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample_2d(mode, padding_mode, align_corners):
+    x = rand(2, 3, 5, 6)
+    grid = rand(2, 4, 7, 2, seed=1) * 0.8
+    check_grads(lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding_mode, align_corners=align_corners),
+                [x, grid])
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+def test_grid_sample_3d(mode, padding_mode):
+    x = rand(2, 2, 4, 5, 3)
+    grid = rand(2, 3, 2, 4, 3, seed=1) * 0.8
+    check_grads(lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding_mode, align_corners=False), [x, grid])
+
+
+def test_grid_sample_errors():
+    x, g = rand(1, 1, 3, 3), rand(1, 2, 2, 3)
+    for dev in ("cpu", "tpu"):
+        with pytest.raises(RuntimeError):
+            F.grid_sample(x.to(dev), g.to(dev), align_corners=False)
+
+
+# ----------------------------------------------------------- unfold / fold
+
+@pytest.mark.parametrize("kw", [dict(kernel_size=2), dict(kernel_size=(2, 3), stride=2, padding=1),
+                                dict(kernel_size=3, dilation=2, padding=2)])
+def test_unfold_fold(kw):
+    check_grads(lambda x: F.unfold(x, **kw), [rand(2, 3, 6, 7)])
+    cols = F.unfold(rand(2, 3, 6, 7), **kw)
+    check_grads(lambda c: F.fold(c, (6, 7), **kw), [cols])
+    check_grads(lambda x: F.unfold(x, **kw), [rand(3, 6, 7)])
+
+
+def test_fold_errors_like_cpu():
+    c = rand(1, 5, 9)
+    for dev in ("cpu", "tpu"):
+        with pytest.raises(RuntimeError):
+            F.fold(c.to(dev), (4, 4), kernel_size=2)

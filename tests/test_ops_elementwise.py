@@ -435,3 +435,274 @@ def test_logsigmoid_forward_backward_matches_cpu(dtype):
     yc.backward(g)
     yd.backward(g.to("tpu"))
     torch.testing.assert_close(xd.grad.cpu(), xc.grad, equal_nan=True, **tol)
+
+
+# ------------------------------------------------- special functions & co.
+
+S_ = torch.special
+# name -> (callable, lo, hi)
+SPECIAL_UNARY = {
+    "i0": (torch.i0, -12, 12), "i0e": (S_.i0e, -40, 40), "i1": (S_.i1, -12, 12), "i1e": (S_.i1e, -40, 40),
+    "modified_bessel_i0": (S_.modified_bessel_i0, -12, 12), "modified_bessel_i1": (S_.modified_bessel_i1, -12, 12),
+    "modified_bessel_k0": (S_.modified_bessel_k0, 0, 12), "modified_bessel_k1": (S_.modified_bessel_k1, 0, 12),
+    "scaled_modified_bessel_k0": (S_.scaled_modified_bessel_k0, 0, 40),
+    "scaled_modified_bessel_k1": (S_.scaled_modified_bessel_k1, 0, 40),
+    "bessel_j0": (S_.bessel_j0, -20, 20), "bessel_j1": (S_.bessel_j1, -20, 20),
+    "bessel_y0": (S_.bessel_y0, 0.1, 20), "bessel_y1": (S_.bessel_y1, 0.1, 20),
+    "spherical_bessel_j0": (S_.spherical_bessel_j0, -20, 20), "airy_ai": (S_.airy_ai, -6, 6),
+    "ndtri": (S_.ndtri, 0, 1), "log_ndtr": (S_.log_ndtr, -40, 6), "erfcx": (S_.erfcx, -5, 30),
+    "entr": (S_.entr, -1, 5), "sinc": (torch.sinc, -5, 5), "digamma_pg0": (lambda x: torch.polygamma(0, x), 0.1, 8),
+    "trigamma": (lambda x: torch.polygamma(1, x), -3.5, 8), "polygamma3": (lambda x: torch.polygamma(3, x), 0.2, 8),
+    "hardshrink": (lambda x: F.hardshrink(x, 0.7), -3, 3), "softshrink": (lambda x: F.softshrink(x, 0.7), -3, 3),
+    "angle": (torch.angle, -3, 3), "signbit": (torch.signbit, -3, 3),
+    "frexp_m": (lambda x: torch.frexp(x)[0], -1e4, 1e4), "frexp_e": (lambda x: torch.frexp(x)[1], -1e4, 1e4),
+    "glu": (lambda x: F.glu(x, -1), -5, 5), "glu0": (lambda x: F.glu(x, 0), -5, 5),
+    "prelu": (lambda x: F.prelu(x, torch.tensor([0.25], dtype=x.dtype, device=x.device)), -3, 3),
+    "rrelu_eval": (lambda x: F.rrelu(x, 0.1, 0.3, training=False), -3, 3),
+}
+SPECIAL_LOOSE = {"trigamma", "polygamma3", "airy_ai", "bessel_y0", "bessel_y1", "bessel_j0", "bessel_j1",
+                 "spherical_bessel_j0", "i0", "i1", "modified_bessel_i0", "modified_bessel_i1", "log_ndtr", "erfcx",
+                 "modified_bessel_k0", "modified_bessel_k1", "sinc", "ndtri"}
+# CPU kernels that only exist for float32 / float64
+SPECIAL_F32_F64 = {"modified_bessel_i0", "modified_bessel_i1", "modified_bessel_k0", "modified_bessel_k1",
+                   "scaled_modified_bessel_k0", "scaled_modified_bessel_k1", "bessel_j0", "bessel_j1", "bessel_y0",
+                   "bessel_y1", "spherical_bessel_j0", "airy_ai", "ndtri", "log_ndtr", "erfcx", "frexp_e",
+                   "frexp_m"}
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("name", sorted(SPECIAL_UNARY))
+def test_special_unary(name, dtype):
+    fn, lo, hi = SPECIAL_UNARY[name]
+    x = make((4, 10), dtype, lo, hi, seed=31)
+    try:
+        want = fn(x)
+    except (RuntimeError, NotImplementedError):
+        pytest.skip("no CPU kernel for this dtype")
+    got = fn(x.to("tpu"))
+    if dtype in (torch.float32, torch.float64) and name in SPECIAL_LOOSE:
+        # PyTorch's own float64 kernels (Cephes) are only good to ~1e-7 for some of these
+        check(got, want, rtol=1e-5, atol=1e-5 if dtype == torch.float32 else 1e-6)
+    elif dtype in (torch.bfloat16, torch.float16):
+        check(got, want, rtol=2e-2, atol=2e-2)
+    else:
+        check(got, want)
+    # non-contiguous input
+    xt = make((10, 4), dtype, lo, hi, seed=32).t()
+    check(fn(xt.to("tpu")), fn(xt), rtol=2e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-5,
+          atol=2e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-5)
+
+
+@pytest.mark.parametrize("name", ["i0", "i0e", "i1", "sinc", "entr", "ndtri", "angle", "signbit"])
+def test_special_unary_int_inputs(name):
+    fn = SPECIAL_UNARY[name][0]
+    for dt in (torch.int64, torch.int32, torch.uint8, torch.bool):
+        x = make((3, 5), dt)
+        if name == "ndtri" and dt != torch.bool:
+            continue
+        check(fn(x.to("tpu")), fn(x), dtype=torch.float32)
+
+
+SPECIAL_BINARY = {
+    "zeta": (S_.zeta, (1.0, 6.0), (0.5, 5.0)), "igamma": (torch.igamma, (0.1, 10.0), (0.0, 12.0)),
+    "igammac": (torch.igammac, (0.1, 10.0), (0.0, 12.0)), "xlog1py": (S_.xlog1py, (-3.0, 3.0), (-0.9, 5.0)),
+    "logaddexp": (torch.logaddexp, (-50.0, 50.0), (-50.0, 50.0)),
+    "logaddexp2": (torch.logaddexp2, (-50.0, 50.0), (-50.0, 50.0)),
+    "heaviside": (torch.heaviside, (-2.0, 2.0), (-1.0, 1.0)), "nextafter": (torch.nextafter, (-3.0, 3.0), (-3.0, 3.0)),
+    "rsub": (torch.rsub, (-3.0, 3.0), (-3.0, 3.0)), "rsub_alpha": (lambda a, b: torch.rsub(a, b, alpha=2.5),
+                                                                   (-3.0, 3.0), (-3.0, 3.0)),
+}
+POLYS = ["chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v", "chebyshev_polynomial_w",
+         "shifted_chebyshev_polynomial_t", "shifted_chebyshev_polynomial_u", "shifted_chebyshev_polynomial_v",
+         "shifted_chebyshev_polynomial_w", "hermite_polynomial_h", "hermite_polynomial_he", "laguerre_polynomial_l",
+         "legendre_polynomial_p"]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("name", sorted(SPECIAL_BINARY))
+def test_special_binary(name, dtype):
+    fn, (alo, ahi), (blo, bhi) = SPECIAL_BINARY[name]
+    a = make((4, 6), dtype, alo, ahi, seed=41)
+    b = make((6,), dtype, blo, bhi, seed=42, special=False)  # broadcast
+    if name == "heaviside":
+        a.view(-1)[5:9] = 0
+    try:
+        want = fn(a, b)
+    except (RuntimeError, NotImplementedError):
+        pytest.skip("no CPU kernel for this dtype")
+    got = fn(a.to("tpu"), b.to("tpu"))
+    if dtype in (torch.bfloat16, torch.float16):
+        check(got, want, rtol=2e-2, atol=2e-2)
+    else:
+        check(got, want, rtol=1e-5 if dtype == torch.float32 else 1e-9, atol=1e-5 if dtype == torch.float32 else 1e-9)
+    # out= and in-place
+    out = torch.empty(4, 6, dtype=dtype, device="tpu")
+    if name in ("rsub", "rsub_alpha"):
+        return
+    torch_fn = {"xlog1py": S_.xlog1py, "zeta": S_.zeta}.get(name, getattr(torch, name, None))
+    torch_fn(a.to("tpu"), b.to("tpu"), out=out)
+    check(out, got.cpu(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", POLYS)
+def test_orthogonal_polynomials(name, dtype):
+    fn = getattr(S_, name)
+    lo = 0.0 if name.startswith("shifted") else -1.0
+    x = make((3, 40), dtype, lo, 1.0, seed=51, special=False)
+    x.view(-1)[:4] = torch.tensor([1.0, -1.0, lo, 0.5], dtype=dtype) if lo == -1.0 else torch.tensor(
+        [1.0, 0.0, 0.5, 0.25], dtype=dtype)
+    n = torch.arange(-1, 39, dtype=dtype).expand(3, 40)
+    check(fn(x.to("tpu"), n.to("tpu")), fn(x, n), rtol=1e-4, atol=1e-4 if dtype == torch.float32 else 1e-9)
+    check(fn(x.to("tpu"), 3), fn(x, 3))  # scalar n
+
+
+def test_special_exact_values():
+    t = lambda *v: torch.tensor(v, dtype=torch.float64, device="tpu")
+    nan, inf = float("nan"), float("inf")
+    out = S_.i0e(t(0.0, inf, -inf)).cpu().tolist()
+    assert out[0] == 1.0 and out[1] == 0.0
+    assert S_.ndtri(t(0.0, 1.0, 0.5)).cpu().tolist() == [-inf, inf, 0.0]
+    assert S_.entr(t(0.0, -1.0)).cpu().tolist() == [0.0, -inf]
+    assert torch.isnan(S_.entr(t(nan))).all()
+    assert S_.zeta(t(1.0), t(2.0)).cpu().item() == inf
+    assert abs(S_.zeta(t(2.0), t(1.0)).cpu().item() - math.pi ** 2 / 6) < 1e-14
+    assert torch.isnan(torch.igamma(t(-1.0), t(1.0))).all()
+    assert torch.igammac(t(0.0), t(1.0)).cpu().item() == 0.0
+    assert torch.sinc(t(0.0)).cpu().item() == 1.0
+    assert torch.logaddexp(t(-inf), t(-inf)).cpu().item() == -inf
+    assert torch.logaddexp(t(inf), t(inf)).cpu().item() == inf
+    assert torch.signbit(t(-0.0, 0.0, -nan if False else -1.0)).cpu().tolist() == [True, False, True]
+    x = torch.tensor([1.0, 0.0, -2.5], device="tpu")
+    assert torch.nextafter(x, torch.tensor([2.0, -1.0, 0.0], device="tpu")).cpu().tolist() == \
+        torch.nextafter(x.cpu(), torch.tensor([2.0, -1.0, 0.0])).tolist()
+    xb = torch.tensor([1.0, 0.0, -2.5], dtype=torch.bfloat16)
+    yb = torch.tensor([2.0, -1.0, 0.0], dtype=torch.bfloat16)
+    assert torch.equal(torch.nextafter(xb.to("tpu"), yb.to("tpu")).cpu(), torch.nextafter(xb, yb))
+
+
+def test_heaviside_int_and_errors():
+    a = torch.tensor([-2, 0, 3, 0], device="tpu")
+    v = torch.tensor([7, 8, 9, 10], device="tpu")
+    assert torch.heaviside(a, v).cpu().tolist() == [0, 8, 1, 10]
+    with pytest.raises(RuntimeError, match="different dtypes"):
+        torch.heaviside(a, v.float())
+    with pytest.raises(RuntimeError, match="does not support negative n"):
+        torch.polygamma(-1, torch.ones(2, device="tpu"))
+    with pytest.raises(RuntimeError, match="lambda must be"):
+        F.softshrink(torch.ones(2, device="tpu"), -1.0)
+    with pytest.raises(RuntimeError, match="Halving dimension must be even"):
+        F.glu(torch.ones(3, 3, device="tpu"))
+    with pytest.raises(RuntimeError, match="only supports floating-point"):
+        torch.frexp(torch.ones(2, dtype=torch.int64, device="tpu"))
+    with pytest.raises(RuntimeError, match="Lower bound should be less than or equal"):
+        F.rrelu(torch.ones(2, device="tpu"), 0.5, 0.1, training=True)
+    with pytest.raises(NotImplementedError):
+        torch.logaddexp(a, v)
+    assert (torch.ones(2, device="tpu") + 1).cpu().tolist() == [2.0, 2.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_complex_polar_angle(dtype):
+    re = make((3, 4), dtype, seed=61, special=False)
+    im = make((3, 4), dtype, seed=62, special=False)
+    check(torch.complex(re.to("tpu"), im.to("tpu")), torch.complex(re, im))
+    check(torch.polar(re.abs().to("tpu"), im.to("tpu")), torch.polar(re.abs(), im))
+    z = torch.complex(re, im)
+    check(torch.angle(z.to("tpu")), torch.angle(z))
+    out = torch.empty(0, dtype=z.dtype, device="tpu")
+    torch.complex(re.to("tpu"), im.to("tpu"), out=out)
+    check(out, z)
+    with pytest.raises(RuntimeError, match="Expected object of scalar type"):
+        torch.complex(re.to("tpu"), im.to(torch.float16).to("tpu"))
+
+
+def test_frexp_out_and_rsub_scalar():
+    x = make((5, 5), torch.float32, -1e3, 1e3, seed=71)
+    m, e = torch.frexp(x.to("tpu"))
+    mc, ec = torch.frexp(x)
+    check(m, mc)
+    assert e.dtype == torch.int32 and torch.equal(e.cpu(), ec)
+    y = make((5, 5), torch.float32, seed=72, special=False)
+    check(torch.rsub(y.to("tpu"), 2.0), torch.rsub(y, 2.0))
+    check(3 - y.to("tpu"), 3 - y)
+    check(torch.rsub(torch.arange(5, device="tpu"), 2, alpha=3), torch.rsub(torch.arange(5), 2, alpha=3),
+          dtype=torch.int64)
+
+
+def test_inplace_variants():
+    x = make((4, 5), torch.float32, 0.1, 3, seed=81, special=False)
+    for name in ("i0_", "sinc_", "logaddexp", "xlogy_"):
+        pass
+    xd = x.to("tpu")
+    xd.i0_()
+    check(xd, torch.i0(x))
+    xd = x.to("tpu")
+    xd.polygamma_(2)
+    check(xd, torch.polygamma(2, x))
+    xd = x.to("tpu")
+    xd.sinc_()
+    check(xd, torch.sinc(x))
+    xd = x.to("tpu")
+    xd.heaviside_(torch.ones(5, device="tpu"))
+    check(xd, torch.heaviside(x, torch.ones(5)))
+
+
+SPECIAL_AUTOGRAD = {
+    "i0": torch.i0, "i0e": S_.i0e, "i1": S_.i1, "i1e": S_.i1e, "digamma": torch.digamma,
+    "trigamma": lambda x: torch.polygamma(1, x), "polygamma2": lambda x: torch.polygamma(2, x),
+    "ndtri": lambda x: S_.ndtri(torch.sigmoid(x)), "log_ndtr": S_.log_ndtr, "erfcx": S_.erfcx,
+    "entr": lambda x: S_.entr(x.abs() + 0.1), "sinc": torch.sinc, "hardshrink": lambda x: F.hardshrink(x, 0.3),
+    "softshrink": lambda x: F.softshrink(x, 0.3), "glu": lambda x: F.glu(x, 0),
+    "prelu": lambda x: F.prelu(x, torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7], device=x.device)),
+    "logaddexp": lambda x: torch.logaddexp(x, x.flip(0)), "logaddexp2": lambda x: torch.logaddexp2(x, x * 0.5),
+    "xlog1py": lambda x: S_.xlog1py(x, x.abs()), "rsub": lambda x: torch.rsub(x, 2.0, alpha=3),
+    "angle": lambda x: torch.angle(torch.complex(x, x.flip(1))),
+    "polar": lambda x: torch.view_as_real(torch.polar(x.abs() + 0.1, x)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPECIAL_AUTOGRAD))
+def test_special_autograd(name):
+    fn = SPECIAL_AUTOGRAD[name]
+    x = make((6, 7), torch.float32, 0.2, 2.0, seed=91, special=False)
+    xc = x.clone().requires_grad_()
+    yc = fn(xc)
+    gy = make(tuple(yc.shape), torch.float32, seed=92, special=False)
+    yc.backward(gy)
+    xd = x.to("tpu").requires_grad_()
+    yd = fn(xd)
+    yd.backward(gy.to("tpu"))
+    check(yd.detach(), yc.detach(), rtol=1e-5, atol=1e-5)
+    check(xd.grad, xc.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_rrelu_training_uses_device_generator():
+    x = make((50, 40), torch.float32, -3, 3, seed=95, special=False).to("tpu")
+    torch.manual_seed(0)
+    y = F.rrelu(x, 0.1, 0.3, training=True)
+    ratio = (y / x).cpu()
+    neg = x.cpu() < 0
+    assert torch.all(ratio[~neg] == 1.0)
+    assert torch.all((ratio[neg] >= 0.1 - 1e-6) & (ratio[neg] <= 0.3 + 1e-6))
+    assert ratio[neg].std() > 0.03  # really random
+    xr = x.clone().requires_grad_()
+    yr = F.rrelu(xr, 0.1, 0.3, training=True)
+    yr.sum().backward()
+    g = xr.grad.cpu()
+    assert torch.all(g[~neg] == 1.0) and torch.all((g[neg] >= 0.1 - 1e-6) & (g[neg] <= 0.3 + 1e-6))
+
+
+def test_special_ops_do_not_fall_back():
+    import torch_tpu
+    torch_tpu._C._set_cpu_fallback(True)
+    torch_tpu._C._reset_fallback_counts()
+    try:
+        x = make((5, 6), torch.float32, 0.2, 3, special=False).to("tpu")
+        y = torch.i0(x) + S_.i1e(x) + S_.zeta(x + 1, x) + torch.igamma(x, x) + S_.bessel_j0(x) + S_.airy_ai(x)
+        y = y + S_.chebyshev_polynomial_t(x, 3) + torch.polygamma(2, x) + torch.logaddexp(x, y) + torch.sinc(x)
+        y = y + F.glu(torch.cat([x, x], 1)) + F.hardshrink(x) + F.softshrink(x) + torch.rsub(x, y)
+        torch.tpu.synchronize()
+        assert dict(torch_tpu._C._fallback_counts()) == {}
+    finally:
+        torch_tpu._C._set_cpu_fallback(False)

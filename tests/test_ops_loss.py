@@ -171,3 +171,89 @@ def test_l1_and_bce_with_logits_composites():
     close(F.smooth_l1_loss(x.to(DT), y.to(DT), beta=0.0), F.smooth_l1_loss(x, y, beta=0.0))
     t = torch.rand(3, 4, generator=torch.Generator().manual_seed(2))
     close(F.binary_cross_entropy_with_logits(x.to(DT), t.to(DT)), F.binary_cross_entropy_with_logits(x, t))
+
+
+# ------------------------------------------- margin, distance and CTC losses
+
+def _grads(fn, inputs, rtol=1e-4, atol=1e-5):
+    cpu = [x.detach().clone().requires_grad_(x.dtype.is_floating_point) for x in inputs]
+    dev = [x.detach().to(DT).requires_grad_(x.dtype.is_floating_point) for x in inputs]
+    out, dout = fn(*cpu), fn(*dev)
+    close(dout, out.detach(), rtol=rtol, atol=atol)
+    g = rnd(out.shape, seed=9).to(out.dtype)
+    out.backward(g)
+    dout.backward(g.to(DT))
+    for c, d in zip(cpu, dev):
+        if c.grad is not None:
+            close(d.grad, c.grad, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("p", [1, 2])
+def test_multi_margin_loss(reduction, p):
+    x, t = rnd((5, 4)), torch.tensor([0, 3, 1, 2, 3])
+    w = rnd((4,), seed=2).abs()
+    _grads(lambda x: F.multi_margin_loss(x, t.to(x.device), p=p, margin=0.7, reduction=reduction), [x])
+    _grads(lambda x: F.multi_margin_loss(x, t.to(x.device), p=p, weight=w.to(x.device), reduction=reduction), [x])
+    _grads(lambda x: F.multi_margin_loss(x, t[:1].to(x.device)[0], reduction=reduction), [rnd((4,))])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=str)
+def test_multi_margin_loss_dtypes(dtype):
+    x, t = rnd((5, 4)).to(dtype), torch.tensor([0, 3, 1, 2, 3])
+    close(F.multi_margin_loss(x.to(DT), t.to(DT)), F.multi_margin_loss(x.double(), t).to(dtype), rtol=2e-2, atol=2e-2)
+
+
+def test_multi_margin_loss_bad_target():
+    x = rnd((2, 3))
+    with pytest.raises(IndexError):
+        F.multi_margin_loss(x.to(DT), torch.tensor([0, 3]).to(DT))
+        torch.tpu.synchronize()
+    with pytest.raises(RuntimeError):
+        F.multi_margin_loss(x.to(DT), torch.tensor([0, 1, 2]).to(DT))
+    # device stays usable
+    close(F.multi_margin_loss(x.to(DT), torch.tensor([0, 2]).to(DT)), F.multi_margin_loss(x, torch.tensor([0, 2])))
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_multilabel_margin_loss(reduction):
+    x = rnd((3, 5))
+    t = torch.tensor([[3, 0, -1, 1, 2], [1, 2, 3, 4, 0], [-1, 1, 1, 1, 1]])
+    _grads(lambda x: F.multilabel_margin_loss(x, t.to(x.device), reduction=reduction), [x])
+    _grads(lambda x: F.multilabel_margin_loss(x, t[0].to(x.device), reduction=reduction), [rnd((5,))])
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 2.0, 3.0, float("inf")])
+def test_cdist(p):
+    x1, x2 = rnd((2, 4, 3)), rnd((2, 5, 3), seed=1)
+    _grads(lambda a, b: torch.cdist(a, b, p=p), [x1, x2])
+    _grads(lambda a, b: torch.cdist(a, b, p=p), [rnd((4, 3)), rnd((1, 6, 3), seed=2)])
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 1.5, 2.0, float("inf")])
+def test_pdist(p):
+    _grads(lambda a: F.pdist(a, p=p), [rnd((5, 3))])
+    _grads(lambda a: F.pdist(a, p=p), [rnd((1, 3))])
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("padded", [True, False])
+def test_ctc_loss(reduction, padded):
+    T, B, C, S = 8, 3, 5, 4
+    lp = rnd((T, B, C)).log_softmax(2)
+    tl = torch.tensor([4, 2, 3])
+    il = torch.tensor([8, 6, 7])
+    tg2 = torch.randint(1, C, (B, S), generator=torch.Generator().manual_seed(1))
+    tg = tg2 if padded else torch.cat([tg2[b, :tl[b]] for b in range(B)])
+    _grads(lambda lp: F.ctc_loss(lp, tg.to(lp.device), il, tl, reduction=reduction), [lp], rtol=1e-4, atol=1e-4)
+
+
+def test_ctc_loss_zero_infinity_and_errors():
+    T, B, C = 3, 2, 4
+    lp = rnd((T, B, C)).log_softmax(2)
+    tg = torch.tensor([[1, 2, 1, 2], [1, 1, 1, 1]])
+    tl, il = torch.tensor([4, 1]), torch.tensor([3, 3])
+    _grads(lambda lp: F.ctc_loss(lp, tg.to(lp.device), il, tl, zero_infinity=True, reduction="sum"), [lp])
+    for dev in ("cpu", DT):
+        with pytest.raises(RuntimeError):
+            F.ctc_loss(lp.to(dev), tg.to(dev), torch.tensor([3, 9]), tl)

@@ -447,6 +447,32 @@ typedef enum tpurt_ew_op {
   TPURT_EW_LERP,                      /* src0 + src2 * (src1 - src0) */
   TPURT_EW_ADDCMUL,                   /* src0 + p0 * src1 * src2 */
   TPURT_EW_ADDCDIV,                   /* src0 + p0 * src1 / src2 */
+  /* special functions and remaining pointwise ops (real compute unless noted) */
+  TPURT_EW_I0, TPURT_EW_I0E, TPURT_EW_I1, TPURT_EW_I1E,           /* modified Bessel I (e: exp(-|x|) scaled) */
+  TPURT_EW_BESSEL_J0, TPURT_EW_BESSEL_J1, TPURT_EW_BESSEL_Y0, TPURT_EW_BESSEL_Y1,
+  TPURT_EW_BESSEL_K0, TPURT_EW_BESSEL_K1, TPURT_EW_BESSEL_K0E, TPURT_EW_BESSEL_K1E, /* e: exp(x) scaled */
+  TPURT_EW_SPHERICAL_BESSEL_J0, TPURT_EW_AIRY_AI,
+  TPURT_EW_POLYGAMMA,                 /* p0 = n (0: digamma, 1: trigamma, ...) */
+  TPURT_EW_NDTRI, TPURT_EW_LOG_NDTR, TPURT_EW_ERFCX, TPURT_EW_ENTR, TPURT_EW_SINC,
+  TPURT_EW_SIGNBIT,                   /* 1 if the sign bit is set (integers: x < 0) */
+  TPURT_EW_HARDSHRINK,                /* |x| <= p0 ? 0 : x */
+  TPURT_EW_SOFTSHRINK,                /* x > p0 ? x - p0 : x < -p0 ? x + p0 : 0 */
+  TPURT_EW_ANGLE,                     /* real: pi if x < 0 else 0 (NaN kept); complex: arg (zero imag) */
+  TPURT_EW_FREXP_MANTISSA, TPURT_EW_FREXP_EXPONENT, /* x = m * 2^e, |m| in [0.5, 1) */
+  TPURT_EW_ZETA,                      /* Hurwitz zeta(src0, src1) */
+  TPURT_EW_IGAMMA, TPURT_EW_IGAMMAC,  /* regularized lower / upper incomplete gamma (a = src0, x = src1) */
+  TPURT_EW_XLOG1PY,                   /* src0 * log1p(src1), 0 where src0 == 0 (NaN src1 propagates) */
+  TPURT_EW_LOGADDEXP, TPURT_EW_LOGADDEXP2,
+  TPURT_EW_HEAVISIDE,                 /* src0 == 0 ? src1 : src0 > 0 */
+  TPURT_EW_NEXTAFTER,                 /* p0 = 0, or TPURT_F16 / TPURT_BF16: step in that format */
+  /* orthogonal polynomials: src0 = x, src1 = n (truncated to an integer; n < 0 gives 0) */
+  TPURT_EW_CHEBYSHEV_T, TPURT_EW_CHEBYSHEV_U, TPURT_EW_CHEBYSHEV_V, TPURT_EW_CHEBYSHEV_W,
+  TPURT_EW_SHIFTED_CHEBYSHEV_T, TPURT_EW_SHIFTED_CHEBYSHEV_U, TPURT_EW_SHIFTED_CHEBYSHEV_V,
+  TPURT_EW_SHIFTED_CHEBYSHEV_W, TPURT_EW_HERMITE_H, TPURT_EW_HERMITE_HE, TPURT_EW_LAGUERRE_L,
+  TPURT_EW_LEGENDRE_P,
+  TPURT_EW_SHRINK_BACKWARD,           /* |src1| <= p0 ? 0 : src0 (hardshrink and softshrink backward) */
+  TPURT_EW_COMPLEX,                   /* complex compute: re(src0) + i re(src1) */
+  TPURT_EW_POLAR,                     /* complex compute: re(src0) * (cos re(src1) + i sin re(src1)) */
   TPURT_EW_NUM_OPS
 } tpurt_ew_op;
 
@@ -924,6 +950,208 @@ TPURT_API tpurt_status tpurt_attention_backward(tpurt_stream *s, const tpurt_vie
                                                 const tpurt_view *dout, const tpurt_view *q, const tpurt_view *k,
                                                 const tpurt_view *v, const tpurt_view *out, const tpurt_view *lse,
                                                 const tpurt_view *mask, const tpurt_attention_params *p);
+/* ------------------------------------------ vision: 3-D pooling, unpooling,
+ * fractional pooling, interpolation, grid sampling, im2col / col2im.
+ *
+ * Spatial views are 5-D [N, C, D, H, W] (1-D / 2-D callers use size-1 dims
+ * with stride 0). Float dtypes; computed in f64, stored in the view dtype.
+ * Plane indices (max pooling, unpooling) are (d * H + h) * W + w. */
+typedef struct tpurt_pool3d_params {
+  int64_t kernel[3], stride[3], padding[3], dilation[3];
+  int count_include_pad;    /* avg */
+  int64_t divisor_override; /* avg, 0 = none */
+} tpurt_pool3d_params;
+/* out (and idx, int64, may be NULL) = max over each window (NaN wins). */
+TPURT_API tpurt_status tpurt_max_pool3d(tpurt_stream *s, const tpurt_view *out, const tpurt_view *idx,
+                                        const tpurt_view *in, const tpurt_pool3d_params *p);
+TPURT_API tpurt_status tpurt_avg_pool3d(tpurt_stream *s, const tpurt_view *out, const tpurt_view *in,
+                                        const tpurt_pool3d_params *p);
+TPURT_API tpurt_status tpurt_avg_pool3d_backward(tpurt_stream *s, const tpurt_view *grad_in,
+                                                 const tpurt_view *grad_out, const tpurt_pool3d_params *p);
+/* Adaptive windows [floor(o n / out), ceil((o + 1) n / out)) per dim. */
+TPURT_API tpurt_status tpurt_adaptive_pool3d(tpurt_stream *s, const tpurt_view *out, const tpurt_view *idx,
+                                             const tpurt_view *in, int max);
+TPURT_API tpurt_status tpurt_adaptive_avg_pool3d_backward(tpurt_stream *s, const tpurt_view *grad_in,
+                                                          const tpurt_view *grad_out);
+/* Fractional max pooling: samples [N, C, K] (float) in [0, 1); sample_dim[k]
+ * is the sample used for spatial dim k (D, H, W) or -1 (that dim must have
+ * in = out = kernel = 1). */
+TPURT_API tpurt_status tpurt_fractional_max_pool3d(tpurt_stream *s, const tpurt_view *out, const tpurt_view *idx,
+                                                   const tpurt_view *in, const tpurt_view *samples,
+                                                   const int64_t kernel[3], const int sample_dim[3]);
+/* out = 0, then out[plane][idx] += src (accumulate: max pooling backward)
+ * or out[plane][idx] = src (max_unpool; an index outside the plane fails
+ * with TPURT_ERR_INVALID_ARGUMENT at the next sync). idx has src's shape. */
+TPURT_API tpurt_status tpurt_scatter_planes(tpurt_stream *s, const tpurt_view *out, const tpurt_view *src,
+                                            const tpurt_view *idx, int accumulate);
+
+/* Separable interpolation over D, H, W. scales[k]: the user's scale factor
+ * of dim k or <= 0 (then in / out is used). */
+typedef enum {
+  TPURT_INTERP_NEAREST = 0,    /* PyTorch's legacy 'nearest' */
+  TPURT_INTERP_NEAREST_EXACT,  /* 'nearest-exact' */
+  TPURT_INTERP_LINEAR,         /* linear / bilinear / trilinear */
+  TPURT_INTERP_CUBIC,          /* bicubic, A = -0.75, clamped borders */
+  TPURT_INTERP_LINEAR_AA,      /* antialiased (triangle filter) */
+  TPURT_INTERP_CUBIC_AA        /* antialiased (Keys, a = -0.5) */
+} tpurt_interp_mode;
+TPURT_API tpurt_status tpurt_interpolate(tpurt_stream *s, const tpurt_view *out, const tpurt_view *in,
+                                         tpurt_interp_mode mode, int align_corners, const double scales[3]);
+/* grad_in = adjoint of the interpolation applied to grad_out (overwrites). */
+TPURT_API tpurt_status tpurt_interpolate_backward(tpurt_stream *s, const tpurt_view *grad_in,
+                                                  const tpurt_view *grad_out, tpurt_interp_mode mode,
+                                                  int align_corners, const double scales[3]);
+
+/* Grid sampling: in [N, C, D, H, W], grid [N, Do, Ho, Wo, dims] (dims 2:
+ * (x, y) with D = Do = 1, or 3: (x, y, z)), out [N, C, Do, Ho, Wo].
+ * interp 0 bilinear, 1 nearest, 2 bicubic (dims 2); padding 0 zeros,
+ * 1 border, 2 reflection. */
+TPURT_API tpurt_status tpurt_grid_sample(tpurt_stream *s, const tpurt_view *out, const tpurt_view *in,
+                                         const tpurt_view *grid, int interp, int padding, int align_corners);
+/* grad_in (may be NULL) and grad_grid (may be NULL), both overwritten. */
+TPURT_API tpurt_status tpurt_grid_sample_backward(tpurt_stream *s, const tpurt_view *grad_in,
+                                                  const tpurt_view *grad_grid, const tpurt_view *grad_out,
+                                                  const tpurt_view *in, const tpurt_view *grid, int interp,
+                                                  int padding, int align_corners);
+
+/* im2col: col [N, C * kh * kw, L] from img [N, C, H, W] (L = Ho * Wo of a
+ * convolution with p); col2im (to_image = 1): img = sum of the columns. */
+TPURT_API tpurt_status tpurt_im2col(tpurt_stream *s, const tpurt_view *col, const tpurt_view *img,
+                                    const int64_t kernel[2], const tpurt_conv_params *p, int to_image);
+
+/* ---- more losses (reduction: 0 none, 1 mean, 2 sum) */
+/* multi_margin: input [N, C], target [N] (int), weight [C] or NULL, p 1 or
+ * 2. out [N] or 0-D. Targets outside [0, C) fail with TPURT_ERR_INDEX. */
+TPURT_API tpurt_status tpurt_multi_margin_loss(tpurt_stream *s, const tpurt_view *out, const tpurt_view *input,
+                                               const tpurt_view *target, const tpurt_view *weight, int p,
+                                               double margin, int reduction);
+TPURT_API tpurt_status tpurt_multi_margin_loss_backward(tpurt_stream *s, const tpurt_view *grad_in,
+                                                        const tpurt_view *grad_out, const tpurt_view *input,
+                                                        const tpurt_view *target, const tpurt_view *weight, int p,
+                                                        double margin, int reduction);
+/* multilabel_margin: input/target/is_target [N, C] (target int, -1 ends a
+ * row's labels; is_target written by the forward in input's dtype). */
+TPURT_API tpurt_status tpurt_multilabel_margin_loss(tpurt_stream *s, const tpurt_view *out,
+                                                    const tpurt_view *is_target, const tpurt_view *input,
+                                                    const tpurt_view *target, int reduction);
+TPURT_API tpurt_status tpurt_multilabel_margin_loss_backward(tpurt_stream *s, const tpurt_view *grad_in,
+                                                             const tpurt_view *grad_out, const tpurt_view *input,
+                                                             const tpurt_view *target, const tpurt_view *is_target,
+                                                             int reduction);
+/* p-norm distances: out [B, P, R] between rows of x1 [B, P, M] and x2
+ * [B, R, M] (p >= 0, inf allowed). backward: grad_x1 from grad_out and the
+ * forward's dist. */
+TPURT_API tpurt_status tpurt_cdist(tpurt_stream *s, const tpurt_view *out, const tpurt_view *x1,
+                                   const tpurt_view *x2, double p);
+TPURT_API tpurt_status tpurt_cdist_backward(tpurt_stream *s, const tpurt_view *grad_x1, const tpurt_view *grad_out,
+                                            const tpurt_view *x1, const tpurt_view *x2, const tpurt_view *dist,
+                                            double p);
+/* pdist: out [N (N - 1) / 2] over row pairs i < j of x [N, M]. */
+TPURT_API tpurt_status tpurt_pdist(tpurt_stream *s, const tpurt_view *out, const tpurt_view *x, double p);
+TPURT_API tpurt_status tpurt_pdist_backward(tpurt_stream *s, const tpurt_view *grad_x, const tpurt_view *grad_out,
+                                            const tpurt_view *x, const tpurt_view *dist, double p);
+/* CTC loss: log_probs [T, B, C]; targets 1-D int, target b starting at
+ * tgt_offsets[b] with stride tgt_stride; input_lengths, target_lengths,
+ * tgt_offsets [B] int64. Writes nll [B] and log_alpha [B, T, 2 Smax + 1].
+ * Lengths out of range fail with TPURT_ERR_INVALID_ARGUMENT. */
+TPURT_API tpurt_status tpurt_ctc_loss(tpurt_stream *s, const tpurt_view *nll, const tpurt_view *log_alpha,
+                                      const tpurt_view *log_probs, const tpurt_view *targets,
+                                      const tpurt_view *input_lengths, const tpurt_view *target_lengths,
+                                      const tpurt_view *tgt_offsets, int64_t tgt_stride, int64_t blank);
+/* grad [T, B, C] of sum_b grad_out[b] * nll[b] (zero_infinity zeroes the
+ * gradient of infinite losses). */
+TPURT_API tpurt_status tpurt_ctc_loss_backward(tpurt_stream *s, const tpurt_view *grad, const tpurt_view *grad_out,
+                                               const tpurt_view *log_probs, const tpurt_view *targets,
+                                               const tpurt_view *input_lengths, const tpurt_view *target_lengths,
+                                               const tpurt_view *tgt_offsets, int64_t tgt_stride,
+                                               const tpurt_view *nll, const tpurt_view *log_alpha, int64_t blank,
+                                               int zero_infinity);
+
+/* 3-D convolution over NCDHW views (2-D calls use D = 1); same contract as
+ * tpurt_conv2d with three spatial dims. */
+typedef struct tpurt_conv3d_params {
+  int64_t stride[3], padding[3], dilation[3];
+  int64_t groups;
+} tpurt_conv3d_params;
+TPURT_API tpurt_status tpurt_conv3d(tpurt_stream *s, const tpurt_view *y, const tpurt_view *x, const tpurt_view *w,
+                                    const tpurt_view *bias, const tpurt_conv3d_params *p, tpurt_precision precision);
+TPURT_API tpurt_status tpurt_conv3d_backward_input(tpurt_stream *s, const tpurt_view *dx, const tpurt_view *dy,
+                                                   const tpurt_view *w, const tpurt_view *bias,
+                                                   const tpurt_conv3d_params *p, tpurt_precision precision);
+TPURT_API tpurt_status tpurt_conv3d_backward_weight(tpurt_stream *s, const tpurt_view *dw, const tpurt_view *db,
+                                                    const tpurt_view *dy, const tpurt_view *x,
+                                                    const tpurt_conv3d_params *p, tpurt_precision precision);
+/* ------------------------------------------------ linear algebra (LAPACK)
+ *
+ * tpurt_linalg runs one LAPACK-based operation over a batch. Every view has
+ * the same `batch_ndim` leading dims (inputs may broadcast them with stride
+ * 0) followed by the operand's own dims, listed per op below as
+ * [rows, cols] / [len] / [] (one value per matrix). Matrix data is f32 or
+ * f64 (one dtype per call); pivots are int32/int64 (1-based, LAPACK's
+ * convention), info int32, rank int64. An output with ndim = -1 is absent
+ * (not computed). Any strides. Failures that LAPACK reports per matrix go
+ * to `info` when the op has one; otherwise the op fails at the next sync
+ * with PyTorch's message. flags[0..3] per op (unused ones 0):
+ *   SVD        in A[m,n]; out U[m,m|k], S[k], Vh[n|k,n] (U, Vh absent when
+ *              !compute_uv); flags full_matrices, compute_uv. (gesdd)
+ *   TRSM       in A[n,n], B[n,r]; out X[n,r]; flags upper, transpose A,
+ *              unit diagonal. Left side only (transpose views for right).
+ *   LU         in A[m,n]; out LU[m,n], pivots[k], info[]. (getrf)
+ *   LU_SOLVE   in LU[n,n], pivots[n], B[n,r]; out X; flags transpose.
+ *   LU_UNPACK  in LU[m,n], pivots[k]; out P[m,m], L[m,k], U[k,n] (any absent).
+ *   SOLVE      in A[n,n], B[n,r]; out X[n,r], LU, pivots[n], info[].
+ *   INV        in A[n,n]; out inverse, info[].
+ *   DET        in A[n,n]; out det[] (flags[0] = 0) or sign[], logabsdet[]
+ *              (flags[0] = 1; out1 absent for det), LU, pivots (may be absent).
+ *   EIGH       in A[n,n]; out w[n], V[n,n] (absent: values only); flags upper.
+ *   GEQRF      in A[m,n]; out QR[m,n], tau[k].
+ *   ORGQR      in QR[m,n], tau[t]; out Q[m,c] (c <= m). (orgqr)
+ *   ORMQR      in QR[nq,>=t], tau[t], C[mc,nc]; out X[mc,nc]; flags left, transpose.
+ *   CHOLESKY   in A[n,n]; out L[n,n], info[]; flags upper.
+ *   CHOLESKY_SOLVE  in B[n,r], L[n,n]; out X[n,r]; flags upper.
+ *   CHOLESKY_INVERSE in L[n,n]; out X[n,n]; flags upper.
+ *   EIG        in A[n,n] real; out w[n], V[n,n] complex (V may be absent). (geev)
+ *   LDL        in A[n,n]; out LD[n,n], pivots[n], info[]; flags upper. (sytrf)
+ *   LDL_SOLVE  in LD[n,n], pivots[n], B[n,r]; out X; flags upper.
+ *   LSTSQ      in A[m,n], B[m,r]; out X[max(m,n),r] (LAPACK's raw solution),
+ *              rank[], S[k] (both may be absent); flags driver (0 gels,
+ *              1 gelsy, 2 gelsd, 3 gelss); rcond.
+ *   MATRIX_EXP in A[n,n]; out exp(A). (scaling and squaring, Pade [8/8])
+ *   CROSS      in a[3], b[3]; out a x b (any real or integer dtype).
+ */
+typedef enum tpurt_linalg_op {
+  TPURT_LA_SVD = 0, TPURT_LA_TRSM, TPURT_LA_LU, TPURT_LA_LU_SOLVE, TPURT_LA_LU_UNPACK, TPURT_LA_SOLVE, TPURT_LA_INV,
+  TPURT_LA_DET, TPURT_LA_EIGH, TPURT_LA_GEQRF, TPURT_LA_ORGQR, TPURT_LA_ORMQR, TPURT_LA_CHOLESKY,
+  TPURT_LA_CHOLESKY_SOLVE, TPURT_LA_CHOLESKY_INVERSE, TPURT_LA_EIG, TPURT_LA_LDL, TPURT_LA_LDL_SOLVE, TPURT_LA_LSTSQ,
+  TPURT_LA_MATRIX_EXP, TPURT_LA_CROSS,
+  TPURT_LA_NUM_OPS
+} tpurt_linalg_op;
+TPURT_API tpurt_status tpurt_linalg(tpurt_stream *s, tpurt_linalg_op op, int batch_ndim, const tpurt_view *outs,
+                                    int nout, const tpurt_view *ins, int nin, const int64_t *flags, double rcond);
+TPURT_API const char *tpurt_linalg_op_name(tpurt_linalg_op op);
+/* ------------------------------------------------------------------ FFT
+ *
+ * Discrete Fourier transforms over `ndims` distinct dims of in (any
+ * strides), written to out (must not overlap in). Unnormalized sums
+ * X_k = sum_j x_j exp(sign 2 pi i j k / n) scaled by `scale` (the caller's
+ * normalization: 1, 1/sqrt(n) or 1/n over the signal size):
+ *   C2C: complex -> complex of one dtype, sign -1 when forward else +1;
+ *   R2C: f32 -> c64 / f64 -> c128, sign -1; out along the last listed dim
+ *        has n/2+1 (one-sided) or n (two-sided) entries, n = in's size;
+ *   C2R: c64 -> f32 / c128 -> f64, sign +1; the last listed dim of in holds
+ *        the half spectrum (entries past out's n/2+1 are ignored, missing
+ *        ones read as 0; the imaginary parts of the DC and, for even n,
+ *        Nyquist terms are ignored); with ndims > 1 it needs `work`, a
+ *        view of in's shape and dtype (overwritten).
+ * Other dims must match between in and out. Any length: mixed radix
+ * (2, 3, 4, 5, primes <= 61) or Bluestein; plans are cached process-wide
+ * per (n, precision, direction, real). Accumulates in the data's precision
+ * with twiddles computed in double. Async. */
+typedef enum { TPURT_FFT_C2C = 0, TPURT_FFT_R2C = 1, TPURT_FFT_C2R = 2 } tpurt_fft_kind;
+TPURT_API tpurt_status tpurt_fft(tpurt_stream *s, tpurt_fft_kind kind, const tpurt_view *out, const tpurt_view *in,
+                                 const tpurt_view *work, int ndims, const int *dims, int forward, double scale);
+/* Number of cached FFT plans (tests). */
+TPURT_API int tpurt_fft_plan_cache_size(void);
 
 #ifdef __cplusplus
 }

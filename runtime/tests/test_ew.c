@@ -448,6 +448,131 @@ static void test_complex(void) {
   tpurt_free(d), tpurt_free(dout);
 }
 
+/* special-function instructions against known values and identities (f64
+ * and f32 compute, NaN / inf / empty edge cases) */
+static double run_special(tpurt_ew_op op, tpurt_dtype ct, int nsrc, double x, double y, double p0) {
+  double hx[2] = {x, y}, o = 0;
+  tpurt_devptr d = dev_from(hx, sizeof hx), dout;
+  CHECK_OK(tpurt_malloc(0, 8, S, &dout));
+  tpurt_view ins[2] = {view1(d, TPURT_F64, 1, 1), view1(d + 8, TPURT_F64, 1, 1)};
+  tpurt_view out = view1(dout, TPURT_F64, 1, 1);
+  tpurt_ew_program pr = prog1(op, ct, nsrc, p0, 0);
+  CHECK_OK(tpurt_elementwise(S, &pr, &out, ins, nsrc, NULL, 0));
+  CHECK_OK(tpurt_memcpy_d2h(S, &o, dout, 8, 0));
+  tpurt_free(d), tpurt_free(dout);
+  return o;
+}
+
+static void test_special(void) {
+  static const struct {
+    tpurt_ew_op op;
+    int nsrc;
+    double x, y, p0, want;
+  } cases[] = {
+      {TPURT_EW_I0, 1, 0.0, 0, 0, 1.0},
+      {TPURT_EW_I0, 1, 1.0, 0, 0, 1.2660658777520083356},
+      {TPURT_EW_I0, 1, -50.0, 0, 0, 2.9325537838493363e+20},
+      {TPURT_EW_I0E, 1, 100.0, 0, 0, 0.039944379299096683},
+      {TPURT_EW_I1, 1, -1.0, 0, 0, -0.56515910399248502721},
+      {TPURT_EW_I1E, 1, 2.0, 0, 0, 0.21526928924893765},
+      {TPURT_EW_BESSEL_K0, 1, 1.0, 0, 0, 0.42102443824070833334},
+      {TPURT_EW_BESSEL_K1, 1, 1.0, 0, 0, 0.60190723019723457474},
+      {TPURT_EW_BESSEL_K0, 1, 5.0, 0, 0, 0.0036910983340425942},
+      {TPURT_EW_BESSEL_K1E, 1, 50.0, 0, 0, 0.17856655855881557},
+      {TPURT_EW_BESSEL_K0, 1, 0.0, 0, 0, INFINITY},
+      {TPURT_EW_BESSEL_K0, 1, -1.0, 0, 0, NAN},
+      {TPURT_EW_BESSEL_J0, 1, 2.404825557695773, 0, 0, 0.0},
+      {TPURT_EW_AIRY_AI, 1, 0.0, 0, 0, 0.35502805388781723926},
+      {TPURT_EW_AIRY_AI, 1, 3.0, 0, 0, 0.0065911393574607191},
+      {TPURT_EW_AIRY_AI, 1, -10.0, 0, 0, 0.040241238486443191},
+      {TPURT_EW_SPHERICAL_BESSEL_J0, 1, 0.0, 0, 0, 1.0},
+      {TPURT_EW_POLYGAMMA, 1, 1.0, 0, 1, M_PI * M_PI / 6},
+      {TPURT_EW_POLYGAMMA, 1, 1.0, 0, 2, -2.4041138063191885708},
+      {TPURT_EW_POLYGAMMA, 1, 0.0, 0, 1, INFINITY},
+      {TPURT_EW_ZETA, 2, 4.0, 1.0, 0, M_PI * M_PI * M_PI * M_PI / 90},
+      {TPURT_EW_ZETA, 2, 0.5, 1.0, 0, NAN},
+      {TPURT_EW_IGAMMA, 2, 1.0, 2.0, 0, 0.86466471676338730},
+      {TPURT_EW_IGAMMAC, 2, 3.0, 1.5, 0, 0.80884683053805813},
+      {TPURT_EW_IGAMMA, 2, 0.0, 0.0, 0, NAN},
+      {TPURT_EW_NDTRI, 1, 0.975, 0, 0, 1.9599639845400542},
+      {TPURT_EW_NDTRI, 1, 1e-300, 0, 0, -37.047096299361199},
+      {TPURT_EW_LOG_NDTR, 1, -40.0, 0, 0, -804.60844201375379},
+      {TPURT_EW_ERFCX, 1, 30.0, 0, 0, 0.018795888861416751},
+      {TPURT_EW_ENTR, 1, 0.5, 0, 0, 0.34657359027997264},
+      {TPURT_EW_SINC, 1, 0.5, 0, 0, 0.63661977236758134},
+      {TPURT_EW_XLOG1PY, 2, 0.0, NAN, 0, NAN},
+      {TPURT_EW_XLOG1PY, 2, 0.0, -1.0, 0, 0.0},
+      {TPURT_EW_LOGADDEXP, 2, 1000.0, 1000.0, 0, 1000.6931471805599453},
+      {TPURT_EW_LOGADDEXP2, 2, -INFINITY, -INFINITY, 0, -INFINITY},
+      {TPURT_EW_HEAVISIDE, 2, 0.0, 0.5, 0, 0.5},
+      {TPURT_EW_HEAVISIDE, 2, -3.0, 0.5, 0, 0.0},
+      {TPURT_EW_CHEBYSHEV_T, 2, 0.3, 3.0, 0, 4 * 0.027 - 3 * 0.3},
+      {TPURT_EW_CHEBYSHEV_T, 2, 0.3, 20.0, 0, 0.98213013105489211},
+      {TPURT_EW_CHEBYSHEV_U, 2, -1.0, 5.0, 0, -6.0},
+      {TPURT_EW_HERMITE_H, 2, 0.5, 3.0, 0, 8 * 0.125 - 12 * 0.5},
+      {TPURT_EW_HERMITE_HE, 2, 2.0, -1.0, 0, 0.0},
+      {TPURT_EW_LAGUERRE_L, 2, 1.0, 2.0, 0, -0.5},
+      {TPURT_EW_LEGENDRE_P, 2, 0.5, 2.0, 0, -0.125},
+      {TPURT_EW_SHIFTED_CHEBYSHEV_T, 2, 0.75, 2.0, 0, -0.5},
+      {TPURT_EW_HARDSHRINK, 1, 0.4, 0, 0.5, 0.0},
+      {TPURT_EW_SOFTSHRINK, 1, -2.0, 0, 0.5, -1.5},
+      {TPURT_EW_SHRINK_BACKWARD, 2, 3.0, 0.7, 0.5, 3.0},
+      {TPURT_EW_ANGLE, 1, -2.0, 0, 0, M_PI},
+      {TPURT_EW_SIGNBIT, 1, -0.0, 0, 0, 1.0},
+      {TPURT_EW_FREXP_MANTISSA, 1, 12.0, 0, 0, 0.75},
+      {TPURT_EW_FREXP_EXPONENT, 1, 12.0, 0, 0, 4.0},
+      {TPURT_EW_NEXTAFTER, 2, 1.0, 2.0, 0, 1.0 + 2.220446049250313e-16},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    for (int f = 0; f < 2; f++) {
+      tpurt_dtype ct = f ? TPURT_F32 : TPURT_F64;
+      double got = run_special(cases[i].op, ct, cases[i].nsrc, cases[i].x, cases[i].y, cases[i].p0);
+      double want = cases[i].want;
+      if (f) {
+        if (cases[i].op == TPURT_EW_NEXTAFTER) want = nextafterf(1.0f, 2.0f);
+        if (cases[i].op == TPURT_EW_I0 && cases[i].x == -50.0) want = (float)want;
+        if (cases[i].op == TPURT_EW_NDTRI && cases[i].x < 1e-100) want = -INFINITY; /* 1e-300 is 0 in f32 */
+      }
+      double tol = f ? 2e-6 : (cases[i].op == TPURT_EW_NDTRI && cases[i].x < 1e-100 ? 1e-5 : 1e-12);
+      if (cases[i].op == TPURT_EW_CHEBYSHEV_T && cases[i].y == 20.0) tol = 1e-6;
+      if (cases[i].op == TPURT_EW_BESSEL_K1E || cases[i].op == TPURT_EW_IGAMMAC ||
+          cases[i].op == TPURT_EW_AIRY_AI || cases[i].op == TPURT_EW_LOG_NDTR)
+        tol = f ? 2e-6 : 1e-11;
+      if (!same(got, want, tol, cases[i].want == 0 ? 1e-7 : 1e-300)) {
+        fprintf(stderr, "special %s (%s) x=%g y=%g: got %.17g want %.17g\n", tpurt_ew_op_name(cases[i].op),
+                f ? "f32" : "f64", cases[i].x, cases[i].y, got, want);
+        g_failures++;
+      }
+    }
+  }
+  /* bf16 nextafter steps one bf16 ulp */
+  CHECK(fabs(run_special(TPURT_EW_NEXTAFTER, TPURT_F32, 2, 1.0, 2.0, TPURT_BF16) - 1.0078125) < 1e-12);
+  /* empty launch is a no-op */
+  tpurt_view e = view1(0, TPURT_F32, 0, 1);
+  tpurt_ew_program pr = prog1(TPURT_EW_I0, TPURT_F32, 1, 0, 0);
+  CHECK_OK(tpurt_elementwise(S, &pr, &e, &e, 1, NULL, 0));
+  /* complex / polar / angle in complex compute */
+  double h[4] = {2.0, M_PI / 2, 0, 0};
+  tpurt_devptr d = dev_from(h, sizeof h), dout;
+  CHECK_OK(tpurt_malloc(0, 16, S, &dout));
+  tpurt_view ins[2] = {view1(d, TPURT_F64, 1, 1), view1(d + 8, TPURT_F64, 1, 1)};
+  tpurt_view out = view1(dout, TPURT_C128, 1, 1);
+  tpurt_ew_program pp = prog1(TPURT_EW_POLAR, TPURT_C128, 2, 0, 0);
+  CHECK_OK(tpurt_elementwise(S, &pp, &out, ins, 2, NULL, 0));
+  double o[2];
+  CHECK_OK(tpurt_memcpy_d2h(S, o, dout, 16, 0));
+  CHECK_NEAR(o[0], 0.0, 1e-15);
+  CHECK_NEAR(o[1], 2.0, 1e-15);
+  tpurt_ew_program pc = prog1(TPURT_EW_COMPLEX, TPURT_C128, 2, 0, 0);
+  CHECK_OK(tpurt_elementwise(S, &pc, &out, ins, 2, NULL, 0));
+  CHECK_OK(tpurt_memcpy_d2h(S, o, dout, 16, 0));
+  CHECK(o[0] == 2.0 && o[1] == M_PI / 2);
+  /* real-only ops are rejected for complex compute */
+  tpurt_ew_program bad = prog1(TPURT_EW_I0, TPURT_C128, 1, 0, 0);
+  CHECK_ST(tpurt_elementwise(S, &bad, &out, ins, 1, NULL, 0), TPURT_ERR_NOT_SUPPORTED);
+  tpurt_free(d), tpurt_free(dout);
+}
+
 int main(void) {
   CHECK_OK(tpurt_init());
   CHECK_OK(tpurt_stream_default(0, &S));
@@ -458,5 +583,6 @@ int main(void) {
   test_low_precision();
   test_layouts();
   test_complex();
+  test_special();
   TEST_MAIN_END();
 }

@@ -825,6 +825,302 @@ at::Tensor& k_addcdiv_out(const at::Tensor& self, const at::Tensor& t1, const at
   return out;
 }
 
+
+// ----------------------------------------------- special functions & co.
+// Each is one instruction of the engine (computed in double inside the
+// instruction for f32/f16/bf16 data, rounded once at the store).
+
+// Only floating (and, where CPU allows, integer) compute types.
+void float_only(const at::TensorIteratorBase& iter, const char* name) {
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(iter.common_dtype()), "\"", name, "_cpu\" not implemented for '",
+                              iter.common_dtype(), "'");
+}
+
+template <tpurt_ew_op OP>
+at::Tensor& binary_float_only_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  auto iter = at::TensorIterator::binary_op(out, self, other);
+  float_only(iter, tpurt_ew_op_name(OP));
+  run_op(iter, OP, tpurt_ew_op_name(OP));
+  return out;
+}
+
+at::Tensor& k_polygamma_out(int64_t n, const at::Tensor& self, at::Tensor& out) {
+  TORCH_CHECK(n >= 0, "polygamma(n, x) does not support negative n.");
+  auto iter = at::TensorIterator::unary_float_op(out, self);
+  run_op(iter, TPURT_EW_POLYGAMMA, "polygamma", iter.common_dtype(), static_cast<double>(n));
+  return out;
+}
+
+at::Tensor& k_signbit_out(const at::Tensor& self, at::Tensor& out) {
+  TORCH_CHECK(!self.is_complex(), "signbit is not implemented for complex tensors.");
+  TORCH_CHECK(!out.defined() || out.scalar_type() == at::kBool, "signbit does not support non-boolean outputs.");
+  at::native::resize_output(out, self.sizes());
+  auto iter = make_pred_iter(out, self);
+  if (self.scalar_type() == at::kBool) {
+    // never negative
+    if (iter.numel() == 0) return out;
+    check_tpu(iter, "signbit");
+    Prog pr(TPURT_I64);
+    load_inputs(pr, iter);
+    launch(pr, iter, {pr.emit(TPURT_EW_CONST, {}, 0.0)}, "signbit");
+    return out;
+  }
+  run_op(iter, TPURT_EW_SIGNBIT, "signbit", self.scalar_type());
+  return out;
+}
+
+at::Tensor& k_heaviside_out(const at::Tensor& self, const at::Tensor& values, at::Tensor& out) {
+  TORCH_CHECK(!self.is_complex() && !values.is_complex() && (!out.defined() || !out.is_complex()),
+              "heaviside is not yet implemented for complex tensors.");
+  TORCH_CHECK(self.dtype() == values.dtype(), "heaviside is not yet implemented for tensors with different dtypes");
+  auto iter = at::TensorIterator::binary_op(out, self, values);
+  run_op(iter, TPURT_EW_HEAVISIDE, "heaviside");
+  return out;
+}
+
+at::Tensor& k_nextafter_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  auto iter = at::TensorIterator::binary_op(out, self, other);
+  float_only(iter, "nextafter");
+  at::ScalarType ct = iter.common_dtype();
+  double via = ct == at::kHalf ? TPURT_F16 : ct == at::kBFloat16 ? TPURT_BF16 : 0;
+  run_op(iter, TPURT_EW_NEXTAFTER, "nextafter", ct, via);
+  return out;
+}
+
+// frexp: mantissa (self's dtype) and exponent (int32) from one program
+std::tuple<at::Tensor&, at::Tensor&> k_frexp_out(const at::Tensor& self, at::Tensor& mantissa, at::Tensor& exponent) {
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()), "torch.frexp() only supports floating-point dtypes");
+  TORCH_CHECK(mantissa.dtype() == self.dtype(), "torch.frexp() expects mantissa to have dtype ", self.dtype(),
+              " but got ", mantissa.dtype());
+  TORCH_CHECK(exponent.dtype() == at::kInt, "torch.frexp() expects exponent to have int dtype but got ",
+              exponent.dtype());
+  at::TensorIteratorConfig cfg;
+  cfg.set_check_mem_overlap(true).check_all_same_dtype(false);
+  cfg.add_output(mantissa).add_output(exponent).add_const_input(self);
+  auto iter = cfg.build();
+  if (iter.numel() == 0) return {mantissa, exponent};
+  check_tpu(iter, "frexp");
+  Prog pr(compute_for(self.scalar_type()));
+  int x = load_inputs(pr, iter)[0];
+  int m = pr.emit(TPURT_EW_FREXP_MANTISSA, {x});
+  int e = pr.emit(TPURT_EW_FREXP_EXPONENT, {x});
+  launch(pr, iter, {m, e}, "frexp");
+  return {mantissa, exponent};
+}
+
+// rsub(self, other, alpha) = other - alpha * self
+at::Tensor k_rsub(const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
+  sub_check(self, other);
+  at::Tensor out;
+  auto iter = at::TensorIterator::binary_op(out, other, self);
+  alpha_check(iter.common_dtype(), alpha);
+  if (iter.numel() == 0) return iter.output();
+  check_tpu(iter, "rsub");
+  Prog pr(compute_for(iter.common_dtype()));
+  auto r = load_inputs(pr, iter);
+  int b = r[1];
+  bool unit = !alpha.isComplex() && (alpha.isIntegral(true) ? alpha.toLong() == 1 : alpha.toDouble() == 1.0);
+  if (!unit) b = pr.emit(TPURT_EW_MUL, {b, pr.scalar(alpha)});
+  int o = pr.emit(TPURT_EW_SUB, {r[0], b}, 1.0);
+  launch(pr, iter, {o}, "rsub");
+  return iter.output();
+}
+
+// angle: real inputs give 0 or pi (integers promoted to float), complex the
+// argument as a real tensor
+at::Tensor& k_angle_out(const at::Tensor& self, at::Tensor& out) {
+  if (self.is_complex()) {
+    at::ScalarType rt = c10::toRealValueType(self.scalar_type());
+    TORCH_CHECK(out.scalar_type() == rt, "angle(): expected out tensor to have dtype ", rt, " but got ",
+                out.scalar_type());
+    at::native::resize_output(out, self.sizes());
+    at::TensorIteratorConfig cfg;
+    cfg.set_check_mem_overlap(true).check_all_same_dtype(false).add_output(out).add_const_input(self);
+    auto iter = cfg.build();
+    run_op(iter, TPURT_EW_ANGLE, "angle", self.scalar_type());
+    return out;
+  }
+  auto iter = at::TensorIterator::unary_float_op(out, self);
+  run_op(iter, TPURT_EW_ANGLE, "angle");
+  return out;
+}
+at::Tensor k_angle(const at::Tensor& self) {
+  if (self.is_complex()) {
+    at::Tensor out = at::empty({0}, self.options().dtype(c10::toRealValueType(self.scalar_type())));
+    return k_angle_out(self, out);
+  }
+  at::Tensor out;
+  auto iter = at::TensorIterator::unary_float_op(out, self);
+  run_op(iter, TPURT_EW_ANGLE, "angle");
+  return iter.output();
+}
+
+// complex(real, imag) and polar(abs, angle): real inputs of one float dtype,
+// complex output of the matching dtype
+at::Tensor& complex_like_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, tpurt_ew_op op,
+                             const char* name) {
+  auto ta = a.scalar_type(), tb = b.scalar_type();
+  TORCH_CHECK(ta == tb, "Expected object of scalar type ", ta, " but got scalar type ", tb, " for second argument");
+  TORCH_CHECK(ta == at::kFloat || ta == at::kDouble || ta == at::kHalf,
+              "Expected both inputs to be Half, Float or Double tensors but got ", ta, " and ", tb);
+  at::ScalarType ct = c10::toComplexType(ta);
+  TORCH_CHECK(out.scalar_type() == ct, "Expected object of scalar type ", ct, " but got scalar type ",
+              out.scalar_type(), " for argument 'out'");
+  TORCH_CHECK_NOT_IMPLEMENTED(ta != at::kHalf, name, ": complex32 is not supported on TPU");
+  at::TensorIteratorConfig cfg;
+  cfg.set_check_mem_overlap(true).check_all_same_dtype(false).add_output(out).add_const_input(a).add_const_input(b);
+  auto iter = cfg.build();
+  run_op(iter, op, name, ct);
+  return out;
+}
+at::Tensor& k_complex_out(const at::Tensor& re, const at::Tensor& im, at::Tensor& out) {
+  return complex_like_out(re, im, out, TPURT_EW_COMPLEX, "complex");
+}
+at::Tensor& k_polar_out(const at::Tensor& abs, const at::Tensor& angle, at::Tensor& out) {
+  return complex_like_out(abs, angle, out, TPURT_EW_POLAR, "polar");
+}
+
+// hardshrink / softshrink and their backward
+at::Tensor& k_hardshrink_out(const at::Tensor& self, const c10::Scalar& lambd, at::Tensor& out) {
+  auto iter = at::TensorIterator::unary_op(out, self);
+  float_only(iter, "hardshrink");
+  run_op(iter, TPURT_EW_HARDSHRINK, "hardshrink", iter.common_dtype(), lambd.toDouble());
+  return out;
+}
+at::Tensor& k_softshrink_out(const at::Tensor& self, const c10::Scalar& lambd, at::Tensor& out) {
+  TORCH_CHECK(lambd.toDouble() >= 0, "lambda must be greater or equal to 0, but found to be ", lambd.toDouble(), ".");
+  auto iter = at::TensorIterator::unary_op(out, self);
+  float_only(iter, "softshrink");
+  run_op(iter, TPURT_EW_SOFTSHRINK, "softshrink", iter.common_dtype(), lambd.toDouble());
+  return out;
+}
+at::Tensor& k_shrink_backward_out(const at::Tensor& grad, const at::Tensor& self, const c10::Scalar& lambd,
+                                  at::Tensor& grad_input) {
+  auto iter = at::TensorIterator::binary_op(grad_input, grad, self);
+  float_only(iter, "shrink_backward");
+  run_op(iter, TPURT_EW_SHRINK_BACKWARD, "shrink_backward", iter.common_dtype(), lambd.toDouble());
+  return grad_input;
+}
+
+// glu: a * sigmoid(b) over the two halves of dim
+std::pair<at::Tensor, at::Tensor> glu_halves(const at::Tensor& self, int64_t dim) {
+  TORCH_CHECK(self.dim() > 0, "glu does not support scalars because halving size must be even");
+  int64_t wd = at::maybe_wrap_dim(dim, self.dim());
+  int64_t n = self.size(wd);
+  TORCH_CHECK(n % 2 == 0, "Halving dimension must be even, but dimension ", wd, " is size ", n);
+  return {self.narrow(wd, 0, n / 2), self.narrow(wd, n / 2, n / 2)};
+}
+at::Tensor& k_glu_out(const at::Tensor& self, int64_t dim, at::Tensor& out) {
+  auto [a, b] = glu_halves(self, dim);
+  auto iter = at::TensorIterator::binary_op(out, a, b);
+  float_only(iter, "glu");
+  if (iter.numel() == 0) return out;
+  check_tpu(iter, "glu");
+  Prog pr(compute_for(iter.common_dtype()));
+  auto r = load_inputs(pr, iter);
+  int o = pr.emit(TPURT_EW_MUL, {r[0], pr.emit(TPURT_EW_SIGMOID, {r[1]})});
+  launch(pr, iter, {o}, "glu");
+  return out;
+}
+at::Tensor& k_glu_backward_out(const at::Tensor& grad, const at::Tensor& self, int64_t dim, at::Tensor& grad_input) {
+  auto [a, b] = glu_halves(self, dim);
+  at::native::resize_output(grad_input, self.sizes());
+  int64_t wd = at::maybe_wrap_dim(dim, self.dim());
+  int64_t h = self.size(wd) / 2;
+  at::Tensor ga = grad_input.narrow(wd, 0, h), gb = grad_input.narrow(wd, h, h);
+  at::TensorIteratorConfig cfg;
+  cfg.set_check_mem_overlap(true).check_all_same_dtype(true);
+  cfg.add_output(ga).add_output(gb).add_const_input(a).add_const_input(b).add_const_input(grad);
+  auto iter = cfg.build();
+  float_only(iter, "glu_backward");
+  if (iter.numel() == 0) return grad_input;
+  check_tpu(iter, "glu_backward");
+  Prog pr(compute_for(iter.common_dtype()));
+  auto r = load_inputs(pr, iter);  // a, b, grad
+  int s = pr.emit(TPURT_EW_SIGMOID, {r[1]});
+  int oa = pr.emit(TPURT_EW_MUL, {r[2], s});
+  int one_minus = pr.emit(TPURT_EW_SUB, {pr.emit(TPURT_EW_CONST, {}, 1.0), s}, 1.0);
+  int ob = pr.emit(TPURT_EW_MUL, {pr.emit(TPURT_EW_MUL, {oa, r[0]}), one_minus});
+  launch(pr, iter, {oa, ob}, "glu_backward");
+  return grad_input;
+}
+at::Tensor k_glu_backward(const at::Tensor& grad, const at::Tensor& self, int64_t dim) {
+  at::Tensor gi = at::empty_like(self, at::MemoryFormat::Contiguous);
+  return k_glu_backward_out(grad, self, dim, gi);
+}
+
+// PReLU (weight already broadcastable to self)
+at::Tensor k_prelu_kernel(const at::Tensor& self, const at::Tensor& weight) {
+  at::Tensor out;
+  auto iter = at::TensorIterator::binary_op(out, self, weight);
+  if (iter.numel() == 0) return iter.output();
+  check_tpu(iter, "_prelu_kernel");
+  Prog pr(compute_for(iter.common_dtype()));
+  auto r = load_inputs(pr, iter);
+  int pos = pr.emit(TPURT_EW_GT, {r[0], pr.emit(TPURT_EW_CONST, {}, 0.0)});
+  int o = pr.emit(TPURT_EW_WHERE, {pos, r[0], pr.emit(TPURT_EW_MUL, {r[1], r[0]})});
+  launch(pr, iter, {o}, "_prelu_kernel");
+  return iter.output();
+}
+std::tuple<at::Tensor, at::Tensor> k_prelu_kernel_backward(const at::Tensor& grad, const at::Tensor& self,
+                                                           const at::Tensor& weight) {
+  at::Tensor gi, gw;
+  at::TensorIteratorConfig cfg;
+  cfg.set_check_mem_overlap(true).promote_inputs_to_common_dtype(true).cast_common_dtype_to_outputs(true);
+  cfg.add_output(gi).add_output(gw).add_const_input(self).add_const_input(weight).add_const_input(grad);
+  auto iter = cfg.build();
+  if (iter.numel() > 0) {
+    check_tpu(iter, "_prelu_kernel_backward");
+    Prog pr(compute_for(iter.common_dtype()));
+    auto r = load_inputs(pr, iter);  // x, w, g
+    int zero = pr.emit(TPURT_EW_CONST, {}, 0.0);
+    int pos = pr.emit(TPURT_EW_GT, {r[0], zero});
+    int oi = pr.emit(TPURT_EW_WHERE, {pos, r[2], pr.emit(TPURT_EW_MUL, {r[1], r[2]})});
+    int ow = pr.emit(TPURT_EW_WHERE, {pos, zero, pr.emit(TPURT_EW_MUL, {r[0], r[2]})});
+    launch(pr, iter, {oi, ow}, "_prelu_kernel_backward");
+  }
+  return {iter.output(0), iter.output(1)};
+}
+
+// RReLU with noise: training draws slopes uniform(lower, upper) on the
+// device generator for the non-positive elements (noise = 1 elsewhere);
+// evaluation is leaky_relu with the mean slope.
+at::Tensor& k_rrelu_with_noise_out(const at::Tensor& self, at::Tensor& noise, const c10::Scalar& lower,
+                                   const c10::Scalar& upper, bool training, std::optional<at::Generator> gen,
+                                   at::Tensor& out) {
+  double lo = lower.toDouble(), hi = upper.toDouble();
+  TORCH_CHECK(lo <= hi, "Lower bound should be less than or equal to the upper bound");
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()), "rrelu_with_noise: expected a floating point input, got ",
+              self.scalar_type());
+  if (!training) return k_leaky_relu_out(self, (lo + hi) / 2.0, out);
+  TORCH_CHECK(noise.sizes() == self.sizes(), "rrelu_with_noise: noise of shape ", noise.sizes(),
+              " does not match the input's shape ", self.sizes());
+  at::native::resize_output(out, self.sizes());
+  noise.uniform_(lo, hi, gen);
+  at::TensorIteratorConfig cfg;
+  cfg.set_check_mem_overlap(false).check_all_same_dtype(false);
+  cfg.add_output(out).add_output(noise).add_const_input(self).add_const_input(noise);
+  auto iter = cfg.build();
+  if (iter.numel() == 0) return out;
+  check_tpu(iter, "rrelu_with_noise");
+  Prog pr(compute_for(self.scalar_type()));
+  auto r = load_inputs(pr, iter);  // x, drawn noise
+  int pos = pr.emit(TPURT_EW_GT, {r[0], pr.emit(TPURT_EW_CONST, {}, 0.0)});
+  int slope = pr.emit(TPURT_EW_WHERE, {pos, pr.emit(TPURT_EW_CONST, {}, 1.0), r[1]});
+  int o = pr.emit(TPURT_EW_MUL, {r[0], slope});
+  launch(pr, iter, {o, slope}, "rrelu_with_noise");
+  return out;
+}
+at::Tensor k_rrelu_with_noise(const at::Tensor& self, at::Tensor& noise, const c10::Scalar& lower,
+                              const c10::Scalar& upper, bool training, std::optional<at::Generator> gen) {
+  at::Tensor out = at::empty_like(self, at::MemoryFormat::Contiguous);
+  return k_rrelu_with_noise_out(self, noise, lower, upper, training, gen, out);
+}
+at::Tensor& k_rrelu_with_noise_(at::Tensor& self, at::Tensor& noise, const c10::Scalar& lower,
+                                const c10::Scalar& upper, bool training, std::optional<at::Generator> gen) {
+  return k_rrelu_with_noise_out(self, noise, lower, upper, training, gen, self);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -976,6 +1272,68 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("lerp.Tensor_out", TORCH_FN(k_lerp_tensor_out));
   m.impl("addcmul.out", TORCH_FN(k_addcmul_out));
   m.impl("addcdiv.out", TORCH_FN(k_addcdiv_out));
+  // special functions and the remaining pointwise ops
+  m.impl("i0.out", TORCH_FN(unary_float_out<TPURT_EW_I0>));
+  m.impl("special_i0e.out", TORCH_FN(unary_float_out<TPURT_EW_I0E>));
+  m.impl("special_i1.out", TORCH_FN(unary_float_out<TPURT_EW_I1>));
+  m.impl("special_i1e.out", TORCH_FN(unary_float_out<TPURT_EW_I1E>));
+  m.impl("special_modified_bessel_i0.out", TORCH_FN(unary_float_out<TPURT_EW_I0>));
+  m.impl("special_modified_bessel_i1.out", TORCH_FN(unary_float_out<TPURT_EW_I1>));
+  m.impl("special_modified_bessel_k0.out", TORCH_FN(unary_float_out<TPURT_EW_BESSEL_K0>));
+  m.impl("special_modified_bessel_k1.out", TORCH_FN(unary_float_out<TPURT_EW_BESSEL_K1>));
+  m.impl("special_scaled_modified_bessel_k0.out", TORCH_FN(unary_float_out<TPURT_EW_BESSEL_K0E>));
+  m.impl("special_scaled_modified_bessel_k1.out", TORCH_FN(unary_float_out<TPURT_EW_BESSEL_K1E>));
+  m.impl("special_bessel_j0.out", TORCH_FN(unary_float_out<TPURT_EW_BESSEL_J0>));
+  m.impl("special_bessel_j1.out", TORCH_FN(unary_float_out<TPURT_EW_BESSEL_J1>));
+  m.impl("special_bessel_y0.out", TORCH_FN(unary_float_out<TPURT_EW_BESSEL_Y0>));
+  m.impl("special_bessel_y1.out", TORCH_FN(unary_float_out<TPURT_EW_BESSEL_Y1>));
+  m.impl("special_spherical_bessel_j0.out", TORCH_FN(unary_float_out<TPURT_EW_SPHERICAL_BESSEL_J0>));
+  m.impl("special_airy_ai.out", TORCH_FN(unary_float_out<TPURT_EW_AIRY_AI>));
+  m.impl("special_ndtri.out", TORCH_FN(unary_float_out<TPURT_EW_NDTRI>));
+  m.impl("special_log_ndtr.out", TORCH_FN(unary_float_out<TPURT_EW_LOG_NDTR>));
+  m.impl("special_erfcx.out", TORCH_FN(unary_float_out<TPURT_EW_ERFCX>));
+  m.impl("special_entr.out", TORCH_FN(unary_float_out<TPURT_EW_ENTR>));
+  m.impl("sinc.out", TORCH_FN(unary_float_out<TPURT_EW_SINC>));
+  m.impl("polygamma.out", TORCH_FN(k_polygamma_out));
+  m.impl("special_zeta.out", TORCH_FN(binary_float_out<TPURT_EW_ZETA>));
+  m.impl("special_xlog1py.out", TORCH_FN(binary_float_out<TPURT_EW_XLOG1PY>));
+  m.impl("igamma.out", TORCH_FN(binary_float_only_out<TPURT_EW_IGAMMA>));
+  m.impl("igammac.out", TORCH_FN(binary_float_only_out<TPURT_EW_IGAMMAC>));
+  m.impl("logaddexp.out", TORCH_FN(binary_float_only_out<TPURT_EW_LOGADDEXP>));
+  m.impl("logaddexp2.out", TORCH_FN(binary_float_only_out<TPURT_EW_LOGADDEXP2>));
+  m.impl("special_chebyshev_polynomial_t.out", TORCH_FN(binary_float_out<TPURT_EW_CHEBYSHEV_T>));
+  m.impl("special_chebyshev_polynomial_u.out", TORCH_FN(binary_float_out<TPURT_EW_CHEBYSHEV_U>));
+  m.impl("special_chebyshev_polynomial_v.out", TORCH_FN(binary_float_out<TPURT_EW_CHEBYSHEV_V>));
+  m.impl("special_chebyshev_polynomial_w.out", TORCH_FN(binary_float_out<TPURT_EW_CHEBYSHEV_W>));
+  m.impl("special_shifted_chebyshev_polynomial_t.out", TORCH_FN(binary_float_out<TPURT_EW_SHIFTED_CHEBYSHEV_T>));
+  m.impl("special_shifted_chebyshev_polynomial_u.out", TORCH_FN(binary_float_out<TPURT_EW_SHIFTED_CHEBYSHEV_U>));
+  m.impl("special_shifted_chebyshev_polynomial_v.out", TORCH_FN(binary_float_out<TPURT_EW_SHIFTED_CHEBYSHEV_V>));
+  m.impl("special_shifted_chebyshev_polynomial_w.out", TORCH_FN(binary_float_out<TPURT_EW_SHIFTED_CHEBYSHEV_W>));
+  m.impl("special_hermite_polynomial_h.out", TORCH_FN(binary_float_out<TPURT_EW_HERMITE_H>));
+  m.impl("special_hermite_polynomial_he.out", TORCH_FN(binary_float_out<TPURT_EW_HERMITE_HE>));
+  m.impl("special_laguerre_polynomial_l.out", TORCH_FN(binary_float_out<TPURT_EW_LAGUERRE_L>));
+  m.impl("special_legendre_polynomial_p.out", TORCH_FN(binary_float_out<TPURT_EW_LEGENDRE_P>));
+  m.impl("heaviside.out", TORCH_FN(k_heaviside_out));
+  m.impl("nextafter.out", TORCH_FN(k_nextafter_out));
+  m.impl("signbit.out", TORCH_FN(k_signbit_out));
+  m.impl("frexp.Tensor_out", TORCH_FN(k_frexp_out));
+  m.impl("rsub.Tensor", TORCH_FN(k_rsub));
+  m.impl("angle", TORCH_FN(k_angle));
+  m.impl("angle.out", TORCH_FN(k_angle_out));
+  m.impl("complex.out", TORCH_FN(k_complex_out));
+  m.impl("polar.out", TORCH_FN(k_polar_out));
+  m.impl("hardshrink.out", TORCH_FN(k_hardshrink_out));
+  m.impl("hardshrink_backward.grad_input", TORCH_FN(k_shrink_backward_out));
+  m.impl("softshrink.out", TORCH_FN(k_softshrink_out));
+  m.impl("softshrink_backward.grad_input", TORCH_FN(k_shrink_backward_out));
+  m.impl("glu.out", TORCH_FN(k_glu_out));
+  m.impl("glu_backward.grad_input", TORCH_FN(k_glu_backward_out));
+  m.impl("glu_backward", TORCH_FN(k_glu_backward));
+  m.impl("_prelu_kernel", TORCH_FN(k_prelu_kernel));
+  m.impl("_prelu_kernel_backward", TORCH_FN(k_prelu_kernel_backward));
+  m.impl("rrelu_with_noise", TORCH_FN(k_rrelu_with_noise));
+  m.impl("rrelu_with_noise.out", TORCH_FN(k_rrelu_with_noise_out));
+  m.impl("rrelu_with_noise_", TORCH_FN(k_rrelu_with_noise_));
 }
 
 }  // namespace torch_tpu

@@ -1,4 +1,4 @@
-// ATen kernels of the tpu backend for matrix products, convolution,
+// ATen kernels of the tpu backend for matrix products,
 // pooling and upsampling. Each kernel checks arguments like PyTorch's CPU
 // backend, allocates outputs and calls the runtime (tpurt_gemm, tpurt_conv2d,
 // tpurt_max_pool2d, ...). matmul, linear, conv1d/conv2d and F.interpolate
@@ -283,131 +283,7 @@ at::Tensor dot(const at::Tensor& a, const at::Tensor& b) {
   return out;
 }
 
-// ------------------------------------------------------------ convolution
-
-struct ConvGeom {
-  bool one_d;
-  tpurt_conv_params p;
-};
-
-// 4-D view of a 3-D (N, C, L) tensor as (N, C, 1, L).
-tpurt_view view4(const at::Tensor& t, bool one_d) {
-  tpurt_view v = view_of(t);
-  if (!one_d) return v;
-  v.sizes[3] = v.sizes[2], v.strides[3] = v.strides[2];
-  v.sizes[2] = 1, v.strides[2] = 0;
-  v.ndim = 4;
-  return v;
-}
-
-ConvGeom conv_geom(const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
-                   c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups) {
-  int64_t sd = input.dim() - 2;
-  TORCH_CHECK_NOT_IMPLEMENTED(sd == 1 || sd == 2, "tpu convolution supports 1-D and 2-D inputs (3-D or 4-D tensors), "
-                              "got a ", input.dim(), "-D input");
-  TORCH_CHECK(weight.dim() == input.dim(), "Expected ", input.dim(), "-dimensional weight for ", input.dim(),
-              "-dimensional input, but got ", weight.dim(), "-dimensional weight of size ", weight.sizes());
-  ConvGeom g;
-  g.one_d = sd == 1;
-  auto at_ = [&](c10::IntArrayRef a, int64_t i, int64_t dflt) {
-    if (a.empty()) return dflt;
-    return a.size() == 1 ? a[0] : a[i];
-  };
-  for (int k = 0; k < 2; k++) {
-    int64_t i = g.one_d ? 0 : k;
-    bool dummy = g.one_d && k == 0;
-    g.p.stride[k] = dummy ? 1 : at_(stride, i, 1);
-    g.p.padding[k] = dummy ? 0 : at_(padding, i, 0);
-    g.p.dilation[k] = dummy ? 1 : at_(dilation, i, 1);
-  }
-  g.p.groups = groups;
-  return g;
-}
-
-at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,
-                                    const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
-                                    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
-                                    c10::IntArrayRef output_padding, int64_t groups) {
-  ConvGeom g = conv_geom(input, weight, stride, padding, dilation, groups);
-  TORCH_CHECK(input.scalar_type() == weight.scalar_type(), "Input type (", input.scalar_type(),
-              ") and weight type (", weight.scalar_type(), ") should be the same");
-  check_tpu(weight, "weight");
-  int64_t sd = input.dim() - 2;
-  std::vector<int64_t> out_sz{input.size(0), 0};
-  if (!transposed) {
-    out_sz[1] = weight.size(0);
-    for (int64_t k = 0; k < sd; k++) {
-      int64_t kk = g.one_d ? 1 : k;
-      int64_t o = (input.size(2 + k) + 2 * g.p.padding[kk] - g.p.dilation[kk] * (weight.size(2 + k) - 1) - 1) /
-                      g.p.stride[kk] + 1;
-      out_sz.push_back(o);
-    }
-  } else {
-    out_sz[1] = weight.size(1) * groups;
-    for (int64_t k = 0; k < sd; k++) {
-      int64_t kk = g.one_d ? 1 : k;
-      int64_t op = output_padding.empty() ? 0 : (output_padding.size() == 1 ? output_padding[0] : output_padding[k]);
-      out_sz.push_back((input.size(2 + k) - 1) * g.p.stride[kk] - 2 * g.p.padding[kk] +
-                       g.p.dilation[kk] * (weight.size(2 + k) - 1) + op + 1);
-    }
-  }
-  at::Tensor out = at::empty(out_sz, input.options());
-  c10::DeviceGuard guard(input.device());
-  tpurt_view y = view4(out, g.one_d), x = view4(input, g.one_d), w = view4(weight, g.one_d);
-  tpurt_view bv;
-  const tpurt_view* bp = nullptr;
-  if (bias && bias->defined()) {
-    check_tpu(*bias, "bias");
-    TORCH_CHECK(bias->scalar_type() == input.scalar_type(), "Input type (", input.scalar_type(), ") and bias type (",
-                bias->scalar_type(), ") should be the same");
-    bv = view_of(*bias);
-    bp = &bv;
-  }
-  auto* s = current_stream(input.device().index());
-  if (!transposed)
-    check(tpurt_conv2d(s, &y, &x, &w, bp, &g.p, effective_precision()), "convolution");
-  else
-    check(tpurt_conv2d_backward_input(s, &y, &x, &w, bp, &g.p, effective_precision()), "conv_transpose");
-  return out;
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(
-    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
-    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef output_padding,
-    int64_t groups, std::array<bool, 3> output_mask) {
-  ConvGeom g = conv_geom(input, weight, stride, padding, dilation, groups);
-  c10::DeviceGuard guard(input.device());
-  auto* s = current_stream(input.device().index());
-  at::Tensor gi, gw, gb;
-  tpurt_view go = view4(grad_output, g.one_d), x = view4(input, g.one_d), w = view4(weight, g.one_d);
-  tpurt_precision prec = effective_precision();
-  if (output_mask[0]) {
-    gi = at::empty(input.sizes(), input.options());
-    tpurt_view v = view4(gi, g.one_d);
-    if (!transposed)
-      check(tpurt_conv2d_backward_input(s, &v, &go, &w, nullptr, &g.p, prec), "convolution_backward");
-    else
-      check(tpurt_conv2d(s, &v, &go, &w, nullptr, &g.p, prec), "convolution_backward");
-  }
-  tpurt_view bv;
-  if (output_mask[2]) {
-    gb = at::empty({grad_output.size(1)}, grad_output.options());
-    bv = view_of(gb);
-  }
-  if (output_mask[1]) {
-    gw = at::empty(weight.sizes(), weight.options());
-    tpurt_view v = view4(gw, g.one_d);
-    if (!transposed) {
-      check(tpurt_conv2d_backward_weight(s, &v, output_mask[2] ? &bv : nullptr, &go, &x, &g.p, prec),
-            "convolution_backward");
-      return {gi, gw, gb};
-    }
-    check(tpurt_conv2d_backward_weight(s, &v, nullptr, &x, &go, &g.p, prec), "convolution_backward");
-  }
-  if (output_mask[2])
-    check(tpurt_conv2d_backward_weight(s, nullptr, &bv, &go, nullptr, nullptr, prec), "convolution_backward");
-  return {gi, gw, gb};
-}
+// Convolution (1-D, 2-D, 3-D, transposed) lives in aten_vision.cpp.
 
 // ---------------------------------------------------------------- pooling
 
@@ -723,8 +599,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("mv", TORCH_FN(mv));
   m.impl("mv.out", TORCH_FN(mv_out));
   m.impl("dot", TORCH_FN(dot));
-  m.impl("convolution_overrideable", TORCH_FN(convolution_overrideable));
-  m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward_overrideable));
   m.impl("max_pool2d_with_indices", TORCH_FN(max_pool2d_with_indices));
   m.impl("max_pool2d_with_indices.out", TORCH_FN(max_pool2d_with_indices_out));
   m.impl("max_pool2d_with_indices_backward", TORCH_FN(max_pool2d_with_indices_backward));

@@ -27,7 +27,7 @@ typedef struct {
   int has0, has1; /* optional outputs / bias present */
   tpurt_view out0, out1; /* fwd: y, bias(in); bwd_in: dx, bias(in); bwd_w: dw, db */
   tpurt_view in0, in1;   /* fwd: x, w; bwd_in: dy, w; bwd_w: dy, x */
-  tpurt_conv_params p;
+  tpurt_conv3d_params p;
   tpurt_precision prec;
 } conv_args;
 
@@ -35,14 +35,16 @@ typedef struct {
 
 static int is_contig4(const tpurt_view *v) {
   int64_t st = 1;
-  for (int k = 3; k >= 0; k--) {
+  for (int k = 4; k >= 0; k--) {
     if (v->sizes[k] != 1 && v->strides[k] != st) return 0;
     st *= v->sizes[k];
   }
   return 1;
 }
 
-static int64_t numel4(const tpurt_view *v) { return v->sizes[0] * v->sizes[1] * v->sizes[2] * v->sizes[3]; }
+static int64_t numel4(const tpurt_view *v) {
+  return v->sizes[0] * v->sizes[1] * v->sizes[2] * v->sizes[3] * v->sizes[4];
+}
 
 typedef struct {
   const tpurt_view *v;
@@ -52,17 +54,18 @@ typedef struct {
   double alpha_unused;
 } xfer_ctx;
 
-/* rows of the view = N*C*H, each W elements */
+/* rows of the view = N*C*D*H, each W elements */
 static void xfer_rows(void *c, int64_t r0, int64_t r1) {
   xfer_ctx *x = c;
   const tpurt_view *v = x->v;
-  int64_t C = v->sizes[1], H = v->sizes[2], W = v->sizes[3];
+  int64_t C = v->sizes[1], D = v->sizes[2], H = v->sizes[3], W = v->sizes[4];
   size_t es = tpurt_dtype_size(v->dtype);
   char *base = hv(v->ptr);
   for (int64_t r = r0; r < r1; r++) {
-    int64_t n = r / (C * H), ch = (r / H) % C, h = r % H;
-    char *row = base + (ptrdiff_t)((n * v->strides[0] + ch * v->strides[1] + h * v->strides[2]) * (int64_t)es);
-    int64_t ws = v->strides[3];
+    int64_t n = r / (C * D * H), ch = (r / (D * H)) % C, dd = (r / H) % D, h = r % H;
+    char *row = base + (ptrdiff_t)((n * v->strides[0] + ch * v->strides[1] + dd * v->strides[2] +
+                                    h * v->strides[3]) * (int64_t)es);
+    int64_t ws = v->strides[4];
     if (x->f64) {
       double *d = (double *)x->dst + r * W;
       if (!x->store)
@@ -98,8 +101,8 @@ static void xfer_rows(void *c, int64_t r0, int64_t r1) {
 
 static void xfer(const tpurt_view *v, void *buf, int f64, int store) {
   xfer_ctx x = {v, buf, f64, store, 0};
-  int64_t rows = v->sizes[0] * v->sizes[1] * v->sizes[2];
-  int64_t W = v->sizes[3] ? v->sizes[3] : 1;
+  int64_t rows = v->sizes[0] * v->sizes[1] * v->sizes[2] * v->sizes[3];
+  int64_t W = v->sizes[4] ? v->sizes[4] : 1;
   tpurt_parallel_for(rows, (1 << 14) / W + 1, xfer_rows, &x);
 }
 
@@ -136,24 +139,27 @@ static void gemm_rt(int f64, int ta, int tb, int64_t M, int64_t N, int64_t K, co
 typedef struct {
   const void *img; /* [C, H, W] of the first image */
   void *col;
-  int64_t C, H, W, Ho, Wo, kh, kw;
-  const tpurt_conv_params *p;
+  int64_t C, D, H, W, Do, Ho, Wo, kd, kh, kw;
+  const tpurt_conv3d_params *p;
   int f64;
   int64_t nb, img_stride, ld; /* images, elements between images, col row length */
 } i2c_ctx;
 
 #define IM2COL_BODY(T)                                                                                   \
   do {                                                                                                   \
-    int64_t kk = x->kh * x->kw;                                                                          \
+    int64_t kk = x->kd * x->kh * x->kw;                                                                  \
     for (int64_t u = u0; u < u1; u++) {                                                                  \
       int64_t r = u / x->nb, n = u % x->nb;                                                              \
-      int64_t c = r / kk, ki = (r / x->kw) % x->kh, kj = r % x->kw;                                     \
-      const T *plane = (const T *)x->img + n * x->img_stride + c * x->H * x->W;                          \
-      T *dst = (T *)x->col + r * x->ld + n * x->Ho * x->Wo;                                              \
+      int64_t c = r / kk, kz = (r / (x->kw * x->kh)) % x->kd, ki = (r / x->kw) % x->kh, kj = r % x->kw; \
+      const T *vol = (const T *)x->img + n * x->img_stride + c * x->D * x->H * x->W;                     \
+      T *dst = (T *)x->col + r * x->ld + n * x->Do * x->Ho * x->Wo;                                      \
+      for (int64_t oz = 0; oz < x->Do; oz++)                                                             \
       for (int64_t oh = 0; oh < x->Ho; oh++) {                                                           \
+        int64_t iz = oz * sz - pz + kz * dz;                                                             \
         int64_t ih = oh * sh - ph + ki * dh;                                                             \
-        T *d = dst + oh * x->Wo;                                                                         \
-        if (ih < 0 || ih >= x->H) {                                                                      \
+        const T *plane = vol + iz * x->H * x->W;                                                         \
+        T *d = dst + (oz * x->Ho + oh) * x->Wo;                                                          \
+        if (ih < 0 || ih >= x->H || iz < 0 || iz >= x->D) {                                              \
           memset(d, 0, sizeof(T) * (size_t)x->Wo);                                                      \
           continue;                                                                                      \
         }                                                                                                \
@@ -176,8 +182,9 @@ typedef struct {
 
 static void im2col_rows(void *c, int64_t u0, int64_t u1) {
   i2c_ctx *x = c;
-  int64_t sh = x->p->stride[0], sw = x->p->stride[1], ph = x->p->padding[0], pw = x->p->padding[1];
-  int64_t dh = x->p->dilation[0], dw = x->p->dilation[1];
+  int64_t sz = x->p->stride[0], pz = x->p->padding[0], dz = x->p->dilation[0];
+  int64_t sh = x->p->stride[1], sw = x->p->stride[2], ph = x->p->padding[1], pw = x->p->padding[2];
+  int64_t dh = x->p->dilation[1], dw = x->p->dilation[2];
   if (x->f64)
     IM2COL_BODY(double);
   else
@@ -186,19 +193,23 @@ static void im2col_rows(void *c, int64_t u0, int64_t u1) {
 
 #define COL2IM_BODY(T)                                                                                   \
   do {                                                                                                   \
-    int64_t kk = x->kh * x->kw;                                                                          \
+    int64_t kk = x->kd * x->kh * x->kw;                                                                  \
     for (int64_t u = u0; u < u1; u++) {                                                                  \
       int64_t n = u / x->C, c = u % x->C;                                                                \
-      T *plane = (T *)x->img + n * x->img_stride + c * x->H * x->W;                                      \
-      memset(plane, 0, sizeof(T) * (size_t)(x->H * x->W));                                              \
+      T *vol = (T *)x->img + n * x->img_stride + c * x->D * x->H * x->W;                                 \
+      memset(vol, 0, sizeof(T) * (size_t)(x->D * x->H * x->W));                                          \
+      for (int64_t kz = 0; kz < x->kd; kz++)                                                             \
       for (int64_t ki = 0; ki < x->kh; ki++)                                                             \
         for (int64_t kj = 0; kj < x->kw; kj++) {                                                         \
-          const T *src = (const T *)x->col + (c * kk + ki * x->kw + kj) * x->ld + n * x->Ho * x->Wo;     \
+          const T *src = (const T *)x->col + (c * kk + (kz * x->kh + ki) * x->kw + kj) * x->ld +         \
+                         n * x->Do * x->Ho * x->Wo;                                                      \
+          for (int64_t oz = 0; oz < x->Do; oz++)                                                         \
           for (int64_t oh = 0; oh < x->Ho; oh++) {                                                       \
+            int64_t iz = oz * sz - pz + kz * dz;                                                         \
             int64_t ih = oh * sh - ph + ki * dh;                                                         \
-            if (ih < 0 || ih >= x->H) continue;                                                          \
-            T *drow = plane + ih * x->W;                                                                 \
-            const T *sr = src + oh * x->Wo;                                                              \
+            if (ih < 0 || ih >= x->H || iz < 0 || iz >= x->D) continue;                                  \
+            T *drow = vol + (iz * x->H + ih) * x->W;                                                     \
+            const T *sr = src + (oz * x->Ho + oh) * x->Wo;                                               \
             int64_t off = kj * dw - pw;                                                                  \
             for (int64_t ow = 0; ow < x->Wo; ow++) {                                                     \
               int64_t iw = ow * sw + off;                                                                \
@@ -211,8 +222,9 @@ static void im2col_rows(void *c, int64_t u0, int64_t u1) {
 
 static void col2im_chans(void *c, int64_t u0, int64_t u1) {
   i2c_ctx *x = c;
-  int64_t sh = x->p->stride[0], sw = x->p->stride[1], ph = x->p->padding[0], pw = x->p->padding[1];
-  int64_t dh = x->p->dilation[0], dw = x->p->dilation[1];
+  int64_t sz = x->p->stride[0], pz = x->p->padding[0], dz = x->p->dilation[0];
+  int64_t sh = x->p->stride[1], sw = x->p->stride[2], ph = x->p->padding[1], pw = x->p->padding[2];
+  int64_t dh = x->p->dilation[1], dw = x->p->dilation[2];
   if (x->f64)
     COL2IM_BODY(double);
   else
@@ -233,7 +245,7 @@ static void gather_cl(char *dst, const char *src, int64_t C, int64_t L, int64_t 
 static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
   conv_args *a = pa;
   tpurt__gemm_lib_init();
-  const tpurt_conv_params *p = &a->p;
+  const tpurt_conv3d_params *p = &a->p;
   int f64 = a->in0.dtype == TPURT_F64;
   size_t es = f64 ? 8 : 4;
   tpurt_precision prec = (!f64 && a->in0.dtype == TPURT_F32) ? a->prec : TPURT_PRECISION_HIGHEST;
@@ -242,13 +254,13 @@ static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
   if (a->kind == CONV_FWD) xv = &a->in0, wv = &a->in1, yv = &a->out0;
   else if (a->kind == CONV_BWD_IN) xv = &a->out0, wv = &a->in1, yv = &a->in0;
   else xv = &a->in1, wv = &a->out0, yv = &a->in0;
-  int64_t N = xv->sizes[0], Ci = xv->sizes[1], H = xv->sizes[2], W = xv->sizes[3];
-  int64_t Co = yv->sizes[1], Ho = yv->sizes[2], Wo = yv->sizes[3];
-  int64_t kh = wv->sizes[2], kw = wv->sizes[3], G = p->groups;
-  int64_t Cig = Ci / G, Cog = Co / G, kk = kh * kw, L = Ho * Wo, HW = H * W, Kd = Cig * kk;
-  int one = kk == 1 && p->stride[0] == 1 && p->stride[1] == 1 && p->padding[0] == 0 && p->padding[1] == 0 &&
-            Ho == H && Wo == W;
-  i2c_ctx ic = {NULL, NULL, Cig, H, W, Ho, Wo, kh, kw, p, f64, 1, Ci * HW, L};
+  int64_t N = xv->sizes[0], Ci = xv->sizes[1], D = xv->sizes[2], H = xv->sizes[3], W = xv->sizes[4];
+  int64_t Co = yv->sizes[1], Do = yv->sizes[2], Ho = yv->sizes[3], Wo = yv->sizes[4];
+  int64_t kd = wv->sizes[2], kh = wv->sizes[3], kw = wv->sizes[4], G = p->groups;
+  int64_t Cig = Ci / G, Cog = Co / G, kk = kd * kh * kw, L = Do * Ho * Wo, HW = D * H * W, Kd = Cig * kk;
+  int one = kk == 1 && p->stride[0] == 1 && p->stride[1] == 1 && p->stride[2] == 1 && p->padding[0] == 0 &&
+            p->padding[1] == 0 && p->padding[2] == 0 && Do == D && Ho == H && Wo == W;
+  i2c_ctx ic = {NULL, NULL, Cig, D, H, W, Do, Ho, Wo, kd, kh, kw, p, f64, 1, Ci * HW, L};
 
   if (a->kind == CONV_FWD) {
     const char *x = load4(&a->in0, 0, f64);
@@ -414,9 +426,9 @@ static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
 static int is_float(tpurt_dtype d) { return d == TPURT_F32 || d == TPURT_F64 || d == TPURT_F16 || d == TPURT_BF16; }
 
 static tpurt_status check_geom(const char *op, const tpurt_view *x, const tpurt_view *w, const tpurt_view *y,
-                               const tpurt_conv_params *p) {
+                               const tpurt_conv3d_params *p) {
   if (!p) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: params is NULL", op);
-  for (int k = 0; k < 2; k++)
+  for (int k = 0; k < 3; k++)
     if (p->stride[k] < 1 || p->dilation[k] < 1 || p->padding[k] < 0)
       return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
                         "%s: stride and dilation must be positive and padding non-negative", op);
@@ -427,10 +439,11 @@ static tpurt_status check_geom(const char *op, const tpurt_view *x, const tpurt_
                       " out) must be divisible by groups (%" PRId64 ")", op, Ci, Co, p->groups);
   if (w->sizes[1] * p->groups != Ci)
     return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
-                      "%s: weight of size [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "] expects %" PRId64
-                      " input channels, got %" PRId64, op, w->sizes[0], w->sizes[1], w->sizes[2], w->sizes[3],
+                      "%s: weight of size [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
+                      "] expects %" PRId64 " input channels, got %" PRId64, op, w->sizes[0], w->sizes[1],
+                      w->sizes[2], w->sizes[3], w->sizes[4],
                       w->sizes[1] * p->groups, Ci);
-  for (int k = 0; k < 2; k++) {
+  for (int k = 0; k < 3; k++) {
     int64_t in = x->sizes[2 + k], kern = w->sizes[2 + k];
     int64_t eff = p->dilation[k] * (kern - 1) + 1;
     int64_t o = in + 2 * p->padding[k] - eff;
@@ -438,7 +451,9 @@ static tpurt_status check_geom(const char *op, const tpurt_view *x, const tpurt_
     if (o < 1 && N > 0)
       return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: kernel size (%" PRId64 ") larger than padded input (%" PRId64
                         ")", op, eff, in + 2 * p->padding[k]);
-    if (y->sizes[2 + k] != (o < 0 ? 0 : o))
+    /* smaller outputs are allowed: a transposed convolution with
+     * output_padding >= stride has input rows no window reaches */
+    if (y->sizes[2 + k] > (o < 0 ? 0 : o))
       return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: output size %" PRId64 " does not match %" PRId64
                         " in spatial dimension %d", op, y->sizes[2 + k], o, k);
   }
@@ -472,13 +487,13 @@ static tpurt_status check_bias(const tpurt_view *b, int64_t n, const char *op) {
   return TPURT_OK;
 }
 
-tpurt_status tpurt_conv2d(tpurt_stream *s, const tpurt_view *y, const tpurt_view *x, const tpurt_view *w,
-                          const tpurt_view *bias, const tpurt_conv_params *p, tpurt_precision precision) {
+tpurt_status tpurt_conv3d(tpurt_stream *s, const tpurt_view *y, const tpurt_view *x, const tpurt_view *w,
+                          const tpurt_view *bias, const tpurt_conv3d_params *p, tpurt_precision precision) {
   TPURT__INIT_OR_RETURN();
   tpurt_status st;
-  const char *op = "conv2d";
-  if ((st = tpurt__check_kernel_view(y, 4, op, "output")) || (st = tpurt__check_kernel_view(x, 4, op, "input")) ||
-      (st = tpurt__check_kernel_view(w, 4, op, "weight")))
+  const char *op = "conv3d";
+  if ((st = tpurt__check_kernel_view(y, 5, op, "output")) || (st = tpurt__check_kernel_view(x, 5, op, "input")) ||
+      (st = tpurt__check_kernel_view(w, 5, op, "weight")))
     return st;
   if (bias && (st = check_bias(bias, w->sizes[0], op))) return st;
   conv_args a;
@@ -498,14 +513,14 @@ tpurt_status tpurt_conv2d(tpurt_stream *s, const tpurt_view *y, const tpurt_view
   return launch_conv(s, &a, op, x, w, y);
 }
 
-tpurt_status tpurt_conv2d_backward_input(tpurt_stream *s, const tpurt_view *dx, const tpurt_view *dy,
-                                         const tpurt_view *w, const tpurt_view *bias, const tpurt_conv_params *p,
+tpurt_status tpurt_conv3d_backward_input(tpurt_stream *s, const tpurt_view *dx, const tpurt_view *dy,
+                                         const tpurt_view *w, const tpurt_view *bias, const tpurt_conv3d_params *p,
                                          tpurt_precision precision) {
   TPURT__INIT_OR_RETURN();
   tpurt_status st;
-  const char *op = "conv2d_backward_input";
-  if ((st = tpurt__check_kernel_view(dx, 4, op, "grad_input")) ||
-      (st = tpurt__check_kernel_view(dy, 4, op, "grad_output")) || (st = tpurt__check_kernel_view(w, 4, op, "weight")))
+  const char *op = "conv3d_backward_input";
+  if ((st = tpurt__check_kernel_view(dx, 5, op, "grad_input")) ||
+      (st = tpurt__check_kernel_view(dy, 5, op, "grad_output")) || (st = tpurt__check_kernel_view(w, 5, op, "weight")))
     return st;
   if (bias && (st = check_bias(bias, dx->sizes[1], op))) return st;
   if (!p) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: params is NULL", op);
@@ -522,13 +537,13 @@ tpurt_status tpurt_conv2d_backward_input(tpurt_stream *s, const tpurt_view *dx, 
   return launch_conv(s, &a, op, dx, w, dy);
 }
 
-tpurt_status tpurt_conv2d_backward_weight(tpurt_stream *s, const tpurt_view *dw, const tpurt_view *db,
-                                          const tpurt_view *dy, const tpurt_view *x, const tpurt_conv_params *p,
+tpurt_status tpurt_conv3d_backward_weight(tpurt_stream *s, const tpurt_view *dw, const tpurt_view *db,
+                                          const tpurt_view *dy, const tpurt_view *x, const tpurt_conv3d_params *p,
                                           tpurt_precision precision) {
   TPURT__INIT_OR_RETURN();
   tpurt_status st;
-  const char *op = "conv2d_backward_weight";
-  if ((st = tpurt__check_kernel_view(dy, 4, op, "grad_output"))) return st;
+  const char *op = "conv3d_backward_weight";
+  if ((st = tpurt__check_kernel_view(dy, 5, op, "grad_output"))) return st;
   if (!dw && !db) return TPURT_OK;
   if (db && (st = check_bias(db, dy->sizes[1], op))) return st;
   conv_args a;
@@ -543,12 +558,12 @@ tpurt_status tpurt_conv2d_backward_weight(tpurt_stream *s, const tpurt_view *dw,
     a.p.groups = 1;
     a.in1 = *dy;
     a.out0 = *dy;
-    a.out0.sizes[2] = a.out0.sizes[3] = 1; /* 1x1 weight geometry, unused */
+    a.out0.sizes[2] = a.out0.sizes[3] = a.out0.sizes[4] = 1; /* 1x1 weight geometry, unused */
     a.out0.sizes[0] = dy->sizes[1];
     if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(dy->ptr)))) return st;
     return tpurt_launch(s, op, k_conv, &a, sizeof a);
   }
-  if ((st = tpurt__check_kernel_view(dw, 4, op, "grad_weight")) || (st = tpurt__check_kernel_view(x, 4, op, "input")))
+  if ((st = tpurt__check_kernel_view(dw, 5, op, "grad_weight")) || (st = tpurt__check_kernel_view(x, 5, op, "input")))
     return st;
   if (!p) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: params is NULL", op);
   a.has0 = 1;
@@ -557,4 +572,63 @@ tpurt_status tpurt_conv2d_backward_weight(tpurt_stream *s, const tpurt_view *dw,
   a.p = *p;
   if (tpurt__view_numel(dw) == 0 && !db) return check_geom(op, x, dw, dy, p);
   return launch_conv(s, &a, op, x, dw, dy);
+}
+
+/* ------------------------------------------- 2-D entry points (D = 1) */
+
+static tpurt_view to5(const tpurt_view *v) {
+  tpurt_view r = *v;
+  if (v->ndim != 4) return r; /* rejected by the 3-D validation */
+  r.ndim = 5;
+  for (int k = 4; k >= 3; k--) r.sizes[k] = v->sizes[k - 1], r.strides[k] = v->strides[k - 1];
+  r.sizes[2] = 1, r.strides[2] = 0;
+  return r;
+}
+static tpurt_conv3d_params p3(const tpurt_conv_params *p) {
+  tpurt_conv3d_params q = {{1, p->stride[0], p->stride[1]}, {0, p->padding[0], p->padding[1]},
+                           {1, p->dilation[0], p->dilation[1]}, p->groups};
+  return q;
+}
+static tpurt_status chk4(const tpurt_view *v, const char *op, const char *what) {
+  return v ? tpurt__check_kernel_view(v, 4, op, what) : TPURT_OK;
+}
+
+tpurt_status tpurt_conv2d(tpurt_stream *s, const tpurt_view *y, const tpurt_view *x, const tpurt_view *w,
+                          const tpurt_view *bias, const tpurt_conv_params *p, tpurt_precision precision) {
+  TPURT__INIT_OR_RETURN();
+  tpurt_status st;
+  if ((st = chk4(y, "conv2d", "output")) || (st = chk4(x, "conv2d", "input")) || (st = chk4(w, "conv2d", "weight")))
+    return st;
+  if (!p) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "conv2d: params is NULL");
+  tpurt_view y5 = to5(y), x5 = to5(x), w5 = to5(w);
+  tpurt_conv3d_params q = p3(p);
+  return tpurt_conv3d(s, &y5, &x5, &w5, bias, &q, precision);
+}
+
+tpurt_status tpurt_conv2d_backward_input(tpurt_stream *s, const tpurt_view *dx, const tpurt_view *dy,
+                                         const tpurt_view *w, const tpurt_view *bias, const tpurt_conv_params *p,
+                                         tpurt_precision precision) {
+  TPURT__INIT_OR_RETURN();
+  tpurt_status st;
+  const char *op = "conv2d_backward_input";
+  if ((st = chk4(dx, op, "grad_input")) || (st = chk4(dy, op, "grad_output")) || (st = chk4(w, op, "weight")))
+    return st;
+  if (!p) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: params is NULL", op);
+  tpurt_view a = to5(dx), b = to5(dy), c = to5(w);
+  tpurt_conv3d_params q = p3(p);
+  return tpurt_conv3d_backward_input(s, &a, &b, &c, bias, &q, precision);
+}
+
+tpurt_status tpurt_conv2d_backward_weight(tpurt_stream *s, const tpurt_view *dw, const tpurt_view *db,
+                                          const tpurt_view *dy, const tpurt_view *x, const tpurt_conv_params *p,
+                                          tpurt_precision precision) {
+  TPURT__INIT_OR_RETURN();
+  tpurt_status st;
+  const char *op = "conv2d_backward_weight";
+  if ((st = chk4(dy, op, "grad_output"))) return st;
+  if (dw && ((st = chk4(dw, op, "grad_weight")) || (st = chk4(x, op, "input")))) return st;
+  if (dw && !p) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: params is NULL", op);
+  tpurt_view a = dw ? to5(dw) : (tpurt_view){0}, b = to5(dy), c = x ? to5(x) : (tpurt_view){0};
+  tpurt_conv3d_params q = p ? p3(p) : (tpurt_conv3d_params){{1, 1, 1}, {0, 0, 0}, {1, 1, 1}, 1};
+  return tpurt_conv3d_backward_weight(s, dw ? &a : NULL, db, &b, x ? &c : NULL, p ? &q : NULL, precision);
 }

@@ -162,6 +162,55 @@ static const ew_opinfo k_ops[TPURT_EW_NUM_OPS] = {
     [TPURT_EW_LERP] = {"lerp", 3, K_F | K_C},
     [TPURT_EW_ADDCMUL] = {"addcmul", 3, K_ALL},
     [TPURT_EW_ADDCDIV] = {"addcdiv", 3, K_F | K_C},
+    [TPURT_EW_I0] = {"i0", 1, K_F},
+    [TPURT_EW_I0E] = {"special_i0e", 1, K_F},
+    [TPURT_EW_I1] = {"special_i1", 1, K_F},
+    [TPURT_EW_I1E] = {"special_i1e", 1, K_F},
+    [TPURT_EW_BESSEL_J0] = {"special_bessel_j0", 1, K_F},
+    [TPURT_EW_BESSEL_J1] = {"special_bessel_j1", 1, K_F},
+    [TPURT_EW_BESSEL_Y0] = {"special_bessel_y0", 1, K_F},
+    [TPURT_EW_BESSEL_Y1] = {"special_bessel_y1", 1, K_F},
+    [TPURT_EW_BESSEL_K0] = {"special_modified_bessel_k0", 1, K_F},
+    [TPURT_EW_BESSEL_K1] = {"special_modified_bessel_k1", 1, K_F},
+    [TPURT_EW_BESSEL_K0E] = {"special_scaled_modified_bessel_k0", 1, K_F},
+    [TPURT_EW_BESSEL_K1E] = {"special_scaled_modified_bessel_k1", 1, K_F},
+    [TPURT_EW_SPHERICAL_BESSEL_J0] = {"special_spherical_bessel_j0", 1, K_F},
+    [TPURT_EW_AIRY_AI] = {"special_airy_ai", 1, K_F},
+    [TPURT_EW_POLYGAMMA] = {"polygamma", 1, K_F},
+    [TPURT_EW_NDTRI] = {"special_ndtri", 1, K_F},
+    [TPURT_EW_LOG_NDTR] = {"special_log_ndtr", 1, K_F},
+    [TPURT_EW_ERFCX] = {"special_erfcx", 1, K_F},
+    [TPURT_EW_ENTR] = {"special_entr", 1, K_F},
+    [TPURT_EW_SINC] = {"sinc", 1, K_F},
+    [TPURT_EW_SIGNBIT] = {"signbit", 1, K_F | K_I},
+    [TPURT_EW_HARDSHRINK] = {"hardshrink", 1, K_F},
+    [TPURT_EW_SOFTSHRINK] = {"softshrink", 1, K_F},
+    [TPURT_EW_ANGLE] = {"angle", 1, K_F | K_C},
+    [TPURT_EW_FREXP_MANTISSA] = {"frexp_mantissa", 1, K_F},
+    [TPURT_EW_FREXP_EXPONENT] = {"frexp_exponent", 1, K_F},
+    [TPURT_EW_ZETA] = {"special_zeta", 2, K_F},
+    [TPURT_EW_IGAMMA] = {"igamma", 2, K_F},
+    [TPURT_EW_IGAMMAC] = {"igammac", 2, K_F},
+    [TPURT_EW_XLOG1PY] = {"special_xlog1py", 2, K_F},
+    [TPURT_EW_LOGADDEXP] = {"logaddexp", 2, K_F},
+    [TPURT_EW_LOGADDEXP2] = {"logaddexp2", 2, K_F},
+    [TPURT_EW_HEAVISIDE] = {"heaviside", 2, K_F | K_I},
+    [TPURT_EW_NEXTAFTER] = {"nextafter", 2, K_F},
+    [TPURT_EW_CHEBYSHEV_T] = {"special_chebyshev_polynomial_t", 2, K_F},
+    [TPURT_EW_CHEBYSHEV_U] = {"special_chebyshev_polynomial_u", 2, K_F},
+    [TPURT_EW_CHEBYSHEV_V] = {"special_chebyshev_polynomial_v", 2, K_F},
+    [TPURT_EW_CHEBYSHEV_W] = {"special_chebyshev_polynomial_w", 2, K_F},
+    [TPURT_EW_SHIFTED_CHEBYSHEV_T] = {"special_shifted_chebyshev_polynomial_t", 2, K_F},
+    [TPURT_EW_SHIFTED_CHEBYSHEV_U] = {"special_shifted_chebyshev_polynomial_u", 2, K_F},
+    [TPURT_EW_SHIFTED_CHEBYSHEV_V] = {"special_shifted_chebyshev_polynomial_v", 2, K_F},
+    [TPURT_EW_SHIFTED_CHEBYSHEV_W] = {"special_shifted_chebyshev_polynomial_w", 2, K_F},
+    [TPURT_EW_HERMITE_H] = {"special_hermite_polynomial_h", 2, K_F},
+    [TPURT_EW_HERMITE_HE] = {"special_hermite_polynomial_he", 2, K_F},
+    [TPURT_EW_LAGUERRE_L] = {"special_laguerre_polynomial_l", 2, K_F},
+    [TPURT_EW_LEGENDRE_P] = {"special_legendre_polynomial_p", 2, K_F},
+    [TPURT_EW_SHRINK_BACKWARD] = {"shrink_backward", 2, K_F},
+    [TPURT_EW_COMPLEX] = {"complex", 2, K_C},
+    [TPURT_EW_POLAR] = {"polar", 2, K_C},
 };
 
 const char *tpurt_ew_op_name(tpurt_ew_op op) {
@@ -234,6 +283,8 @@ static double ew_erfinv(double y) {
   }
   return x;
 }
+
+#include "ew_special.h"
 
 /* Vectorizable float exp: 2^n * e^r with |r| <= ln2/2, degree-6 polynomial,
  * scale applied in two halves so results down to the subnormals are right. */
@@ -462,6 +513,8 @@ static int exec_i64(const tpurt_ew_inst *I, int64_t *restrict d, const int64_t *
     case TPURT_EW_LSHIFT: B((y < 0 || y >= 64) ? 0 : (T)((uint64_t)x << y));
     case TPURT_EW_RSHIFT: B((y < 0 || y >= 64) ? (x >> 63) : (x >> y));
     case TPURT_EW_THRESHOLD_BACKWARD: B(y <= p0 ? p1 : x);
+    case TPURT_EW_SIGNBIT: U((T)(x < 0));
+    case TPURT_EW_HEAVISIDE: B(x == 0 ? y : (T)(x > 0));
     case TPURT_EW_WHERE: TR(x != 0 ? y : z);
     case TPURT_EW_CLAMP: TR((x >= y ? x : y) <= z ? (x >= y ? x : y) : z);
     case TPURT_EW_ADDCMUL: TR(wrap_add(x, wrap_mul(wrap_mul(p0, y), z)));

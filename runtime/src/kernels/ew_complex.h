@@ -73,6 +73,9 @@ static void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict
     case TPURT_EW_LERP: TR(x + z * (y - x));
     case TPURT_EW_ADDCMUL: TR(x + p0 * y * z);
     case TPURT_EW_ADDCDIV: TR(x + p0 * y / z);
+    case TPURT_EW_ANGLE: U((T)EW_CR(carg)(x));
+    case TPURT_EW_COMPLEX: B(RE(x) + RE(y) * (T)I_UNIT);
+    case TPURT_EW_POLAR: B(RE(x) * EW_CR(cos)(RE(y)) + RE(x) * EW_CR(sin)(RE(y)) * (T)I_UNIT);
     default: break;
   }
 #undef U

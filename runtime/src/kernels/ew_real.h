@@ -266,6 +266,108 @@ static void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict
     case TPURT_EW_LERP: TR(EW_M(fabs)(z) < (T)0.5 ? x + z * (y - x) : y - (y - x) * ((T)1 - z));
     case TPURT_EW_ADDCMUL: TR(x + p0 * y * z);
     case TPURT_EW_ADDCDIV: TR(x + p0 * y / z);
+    /* special functions (evaluated in double) */
+    case TPURT_EW_I0: U((T)ews_bessel_i((double)x, 0, 0));
+    case TPURT_EW_I0E: U((T)ews_bessel_i((double)x, 0, 1));
+    case TPURT_EW_I1: U((T)ews_bessel_i((double)x, 1, 0));
+    case TPURT_EW_I1E: U((T)ews_bessel_i((double)x, 1, 1));
+    /* +-inf give NaN as in PyTorch's CPU kernels */
+    case TPURT_EW_BESSEL_J0: U(EW_M(fabs)(x) == inf ? (T)NAN : (T)j0((double)x));
+    case TPURT_EW_BESSEL_J1: U(EW_M(fabs)(x) == inf ? (T)NAN : (T)j1((double)x));
+    case TPURT_EW_BESSEL_Y0: U((x < 0 || x == inf) ? (T)NAN : (T)y0((double)x));
+    case TPURT_EW_BESSEL_Y1: U((x < 0 || x == inf) ? (T)NAN : (T)y1((double)x));
+    case TPURT_EW_BESSEL_K0: U((T)ews_bessel_k((double)x, 0, 0));
+    case TPURT_EW_BESSEL_K1: U((T)ews_bessel_k((double)x, 1, 0));
+    case TPURT_EW_BESSEL_K0E: U((T)ews_bessel_k((double)x, 0, 1));
+    case TPURT_EW_BESSEL_K1E: U((T)ews_bessel_k((double)x, 1, 1));
+    case TPURT_EW_SPHERICAL_BESSEL_J0: U((T)ews_spherical_j0((double)x));
+    case TPURT_EW_AIRY_AI: U((T)ews_airy_ai((double)x));
+    case TPURT_EW_POLYGAMMA: {
+      int64_t pn = (int64_t)I->p[0];
+      U((T)ews_polygamma(pn, (double)x));
+    }
+    case TPURT_EW_NDTRI: U((T)ews_ndtri((double)x));
+    case TPURT_EW_LOG_NDTR: U((T)ews_log_ndtr((double)x));
+    case TPURT_EW_ERFCX: U((T)ews_erfcx((double)x));
+    case TPURT_EW_ENTR: U((T)ews_entr((double)x));
+    case TPURT_EW_SINC: {
+      const T pi = (T)M_PI;
+      U(x == 0 ? (T)1 : EW_M(sin)(pi * x) / (pi * x));
+    }
+    case TPURT_EW_SIGNBIT: U((T)(signbit(x) != 0));
+    case TPURT_EW_HARDSHRINK: U((x >= -p0 && x <= p0) ? (T)0 : x);
+    case TPURT_EW_SOFTSHRINK: U(x > p0 ? x - p0 : (x < -p0 ? x + p0 : (x != x ? x : (T)0)));
+    case TPURT_EW_ANGLE: U(x != x ? x : (x < 0 ? (T)M_PI : (T)0));
+    case TPURT_EW_FREXP_MANTISSA: {
+      for (int i = 0; i < n; i++) {
+        int e;
+        d[i] = (T)frexp((double)a[i], &e);
+      }
+      break;
+    }
+    case TPURT_EW_FREXP_EXPONENT: {
+      for (int i = 0; i < n; i++) {
+        int e = 0;
+        (void)frexp((double)a[i], &e);
+        d[i] = (T)e;
+      }
+      break;
+    }
+    case TPURT_EW_ZETA: B((T)ews_zeta((double)x, (double)y));
+    case TPURT_EW_IGAMMA: B((T)ews_igamma((double)x, (double)y, 0));
+    case TPURT_EW_IGAMMAC: B((T)ews_igamma((double)x, (double)y, 1));
+    case TPURT_EW_XLOG1PY: B(y != y ? y : (x == 0 ? (T)0 : x * EW_M(log1p)(y)));
+    case TPURT_EW_LOGADDEXP: {
+      for (int i = 0; i < n; i++) {
+        T x = a[i], y = b[i];
+        T m = x >= y ? x : y;
+        if (x != x || y != y) {
+          d[i] = x + y;
+        } else if (EW_M(fabs)(m) == inf && x == y) {
+          d[i] = x;
+        } else {
+          d[i] = m + EW_M(log1p)(EW_M(exp)(-EW_M(fabs)(x - y)));
+        }
+      }
+      break;
+    }
+    case TPURT_EW_LOGADDEXP2: {
+      const T inv_ln2 = (T)1.4426950408889634074;
+      for (int i = 0; i < n; i++) {
+        T x = a[i], y = b[i];
+        T m = x >= y ? x : y;
+        if (x != x || y != y) {
+          d[i] = x + y;
+        } else if (EW_M(fabs)(m) == inf && x == y) {
+          d[i] = x;
+        } else {
+          d[i] = m + EW_M(log1p)(EW_M(exp2)(-EW_M(fabs)(x - y))) * inv_ln2;
+        }
+      }
+      break;
+    }
+    case TPURT_EW_HEAVISIDE: B(x == 0 ? y : (T)(x > 0));
+    case TPURT_EW_NEXTAFTER: {
+      int via = (int)I->p[0];
+      if (via == TPURT_BF16 || via == TPURT_F16) {
+        B((T)ews_nextafter16((float)x, (float)y, via == TPURT_BF16));
+      } else {
+        B(EW_M(nextafter)(x, y));
+      }
+    }
+    case TPURT_EW_CHEBYSHEV_T: B((T)ews_chebyshev((double)x, (double)y, 0));
+    case TPURT_EW_CHEBYSHEV_U: B((T)ews_chebyshev((double)x, (double)y, 1));
+    case TPURT_EW_CHEBYSHEV_V: B((T)ews_chebyshev((double)x, (double)y, 2));
+    case TPURT_EW_CHEBYSHEV_W: B((T)ews_chebyshev((double)x, (double)y, 3));
+    case TPURT_EW_SHIFTED_CHEBYSHEV_T: B((T)ews_chebyshev((double)x + (double)x - 1.0, (double)y, 0));
+    case TPURT_EW_SHIFTED_CHEBYSHEV_U: B((T)ews_chebyshev((double)x + (double)x - 1.0, (double)y, 1));
+    case TPURT_EW_SHIFTED_CHEBYSHEV_V: B((T)ews_chebyshev((double)x + (double)x - 1.0, (double)y, 2));
+    case TPURT_EW_SHIFTED_CHEBYSHEV_W: B((T)ews_chebyshev((double)x + (double)x - 1.0, (double)y, 3));
+    case TPURT_EW_HERMITE_H: B((T)ews_orthopoly((double)x, (double)y, 0));
+    case TPURT_EW_HERMITE_HE: B((T)ews_orthopoly((double)x, (double)y, 1));
+    case TPURT_EW_LAGUERRE_L: B((T)ews_orthopoly((double)x, (double)y, 2));
+    case TPURT_EW_LEGENDRE_P: B((T)ews_orthopoly((double)x, (double)y, 3));
+    case TPURT_EW_SHRINK_BACKWARD: B((y >= -p0 && y <= p0) ? (T)0 : x);
     default: break;
   }
 #undef U
