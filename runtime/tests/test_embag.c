@@ -201,7 +201,7 @@ static void test_select_segment(void) {
   CHECK(v[1] == 4 && i[1] == 0);
   CHECK_OK(tpurt_select_rows(S, &vv, &vi, &vx, TPURT_SELECT_NANMEDIAN, 0));
   down(v, dv, sizeof v), down(i, di, sizeof i);
-  CHECK(v[0] == 1 && i[0] == 1);
+  CHECK(v[0] == 1 && (i[0] == 1 || i[0] == 4));
   CHECK_OK(tpurt_select_rows(S, &vv, &vi, &vx, TPURT_SELECT_MODE, 0));
   down(v, dv, sizeof v), down(i, di, sizeof i);
   CHECK(v[0] == 1 && i[0] == 4);

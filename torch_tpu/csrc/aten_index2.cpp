@@ -420,14 +420,13 @@ void select_dim(const at::Tensor& self, int64_t dim, bool keepdim, tpurt_select_
     if (keepdim) shape[dim] = 1;
     else shape.erase(shape.begin() + dim);
   }
-  TORCH_CHECK_INDEX(n > 0 || self.numel() == 0 || true, op, "(): empty dimension");
   TORCH_CHECK(values.scalar_type() == self.scalar_type(), op, "(): Expected out tensor to have dtype ",
               self.scalar_type(), ", but got ", values.scalar_type(), " instead");
   resize_out(values, shape);
   if (indices) resize_out(*indices, shape);
-  int64_t R = n == 0 ? 0 : self.numel() / n;
-  if (R == 0) return;
+  if (c10::multiply_integers(shape) == 0) return;
   TORCH_CHECK_INDEX(n > 0, op, "(): Expected reduction dim ", dim, " to have non-zero size.");
+  int64_t R = self.numel() / n;
   at::Tensor x = self.dim() == 0 ? self.view({1, 1}) : self.movedim(dim, -1).reshape({R, n});
   at::Tensor v = at::empty({R, 1}, self.options()), i = at::empty({R, 1}, self.options().dtype(at::kLong));
   tpurt_view vv = view_of(v), iv = view_of(i), xv = view_of(x);
