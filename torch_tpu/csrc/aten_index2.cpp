@@ -407,6 +407,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_consecutive(const at::Tens
   return {u.reshape({-1}), inv.view(self.sizes()), cnt};
 }
 
+// sorted distinct values and the inverse map (through _unique2)
+std::tuple<at::Tensor, at::Tensor> unique_legacy(const at::Tensor& self, bool sorted, bool return_inverse) {
+  auto [u, inv, cnt] = at::_unique2(self, sorted, return_inverse, false);
+  return {u, inv};
+}
+
 // =========================================================== order statistics
 
 // values/indices along dim through tpurt_select_rows
@@ -575,7 +581,9 @@ std::vector<std::pair<double, double>> outer_edges(const at::Tensor& in2d, std::
     TORCH_CHECK(static_cast<int64_t>(range->size()) == 2 * D, op, ": for a ", D, "-dimensional histogram, range "
                 "should have ", 2 * D, " elements, but got ", range->size());
     for (int64_t d = 0; d < D; ++d) r[d] = {(*range)[2 * d], (*range)[2 * d + 1]};
-  } else if (in2d.size(0) > 0) {
+  } else if (in2d.size(0) == 0) {
+    for (int64_t d = 0; d < D; ++d) r[d] = {0.0, 1.0};  // no data: the unit range, as CPU
+  } else {
     at::Tensor mn = at::amin(in2d, {0}).to(at::kDouble).cpu(), mx = at::amax(in2d, {0}).to(at::kDouble).cpu();
     for (int64_t d = 0; d < D; ++d) r[d] = {mn[d].item<double>(), mx[d].item<double>()};
   }
@@ -1067,6 +1075,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("nonzero_static", TORCH_FN(nonzero_static));
   m.impl("unique_dim", TORCH_FN(unique_dim));
   m.impl("unique_consecutive", TORCH_FN(unique_consecutive));
+  m.impl("_unique", TORCH_FN(unique_legacy));
   m.impl("kthvalue.values", TORCH_FN(kthvalue_out));
   m.impl("kthvalue", TORCH_FN(kthvalue));
   m.impl("median", TORCH_FN(median_all));
