@@ -1152,6 +1152,74 @@ TPURT_API tpurt_status tpurt_fft(tpurt_stream *s, tpurt_fft_kind kind, const tpu
                                  const tpurt_view *work, int ndims, const int *dims, int forward, double scale);
 /* Number of cached FFT plans (tests). */
 TPURT_API int tpurt_fft_plan_cache_size(void);
+/* ------------------------- embedding bags, search, histograms, order stats
+ * (index branch) */
+typedef enum { TPURT_BAG_SUM = 0, TPURT_BAG_MEAN = 1, TPURT_BAG_MAX = 2 } tpurt_bag_mode;
+/* out [B, D] = per bag reduction of rows of weight [W, D] picked by indices
+ * [N]; bag b is indices[offsets[b] .. offsets[b+1]) (offsets has B entries,
+ * the last bag ending at N, or B + 1). Indices equal to padding_idx (< 0:
+ * none) are skipped. psw [N] (sum only, may be NULL) scales each row.
+ * Optional outputs (int64, may be NULL): offset2bag [N] (bag of each index,
+ * -1 for none), bag_size [B] (rows used), max_idx [B, D] (max: row of the
+ * first maximum, -1 for an empty bag). Empty bags give 0. Bad offsets or
+ * indices fail with TPURT_ERR_INDEX. */
+TPURT_API tpurt_status tpurt_embedding_bag(tpurt_stream *s, const tpurt_view *out, const tpurt_view *offset2bag,
+                                           const tpurt_view *bag_size, const tpurt_view *max_idx,
+                                           const tpurt_view *weight, const tpurt_view *indices,
+                                           const tpurt_view *offsets, const tpurt_view *psw, tpurt_bag_mode mode,
+                                           int64_t padding_idx);
+/* grad_weight [W, D] (overwritten) of tpurt_embedding_bag from grad [B, D]
+ * and the forward's offset2bag / bag_size (mean) or max_idx (max);
+ * scale_by_freq divides by the number of occurrences of each row. */
+TPURT_API tpurt_status tpurt_embedding_bag_backward(tpurt_stream *s, const tpurt_view *grad_weight,
+                                                    const tpurt_view *grad, const tpurt_view *indices,
+                                                    const tpurt_view *offset2bag, const tpurt_view *bag_size,
+                                                    const tpurt_view *max_idx, const tpurt_view *psw,
+                                                    tpurt_bag_mode mode, int64_t padding_idx, int scale_by_freq);
+/* out [N] = dot(grad[offset2bag[i]], weight[indices[i]]) (0 for padding). */
+TPURT_API tpurt_status tpurt_embedding_bag_psw_backward(tpurt_stream *s, const tpurt_view *out,
+                                                        const tpurt_view *grad, const tpurt_view *weight,
+                                                        const tpurt_view *indices, const tpurt_view *offset2bag,
+                                                        int64_t padding_idx);
+/* Every distinct row r of indices: self[r] *= max_norm / (norm + 1e-7)
+ * when its norm_type-norm exceeds max_norm. */
+TPURT_API tpurt_status tpurt_embedding_renorm(tpurt_stream *s, const tpurt_view *self, const tpurt_view *indices,
+                                              double max_norm, double norm_type);
+/* out [R, K] (int64/int32) = insertion points of values [R, K] in the
+ * ascending rows of seq [R or 1, M] (sorter: argsort of seq, may be NULL);
+ * right = 0 first position (lower bound), 1 after equal elements. */
+TPURT_API tpurt_status tpurt_searchsorted(tpurt_stream *s, const tpurt_view *out, const tpurt_view *seq,
+                                          const tpurt_view *values, const tpurt_view *sorter, int right);
+typedef enum { TPURT_HIST_LINEAR = 0,        /* bin by division (histc) */
+               TPURT_HIST_LINEAR_SEARCH = 1, /* division, corrected against the edges */
+               TPURT_HIST_BINARY = 2         /* binary search in the edges */ } tpurt_hist_mode;
+/* hist (D dims, bins[d] = edges[d].size - 1) = counts (or weight [N] sums)
+ * of the samples of input [N, D]; samples outside the outer edges (or NaN)
+ * are skipped, the last bin includes its right edge. D <= 16. */
+TPURT_API tpurt_status tpurt_histogramdd(tpurt_stream *s, const tpurt_view *hist, const tpurt_view *input,
+                                         const tpurt_view *weight, const tpurt_view *edges, int D,
+                                         tpurt_hist_mode mode);
+typedef enum { TPURT_SELECT_KTH = 0, TPURT_SELECT_MEDIAN, TPURT_SELECT_NANMEDIAN, TPURT_SELECT_MODE } tpurt_select_kind;
+/* Per row of in [R, n]: values [R, 1] / indices [R, 1] (int64, may be NULL)
+ * = the k-th smallest (0-based; NaN largest; equal values in index order),
+ * the lower median (NaN if the row has one), the lower median of the
+ * non-NaN values, or the most frequent value (smallest on ties; index of
+ * its last occurrence). */
+TPURT_API tpurt_status tpurt_select_rows(tpurt_stream *s, const tpurt_view *values, const tpurt_view *indices,
+                                         const tpurt_view *in, tpurt_select_kind kind, int64_t k);
+typedef enum { TPURT_SEG_SUM = 0, TPURT_SEG_MEAN, TPURT_SEG_MAX, TPURT_SEG_MIN, TPURT_SEG_PROD } tpurt_segment_op;
+/* out [O, n, I] = reduction of data [O, S, I] over the segments
+ * [offsets[o, j], offsets[o, j+1]) of its middle axis; empty segments give
+ * initial (if has_initial) or the identity (mean: NaN). */
+TPURT_API tpurt_status tpurt_segment_reduce(tpurt_stream *s, const tpurt_view *out, const tpurt_view *data,
+                                            const tpurt_view *offsets, tpurt_segment_op op, int has_initial,
+                                            double initial);
+/* grad_data [O, S, I] from grad / output [O, n, I] (max/min split the
+ * gradient between ties). */
+TPURT_API tpurt_status tpurt_segment_reduce_backward(tpurt_stream *s, const tpurt_view *grad_data,
+                                                     const tpurt_view *grad, const tpurt_view *output,
+                                                     const tpurt_view *data, const tpurt_view *offsets,
+                                                     tpurt_segment_op op, int has_initial, double initial);
 
 #ifdef __cplusplus
 }

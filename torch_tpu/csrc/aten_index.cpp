@@ -447,6 +447,10 @@ at::Tensor& masked_select_out(const at::Tensor& self, const at::Tensor& mask_in,
   at::Tensor mask = on_device(mask_in, self);
   auto shape = at::infer_size(self.sizes(), mask.sizes());
   at::Tensor se = self.expand(shape), me = mask.expand(shape);
+  if (shape.empty()) {  // 0-dim operands: a one-element vector
+    se = se.reshape({1});
+    me = me.reshape({1});
+  }
   c10::List<std::optional<at::Tensor>> idx;
   idx.push_back(me);
   at::Tensor r = index_tensor(se, idx);
