@@ -272,6 +272,13 @@ static void bump_free(bump *b) {
   }
 }
 
+static tpurt_status k_free_bump(void *a, char *err, size_t errlen) {
+  (void)err;
+  (void)errlen;
+  bump_free((bump *)a);
+  return TPURT_OK;
+}
+
 typedef struct dgraph {
   dnode *nodes;
   int n, cap;
@@ -1632,7 +1639,17 @@ tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reaso
   r->cache_hit = hit;
   g_nlog++;
   pthread_mutex_unlock(&g_stat_mu);
-  bump_free(&G->mem);
+  /* the recorded memory (staged host->device data among it) is freed on
+   * the worker, after the kernels that read it */
+  if (G->mem.head) {
+    bump b = G->mem;
+    tpurt__defer_bypass++;
+    if (tpurt__enqueue(s, "free_recorded_graph", k_free_bump, &b, sizeof b, NULL) != TPURT_OK) {
+      tpurt__stream_wait_seq(s, tpurt__stream_enqueued(s));
+      bump_free(&b);
+    }
+    tpurt__defer_bypass--;
+  }
   free(G->nodes);
   free(G->promises);
   free(G);

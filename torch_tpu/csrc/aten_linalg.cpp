@@ -617,7 +617,7 @@ Tensor& cross_out(const Tensor& a, const Tensor& b, int64_t dim, Tensor& out) {
   return out;
 }
 
-// ------------------------------------------------- vdot, addbmm, trace
+// -------------------------------------------- vdot, addbmm (trace: aten_index2.cpp)
 
 Tensor vdot(const Tensor& a, const Tensor& b) {
   TORCH_CHECK(a.dim() == 1 && b.dim() == 1, "1D tensors expected, but got ", a.dim(), "D and ", b.dim(), "D tensors");
@@ -657,11 +657,6 @@ Tensor& addbmm_(Tensor& self, const Tensor& b1, const Tensor& b2, const c10::Sca
   TORCH_CHECK(self.dim() == 2 && self.size(0) == b1.size(1) && self.size(1) == b2.size(2),
               "The input tensor must be a matrix with size ", b1.size(1), "x", b2.size(2));
   return addbmm_out(self, b1, b2, beta, alpha, self);
-}
-
-Tensor trace(const Tensor& self) {
-  TORCH_CHECK(self.dim() == 2, "trace: expected a matrix, but got tensor with dim ", self.dim());
-  return self.diagonal().sum();
 }
 
 }  // namespace
@@ -706,7 +701,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("addbmm", addbmm);
   m.impl("addbmm.out", addbmm_out);
   m.impl("addbmm_", addbmm_);
-  m.impl("trace", trace);
 }
 
 }  // namespace torch_tpu

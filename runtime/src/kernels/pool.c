@@ -14,27 +14,13 @@
 #include <stdlib.h>
 
 #include "gemm_internal.h"
+#include "kcommon.h"
 
 typedef double acc_t;
 
-static inline acc_t ld(tpurt_dtype dt, const char *p) {
-  switch (dt) {
-    case TPURT_F32: return *(const float *)p;
-    case TPURT_F64: return *(const double *)p;
-    case TPURT_BF16: return tpurt__bf16_to_f32(*(const uint16_t *)p);
-    case TPURT_F16: return tpurt__f16_to_f32(*(const uint16_t *)p);
-    default: return 0;
-  }
-}
-static inline void st(tpurt_dtype dt, char *p, acc_t v) {
-  switch (dt) {
-    case TPURT_F32: *(float *)p = (float)v; break;
-    case TPURT_F64: *(double *)p = v; break;
-    case TPURT_BF16: *(uint16_t *)p = tpurt__f32_to_bf16((float)v); break;
-    case TPURT_F16: *(uint16_t *)p = tpurt__f32_to_f16((float)v); break;
-    default: break;
-  }
-}
+/* loads/stores of the float dtypes (kcommon.h) */
+#define ld kc_ld
+#define st kc_st
 
 /* A plane (n, c) of a 4-D view. */
 typedef struct {

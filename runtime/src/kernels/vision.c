@@ -14,25 +14,10 @@
 
 typedef double acc_t;
 
-static inline acc_t ld(tpurt_dtype dt, const char *p) {
-  switch (dt) {
-    case TPURT_F32: return *(const float *)p;
-    case TPURT_F64: return *(const double *)p;
-    case TPURT_BF16: return tpurt__bf16_to_f32(*(const uint16_t *)p);
-    case TPURT_F16: return tpurt__f16_to_f32(*(const uint16_t *)p);
-    default: return 0;
-  }
-}
-static inline void st(tpurt_dtype dt, char *p, acc_t v) {
-  switch (dt) {
-    case TPURT_F32: *(float *)p = (float)v; break;
-    case TPURT_F64: *(double *)p = v; break;
-    case TPURT_BF16: *(uint16_t *)p = tpurt__f32_to_bf16((float)v); break;
-    case TPURT_F16: *(uint16_t *)p = tpurt__f32_to_f16((float)v); break;
-    default: break;
-  }
-}
-static int is_float(tpurt_dtype d) { return d == TPURT_F32 || d == TPURT_F64 || d == TPURT_F16 || d == TPURT_BF16; }
+/* loads/stores of the float dtypes (kcommon.h) */
+#define ld kc_ld
+#define st kc_st
+#define is_float kc_is_float
 
 /* A 5-D view with byte strides. */
 typedef struct {
