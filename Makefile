@@ -1,5 +1,6 @@
 # torch_tpu — build, run and test.
-#   make run        main job (creates .venv, builds everything, runs the demo)
+#   make run        main job (creates .venv, builds everything, trains minGPT on tpu: strict vs DeferAndFuse)
+#   make demo       device tour (examples/demo.py)
 #   make test       all tests CI runs: C tests (release + ASan/UBSan) and pytest
 #   make build      venv + runtime + extension (incremental)
 #   make bench      benchmarks (results printed and appended to BENCHMARKS.md)
@@ -37,9 +38,10 @@ torch_tpu/.built: $(VENV)/.installed $(RUNTIME_SRC) $(GLUE_SRC)
 build: torch_tpu/.built
 
 run: build
-	$(PY) examples/demo.py
+	$(PY) examples/mingpt/train.py --steps 120 --compare
 
-demo: run
+demo: build
+	$(PY) examples/demo.py
 
 build/runtime/.configured: runtime/CMakeLists.txt $(VENV)/.deps
 	cmake -S runtime -B build/runtime -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null

@@ -12,49 +12,7 @@ import torch.nn.functional as F
 
 # ------------------------------------------------------------------ minGPT
 
-
-class GPTBlock(nn.Module):
-    def __init__(self, d: int, heads: int, block: int, dropout: float) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(d)
-        self.ln2 = nn.LayerNorm(d)
-        self.qkv = nn.Linear(d, 3 * d)
-        self.proj = nn.Linear(d, d)
-        self.fc = nn.Linear(d, 4 * d)
-        self.out = nn.Linear(4 * d, d)
-        self.drop = nn.Dropout(dropout)
-        self.register_buffer("mask", torch.tril(torch.ones(block, block, dtype=torch.bool)))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        h = self.ln1(x)
-        q, k, v = self.qkv(h).split(d, dim=2)
-        q = q.view(b, t, self.heads, d // self.heads).transpose(1, 2)
-        k = k.view(b, t, self.heads, d // self.heads).transpose(1, 2)
-        v = v.view(b, t, self.heads, d // self.heads).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d // self.heads))
-        att = att.masked_fill(~self.mask[:t, :t], float("-inf"))
-        att = self.drop(F.softmax(att, dim=-1))
-        y = (att @ v).transpose(1, 2).contiguous().view(b, t, d)
-        x = x + self.drop(self.proj(y))
-        x = x + self.drop(self.out(F.gelu(self.fc(self.ln2(x)))))
-        return x
-
-
-class MinGPT(nn.Module):
-    def __init__(self, vocab: int = 96, d: int = 128, layers: int = 4, heads: int = 4, block: int = 64,
-                 dropout: float = 0.1) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(vocab, d)
-        self.pos = nn.Parameter(torch.zeros(1, block, d))
-        self.blocks = nn.Sequential(*[GPTBlock(d, heads, block, dropout) for _ in range(layers)])
-        self.ln = nn.LayerNorm(d)
-        self.head = nn.Linear(d, vocab, bias=False)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.tok(idx) + self.pos[:, : idx.shape[1]]
-        return self.head(self.ln(self.blocks(x)))
+from examples.mingpt.model import GPTBlock, MinGPT  # noqa: E402,F401  (one definition, shared with the example)
 
 
 # --------------------------------------------------------------- Llama-style
