@@ -1534,6 +1534,11 @@ tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reaso
     reason = (tpurt_flush_reason)t_hint;
     t_hint = -1;
   }
+  if (!__atomic_load_n(&s->dgraph, __ATOMIC_ACQUIRE)) return TPURT_OK; /* nothing recorded on this stream (work recorded meanwhile comes after) */
+  /* the source line is asked for before taking the graph lock: the callback
+   * may wait for Python's GIL, held by a thread that waits to record */
+  tpurt_site_fn sf = atomic_load(&g_site_fn);
+  const char *site = sf ? sf(&reason) : NULL;
   pthread_mutex_lock(&s->dmu);
   dgraph *G = s->dgraph;
   if (graph_empty(G)) {
@@ -1542,8 +1547,6 @@ tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reaso
   }
   s->dgraph = NULL; /* new recordings start a new graph (after this one) */
   atomic_fetch_sub(&g_pending_graphs, 1);
-  tpurt_site_fn sf = atomic_load(&g_site_fn);
-  const char *site = sf ? sf(&reason) : NULL;
   /* loop detection: a graph cut by the size cap whose ops repeat with period
    * P makes later graphs k*P ops long, so every one has the same structure */
   if (reason == TPURT_FLUSH_SIZE_CAP) {
