@@ -24,10 +24,6 @@ namespace {
 c10::DeviceIndex didx(const at::Tensor& t) { return t.device().index(); }
 tpurt_stream* stream_of(const at::Tensor& t) { return current_stream(didx(t)); }
 
-void check_tpu(const at::Tensor& t, const char* op, const char* what) {
-  TORCH_CHECK(t.device().type() == kTpu, op, ": expected ", what, " on a tpu device, got ", t.device());
-}
-
 // index tensors may come from the host: move them to self's device
 at::Tensor on_device(const at::Tensor& idx, const at::Tensor& self) {
   return idx.device() == self.device() ? idx : idx.to(self.device());

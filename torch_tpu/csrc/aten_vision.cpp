@@ -527,6 +527,7 @@ using OD = std::optional<double>;
   at::Tensor& NAME##1d_out(const at::Tensor& s, c10::SymIntArrayRef os, OD a, at::Tensor& o) {                       \
     return interp_out(s, os, MODE, false, {a}, o, #NAME "1d");                                                     \
   }                                                                                                                \
+  [[maybe_unused]] /* 2-d nearest: aten_matmul.cpp */                                                              \
   at::Tensor& NAME##2d_out(const at::Tensor& s, c10::SymIntArrayRef os, OD a, OD b, at::Tensor& o) {                 \
     return interp_out(s, os, MODE, false, {a, b}, o, #NAME "2d");                                                  \
   }                                                                                                                \
@@ -536,6 +537,7 @@ using OD = std::optional<double>;
   at::Tensor& NAME##1d_bwd(const at::Tensor& g, c10::SymIntArrayRef os, c10::SymIntArrayRef is, OD a, at::Tensor& o) {  \
     return interp_bwd(g, os, is, MODE, false, {a}, o, #NAME "1d_backward");                                        \
   }                                                                                                                \
+  [[maybe_unused]]                                                                                                 \
   at::Tensor& NAME##2d_bwd(const at::Tensor& g, c10::SymIntArrayRef os, c10::SymIntArrayRef is, OD a, OD b,             \
                            at::Tensor& o) {                                                                        \
     return interp_bwd(g, os, is, MODE, false, {a, b}, o, #NAME "2d_backward");                                     \
