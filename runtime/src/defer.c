@@ -400,6 +400,40 @@ static void count_recorded(void) {
   pthread_mutex_unlock(&g_stat_mu);
 }
 
+/* Takes s's graph lock and appends an empty node to its pending graph.
+ * NULL (lock released) when out of host memory. */
+static dnode *record_begin(tpurt_stream *s, dgraph **gp, int *was_empty) {
+  pthread_mutex_lock(&s->dmu);
+  dgraph *g = graph_of(s);
+  dnode *d = NULL;
+  if (g) {
+    *was_empty = graph_empty(g);
+    d = push_node(g);
+  }
+  if (!d) {
+    pthread_mutex_unlock(&s->dmu);
+    return NULL;
+  }
+  *gp = g;
+  return d;
+}
+
+/* Drops the node record_begin appended and releases the lock. */
+static void record_abort(tpurt_stream *s, dgraph *g) {
+  g->n--;
+  pthread_mutex_unlock(&s->dmu);
+}
+
+/* Completes the node: the graph is pending, the op is counted, the lock is
+ * released, and the graph is cut at the loop length or the size cap. */
+static tpurt_status record_end(tpurt_stream *s, dgraph *g, dnode *d, int was_empty) {
+  mark_pending(s, g, was_empty);
+  int n = note_op(g, d);
+  pthread_mutex_unlock(&s->dmu);
+  count_recorded();
+  return after_record(s, n);
+}
+
 tpurt_status tpurt__defer_record_launch(tpurt_stream *s, const char *name, tpurt_kernel_fn fn, const void *args,
                                         size_t args_size) {
   int nn = t_nnotes;
@@ -433,19 +467,15 @@ tpurt_status tpurt__defer_record_launch(tpurt_stream *s, const char *name, tpurt
     return st;
   }
   const char *site = site_now();
-  pthread_mutex_lock(&s->dmu);
-  dgraph *g = graph_of(s);
-  if (!g) {
-    pthread_mutex_unlock(&s->dmu);
+  dgraph *g;
+  int was_empty;
+  dnode *d = record_begin(s, &g, &was_empty);
+  if (!d)
     return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory while recording", name ? name : "launch");
-  }
-  int was_empty = graph_empty(g);
-  dnode *d = push_node(g);
   void *a = args_size ? bump_alloc(&g->mem, args_size) : NULL;
   acc *ac = bump_alloc(&g->mem, sizeof(acc) * (size_t)(nn + nextra + 1));
-  if (!d || (args_size && !a) || !ac) {
-    if (d) g->n--;
-    pthread_mutex_unlock(&s->dmu);
+  if ((args_size && !a) || !ac) {
+    record_abort(s, g);
     return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory while recording", name ? name : "launch");
   }
   if (args_size) memcpy(a, args, args_size);
@@ -464,11 +494,7 @@ tpurt_status tpurt__defer_record_launch(tpurt_stream *s, const char *name, tpurt
   d->args_size = args_size;
   d->acc = ac;
   d->nacc = nn + nextra;
-  mark_pending(s, g, was_empty);
-  int n = note_op(g, d);
-  pthread_mutex_unlock(&s->dmu);
-  count_recorded();
-  return after_record(s, n);
+  return record_end(s, g, d, was_empty);
 }
 
 tpurt_status tpurt__defer_record_ew(tpurt_stream *s, const tpurt_ew_program *prog, const tpurt_view *outs,
@@ -482,20 +508,15 @@ tpurt_status tpurt__defer_record_ew(tpurt_stream *s, const tpurt_ew_program *pro
   tpurt_status st = flush_foreign(s, fp, nout + nin);
   if (st) return st;
   const char *site = site_now();
-  pthread_mutex_lock(&s->dmu);
-  dgraph *g = graph_of(s);
-  if (!g) {
-    pthread_mutex_unlock(&s->dmu);
-    return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "elementwise: out of host memory while recording");
-  }
-  int was_empty = graph_empty(g);
-  dnode *d = push_node(g);
+  dgraph *g;
+  int was_empty;
+  dnode *d = record_begin(s, &g, &was_empty);
+  if (!d) return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "elementwise: out of host memory while recording");
   tpurt_ew_inst *inst = bump_alloc(&g->mem, sizeof(tpurt_ew_inst) * (size_t)prog->ninst);
   tpurt_view *views = bump_alloc(&g->mem, sizeof(tpurt_view) * (size_t)(nout + nin));
   double *sc = nscalars ? bump_alloc(&g->mem, sizeof(double) * (size_t)nscalars) : NULL;
-  if (!d || !inst || !views || (nscalars && !sc)) {
-    if (d) g->n--;
-    pthread_mutex_unlock(&s->dmu);
+  if (!inst || !views || (nscalars && !sc)) {
+    record_abort(s, g);
     return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "elementwise: out of host memory while recording");
   }
   memcpy(inst, prog->inst, sizeof(tpurt_ew_inst) * (size_t)prog->ninst);
@@ -521,11 +542,7 @@ tpurt_status tpurt__defer_record_ew(tpurt_stream *s, const tpurt_ew_program *pro
   d->scal = sc;
   d->site = site;
   d->name = tpurt_ew_op_name((tpurt_ew_op)prog->inst[prog->ninst - 1].op);
-  mark_pending(s, g, was_empty);
-  int n = note_op(g, d);
-  pthread_mutex_unlock(&s->dmu);
-  count_recorded();
-  return after_record(s, n);
+  return record_end(s, g, d, was_empty);
 }
 
 typedef struct h2d_args {
@@ -548,20 +565,15 @@ tpurt_status tpurt__defer_record_h2d(tpurt_stream *s, tpurt_devptr dst, const vo
   tpurt_status st = flush_foreign(s, &dst, 1);
   if (st) return st;
   const char *site = site_now();
-  pthread_mutex_lock(&s->dmu);
-  dgraph *g = graph_of(s);
-  if (!g) {
-    pthread_mutex_unlock(&s->dmu);
-    return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "copy_h2d: out of host memory while recording");
-  }
-  int was_empty = graph_empty(g);
-  dnode *d = push_node(g);
+  dgraph *g;
+  int was_empty;
+  dnode *d = record_begin(s, &g, &was_empty);
+  if (!d) return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "copy_h2d: out of host memory while recording");
   h2d_args *a = bump_alloc(&g->mem, sizeof *a);
   void *data = bump_alloc(&g->mem, n);
   acc *ac = bump_alloc(&g->mem, sizeof *ac);
-  if (!d || !a || !data || !ac) {
-    if (d) g->n--;
-    pthread_mutex_unlock(&s->dmu);
+  if (!a || !data || !ac) {
+    record_abort(s, g);
     return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "copy_h2d: out of host memory while staging %zu bytes", n);
   }
   memcpy(data, src, n);
@@ -579,11 +591,7 @@ tpurt_status tpurt__defer_record_h2d(tpurt_stream *s, tpurt_devptr dst, const vo
   d->args_size = sizeof *a;
   d->acc = ac;
   d->nacc = 1;
-  mark_pending(s, g, was_empty);
-  int cnt = note_op(g, d);
-  pthread_mutex_unlock(&s->dmu);
-  count_recorded();
-  return after_record(s, cnt);
+  return record_end(s, g, d, was_empty);
 }
 
 /* A free of p while s has a pending graph: recorded as a marker, done when
@@ -1043,6 +1051,14 @@ static void touch(pfacts *f, tpurt_devptr p, int u) {
   f[l].last = u;
 }
 
+static void free_plan_contents(plan *P) {
+  for (int gi = 0; gi < P->ngroups; gi++) free(P->groups[gi].nodes);
+  free(P->groups);
+  free(P->units);
+  free(P->steps);
+  free(P->materialize);
+}
+
 static plan *build_plan(dgraph *G) {
   plan *P = calloc(1, sizeof *P);
   gstate *gs = malloc(sizeof *gs);
@@ -1234,11 +1250,7 @@ static plan *build_plan(dgraph *G) {
   return P;
 fail:
   if (P) {
-    for (int gi = 0; gi < P->ngroups; gi++) free(P->groups[gi].nodes);
-    free(P->groups);
-    free(P->units);
-    free(P->steps);
-    free(P->materialize);
+    free_plan_contents(P);
     free(P);
   }
   free(gs);
@@ -1518,14 +1530,6 @@ static tpurt_status run_plan(exec_ctx *x) {
   return st;
 }
 
-static void free_plan_contents(plan *P) {
-  for (int gi = 0; gi < P->ngroups; gi++) free(P->groups[gi].nodes);
-  free(P->groups);
-  free(P->units);
-  free(P->steps);
-  free(P->materialize);
-}
-
 /* Runs s's pending graph. */
 tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reason) {
   if (!s) return TPURT_OK;
@@ -1657,7 +1661,6 @@ tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reaso
   free(G->promises);
   free(G);
   pthread_mutex_unlock(&s->dmu);
-  (void)free_plan_contents;
   return st;
 }
 
