@@ -7,6 +7,7 @@ every repeat; the median step time is reported, with peak device memory
 per mode and the host time spent issuing one step (before its sync)."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import statistics
 import time
@@ -21,7 +22,7 @@ WORKLOADS = ("mingpt", "llama", "resnet")
 
 
 class Runner:
-    def __init__(self, name: str, device: str, mode: str | None, base: torch.nn.Module, batches, loss_fn) -> None:
+    def __init__(self, device: str, mode: str | None, base: torch.nn.Module, batches, loss_fn) -> None:
         self.device, self.mode = device, mode
         self.model = copy.deepcopy(base).to(device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
@@ -33,7 +34,7 @@ class Runner:
     def step(self) -> float:
         x, y = self.batches[self.i % len(self.batches)]
         self.i += 1
-        ctx = torch_tpu.execution_mode(self.mode) if self.mode else _null()
+        ctx = torch_tpu.execution_mode(self.mode) if self.mode else contextlib.nullcontext()
         with ctx:
             t0 = time.perf_counter()
             self.opt.zero_grad(set_to_none=True)
@@ -42,14 +43,6 @@ class Runner:
             self.opt.step()
             self.issue.append(time.perf_counter() - t0)
             return loss.item()
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
 
 
 def _peak(r: Runner, steps: int = 3) -> int:
@@ -67,9 +60,9 @@ def run(repeats: int, workloads=WORKLOADS, warmup: int = 3) -> tuple[dict, str]:
     for name in workloads:
         base, batches, loss_fn = models.make(name)
         runners = {
-            "cpu eager": Runner(name, "cpu", None, base, batches, loss_fn),
-            "tpu strict": Runner(name, "tpu", "strict", base, batches, loss_fn),
-            "tpu defer": Runner(name, "tpu", "defer", base, batches, loss_fn),
+            "cpu eager": Runner("cpu", None, base, batches, loss_fn),
+            "tpu strict": Runner("tpu", "strict", base, batches, loss_fn),
+            "tpu defer": Runner("tpu", "defer", base, batches, loss_fn),
         }
         for r in runners.values():
             for _ in range(warmup):
