@@ -65,3 +65,25 @@ class MinGPT(nn.Module):
             nxt = torch.multinomial(probs, 1, generator=generator)
             idx = torch.cat((idx, nxt), dim=1)
         return idx
+
+
+def bench_workload(batch: int | None = None, preset: str = "quick"):
+    """(model on CPU, 4 host batches [(tokens, next tokens)], loss_fn) for the
+    benchmarks; random tokens from a fixed seed."""
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    vocab = 96
+    if preset == "quick":
+        d, layers, heads, block, b = 128, 4, 4, 64, batch or 16
+    else:
+        d, layers, heads, block, b = 384, 6, 6, 256, batch or 16
+    model = MinGPT(vocab=vocab, d=d, layers=layers, heads=heads, block=block, dropout=0.0)
+    batches = []
+    for _ in range(4):
+        x = torch.randint(0, vocab, (b, block + 1), generator=g)
+        batches.append((x[:, :-1].contiguous(), x[:, 1:].contiguous()))
+
+    def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+
+    return model, batches, loss_fn
