@@ -7,6 +7,14 @@ gemm     GEMM library choice (OpenBLAS / oneDNN / torch CPU, FMA peak),
          tpu fp32/bf16 GEMM vs CPU, conv2d on ResNet-18 shapes vs CPU
 attention fused scaled_dot_product_attention fwd and fwd+bwd vs CPU SDPA
 fft      rfft / fft of 2^20 and of 1024x1024 (batch and 2-d) vs CPU torch.fft (not in the default run)
+matrix   examples' workloads (minGPT, Llama, ResNet, DLRM, UNet; Qwen with --qwen) x {cpu eager,
+         cpu Inductor, tpu strict, tpu defer}: train (and Llama/ResNet inference) step time,
+         throughput, ratios, peak memory, compile cost; PNG charts (not in the default run)
+sweep    Llama at ~1M..100M params: step time and peak memory vs params and FLOPs (not in the default run)
+
+``--quick`` (default for matrix/sweep: quick presets, 3 repeats, sweep up to 10M)
+or ``--full`` (full presets, 10 repeats, sweep up to 100M), e.g.
+``python -m bench matrix sweep --quick --record``.
 
 Figures are medians of interleaved repeats (configs alternate in every
 repeat). ``--record`` appends the Markdown tables to BENCHMARKS.md with the
@@ -23,14 +31,23 @@ from bench import attention, common, defer, device, elementwise, fft, gemm
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("suites", nargs="*", choices=[[], "device", "elementwise", "gemm", "attention", "defer", "fft"], help="suites to run (default: all)")
-    parser.add_argument("--repeats", type=int, default=15, help="repeats per configuration (median reported)")
+    parser.add_argument("suites", nargs="*", choices=[[], "device", "elementwise", "gemm", "attention", "defer", "fft", "matrix", "sweep"], help="suites to run (default: all)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="repeats per configuration (median reported; default 15, matrix/sweep: 3 quick, 10 full)")
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 16, 256], help="copy sizes in MiB")
     parser.add_argument("--record", action="store_true", help="append the results to BENCHMARKS.md")
     parser.add_argument("--gemm-sizes", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096],
                         help="square GEMM sizes of the gemm suite")
     parser.add_argument("--conv-batch", type=int, default=4, help="batch of the ResNet-18 conv shapes")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", dest="full", action="store_false", help="matrix/sweep: quick presets (default)")
+    size.add_argument("--full", dest="full", action="store_true", help="matrix/sweep: full presets, more repeats")
+    parser.add_argument("--qwen", action="store_true", help="matrix: add the Qwen workload")
+    parser.add_argument("--workloads", nargs="+", default=None, help="matrix: workloads to run (default: all five)")
+    parser.add_argument("--no-inductor", action="store_true", help="matrix: skip the cpu torch.compile configuration")
     args = parser.parse_args(argv)
+    matrix_repeats = args.repeats or (10 if args.full else 3)
+    args.repeats = args.repeats or 15
     args.suites = args.suites or ["device", "elementwise", "gemm", "attention", "defer"]
     command = "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv)
     if "device" in args.suites:
@@ -82,6 +99,33 @@ def main(argv: list[str] | None = None) -> int:
         print(table)
         if args.record:
             common.record("FFT", command.strip(), table)
+    if "matrix" in args.suites:
+        from bench import matrix, plot
+
+        workloads = tuple(args.workloads or matrix.WORKLOADS) + (matrix.OPTIONAL if args.qwen else ())
+        configs = tuple(c for c in matrix.CONFIGS if not (args.no_inductor and c == "cpu inductor"))
+        res = matrix.run("full" if args.full else "quick", matrix_repeats, workloads, configs)
+        path = common.save("matrix", res)
+        pngs = plot.matrix(res)
+        body = matrix.describe(res)
+        print(body)
+        print(f"JSON {path}; charts " + ", ".join(str(p) for p in pngs))
+        if res["missing"]:
+            print(f"!!! MISSING workloads: {', '.join(res['missing'])}", file=sys.stderr)
+        if args.record:
+            common.record("Workload matrix: examples × cpu eager / Inductor / tpu strict / tpu defer",
+                          command.strip(), body)
+    if "sweep" in args.suites:
+        from bench import plot, sweep
+
+        res = sweep.run("full" if args.full else "quick", matrix_repeats)
+        path = common.save("sweep", res)
+        pngs = plot.sweep(res)
+        body = sweep.describe(res)
+        print(body)
+        print(f"JSON {path}; chart " + ", ".join(str(p) for p in pngs))
+        if args.record:
+            common.record("Llama size sweep: step time and peak memory vs parameters", command.strip(), body)
     return 0
 
 
