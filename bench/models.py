@@ -17,71 +17,7 @@ from examples.mingpt.model import GPTBlock, MinGPT  # noqa: E402,F401  (one defi
 
 # --------------------------------------------------------------- Llama-style
 
-
-class RMSNorm(nn.Module):
-    def __init__(self, d: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(d))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x[..., ::2], x[..., 1::2]
-    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
-
-
-class LlamaBlock(nn.Module):
-    def __init__(self, d: int, heads: int, kv_heads: int, hidden: int) -> None:
-        super().__init__()
-        self.heads, self.kv_heads, self.hd = heads, kv_heads, d // heads
-        self.n1 = RMSNorm(d)
-        self.n2 = RMSNorm(d)
-        self.wq = nn.Linear(d, d, bias=False)
-        self.wk = nn.Linear(d, kv_heads * self.hd, bias=False)
-        self.wv = nn.Linear(d, kv_heads * self.hd, bias=False)
-        self.wo = nn.Linear(d, d, bias=False)
-        self.w1 = nn.Linear(d, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, d, bias=False)
-        self.w3 = nn.Linear(d, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        h = self.n1(x)
-        q = rope(self.wq(h).view(b, t, self.heads, self.hd).transpose(1, 2), cos, sin)
-        k = rope(self.wk(h).view(b, t, self.kv_heads, self.hd).transpose(1, 2), cos, sin)
-        v = self.wv(h).view(b, t, self.kv_heads, self.hd).transpose(1, 2)
-        rep = self.heads // self.kv_heads
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.wo(y.transpose(1, 2).reshape(b, t, -1))
-        h = self.n2(x)
-        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
-
-
-class Llama(nn.Module):
-    def __init__(self, vocab: int = 96, d: int = 128, layers: int = 4, heads: int = 4, kv_heads: int = 2,
-                 hidden: int = 352, block: int = 64) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(vocab, d)
-        self.blocks = nn.ModuleList([LlamaBlock(d, heads, kv_heads, hidden) for _ in range(layers)])
-        self.norm = RMSNorm(d)
-        self.head = nn.Linear(d, vocab, bias=False)
-        hd = d // heads
-        inv = 1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd))
-        ang = torch.outer(torch.arange(block).float(), inv)
-        self.register_buffer("cos", ang.cos(), persistent=False)
-        self.register_buffer("sin", ang.sin(), persistent=False)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        t = idx.shape[1]
-        x = self.tok(idx)
-        for blk in self.blocks:
-            x = blk(x, self.cos[:t], self.sin[:t])
-        return self.head(self.norm(x))
+from examples.llama.model import Llama, LlamaBlock, RMSNorm, rope  # noqa: E402,F401  (shared with the example)
 
 
 # -------------------------------------------------------------------- ResNet
