@@ -3,13 +3,15 @@
 #   make demo       device tour (examples/demo.py)
 #   make test       all tests CI runs: C tests (release + ASan/UBSan) and pytest
 #   make build      venv + runtime + extension (incremental)
-#   make bench      benchmarks (results printed and appended to BENCHMARKS.md)
+#   make bench      benchmarks (results printed and appended to BENCHMARKS.md), then the workload matrix
+#                   and Llama size sweep (BENCH_PRESET=--quick by default, --full for realistic sizes)
 #   make test-full  longer suites, OpInfo conformance of the whole database (tests/conformance/REPORT.md)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 JOBS   ?= 2
+BENCH_PRESET ?= --quick
 
 RUNTIME_SRC := $(wildcard runtime/include/*.h runtime/src/*.c runtime/src/*.h runtime/src/*/*.c runtime/src/*/*.h runtime/CMakeLists.txt)
 GLUE_SRC    := $(wildcard torch_tpu/csrc/*.cpp torch_tpu/csrc/*.h) setup.py
@@ -70,6 +72,7 @@ test-full: test
 
 bench: build
 	$(PY) -m bench
+	$(PY) -m bench matrix sweep $(BENCH_PRESET)
 
 clean:
 	rm -rf build torch_tpu/lib torch_tpu/_C*.so torch_tpu/.built
