@@ -1,7 +1,7 @@
 """Train a DLRM click-through-rate model on a SYNTHETIC click log, then report
 its validation AUC and log loss.
 
-The data is generated on the host from --seed (no download, no real users):
+The data is generated on the host from --data-seed (no download, no real users):
 --dense-features Gaussian dense features and --tables sparse categorical
 features, each a multi-hot bag of 1-4 ids with Zipf-like popularity over the
 table's rows; the click label is drawn from a hidden random logistic model of
@@ -38,7 +38,7 @@ DEFAULT_ROWS = (400, 800, 1600, 3000, 300, 1200, 600, 2000)
 
 
 def parse(argv=None) -> argparse.Namespace:
-    p = common.parser(__doc__, steps=300, batch_size=256, lr=0.05)
+    p = common.parser(__doc__, steps=300, batch_size=256, lr=0.01)
     p.add_argument("--tables", type=int, default=8, help="sparse features (embedding tables), default 8")
     p.add_argument("--rows", default=None,
                    help="ids per table: one number for all tables or a comma list "
@@ -49,6 +49,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--max-bag", type=int, default=4, help="bags hold 1..max-bag ids (default 4)")
     p.add_argument("--bottom", default="64,32", help="bottom-MLP hidden widths (default 64,32)")
     p.add_argument("--top", default="64,32", help="top-MLP hidden widths (default 64,32)")
+    p.add_argument("--data-seed", type=int, default=0,
+                   help="seed of the synthetic click log (--seed sets the model's init and the batch order), default 0")
     p.add_argument("--eval-batch", type=int, default=1024, help="validation batch size (default 1024)")
     return p.parse_args(argv)
 
@@ -64,7 +66,7 @@ def widths(s: str) -> list[int]:
 
 def make_data(args: argparse.Namespace) -> SyntheticClickLog:
     return SyntheticClickLog(samples=args.samples, dense_features=args.dense_features, rows=table_rows(args),
-                             max_bag=args.max_bag, seed=args.seed)
+                             max_bag=args.max_bag, seed=args.data_seed)
 
 
 @torch.no_grad()
