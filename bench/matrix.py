@@ -183,7 +183,7 @@ def _cpu_growth(r: Runner) -> int:
     return max([start] + inside) - start
 
 
-def peak_bytes(r: Runner, steps: int = 2) -> int:
+def peak_bytes(r: Runner, steps: int = 1) -> int:
     """Resident bytes of the runner + the largest growth within a step (see the module doc)."""
     if r.device == "tpu":
         torch.tpu.synchronize()
@@ -272,10 +272,11 @@ def run_task(name: str, base, batches, loss_fn, train: bool, configs, repeats: i
 
 
 def run(preset: str = "quick", repeats: int = 3, workloads=WORKLOADS, configs=CONFIGS,
-        inference=INFERENCE, batch: int | None = None, log=print) -> dict:
+        inference=INFERENCE, batch: int | None = None, warmup: int = 2, log=print) -> dict:
     t_start = time.perf_counter()
-    out: dict = {"machine": common.machine(), "preset": preset, "repeats": repeats, "configs": list(configs),
-                 "workloads": {}, "missing": []}
+    out: dict = {"machine": common.machine(), "preset": preset, "repeats": repeats, "warmup": warmup,
+                 "configs": list(configs),
+                 "workloads": {}, "missing": [], "load_avg": [os.getloadavg()[0]]}
     for name in workloads:
         try:
             base, batches, loss_fn = load(name, preset, batch)
@@ -295,13 +296,22 @@ def run(preset: str = "quick", repeats: int = 3, workloads=WORKLOADS, configs=CO
                 continue
             kind = "train" if train else "infer"
             t0 = time.perf_counter()
-            w[kind] = run_task(name, base, batches, loss_fn, train, configs, repeats, log=log)
+            w[kind] = run_task(name, base, batches, loss_fn, train, configs, repeats, warmup, log=log)
             cells = w[kind]["configs"]
             log(f"  {name} {kind}: " + ", ".join(
                 f"{c} {v['step_s'] * 1e3:.1f} ms" if v["status"] == "ok" else f"{c} ERROR"
                 for c, v in cells.items()) + f"  ({time.perf_counter() - t0:.0f} s)")
     out["elapsed_s"] = time.perf_counter() - t_start
+    out["load_avg"].append(os.getloadavg()[0])
     return out
+
+
+def load_text(out: dict) -> str:
+    la = out.get("load_avg")
+    if not la:
+        return "machine load not recorded"
+    return (f"1-min load average {la[0]:.1f} at the start and {la[1]:.1f} at the end on "
+            f"{out['machine']['cores']} cores (other processes share the machine when above the core count)")
 
 
 def _ms(v: dict) -> str:
@@ -352,9 +362,9 @@ def table(out: dict) -> str:
 
 def describe(out: dict) -> str:
     missing = out["missing"]
-    head = (f"Preset `{out['preset']}`, {out['repeats']} interleaved repeats per configuration (after 2 warm-up "
-            f"steps), whole run {out['elapsed_s'] / 60:.1f} min. Train step: zero_grad, forward, loss, backward, "
-            "AdamW, loss.item(); infer: eval forward under inference_mode + sync. Peak MiB = own resident tensors "
+    head = (f"Preset `{out['preset']}`, {out['repeats']} interleaved repeats per configuration (after "
+            f"{out['warmup']} warm-up steps), whole run {out['elapsed_s'] / 60:.1f} min, {load_text(out)}. "
+            "Train step: zero_grad, forward, loss, backward, AdamW, loss.item(); infer: eval forward under inference_mode + sync. Peak MiB = own resident tensors "
             "(params, buffers, grads, AdamW state, the 4 batches) + largest growth within a step (tpu: "
             "max_memory_allocated; cpu: CPU-allocator bytes from torch.profiler memory events; host memory "
             "outside torch's allocator is not counted). Inductor's first step includes compilation; its FX-graph "

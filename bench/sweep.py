@@ -12,6 +12,7 @@ interleaving and peak memory are those of bench/matrix.py.
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 
@@ -19,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from bench import common
-from bench.matrix import Missing, Runner, _short, peak_bytes
+from bench.matrix import Missing, Runner, _short, load_text, peak_bytes
 
 CONFIGS = ("cpu eager", "tpu strict", "tpu defer")
 QUICK = (1e6, 3e6, 1e7)
@@ -59,8 +60,10 @@ def run(preset: str = "quick", repeats: int = 3, targets=None, configs=CONFIGS, 
     batch = batch or 4
     seq = seq or (64 if preset == "quick" else 128)
     t_start = time.perf_counter()
-    out: dict = {"machine": common.machine(), "preset": preset, "repeats": repeats, "configs": list(configs),
-                 "batch": batch, "seq": seq, "tokens": batch * seq, "points": []}
+    out: dict = {"machine": common.machine(), "preset": preset, "repeats": repeats, "warmup": warmup,
+                 "configs": list(configs),
+                 "batch": batch, "seq": seq, "tokens": batch * seq, "points": [],
+                 "load_avg": [os.getloadavg()[0]]}
     g = torch.Generator().manual_seed(0)
     batches = []
     for _ in range(4):
@@ -130,6 +133,7 @@ def run(preset: str = "quick", repeats: int = 3, targets=None, configs=CONFIGS, 
         out["scaling"][c] = {"time_vs_flops_slope": time_slope, "peak_vs_params_slope": mem_slope,
                              "no_faster_than_flops": None if time_slope is None else time_slope <= 1.05}
     out["elapsed_s"] = time.perf_counter() - t_start
+    out["load_avg"].append(os.getloadavg()[0])
     return out
 
 
@@ -165,7 +169,7 @@ def verdict(out: dict) -> str:
 
 def describe(out: dict) -> str:
     return (f"Preset `{out['preset']}`: batch {out['batch']} × {out['seq']} tokens per step, "
-            f"{out['repeats']} interleaved repeats after 2 warm-up steps, whole run "
-            f"{out['elapsed_s'] / 60:.1f} min. Step FLOPs = 6·params·tokens + 12·layers·width·seq·tokens "
+            f"{out['repeats']} interleaved repeats after {out['warmup']} warm-up steps, whole run "
+            f"{out['elapsed_s'] / 60:.1f} min, {load_text(out)}. Step FLOPs = 6·params·tokens + 12·layers·width·seq·tokens "
             "(attention). Peak MiB as in the matrix (own tensors + growth within a step).\n\n"
             + table(out) + "\n\n" + verdict(out))
