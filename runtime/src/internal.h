@@ -286,5 +286,8 @@ static inline float tpurt__f16_to_f32(uint16_t h) {
 
 /* -------------------------------------------------------------- pool */
 TPURT_INTERNAL void tpurt__pool_configure(int nthreads);
+/* Nonzero on a thread running a chunk of tpurt_parallel_for (a nested
+ * parallel_for would run inline). */
+TPURT_INTERNAL int tpurt__pool_nested(void);
 
 #endif

@@ -1,7 +1,22 @@
 /*
- * pool.c — persistent thread pool used by kernels. nthreads-1 helper
- * threads each own a work slot; tpurt_parallel_for splits [0, n) into at
- * most nthreads chunks, hands one to each helper and runs the first itself.
+ * pool.c — persistent thread pool used by kernels.
+ *
+ * tpurt_parallel_for cuts [0, n) into balanced chunks (at least `grain`
+ * indices each, at most CHUNKS_PER_THREAD per thread, boundaries a pure function of n,
+ * grain and the pool size, so results never depend on scheduling), posts
+ * the job and claims chunks itself; the helper threads claim chunks from
+ * the same atomic counter. Claiming is dynamic on purpose: the machine is
+ * shared, and with a static one-chunk-per-thread split a helper that the
+ * OS has not scheduled makes the caller wait for its whole share (kernels
+ * ran up to 10x slower under load). Now the caller (or any running
+ * helper) simply takes the chunks nobody has started, and waits only for
+ * chunks that are in progress.
+ *
+ * The job lives in one static descriptor guarded by a generation number.
+ * The claim counter packs generation<<32 | next chunk, so a helper that
+ * wakes late claims from the generation it sees and checks the
+ * descriptor still belongs to that generation (seqlock) before using it;
+ * a claim past the last chunk, or of a finished generation, does nothing.
  * Nested calls, calls while another caller owns the pool and small ranges
  * run inline on the calling thread.
  */
@@ -10,53 +25,73 @@
 
 #include "internal.h"
 
-typedef struct helper {
-  _Alignas(64) _Atomic uint64_t go;   /* generation handed to this helper */
-  _Atomic uint64_t done;              /* generation it finished */
-  tpurt__waiter w;
-  tpurt_parallel_fn fn;
-  void *ctx;
-  int64_t begin, end;
-  int index;
-} helper;
+#define CHUNKS_PER_THREAD 4
+
+static struct {
+  _Alignas(64) _Atomic uint64_t next; /* gen << 32 | next chunk to claim */
+  _Alignas(64) _Atomic uint32_t gen;  /* generation of the fields below; 0 while they change */
+  _Atomic(tpurt_parallel_fn) fn;
+  _Atomic(void *) ctx;
+  _Atomic int64_t n, nchunks;
+  _Alignas(64) _Atomic int64_t done; /* chunks of this generation finished */
+} g_job;
 
 static int g_nthreads = 1;
-static helper *g_helpers;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static atomic_flag g_busy = ATOMIC_FLAG_INIT;
-static uint64_t g_gen; /* only touched by the owner of g_busy */
-static tpurt__waiter g_done_w;
+static uint32_t g_gen; /* only touched by the owner of g_busy */
+static _Atomic uint64_t g_posted; /* jobs posted; helpers wake when it moves */
+static tpurt__waiter g_work_w, g_done_w;
 static _Thread_local int t_in_pool;
 
 void tpurt__pool_configure(int nthreads) { g_nthreads = nthreads > 0 ? nthreads : 1; }
+int tpurt__pool_nested(void) { return t_in_pool; }
+
+/* Claims and runs chunks of the current job until none is left. */
+static void run_chunks(void) {
+  for (;;) {
+    uint64_t v = atomic_fetch_add_explicit(&g_job.next, 1, memory_order_acq_rel);
+    uint32_t g = (uint32_t)(v >> 32);
+    int64_t i = (int64_t)(v & 0xffffffffu);
+    if (g == 0 || atomic_load_explicit(&g_job.gen, memory_order_acquire) != g) return;
+    tpurt_parallel_fn fn = atomic_load_explicit(&g_job.fn, memory_order_relaxed);
+    void *ctx = atomic_load_explicit(&g_job.ctx, memory_order_relaxed);
+    int64_t n = atomic_load_explicit(&g_job.n, memory_order_relaxed);
+    int64_t nc = atomic_load_explicit(&g_job.nchunks, memory_order_relaxed);
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&g_job.gen, memory_order_relaxed) != g || i >= nc) return;
+    /* A valid claim: the job cannot finish (nor the descriptor change)
+     * before this chunk is counted done. */
+    int64_t b = n / nc * i + (i < n % nc ? i : n % nc);
+    int64_t e = n / nc * (i + 1) + (i + 1 < n % nc ? i + 1 : n % nc);
+    fn(ctx, b, e);
+    if (atomic_fetch_add_explicit(&g_job.done, 1, memory_order_acq_rel) + 1 == nc) tpurt__notify(&g_done_w);
+  }
+}
 
 typedef struct {
-  helper *h;
-  uint64_t gen;
-} gen_ctx;
-static int pred_go(void *p) {
-  gen_ctx *c = p;
-  return atomic_load_explicit(&c->h->go, memory_order_acquire) > c->gen;
+  uint64_t seen;
+} post_ctx;
+static int pred_posted(void *p) {
+  return atomic_load_explicit(&g_posted, memory_order_acquire) != ((post_ctx *)p)->seen;
 }
+typedef struct {
+  int64_t nc;
+} done_ctx;
 static int pred_done(void *p) {
-  gen_ctx *c = p;
-  return atomic_load_explicit(&c->h->done, memory_order_acquire) >= c->gen;
+  return atomic_load_explicit(&g_job.done, memory_order_acquire) >= ((done_ctx *)p)->nc;
 }
 
 static void *helper_main(void *arg) {
-  helper *h = arg;
   char name[16];
-  snprintf(name, sizeof name, "tpu-pool%d", h->index);
+  snprintf(name, sizeof name, "tpu-pool%d", (int)(intptr_t)arg);
   pthread_setname_np(pthread_self(), name);
   t_in_pool = 1;
-  uint64_t seen = 0;
+  post_ctx c = {0};
   for (;;) {
-    gen_ctx c = {h, seen};
-    tpurt__wait(&h->w, pred_go, &c, TPURT_SPIN_NS);
-    seen = atomic_load_explicit(&h->go, memory_order_acquire);
-    h->fn(h->ctx, h->begin, h->end);
-    atomic_store_explicit(&h->done, seen, memory_order_release);
-    tpurt__notify(&g_done_w);
+    tpurt__wait(&g_work_w, pred_posted, &c, TPURT_SPIN_NS);
+    c.seen = atomic_load_explicit(&g_posted, memory_order_acquire);
+    run_chunks();
   }
   return NULL;
 }
@@ -64,26 +99,17 @@ static void *helper_main(void *arg) {
 static void pool_start(void) {
   int n = g_nthreads - 1;
   if (n <= 0) return;
-  size_t bytes = ((size_t)n * sizeof(helper) + 63) & ~(size_t)63;
-  helper *hs = aligned_alloc(64, bytes);
-  if (hs) memset(hs, 0, bytes);
-  if (!hs) {
-    g_nthreads = 1;
-    return;
-  }
   pthread_attr_t at;
   pthread_attr_init(&at);
   pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
   int started = 0;
   for (int i = 0; i < n; i++) {
-    hs[i].index = i + 1;
     pthread_t t;
-    if (pthread_create(&t, &at, helper_main, &hs[i]) != 0) break;
+    if (pthread_create(&t, &at, helper_main, (void *)(intptr_t)(i + 1)) != 0) break;
     started++;
   }
   pthread_attr_destroy(&at);
   g_nthreads = started + 1;
-  g_helpers = hs;
 }
 
 int tpurt_num_threads(void) {
@@ -100,28 +126,30 @@ void tpurt_parallel_for(int64_t n, int64_t grain, tpurt_parallel_fn fn, void *ct
   }
   pthread_once(&g_once, pool_start);
   int nt = g_nthreads;
-  int64_t chunks = (n + grain - 1) / grain;
-  if (chunks > nt) chunks = nt;
-  if (chunks <= 1 || atomic_flag_test_and_set_explicit(&g_busy, memory_order_acquire)) {
+  int64_t chunks = n / grain; /* every chunk has at least grain indices */
+  if (chunks > (int64_t)nt * CHUNKS_PER_THREAD) chunks = (int64_t)nt * CHUNKS_PER_THREAD;
+  if (nt <= 1 || chunks <= 1 || atomic_flag_test_and_set_explicit(&g_busy, memory_order_acquire)) {
     fn(ctx, 0, n);
     return;
   }
-  uint64_t gen = ++g_gen;
-  for (int64_t c = 1; c < chunks; c++) {
-    helper *h = &g_helpers[c - 1];
-    h->fn = fn;
-    h->ctx = ctx;
-    h->begin = n / chunks * c + (c < n % chunks ? c : n % chunks);
-    h->end = n / chunks * (c + 1) + (c + 1 < n % chunks ? c + 1 : n % chunks);
-    atomic_store_explicit(&h->go, gen, memory_order_release);
-    tpurt__notify(&h->w);
-  }
+  if (++g_gen == 0) g_gen = 1;
+  uint32_t gen = g_gen;
+  /* seqlock write: invalidate, change, publish */
+  atomic_store_explicit(&g_job.gen, 0, memory_order_relaxed);
+  atomic_thread_fence(memory_order_release);
+  atomic_store_explicit(&g_job.fn, fn, memory_order_relaxed);
+  atomic_store_explicit(&g_job.ctx, ctx, memory_order_relaxed);
+  atomic_store_explicit(&g_job.n, n, memory_order_relaxed);
+  atomic_store_explicit(&g_job.nchunks, chunks, memory_order_relaxed);
+  atomic_store_explicit(&g_job.done, 0, memory_order_relaxed);
+  atomic_store_explicit(&g_job.gen, gen, memory_order_release);
+  atomic_store_explicit(&g_job.next, (uint64_t)gen << 32, memory_order_release);
+  atomic_fetch_add_explicit(&g_posted, 1, memory_order_release);
+  tpurt__notify(&g_work_w);
   t_in_pool = 1;
-  fn(ctx, 0, n / chunks + (0 < n % chunks ? 1 : 0));
+  run_chunks();
   t_in_pool = 0;
-  for (int64_t c = 1; c < chunks; c++) {
-    gen_ctx g = {&g_helpers[c - 1], gen};
-    tpurt__wait(&g_done_w, pred_done, &g, TPURT_SPIN_NS);
-  }
+  done_ctx d = {chunks};
+  tpurt__wait(&g_done_w, pred_done, &d, TPURT_SPIN_NS);
   atomic_flag_clear_explicit(&g_busy, memory_order_release);
 }

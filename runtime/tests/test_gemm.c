@@ -319,6 +319,37 @@ static void test_large_parallel(void) {
   dmat_free(&a), dmat_free(&b), dmat_free(&c);
 }
 
+/* Products large enough to be cut into tiles on the pool (ragged edges,
+ * batch x rows x columns, transposed operands and output, broadcast
+ * batch, packed precision modes). */
+static void test_tiled(void) {
+  const int64_t B = 5, M = 203, N = 141, K = 97;
+  for (int ca = 0; ca < 2; ca++)
+    for (int cb = 0; cb < 3; cb++)
+      for (int cc = 0; cc < 2; cc++) {
+        dmat a, b, c;
+        if (ca == 0) dmat_init(&a, TPURT_F32, B, M, K, M * K, K, 1);
+        else dmat_init(&a, TPURT_F32, B, M, K, M * K, 1, M);
+        if (cb == 0) dmat_init(&b, TPURT_F32, B, K, N, 0, N, 1);
+        else if (cb == 1) dmat_init(&b, TPURT_F32, B, K, N, K * N, 1, K);
+        else dmat_init(&b, TPURT_F32, B, K, N, K * N, N, 1);
+        if (cc == 0) dmat_init(&c, TPURT_F32, B, M, N, M * N, N, 1);
+        else dmat_init(&c, TPURT_F32, B, M, N, M * N, 1, M);
+        fill(&a, 41 + ca, 0), fill(&b, 43 + cb, 0), fill(&c, 47, 0);
+        run_check(&c, &a, &b, 1.0, 0.0, TPURT_PRECISION_HIGHEST, 1e-3);
+        run_check(&c, &a, &b, 0.5, 2.0, TPURT_PRECISION_HIGHEST, 1e-3);
+        dmat_free(&a), dmat_free(&b), dmat_free(&c);
+      }
+  dmat a, b, c;
+  dmat_init(&a, TPURT_F32, 1, 517, 301, 517 * 301, 301, 1);
+  dmat_init(&b, TPURT_F32, 1, 301, 389, 301 * 389, 1, 301);
+  dmat_init(&c, TPURT_F32, 1, 517, 389, 517 * 389, 389, 1);
+  fill(&a, 51, 0), fill(&b, 52, 0), fill(&c, 53, 0);
+  run_check(&c, &a, &b, 1.0, 0.0, TPURT_PRECISION_HIGHEST, 2e-3);
+  run_check(&c, &a, &b, 1.0, 1.0, TPURT_PRECISION_HIGH, 2e-3);
+  dmat_free(&a), dmat_free(&b), dmat_free(&c);
+}
+
 int main(void) {
   CHECK_OK(tpurt_init());
   CHECK_OK(tpurt_stream_default(0, &S));
@@ -331,6 +362,7 @@ int main(void) {
   test_precision();
   test_edges();
   test_large_parallel();
+  test_tiled();
   if (g_failures) {
     fprintf(stderr, "%d failure(s)\n", g_failures);
     return 1;

@@ -1,5 +1,6 @@
-/* test_pool.c — thread pool: every index exactly once, grain, nesting and
- * concurrent callers. */
+/* test_pool.c — thread pool: every index exactly once, chunks of at least
+ * grain and at most 4 per thread, boundaries independent of scheduling,
+ * nesting and concurrent callers. */
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -9,13 +10,18 @@
 typedef struct {
   _Atomic int hits[N];
   _Atomic int calls;
-  int64_t min_chunk;
+  _Atomic int64_t min_chunk;
+  _Atomic uint64_t bounds_hash; /* sum of a hash of every (begin, end) */
   int64_t grain;
 } ctx_t;
 
 static void body(void *c, int64_t b, int64_t e) {
   ctx_t *x = c;
   atomic_fetch_add(&x->calls, 1);
+  int64_t m = atomic_load(&x->min_chunk);
+  while ((m == 0 || e - b < m) && !atomic_compare_exchange_weak(&x->min_chunk, &m, e - b)) {
+  }
+  atomic_fetch_add(&x->bounds_hash, ((uint64_t)b * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)e * 0xC2B2AE3D27D4EB4Full));
   for (int64_t i = b; i < e; i++) atomic_fetch_add(&x->hits[i], 1);
 }
 
@@ -53,8 +59,18 @@ int main(void) {
       memset(&x, 0, sizeof x);
       tpurt_parallel_for(sizes[k], grain, body, &x);
       CHECK(all_once(&x, sizes[k]));
-      CHECK(atomic_load(&x.calls) <= tpurt_num_threads());
-      CHECK(atomic_load(&x.calls) <= (sizes[k] + grain - 1) / grain);
+      int calls = atomic_load(&x.calls);
+      uint64_t h = atomic_load(&x.bounds_hash);
+      CHECK(calls <= 4 * tpurt_num_threads());
+      CHECK(calls == 1 || atomic_load(&x.min_chunk) >= grain);
+      /* the same chunks again, whichever threads take them */
+      for (int rep = 0; rep < 3; rep++) {
+        memset(&x, 0, sizeof x);
+        tpurt_parallel_for(sizes[k], grain, body, &x);
+        CHECK(all_once(&x, sizes[k]));
+        CHECK_EQ(atomic_load(&x.calls), calls);
+        CHECK(atomic_load(&x.bounds_hash) == h);
+      }
     }
   }
   memset(&x, 0, sizeof x);

@@ -307,10 +307,11 @@ static inline float ew_expf(float x) {
   return x != x ? x : res;
 }
 
-/* gelu(x) = x * Phi(x) through erfc with a Chebyshev fit of relative error
- * < 1.2e-7 (Press et al., Numerical Recipes, erfcc), so both tails keep
- * their relative accuracy; z*z is split with an fma to keep exp's argument. */
-static inline float ew_gelu_f(float x) {
+/* Phi(x), the standard normal CDF, through erfc with a Chebyshev fit of
+ * relative error < 1.2e-7 (Press et al., Numerical Recipes, erfcc), so
+ * both tails keep their relative accuracy; z*z is split with an fma to
+ * keep exp's argument. Branch-free, so gelu and its backward vectorize. */
+static inline float ew_phi_f(float x) {
   float z = fabsf(x) * 0.70710678118654752f;
   z = z > 14.0f ? 14.0f : z; /* erfc(14) underflows float; keeps NaN out */
   float t = 1.0f / fmaf(0.5f, z, 1.0f);
@@ -330,9 +331,17 @@ static inline float ew_gelu_f(float x) {
   float zz = 0.5f * xx, zl = 0.5f * xl;
   float s = q - zz, bb = s - q;
   float lo = (q - (s - bb)) + (-zz - bb) - zl;
-  float ec = t * ew_expf(s) * (1.0f + lo);
-  float g = x >= 0 ? x * fmaf(-0.5f, ec, 1.0f) : 0.5f * x * ec;
-  return x != x ? x : g;
+  float ec = t * ew_expf(s) * (1.0f + lo); /* erfc(|x| / sqrt 2) */
+  float p = x >= 0 ? fmaf(-0.5f, ec, 1.0f) : 0.5f * ec;
+  return x != x ? x : p;
+}
+
+/* gelu(x) = x * Phi(x) */
+static inline float ew_gelu_f(float x) { return x * ew_phi_f(x); }
+
+/* d gelu(y) / dy * g = g * (Phi(y) + y * phi(y)) */
+static inline float ew_gelu_backward_f(float g, float y) {
+  return g * fmaf(y, ew_expf(-0.5f * y * y) * 0.3989422804014327f, ew_phi_f(y));
 }
 
 /* --------------------------------------------------- instruction loops */

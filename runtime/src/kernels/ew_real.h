@@ -192,6 +192,10 @@ static void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict
     /* activation backward: x = grad_output, y = input or output */
     case TPURT_EW_THRESHOLD_BACKWARD: B(y <= p0 ? p1 : x);
     case TPURT_EW_GELU_BACKWARD: {
+#if EW_FAST
+      for (int i = 0; i < n; i++) d[i] = ew_gelu_backward_f(a[i], b[i]);
+      break;
+#endif
       for (int i = 0; i < n; i++) {
         T x = a[i], y = b[i];
         T cdf = (T)0.5 * ((T)1 + EW_M(erf)(y * (T)M_SQRT1_2));

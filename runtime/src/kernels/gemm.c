@@ -36,14 +36,13 @@ static pthread_once_t g_lib_once = PTHREAD_ONCE_INIT;
 static char g_lib_name[160];
 static int g_lib_threads = 1;
 
-/* Per-shape threading: products below SERIAL_MNK multiply-adds run on the
- * calling worker alone (measured on a quiet 2-core machine: 256^3 runs at
- * ~70 GFLOP/s on one thread but ~38 on two; 512^3 goes from ~56 to ~78 on
- * two; splitting small products is worse still when the cores are
- * shared); larger ones use all of the library's threads. The wheel
- * exports no per-thread setting, so the library-wide count is switched
- * (cached, so only a change of regime calls into the library; a race
- * between streams can only cost speed, never correctness). */
+/* Library threads: f32 products run single-threaded calls on the pool's
+ * tiles (below); f64 products below SERIAL_MNK multiply-adds run on the
+ * calling worker alone, larger ones use all of the library's threads
+ * (LAPACK calls do too). The wheel exports no per-thread setting, so the
+ * library-wide count is switched (cached, so only a change of regime
+ * calls into the library; a race between streams can only cost speed,
+ * never correctness). */
 #define SERIAL_MNK ((double)(1 << 24) + 1) /* up to 256^3 */
 static _Atomic int g_cur_threads = -1;
 static void set_threads_for(int64_t M, int64_t N, int64_t K) {
@@ -206,31 +205,101 @@ static int blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, int *
 
 static inline enum CBLAS_TRANSPOSE tr(int t) { return t ? CblasTrans : CblasNoTrans; }
 
+/* ------------------------------------------------------ tiled sgemm
+ *
+ * f32 products run as tiles on the runtime's pool, each tile one
+ * single-threaded library call. The library's own threads split every
+ * product statically and wait for the slowest thread, which on a shared
+ * machine (or next to the pool's threads) costs up to 10x; tiles on the
+ * pool are claimed dynamically, so an unscheduled thread only delays the
+ * tile it holds. Batched products are tiled over batch x rows x columns
+ * in one parallel region (small per-batch products no longer run on one
+ * core). Tile boundaries depend only on the shape, never on scheduling. */
+
+typedef struct {
+  int ta, tb;
+  int64_t M, N, K;
+  float alpha, beta;
+  const float *A, *B;
+  float *C;
+  int64_t lda, ldb, ldc;
+  int64_t sa, sb, sc; /* batch strides (elements) */
+  int64_t mt, nt;     /* tile size */
+  int64_t tm, tn;     /* tiles per batch along M, N */
+} sgemm_job;
+
+/* Below this many multiply-adds a product runs as one call (tiles would
+ * cost more in handoffs than they save). */
+#define TILE_MIN_MACS ((int64_t)1 << 20)
+
+static void sgemm_tiles(void *p, int64_t t0, int64_t t1) {
+  const sgemm_job *j = p;
+  set_threads_for(1, 1, 1);
+  int64_t per = j->tm * j->tn;
+  for (int64_t t = t0; t < t1; t++) {
+    int64_t bi = t / per, r = t % per, i0 = r / j->tn * j->mt, j0 = r % j->tn * j->nt;
+    int64_t m = j->M - i0 < j->mt ? j->M - i0 : j->mt, n = j->N - j0 < j->nt ? j->N - j0 : j->nt;
+    const float *a = j->A + bi * j->sa + (j->ta ? i0 : i0 * j->lda);
+    const float *b = j->B + bi * j->sb + (j->tb ? j0 * j->ldb : j0);
+    float *c = j->C + bi * j->sc + i0 * j->ldc + j0;
+    scipy_cblas_sgemm(CblasRowMajor, tr(j->ta), tr(j->tb), (int)m, (int)n, (int)j->K, j->alpha, a, (int)j->lda, b,
+                      (int)j->ldb, j->beta, c, (int)j->ldc);
+  }
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* nb products C_i = alpha op(A_i) op(B_i) + beta C_i (K > 0, row-major,
+ * batch strides in elements; sc != 0 unless nb == 1). */
+static void sgemm_batched(int ta, int tb, int64_t nb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                          int64_t lda, int64_t sa, const float *B, int64_t ldb, int64_t sb, float beta, float *C,
+                          int64_t ldc, int64_t sc) {
+  sgemm_job j = {ta, tb, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, sa, sb, sc, M, N, 1, 1};
+  int64_t nth = tpurt_num_threads();
+  double macs = (double)M * (double)N * (double)K;
+  if (nth > 1 && !tpurt__pool_nested() && macs * (double)nb >= (double)(2 * TILE_MIN_MACS)) {
+    /* aim at 4 tiles per thread over the whole batch, none below the minimum */
+    int64_t want = 4 * nth;
+    int64_t per = nb >= want ? 1 : ceil_div(want, nb);
+    int64_t cap = (int64_t)(macs / (double)TILE_MIN_MACS);
+    if (per > cap) per = cap > 1 ? cap : 1;
+    /* rows first (the B panel is shared), in multiples of 16, >= 32 rows */
+    int64_t tm = per < M / 32 ? per : (M / 32 > 1 ? M / 32 : 1);
+    j.mt = ceil_div(ceil_div(M, tm), 16) * 16;
+    j.tm = ceil_div(M, j.mt);
+    int64_t tn = ceil_div(per, j.tm);
+    if (tn > N / 32) tn = N / 32 > 1 ? N / 32 : 1;
+    j.nt = ceil_div(ceil_div(N, tn), 16) * 16;
+    j.tn = ceil_div(N, j.nt);
+  }
+  int64_t ntiles = nb * j.tm * j.tn;
+  if (ntiles > 1)
+    tpurt_parallel_for(ntiles, 1, sgemm_tiles, &j);
+  else
+    sgemm_tiles(&j, 0, 1);
+}
+
 /* Row-major C[M,N] = alpha op(A) op(B) + beta C on f32 data, with the
  * precision applied by packing when not HIGHEST. Uses scratch slots 6, 7. */
 void tpurt__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                   const float *B, int64_t ldb, float beta, float *C, int64_t ldc, tpurt_precision prec) {
   if (M == 0 || N == 0) return;
-  if (prec != TPURT_PRECISION_HIGHEST && K > 0) {
+  if (K == 0) {
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    return;
+  }
+  if (prec != TPURT_PRECISION_HIGHEST) {
     int high = prec == TPURT_PRECISION_HIGH;
     float *pa = tpurt__scratch(6, (size_t)M * K * (high ? 3 : 1) * 4);
     float *pb = tpurt__scratch(7, (size_t)K * N * (high ? 3 : 1) * 4);
     tpurt__pack_f32(pa, A, TPURT_F32, M, K, ta ? 1 : lda, ta ? lda : 1, high ? 2 : 1);
     tpurt__pack_f32(pb, B, TPURT_F32, K, N, tb ? 1 : ldb, tb ? ldb : 1, high ? 3 : 1);
     int64_t k2 = high ? 3 * K : K;
-    set_threads_for(M, N, k2);
-    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)k2, alpha, pa, (int)k2, pb,
-                      (int)N, beta, C, (int)ldc);
+    sgemm_batched(0, 0, 1, M, N, k2, alpha, pa, k2, 0, pb, N, 0, beta, C, ldc, 0);
     return;
   }
-  if (K == 0) {
-    for (int64_t i = 0; i < M; i++)
-      for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
-    return;
-  }
-  set_threads_for(M, N, K);
-  scipy_cblas_sgemm(CblasRowMajor, tr(ta), tr(tb), (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C,
-                    (int)ldc);
+  sgemm_batched(ta, tb, 1, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0);
 }
 
 void tpurt__dgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const double *A, int64_t lda,
@@ -307,6 +376,23 @@ static void gemm_float(const gemm_args *g) {
   int mode_b = mode_a == 2 ? 3 : mode_a;
   int64_t k2 = mode_a == 2 ? 3 * K : K;
   const float *pb_cached = NULL;
+  if (K > 0 && mode_a == 0 && av->dtype == TPURT_F32 && bv->dtype == TPURT_F32 && cv->dtype == TPURT_F32 &&
+      (B == 1 || cv->strides[0] != 0)) {
+    /* every batch has the same layout: one tiled region over all of them */
+    mat a = batch_mat(av, 0), b = batch_mat(bv, 0), c = batch_mat(cv, 0);
+    int ta, tb, tc;
+    int64_t lda, ldb, ldc;
+    if (blas_layout(M, K, a.rs, a.cs, &ta, &lda) && blas_layout(K, N, b.rs, b.cs, &tb, &ldb) &&
+        blas_layout(M, N, c.rs, c.cs, &tc, &ldc)) {
+      if (!tc)
+        sgemm_batched(ta, tb, B, M, N, K, alpha, (const float *)a.p, lda, av->strides[0], (const float *)b.p, ldb,
+                      bv->strides[0], beta, (float *)c.p, ldc, cv->strides[0]);
+      else /* C^T = op(B)^T op(A)^T */
+        sgemm_batched(!tb, !ta, B, N, M, K, alpha, (const float *)b.p, ldb, bv->strides[0], (const float *)a.p, lda,
+                      av->strides[0], beta, (float *)c.p, ldc, cv->strides[0]);
+      return;
+    }
+  }
   for (int64_t bi = 0; bi < B; bi++) {
     mat a = batch_mat(av, bi), b = batch_mat(bv, bi), c = batch_mat(cv, bi);
     int ta = 0, tb = 0;
