@@ -175,7 +175,7 @@ def bench_workload(batch: int | None = None, preset: str = "quick") -> tuple[nn.
     loss_fn) for the benchmarks; batches from the synthetic click log."""
     torch.manual_seed(0)
     if preset == "quick":
-        b, dim, rows = batch or 256, 16, (400, 800, 1600, 3000, 300, 1200, 600, 2000)
+        b, dim, rows = batch or 512, 16, (400, 800, 1600, 3000, 300, 1200, 600, 2000)
         bottom, top = (64, 32), (64, 32)
     else:
         b, dim = batch or 2048, 64

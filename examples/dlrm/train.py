@@ -1,13 +1,14 @@
 """Train a DLRM click-through-rate model on a SYNTHETIC click log, then report
 its validation AUC and log loss.
 
-The data is generated on the host from --data-seed (no download, no real users):
---dense-features Gaussian dense features and --tables sparse categorical
-features, each a multi-hot bag of 1-4 ids with Zipf-like popularity over the
-table's rows; the click label is drawn from a hidden random logistic model of
-the dense features, per-id effects and pairwise table interactions, so there is
-real (noisy) signal to learn. The last 10 % of the samples are the validation
-split; the hidden model's own validation AUC is printed as the ceiling.
+The data is generated on the host from --data-seed (no download, no real
+users): --dense-features Gaussian dense features and --tables sparse
+categorical features, each a multi-hot bag of 1 to --max-bag (4) ids with
+Zipf-like popularity over the table's rows; the click label is drawn from a
+hidden random logistic model of the dense features, per-id effects and
+pairwise table interactions, so there is real (noisy) signal to learn. The
+last 10 % of the samples are the validation split; the hidden model's own
+validation AUC is printed as the ceiling.
 
 Model: bottom MLP on the dense features, one nn.EmbeddingBag(mode="sum") per
 table (variable-length bags through offsets), pairwise dot-product interaction,
@@ -18,7 +19,8 @@ for recommendation embeddings; dense gradients, sparse=False).
     python examples/dlrm/train.py --mode defer            # DeferAndFuse
     python examples/dlrm/train.py --compare               # strict, then defer: throughput of both
     python examples/dlrm/train.py --device cpu --steps 100 --save ckpt.pt
-    python examples/dlrm/train.py --load ckpt.pt --steps 100 --rows 500 --tables 4
+    python examples/dlrm/train.py --load ckpt.pt --steps 100 --seed 1     # resume (same data and size flags)
+    python examples/dlrm/train.py --tables 4 --rows 5000 --emb-dim 32 --samples 100000
 """
 from __future__ import annotations
 
