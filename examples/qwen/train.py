@@ -16,7 +16,7 @@ eager is transformers' explicit matmul/softmax path).
 model, plus chars.json with the vocabulary and optimizer.pt with the AdamW
 state, so --load continues the training).
 
-    python examples/qwen/train.py                          # tpu, strict eager, sdpa attention
+    python examples/qwen/train.py                          # tpu, strict mode, sdpa attention
     python examples/qwen/train.py --mode defer             # DeferAndFuse
     python examples/qwen/train.py --compare                # strict, then defer: throughput of both
     python examples/qwen/train.py --attn eager --steps 50
