@@ -23,38 +23,7 @@ from examples.llama.model import Llama, LlamaBlock, RMSNorm, rope  # noqa: E402,
 # -------------------------------------------------------------------- ResNet
 
 
-class BasicBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
-        super().__init__()
-        self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.b1 = nn.BatchNorm2d(cout)
-        self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.b2 = nn.BatchNorm2d(cout)
-        self.short = None
-        if stride != 1 or cin != cout:
-            self.short = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.relu(self.b1(self.c1(x)))
-        y = self.b2(self.c2(y))
-        return F.relu(y + (x if self.short is None else self.short(x)))
-
-
-class ResNet18(nn.Module):
-    def __init__(self, classes: int = 10, width: int = 32, in_ch: int = 3) -> None:
-        super().__init__()
-        w = width
-        self.stem = nn.Sequential(nn.Conv2d(in_ch, w, 3, 1, 1, bias=False), nn.BatchNorm2d(w), nn.ReLU())
-        layers, cin = [], w
-        for i, cout in enumerate((w, 2 * w, 4 * w, 8 * w)):
-            layers += [BasicBlock(cin, cout, 1 if i == 0 else 2), BasicBlock(cout, cout, 1)]
-            cin = cout
-        self.layers = nn.Sequential(*layers)
-        self.fc = nn.Linear(cin, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.layers(self.stem(x))
-        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+from examples.resnet.model import BasicBlock, ResNet18  # noqa: E402,F401  (one definition, shared with the example)
 
 
 # ------------------------------------------------------------- workloads
