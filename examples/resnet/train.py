@@ -30,14 +30,14 @@ from examples.resnet.model import Digits, ResNet18  # noqa: E402
 
 def parse(argv=None) -> argparse.Namespace:
     p = common.parser(__doc__, steps=90, batch_size=32, lr=0.05)
-    p.add_argument("--epochs", type=float, help="train this many epochs (overrides --steps)")
+    p.add_argument("--epochs", type=float, help="train this many epochs (overrides --steps; the default 90 steps"
+                                                   " of 32 images are about 2 epochs)")
     p.add_argument("--width", type=int, default=16, help="channels of the first stage (doubled per stage; default 16)")
     p.add_argument("--image-size", type=int, default=16, help="side the 8x8 digits are upsampled to (default 16)")
     p.add_argument("--eval-batch-size", type=int, default=128, help="batch of the inference pass (default 128)")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=5e-4)
-    args = p.parse_args(argv)
-    return args
+    return p.parse_args(argv)
 
 
 def evaluate(model: torch.nn.Module, data: Digits, run: common.Run) -> tuple[torch.Tensor, float]:
