@@ -51,7 +51,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--sample-count", type=int, default=16, help="images to sample after training (0: none)")
     p.add_argument("--sample-steps", type=int, default=50, help="reverse steps (evenly spaced out of T; default 50)")
     p.add_argument("--eta", type=float, default=1.0, help="DDIM eta: 1 = respaced ancestral DDPM, 0 = DDIM")
-    p.add_argument("--samples-png", default="unet_samples.png", help="PNG grid of the samples (default %(default)s)")
+    p.add_argument("--samples-png", default="unet_samples.png", help="PNG grid of the samples (default %(default)s; with --compare one file per"
+                        " mode: unet_samples.strict.png, unet_samples.defer.png; '' for none)")
     return p.parse_args(argv)
 
 
