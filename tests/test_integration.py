@@ -1,6 +1,7 @@
 """Serialization, missing-op errors, CPU fallback, autoload, doctor CLI."""
 from __future__ import annotations
 
+import copy
 import io
 import os
 import subprocess
@@ -96,3 +97,28 @@ def test_demo_runs():
                        cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "after empty_cache" in r.stdout
+
+
+def test_module_to_keeps_shared_parameters_shared():
+    """Module.to('tpu') keeps Parameter objects (param.data is replaced), so a
+    weight shared by two modules (tied embedding / output head) stays one
+    parameter and its gradient sums both uses, as on CPU."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    m = torch.nn.Sequential(emb, head)
+    ref = copy.deepcopy(m)
+    assert torch._has_compatible_shallow_copy_type(emb.weight, emb.weight.to("tpu"))
+    w = emb.weight
+    m.to("tpu")
+    assert m[0].weight is m[1].weight is w and w.device.type == "tpu"
+    assert len(list(m.parameters())) == 1
+    x = torch.tensor([[1, 2, 3, 2]])
+    m(x.to("tpu")).square().sum().backward()
+    ref(x).square().sum().backward()
+    torch.testing.assert_close(w.grad.cpu(), ref[0].weight.grad)
+    m.to("cpu")
+    assert m[0].weight is m[1].weight is w and w.device.type == "cpu" and w.grad.device.type == "cpu"
+    # sparse and strided layouts still do not mix
+    assert not torch._has_compatible_shallow_copy_type(torch.zeros(2, device="tpu"), torch.zeros(2).to_sparse())

@@ -337,7 +337,19 @@ void reset_fallback_counts() {
   g_fallback_counts.clear();
 }
 
+// A strided tpu tensor and a strided CPU (or tpu) tensor can take each
+// other's metadata (`param.data = moved`): Module.to() then keeps the
+// Parameter objects, so weights shared between modules stay shared. The
+// core check knows only its built-in dense backends.
+bool tpu_has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](const at::Tensor& t) {
+    return t.layout() == c10::kStrided && (t.is_cpu() || t.device().type() == c10::DeviceType::PrivateUse1);
+  };
+  return self.key_set() == from.key_set() || (dense(self) && dense(from));
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(tpu_has_compatible_shallow_copy_type));
   m.impl("empty.memory_format", TORCH_FN(tpu_empty));
   m.impl("empty_strided", TORCH_FN(tpu_empty_strided));
   m.impl("as_strided", TORCH_FN(tpu_as_strided));
