@@ -271,10 +271,18 @@ static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
     if (nb < 1) nb = 1;
     if (nb > N) nb = N;
     char *col = one ? NULL : tpurt__scratch(3, (size_t)(Kd * L * nb) * es);
-    for (int64_t g = 0; g < G; g++)
+    /* f32 at full precision: the images of a chunk are one batched product
+     * (tiled over images x rows x columns on the pool) */
+    int batched = !f64 && prec == TPURT_PRECISION_HIGHEST;
+    for (int64_t g = 0; g < G; g++) {
+      const char *wg = w + (size_t)(g * Cog * Kd) * es;
+      if (one && batched) {
+        tpurt__sgemm_batched(0, 0, N, Cog, L, Kd, 1.0f, (const float *)wg, Kd, 0,
+                             (const float *)x + g * Cig * HW, L, Ci * HW, 0.0f, (float *)y + g * Cog * L, L, Co * L);
+        continue;
+      }
       for (int64_t n0 = 0; n0 < N; n0 += nb) {
         int64_t cnt = N - n0 < nb ? N - n0 : nb;
-        const char *wg = w + (size_t)(g * Cog * Kd) * es;
         if (one) {
           const char *xg = x + (size_t)((n0 * Ci + g * Cig) * HW) * es;
           gemm_rt(f64, 0, 0, Cog, L, Kd, wg, Kd, xg, L, 0.0, y + (size_t)((n0 * Co + g * Cog) * L) * es, L, prec);
@@ -285,10 +293,15 @@ static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
         ic.nb = cnt;
         ic.ld = cnt * L;
         tpurt_parallel_for(Kd * cnt, 1 + 4096 / (L + 1), im2col_rows, &ic);
-        for (int64_t n = 0; n < cnt; n++)
-          gemm_rt(f64, 0, 0, Cog, L, Kd, wg, Kd, col + (size_t)(n * L) * es, cnt * L, 0.0,
-                  y + (size_t)(((n0 + n) * Co + g * Cog) * L) * es, L, prec);
+        if (batched)
+          tpurt__sgemm_batched(0, 0, cnt, Cog, L, Kd, 1.0f, (const float *)wg, Kd, 0, (const float *)col, cnt * L, L,
+                               0.0f, (float *)y + ((n0 * Co + g * Cog) * L), L, Co * L);
+        else
+          for (int64_t n = 0; n < cnt; n++)
+            gemm_rt(f64, 0, 0, Cog, L, Kd, wg, Kd, col + (size_t)(n * L) * es, cnt * L, 0.0,
+                    y + (size_t)(((n0 + n) * Co + g * Cog) * L) * es, L, prec);
       }
+    }
     if (a->has1) { /* bias */
       const tpurt_view *bv = &a->out1;
       const char *bb = hv(bv->ptr);
@@ -329,6 +342,11 @@ static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
         const char *dyg = dy + (size_t)((n0 * Co + g * Cog) * L) * es;
         char *dxg = dx + (size_t)((n0 * Ci + g * Cig) * HW) * es;
         if (one) {
+          if (!f64 && prec == TPURT_PRECISION_HIGHEST) { /* all images as one batched product */
+            tpurt__sgemm_batched(1, 0, N, Cig, L, Cog, 1.0f, (const float *)wg, Kd, 0, (const float *)dyg, L, Co * L,
+                                 0.0f, (float *)dxg, L, Ci * HW);
+            break;
+          }
           gemm_rt(f64, 1, 0, Cig, L, Cog, wg, Kd, dyg, L, 0.0, dxg, L, prec);
           continue;
         }

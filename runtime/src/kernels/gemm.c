@@ -251,7 +251,7 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* nb products C_i = alpha op(A_i) op(B_i) + beta C_i (K > 0, row-major,
  * batch strides in elements; sc != 0 unless nb == 1). */
-static void sgemm_batched(int ta, int tb, int64_t nb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+static void sgemm_batched_k(int ta, int tb, int64_t nb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                           int64_t lda, int64_t sa, const float *B, int64_t ldb, int64_t sb, float beta, float *C,
                           int64_t ldc, int64_t sc) {
   sgemm_job j = {ta, tb, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, sa, sb, sc, M, N, 1, 1};
@@ -279,6 +279,18 @@ static void sgemm_batched(int ta, int tb, int64_t nb, int64_t M, int64_t N, int6
     sgemm_tiles(&j, 0, 1);
 }
 
+void tpurt__sgemm_batched(int ta, int tb, int64_t nb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                          int64_t lda, int64_t sa, const float *B, int64_t ldb, int64_t sb, float beta, float *C,
+                          int64_t ldc, int64_t sc) {
+  if (nb <= 0 || M == 0 || N == 0) return;
+  if (K == 0) {
+    for (int64_t bi = 0; bi < nb; bi++) tpurt__sgemm(ta, tb, M, N, 0, alpha, A, lda, B, ldb, beta, C + bi * sc, ldc,
+                                                     TPURT_PRECISION_HIGHEST);
+    return;
+  }
+  sgemm_batched_k(ta, tb, nb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc);
+}
+
 /* Row-major C[M,N] = alpha op(A) op(B) + beta C on f32 data, with the
  * precision applied by packing when not HIGHEST. Uses scratch slots 6, 7. */
 void tpurt__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
@@ -296,10 +308,10 @@ void tpurt__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, 
     tpurt__pack_f32(pa, A, TPURT_F32, M, K, ta ? 1 : lda, ta ? lda : 1, high ? 2 : 1);
     tpurt__pack_f32(pb, B, TPURT_F32, K, N, tb ? 1 : ldb, tb ? ldb : 1, high ? 3 : 1);
     int64_t k2 = high ? 3 * K : K;
-    sgemm_batched(0, 0, 1, M, N, k2, alpha, pa, k2, 0, pb, N, 0, beta, C, ldc, 0);
+    sgemm_batched_k(0, 0, 1, M, N, k2, alpha, pa, k2, 0, pb, N, 0, beta, C, ldc, 0);
     return;
   }
-  sgemm_batched(ta, tb, 1, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0);
+  sgemm_batched_k(ta, tb, 1, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0);
 }
 
 void tpurt__dgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const double *A, int64_t lda,
@@ -385,10 +397,10 @@ static void gemm_float(const gemm_args *g) {
     if (blas_layout(M, K, a.rs, a.cs, &ta, &lda) && blas_layout(K, N, b.rs, b.cs, &tb, &ldb) &&
         blas_layout(M, N, c.rs, c.cs, &tc, &ldc)) {
       if (!tc)
-        sgemm_batched(ta, tb, B, M, N, K, alpha, (const float *)a.p, lda, av->strides[0], (const float *)b.p, ldb,
+        sgemm_batched_k(ta, tb, B, M, N, K, alpha, (const float *)a.p, lda, av->strides[0], (const float *)b.p, ldb,
                       bv->strides[0], beta, (float *)c.p, ldc, cv->strides[0]);
       else /* C^T = op(B)^T op(A)^T */
-        sgemm_batched(!tb, !ta, B, N, M, K, alpha, (const float *)b.p, ldb, bv->strides[0], (const float *)a.p, lda,
+        sgemm_batched_k(!tb, !ta, B, N, M, K, alpha, (const float *)b.p, ldb, bv->strides[0], (const float *)a.p, lda,
                       av->strides[0], beta, (float *)c.p, ldc, cv->strides[0]);
       return;
     }

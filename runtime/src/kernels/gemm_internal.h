@@ -17,6 +17,12 @@ TPURT_INTERNAL void tpurt__pack_f32(float *dst, const void *src, tpurt_dtype dt,
 TPURT_INTERNAL void tpurt__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
                                  tpurt_precision prec);
+/* nb f32 products C_i = alpha op(A_i) op(B_i) + beta C_i at batch strides
+ * sa, sb, sc (elements; sa/sb may be 0, sc only when nb == 1), full f32
+ * precision, tiled over batch x rows x columns on the pool. */
+TPURT_INTERNAL void tpurt__sgemm_batched(int ta, int tb, int64_t nb, int64_t M, int64_t N, int64_t K, float alpha,
+                                         const float *A, int64_t lda, int64_t sa, const float *B, int64_t ldb,
+                                         int64_t sb, float beta, float *C, int64_t ldc, int64_t sc);
 TPURT_INTERNAL void tpurt__dgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const double *A,
                                  int64_t lda, const double *B, int64_t ldb, double beta, double *C, int64_t ldc);
 /* Validates a view of ndim dims (dtype, sizes, device range). */
