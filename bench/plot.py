@@ -23,7 +23,7 @@ def _groups(out: dict):
     return groups
 
 
-def _bars(ax, groups, configs, value, fmt) -> None:
+def _bars(ax, groups, configs, value, fmt, base: float = 0.0) -> None:
     n = max(1, len(configs))
     width = 0.8 / n
     for j, c in enumerate(configs):
@@ -38,10 +38,10 @@ def _bars(ax, groups, configs, value, fmt) -> None:
                 continue
             xs.append(x)
             ys.append(y)
-        bars = ax.bar(xs, ys, width, label=c)
+        bars = ax.bar(xs, [y - base for y in ys], width, bottom=base, label=c)
         for b, y in zip(bars, ys):
-            ax.text(b.get_x() + b.get_width() / 2, b.get_height(), fmt(y), ha="center", va="bottom", fontsize=6,
-                    rotation=90)
+            ax.text(b.get_x() + b.get_width() / 2, y, fmt(y), ha="center", va="bottom" if y >= base else "top",
+                    fontsize=6, rotation=90)
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels([g[0] for g in groups], fontsize=8)
     ax.legend(fontsize=8)
@@ -56,7 +56,8 @@ def matrix(out: dict, out_dir: Path | None = None) -> list[Path]:
     missing = f" — MISSING: {', '.join(out['missing'])}" if out.get("missing") else ""
 
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(groups) + 2), 4.5))
-    _bars(ax, groups, configs, lambda v: v.get("speed_vs_cpu_eager"), lambda y: f"{y:.2f}×")
+    _bars(ax, groups, configs, lambda v: v.get("speed_vs_cpu_eager"), lambda y: f"{y:.2f}×",
+          base=1.0)  # bars grow up (faster) or down (slower) from 1×
     ax.axhline(1.0, color="gray", lw=0.8, ls="--")
     ax.set_yscale("log")
     ax.set_ylabel("speed vs cpu eager (×, higher is faster)")
