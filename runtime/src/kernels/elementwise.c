@@ -286,26 +286,7 @@ static double ew_erfinv(double y) {
 
 #include "ew_special.h"
 
-/* Vectorizable float exp: 2^n * e^r with |r| <= ln2/2, degree-6 polynomial,
- * scale applied in two halves so results down to the subnormals are right. */
-static inline float ew_expf(float x) {
-  float xc = x != x ? 0.0f : (x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x));
-  float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  float r = fmaf(n, -0.693145751953125f, xc);
-  r = fmaf(n, -1.428606765330187e-06f, r);
-  float p = 1.0f / 720.0f;
-  p = fmaf(p, r, 1.0f / 120.0f);
-  p = fmaf(p, r, 1.0f / 24.0f);
-  p = fmaf(p, r, 1.0f / 6.0f);
-  p = fmaf(p, r, 0.5f);
-  p = fmaf(p, r, 1.0f);
-  p = fmaf(p, r, 1.0f);
-  int32_t ni = (int32_t)n;
-  int32_t n1 = ni >> 1, n2 = ni - n1;
-  float s1 = tpurt__bits_f32((uint32_t)(n1 + 127) << 23), s2 = tpurt__bits_f32((uint32_t)(n2 + 127) << 23);
-  float res = p * s1 * s2;
-  return x != x ? x : res;
-}
+#include "vmath.h"
 
 /* Phi(x), the standard normal CDF, through erfc with a Chebyshev fit of
  * relative error < 1.2e-7 (Press et al., Numerical Recipes, erfcc), so
@@ -331,7 +312,7 @@ static inline float ew_phi_f(float x) {
   float zz = 0.5f * xx, zl = 0.5f * xl;
   float s = q - zz, bb = s - q;
   float lo = (q - (s - bb)) + (-zz - bb) - zl;
-  float ec = t * ew_expf(s) * (1.0f + lo); /* erfc(|x| / sqrt 2) */
+  float ec = t * tpurt__vexpf(s) * (1.0f + lo); /* erfc(|x| / sqrt 2) */
   float p = x >= 0 ? fmaf(-0.5f, ec, 1.0f) : 0.5f * ec;
   return x != x ? x : p;
 }
@@ -341,7 +322,7 @@ static inline float ew_gelu_f(float x) { return x * ew_phi_f(x); }
 
 /* d gelu(y) / dy * g = g * (Phi(y) + y * phi(y)) */
 static inline float ew_gelu_backward_f(float g, float y) {
-  return g * fmaf(y, ew_expf(-0.5f * y * y) * 0.3989422804014327f, ew_phi_f(y));
+  return g * fmaf(y, tpurt__vexpf(-0.5f * y * y) * 0.3989422804014327f, ew_phi_f(y));
 }
 
 /* --------------------------------------------------- instruction loops */
@@ -349,7 +330,7 @@ static inline float ew_gelu_backward_f(float g, float y) {
 #define EW_T float
 #define EW_FN exec_f32
 #define EW_M(fn) fn##f
-#define EW_EXP(x) ew_expf(x)
+#define EW_EXP(x) tpurt__vexpf(x)
 #define EW_FAST 1
 #include "ew_real.h"
 #undef EW_T

@@ -6,6 +6,7 @@
  * contiguous f32 line is read in place.
  */
 #include "rk_common.h"
+#include "vmath.h"
 
 #define STACK_D 4096
 
@@ -56,7 +57,34 @@ typedef struct {
     }                                                                                    \
     STORE(op, p->odt, p->L.step[0], a, D);                                                    \
   }
-SM_ROW(row_f, float, rk_load_f32, rk_store_row_f32, expf, logf)
+/* f32 lines: vectorized exp and eight-lane sums */
+static void row_f(const smplan *p, char *op, const char *ip, const char *ip2, float *a, float *b) {
+  int64_t D = p->L.D;
+  rk_load_f32(a, ip, p->idt, p->L.step[1], D);
+  if (!p->bwd) {
+    float m = a[0];
+    for (int64_t i = 1; i < D; i++) m = a[i] > m ? a[i] : m;
+    if (p->log) {
+      for (int64_t i = 0; i < D; i++) b[i] = tpurt__vexpf(a[i] - m);
+      float ls = m + logf(tpurt__vsumf(b, D));
+      for (int64_t i = 0; i < D; i++) a[i] -= ls;
+    } else {
+      for (int64_t i = 0; i < D; i++) a[i] = tpurt__vexpf(a[i] - m);
+      float inv = 1.0f / tpurt__vsumf(a, D);
+      for (int64_t i = 0; i < D; i++) a[i] *= inv;
+    }
+  } else {
+    rk_load_f32(b, ip2, p->i2dt, p->L.step[2], D);
+    if (p->log) {
+      float acc = tpurt__vsumf(a, D);
+      for (int64_t i = 0; i < D; i++) a[i] -= tpurt__vexpf(b[i]) * acc;
+    } else {
+      float acc = tpurt__vdotf(a, b, D);
+      for (int64_t i = 0; i < D; i++) a[i] = b[i] * (a[i] - acc);
+    }
+  }
+  rk_store_row_f32(op, p->odt, p->L.step[0], a, D);
+}
 SM_ROW(row_d, double, rk_load_f64, rk_store_row_f64, exp, log)
 
 static void sm_lines(void *c, int64_t lb, int64_t le) {

@@ -1,0 +1,53 @@
+/*
+ * vmath.h — branch-free float math that gcc vectorizes: exp, and sums /
+ * dot products over eight independent lanes (the compiler may not reorder
+ * a plain float sum; eight lanes make it one vector accumulator).
+ */
+#ifndef TPURT_VMATH_H
+#define TPURT_VMATH_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "../internal.h"
+
+/* Vectorizable float exp: 2^n * e^r with |r| <= ln2/2, degree-6 polynomial,
+ * scale applied in two halves so results down to the subnormals are right. */
+static inline float tpurt__vexpf(float x) {
+  float xc = x != x ? 0.0f : (x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x));
+  float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = fmaf(n, -0.693145751953125f, xc);
+  r = fmaf(n, -1.428606765330187e-06f, r);
+  float p = 1.0f / 720.0f;
+  p = fmaf(p, r, 1.0f / 120.0f);
+  p = fmaf(p, r, 1.0f / 24.0f);
+  p = fmaf(p, r, 1.0f / 6.0f);
+  p = fmaf(p, r, 0.5f);
+  p = fmaf(p, r, 1.0f);
+  p = fmaf(p, r, 1.0f);
+  int32_t ni = (int32_t)n;
+  int32_t n1 = ni >> 1, n2 = ni - n1;
+  float s1 = tpurt__bits_f32((uint32_t)(n1 + 127) << 23), s2 = tpurt__bits_f32((uint32_t)(n2 + 127) << 23);
+  float res = p * s1 * s2;
+  return x != x ? x : res;
+}
+
+static inline float tpurt__vsumf(const float *a, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; j++) acc[j] += a[i + j];
+  for (; i < n; i++) acc[i & 7] += a[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+static inline float tpurt__vdotf(const float *a, const float *b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
+  for (; i < n; i++) acc[i & 7] += a[i] * b[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+#endif
