@@ -830,9 +830,24 @@ static void gather_chunk(void *c, int64_t b, int64_t e) {
       rem /= x->sizes[k];
       for (int o = 0; o < nops; o++) cur[o] += idx[k] * x->bstr[o][k];
     }
-    for (int64_t j = 0; j < n; j++) {
-      for (int o = 0; o < nops; o++) goff[o][j] = cur[o];
-      for (int k = nd - 1; k >= 0; k--) {
+    /* runs along the innermost dimension: a strided sequence per operand,
+     * then one carry into the outer dimensions */
+    int in = nd - 1;
+    for (int64_t j = 0; j < n;) {
+      int64_t run = x->sizes[in] - idx[in];
+      if (run > n - j) run = n - j;
+      for (int o = 0; o < nops; o++) {
+        int64_t c0 = cur[o], st = x->bstr[o][in];
+        int64_t *g = goff[o] + j;
+        for (int64_t t = 0; t < run; t++) g[t] = c0 + t * st;
+        cur[o] += run * st;
+      }
+      j += run;
+      idx[in] += run;
+      if (idx[in] < x->sizes[in]) continue;
+      for (int o = 0; o < nops; o++) cur[o] -= idx[in] * x->bstr[o][in];
+      idx[in] = 0;
+      for (int k = in - 1; k >= 0; k--) {
         idx[k]++;
         for (int o = 0; o < nops; o++) cur[o] += x->bstr[o][k];
         if (idx[k] < x->sizes[k]) break;
