@@ -5,6 +5,8 @@
  * exp-sum, normalize) and stored; lines are split over the pool. A
  * contiguous f32 line is read in place.
  */
+/* FP compares may be if-converted (selects in the vector exp) */
+#pragma GCC optimize("no-trapping-math")
 #include "rk_common.h"
 #include "vmath.h"
 
@@ -58,12 +60,11 @@ typedef struct {
     STORE(op, p->odt, p->L.step[0], a, D);                                                    \
   }
 /* f32 lines: vectorized exp and eight-lane sums */
-static void row_f(const smplan *p, char *op, const char *ip, const char *ip2, float *a, float *b) {
+static void row_f(const smplan *p, char *op, const char *ip, const char *ip2, float *restrict a, float *restrict b) {
   int64_t D = p->L.D;
   rk_load_f32(a, ip, p->idt, p->L.step[1], D);
   if (!p->bwd) {
-    float m = a[0];
-    for (int64_t i = 1; i < D; i++) m = a[i] > m ? a[i] : m;
+    float m = tpurt__vmaxf(a, D);
     if (p->log) {
       for (int64_t i = 0; i < D; i++) b[i] = tpurt__vexpf(a[i] - m);
       float ls = m + logf(tpurt__vsumf(b, D));

@@ -2,6 +2,8 @@
  * vmath.h — branch-free float math that gcc vectorizes: exp, and sums /
  * dot products over eight independent lanes (the compiler may not reorder
  * a plain float sum; eight lanes make it one vector accumulator).
+ * Loops calling these vectorize only where floating-point compares may be
+ * if-converted: the including file sets #pragma GCC optimize("no-trapping-math").
  */
 #ifndef TPURT_VMATH_H
 #define TPURT_VMATH_H
@@ -13,6 +15,16 @@
 
 /* Vectorizable float exp: 2^n * e^r with |r| <= ln2/2, degree-6 polynomial,
  * scale applied in two halves so results down to the subnormals are right. */
+/* bit cast through a union: gcc vectorizes it where a memcpy pun is not */
+static inline float tpurt__vbits(uint32_t u) {
+  union {
+    uint32_t u;
+    float f;
+  } c;
+  c.u = u;
+  return c.f;
+}
+
 static inline float tpurt__vexpf(float x) {
   float xc = x != x ? 0.0f : (x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x));
   float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
@@ -27,7 +39,7 @@ static inline float tpurt__vexpf(float x) {
   p = fmaf(p, r, 1.0f);
   int32_t ni = (int32_t)n;
   int32_t n1 = ni >> 1, n2 = ni - n1;
-  float s1 = tpurt__bits_f32((uint32_t)(n1 + 127) << 23), s2 = tpurt__bits_f32((uint32_t)(n2 + 127) << 23);
+  float s1 = tpurt__vbits((uint32_t)(n1 + 127) << 23), s2 = tpurt__vbits((uint32_t)(n2 + 127) << 23);
   float res = p * s1 * s2;
   return x != x ? x : res;
 }
@@ -48,6 +60,19 @@ static inline float tpurt__vdotf(const float *a, const float *b, int64_t n) {
     for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
   for (; i < n; i++) acc[i & 7] += a[i] * b[i];
   return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+/* max over n >= 1 values; NaN if any value is NaN */
+static inline float tpurt__vmaxf(const float *a, int64_t n) {
+  float acc[8];
+  for (int j = 0; j < 8; j++) acc[j] = a[0];
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; j++) acc[j] = (a[i + j] > acc[j] || a[i + j] != a[i + j]) ? a[i + j] : acc[j];
+  for (; i < n; i++) acc[i & 7] = (a[i] > acc[i & 7] || a[i] != a[i]) ? a[i] : acc[i & 7];
+  float m = acc[0];
+  for (int j = 1; j < 8; j++) m = (acc[j] > m || acc[j] != acc[j]) ? acc[j] : m;
+  return m;
 }
 
 #endif
