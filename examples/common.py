@@ -109,6 +109,18 @@ class Run:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    def update(self, opt: torch.optim.Optimizer, forward: Callable[[], torch.Tensor],
+               loss: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """One optimizer update: forward() under the run's autocast, loss(out)
+        (computed on out.float()), backward, step; returns the loss."""
+        with self.autocast():
+            out = forward()
+        value = loss(out.float())
+        opt.zero_grad(set_to_none=True)
+        value.backward()
+        opt.step()
+        return value
+
     def train(self, step: Callable[[int], torch.Tensor], units_per_step: float, unit: str = "samples") -> list[float]:
         """Calls step(i) for i in range(--steps); step returns the loss tensor
         of its (already applied) update. Throughput leaves out the first two
@@ -152,6 +164,15 @@ def summary(r: dict, extra: str = "") -> str:
         s += (f", peak device memory {r['peak_mib']:.1f} MiB, graphs built {r['graphs']},"
               f" cache hits {r['cache_hits']}")
     return s
+
+
+def report(results: list[dict], extra: Callable[[dict], str] = lambda r: "") -> None:
+    """Prints every run's summary line (with extra(r)) and, after --compare,
+    the defer / strict throughput ratio."""
+    for r in results:
+        print(summary(r, extra(r)))
+    if line := compare_line(results):
+        print(line)
 
 
 def compare_line(results: list[dict]) -> str | None:

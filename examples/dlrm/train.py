@@ -108,13 +108,7 @@ def train(args: argparse.Namespace, data: SyntheticClickLog, mode: str) -> dict:
             j = i % per_epoch
             (x, ix, off), y = data.batch(order[0][j * args.batch_size:(j + 1) * args.batch_size])
             x, ix, off, y = x.to(dev), ix.to(dev), off.to(dev), y.to(dev)
-            with run.autocast():
-                logits = model(x, ix, off)
-            loss = F.binary_cross_entropy_with_logits(logits.float(), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            return loss
+            return run.update(opt, lambda: model(x, ix, off), lambda logits: F.binary_cross_entropy_with_logits(logits, y))
 
         model.train()
         run.train(step, units_per_step=args.batch_size, unit="samples")
@@ -138,11 +132,8 @@ def run(args: argparse.Namespace) -> tuple[int, list[dict]]:
     results = [train(args, data, m) for m in common.modes(args)]
     p, q = data.click_rate("train"), data.click_rate("val")
     base = -(q * math.log(p) + (1 - q) * math.log(1 - p))  # val log loss of predicting the train click rate
-    for r in results:
-        print(common.summary(r, f"val AUC {r['auc']:.4f}, val log loss {r['logloss']:.4f} "
-                                f"(constant-rate baseline {base:.4f})"))
-    if line := common.compare_line(results):
-        print(line)
+    common.report(results, lambda r: f"val AUC {r['auc']:.4f}, val log loss {r['logloss']:.4f} "
+                                     f"(constant-rate baseline {base:.4f})")
     return 0, results
 
 

@@ -44,13 +44,8 @@ def train(args: argparse.Namespace, data: common.CharData, mode: str) -> dict:
         def step(i: int) -> torch.Tensor:
             x, y = data.batch("train", args.batch_size, g)
             x, y = x.to(dev), y.to(dev)
-            with run.autocast():
-                logits = model(x)
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            return loss
+            return run.update(opt, lambda: model(x),
+                              lambda out: F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1)))
 
         model.train()
         run.train(step, units_per_step=args.batch_size * args.block, unit="tokens")
@@ -77,10 +72,7 @@ def run(args: argparse.Namespace) -> tuple[int, list[dict]]:
     results = [train(args, data, m) for m in common.modes(args)]
     for r in results:
         print(f"\n--- sample ({r['mode']}) ---\n{r['sample']}\n")
-    for r in results:
-        print(common.summary(r, f"val loss {r['val']:.3f}"))
-    if line := common.compare_line(results):
-        print(line)
+    common.report(results, lambda r: f"val loss {r['val']:.3f}")
     return 0, results
 
 

@@ -88,12 +88,7 @@ def train(args: argparse.Namespace, data: common.CharData, mode: str, folder: st
         def step(i: int) -> torch.Tensor:
             x, _ = data.batch("train", args.batch_size, g)
             x = x.to(dev)
-            with run.autocast():
-                loss = model(input_ids=x, labels=x, use_cache=False).loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            return loss
+            return run.update(opt, lambda: model(input_ids=x, labels=x, use_cache=False).loss, lambda loss: loss)
 
         model.train()
         run.train(step, units_per_step=args.batch_size * (args.block - 1), unit="tokens")
@@ -155,10 +150,7 @@ def run(args: argparse.Namespace) -> tuple[int, list[dict]]:
     for r in results:
         print(f"\n--- greedy ({r['mode']}) ---\n{r['greedy']}\n--- sampled, T=0.8 top-k 20 ({r['mode']}) ---\n"
               f"{r['sample']}\n")
-    for r in results:
-        print(common.summary(r, f"val loss {r['val']:.3f}, val next-char accuracy {r['val_acc']:.3f}"))
-    if line := common.compare_line(results):
-        print(line)
+    common.report(results, lambda r: f"val loss {r['val']:.3f}, val next-char accuracy {r['val_acc']:.3f}")
     return 0, results
 
 

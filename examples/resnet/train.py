@@ -69,13 +69,7 @@ def train(args: argparse.Namespace, data: Digits, mode: str) -> dict:
                 group["lr"] = args.lr * 0.5 * (1 + math.cos(math.pi * i / args.steps))
             x, y = next(batches)
             x, y = x.to(dev), y.to(dev)
-            with run.autocast():
-                logits = model(x)
-            loss = F.cross_entropy(logits.float(), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            return loss
+            return run.update(opt, lambda: model(x), lambda logits: F.cross_entropy(logits, y))
 
         model.train()
         run.train(step, units_per_step=args.batch_size, unit="images")
@@ -99,11 +93,8 @@ def run(args: argparse.Namespace) -> tuple[int, list[dict]]:
     if args.epochs is not None:
         args.steps = max(1, round(args.epochs * (len(data.y_train) // args.batch_size)))
     results = [train(args, data, m) for m in common.modes(args)]
-    for r in results:
-        print(common.summary(r, f"held-out accuracy {r['accuracy']:.1%} ({len(data.y_test)} images),"
-                                f" inference {r['infer_throughput']:,.0f} images/s"))
-    if line := common.compare_line(results):
-        print(line)
+    common.report(results, lambda r: f"held-out accuracy {r['accuracy']:.1%} ({len(data.y_test)} images),"
+                                     f" inference {r['infer_throughput']:,.0f} images/s")
     return 0, results
 
 

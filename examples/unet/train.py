@@ -156,16 +156,16 @@ def run(args: argparse.Namespace) -> tuple[int, list[dict]]:
         else:
             sub = args
         results.append(train(sub, data, m))
-    for r in results:
-        extra = f"held-out noise MSE {r['val']:.4f}"
+    def extra(r: dict) -> str:
+        s = f"held-out noise MSE {r['val']:.4f}"
         if "sample_s" in r:
-            extra += (f", sampled {args.sample_count} images x {min(args.sample_steps, args.timesteps)} steps in"
-                      f" {r['sample_s']:.2f} s")
+            s += (f", sampled {args.sample_count} images x {min(args.sample_steps, args.timesteps)} steps in"
+                  f" {r['sample_s']:.2f} s")
             if "png" in r:
-                extra += f" -> {r['png']}"
-        print(common.summary(r, extra))
-    if line := common.compare_line(results):
-        print(line)
+                s += f" -> {r['png']}"
+        return s
+
+    common.report(results, extra)
     return 0, results
 
 

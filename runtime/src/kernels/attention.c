@@ -32,37 +32,12 @@
  */
 #include "gemm_internal.h"
 #include "kcommon.h"
+#include "vmath.h"
 
 #define BQ 64
 #define BK 128
 
 /* ------------------------------------------------------------ helpers */
-
-/* exp(x) for x <= ~88 (the callers only pass x <= 0): Cody-Waite range
- * reduction and a degree-6 polynomial, ~1 ulp; x < -87 gives 0, NaN stays. */
-static inline float att_exp(float x) {
-  float xc = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const float magic = 12582912.0f; /* 1.5 * 2^23: rounds to an integer */
-  float t = xc * 1.44269504088896341f + magic;
-  float n = t - magic;
-  float r = fmaf(n, -0.693145751953125f, xc);
-  r = fmaf(n, -1.428606765330187045e-06f, r);
-  float p = 1.0f / 720.0f;
-  p = fmaf(p, r, 1.0f / 120.0f);
-  p = fmaf(p, r, 1.0f / 24.0f);
-  p = fmaf(p, r, 1.0f / 6.0f);
-  p = fmaf(p, r, 0.5f);
-  p = fmaf(p, r, 1.0f);
-  p = fmaf(p, r, 1.0f);
-  int32_t ti;
-  memcpy(&ti, &t, 4);
-  int32_t e = (ti - 0x4B400000) + 127;
-  int32_t bits = e << 23;
-  float scale;
-  memcpy(&scale, &bits, 4);
-  float y = p * scale;
-  return x < -87.0f ? 0.0f : y;
-}
 
 /* 8-lane versions (GCC vector extensions: one AVX2 register). */
 typedef float v8f __attribute__((vector_size(32)));
@@ -105,7 +80,7 @@ static float exp_row(float *restrict s, int64_t n, float m) {
   }
   float sum = 0;
   for (; c < n; c++) {
-    float e = att_exp(s[c] - m);
+    float e = tpurt__vexpf(s[c] - m);
     s[c] = e;
     sum += e;
   }
@@ -305,7 +280,7 @@ static void fwd_items(void *c, int64_t begin, int64_t end) {
           memset(row, 0, (size_t)nc * 4);
           continue;
         }
-        float alpha = att_exp(mo - mn);
+        float alpha = tpurt__vexpf(mo - mn);
         float sum = exp_row(row, nc, mn);
         lrow[r] = lrow[r] * alpha + sum;
         mrow[r] = mn;
