@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m bench [device] [elementwise] [gemm] [attention] [defer] [fft] [--repeats N] [--record]``.
+"""Run the benchmarks: ``python -m bench [device] [elementwise] [gemm] [attention] [defer] [fft] [matrix] [sweep] [--repeats N] [--quick|--full] [--record]``.
 
 device   host<->device copy bandwidth vs memcpy, empty-op round trip
 elementwise  large add/mul/gelu vs CPU and vs the machine's STREAM triad
