@@ -17,10 +17,10 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as F
 
 from bench import common
 from bench.matrix import Missing, Runner, _short, load_text, peak_bytes
+from examples.common import lm_loss, random_token_batches
 
 CONFIGS = ("cpu eager", "tpu strict", "tpu defer")
 QUICK = (1e6, 3e6, 1e7)
@@ -65,13 +65,8 @@ def run(preset: str = "quick", repeats: int = 3, targets=None, configs=CONFIGS, 
                  "batch": batch, "seq": seq, "tokens": batch * seq, "points": [],
                  "load_avg": [os.getloadavg()[0]]}
     g = torch.Generator().manual_seed(0)
-    batches = []
-    for _ in range(4):
-        x = torch.randint(0, VOCAB, (batch, seq + 1), generator=g)
-        batches.append((x[:, :-1].contiguous(), x[:, 1:].contiguous()))
-
-    def loss_fn(o: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(o.reshape(-1, o.shape[-1]), y.reshape(-1))
+    batches = random_token_batches(VOCAB, batch, seq, g)
+    loss_fn = lm_loss
 
     for target in targets:
         cfg = lm.llama_config_for_params(int(target), VOCAB)

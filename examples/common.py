@@ -249,6 +249,22 @@ class CharData:
         return "".join(self.chars[i] for i in ids)
 
 
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Next-token cross entropy of [B, T, V] logits against [B, T] targets."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def random_token_batches(vocab: int, batch: int, seq: int, g: torch.Generator, n: int = 4) -> list:
+    """n (tokens, next tokens) pairs of random ids, [batch, seq] each."""
+    out = []
+    for _ in range(n):
+        x = torch.randint(0, vocab, (batch, seq + 1), generator=g)
+        out.append((x[:, :-1].contiguous(), x[:, 1:].contiguous()))
+    return out
+
+
 # ------------------------------------------------------------------- PNG
 
 

@@ -27,6 +27,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from examples import common
+
 
 def default_hidden(d: int) -> int:
     """SwiGLU hidden size: 8/3 of the width, rounded up to a multiple of 32."""
@@ -289,12 +291,4 @@ def bench_workload(batch: int | None = None, preset: str = "quick") -> tuple[nn.
     else:
         raise ValueError(f"unknown preset {preset!r}")
     model = Llama(vocab=vocab, d=d, layers=layers, heads=heads, kv_heads=kv, block=block)
-    batches = []
-    for _ in range(4):
-        x = torch.randint(0, vocab, (b, block + 1), generator=g)
-        batches.append((x[:, :-1].contiguous(), x[:, 1:].contiguous()))
-
-    def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
-
-    return model, batches, loss_fn
+    return model, common.random_token_batches(vocab, b, block, g), common.lm_loss

@@ -21,7 +21,6 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from examples import common  # noqa: E402
@@ -61,14 +60,14 @@ def train(args: argparse.Namespace, data: common.CharData, mode: str) -> dict:
             x, y = data.batch("train", args.batch_size, g)
             x, y = x.to(dev), y.to(dev)
             return run.update(opt, lambda: model(x),
-                              lambda out: F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1)))
+                              lambda out: common.lm_loss(out, y))
 
         model.train()
         run.train(step, units_per_step=args.batch_size * args.block, unit="tokens")
         model.eval()
         with torch.no_grad(), run.autocast():
             xv, yv = data.batch("val", args.batch_size, torch.Generator().manual_seed(1234))
-            val = F.cross_entropy(model(xv.to(dev)).float().reshape(-1, data.vocab), yv.to(dev).reshape(-1)).item()
+            val = common.lm_loss(model(xv.to(dev)).float(), yv.to(dev)).item()
         prompt = torch.tensor([data.encode(args.prompt)], device=dev)
         print(f"\n--- generated with the KV cache ({args.device}/{mode}) ---\n{args.prompt}", end="", flush=True)
         t0 = time.perf_counter()

@@ -8,6 +8,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from examples import common
+
 class GPTBlock(nn.Module):
     def __init__(self, d: int, heads: int, block: int, dropout: float) -> None:
         super().__init__()
@@ -78,12 +80,4 @@ def bench_workload(batch: int | None = None, preset: str = "quick"):
     else:
         d, layers, heads, block, b = 384, 6, 6, 256, batch or 16
     model = MinGPT(vocab=vocab, d=d, layers=layers, heads=heads, block=block, dropout=0.0)
-    batches = []
-    for _ in range(4):
-        x = torch.randint(0, vocab, (b, block + 1), generator=g)
-        batches.append((x[:, :-1].contiguous(), x[:, 1:].contiguous()))
-
-    def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
-
-    return model, batches, loss_fn
+    return model, common.random_token_batches(vocab, b, block, g), common.lm_loss

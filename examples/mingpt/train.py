@@ -13,7 +13,6 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from examples import common  # noqa: E402
@@ -45,14 +44,14 @@ def train(args: argparse.Namespace, data: common.CharData, mode: str) -> dict:
             x, y = data.batch("train", args.batch_size, g)
             x, y = x.to(dev), y.to(dev)
             return run.update(opt, lambda: model(x),
-                              lambda out: F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1)))
+                              lambda out: common.lm_loss(out, y))
 
         model.train()
         run.train(step, units_per_step=args.batch_size * args.block, unit="tokens")
         model.eval()
         with torch.no_grad():
             xv, yv = data.batch("val", args.batch_size, g)
-            val = F.cross_entropy(model(xv.to(dev)).reshape(-1, data.vocab), yv.to(dev).reshape(-1)).item()
+            val = common.lm_loss(model(xv.to(dev)), yv.to(dev)).item()
         prompt = torch.tensor([data.encode("The ")], device=dev)
         out = model.generate(prompt, args.sample_chars, generator=torch.Generator(dev).manual_seed(args.seed))
         run.result.update(val=val, sample=data.decode(out[0].tolist()))
