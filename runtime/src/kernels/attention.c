@@ -482,6 +482,18 @@ static tpurt_status same4(const tpurt_view *v, int64_t d0, int64_t d1, int64_t d
   return TPURT_OK;
 }
 
+/* An optional gradient output of shape [d0, d1, d2, d3]: checked, then
+ * stored in *dst with *has set. */
+static tpurt_status opt_grad(int dev, const tpurt_view *g, int64_t d0, int64_t d1, int64_t d2, int64_t d3,
+                             const char *op, const char *what, tpurt_view *dst, int *has) {
+  if (!g) return TPURT_OK;
+  tpurt_status st;
+  if ((st = chk(dev, g, 4, op, what)) || (st = same4(g, d0, d1, d2, d3, op, what))) return st;
+  *dst = *g;
+  *has = 1;
+  return TPURT_OK;
+}
+
 /* Shared validation of q, k, v, mask; fills the sizes of a. */
 static tpurt_status check_qkv(int dev, att_args *a, const tpurt_view *q, const tpurt_view *k, const tpurt_view *v,
                               const tpurt_view *mask, const tpurt_attention_params *p, const char *op) {
@@ -582,30 +594,11 @@ tpurt_status tpurt_attention_backward(tpurt_stream *s, const tpurt_view *dq, con
   if (!att_float(out->dtype) || !att_float(dout->dtype) || lse->dtype != TPURT_F32 || lse->sizes[0] != a.B ||
       lse->sizes[1] != a.H || lse->sizes[2] != a.L)
     return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: bad out / grad_out / logsumexp views", op);
-  if (dq) {
-    if ((st = chk(s->dev, dq, 4, op, "grad_query")) || (st = same4(dq, a.B, a.H, a.L, a.D, op, "grad_query")))
-      return st;
-    a.dq = *dq;
-    a.has_dq = 1;
-  }
-  if (dk) {
-    if ((st = chk(s->dev, dk, 4, op, "grad_key")) || (st = same4(dk, a.B, a.Hk, a.S, a.D, op, "grad_key")))
-      return st;
-    a.dk = *dk;
-    a.has_dk = 1;
-  }
-  if (dv) {
-    if ((st = chk(s->dev, dv, 4, op, "grad_value")) || (st = same4(dv, a.B, a.Hk, a.S, a.Dv, op, "grad_value")))
-      return st;
-    a.dv = *dv;
-    a.has_dv = 1;
-  }
-  if (dmask) {
-    if ((st = chk(s->dev, dmask, 4, op, "grad_mask")) || (st = same4(dmask, a.B, a.H, a.L, a.S, op, "grad_mask")))
-      return st;
-    a.dmask = *dmask;
-    a.has_dmask = 1;
-  }
+  if ((st = opt_grad(s->dev, dq, a.B, a.H, a.L, a.D, op, "grad_query", &a.dq, &a.has_dq)) ||
+      (st = opt_grad(s->dev, dk, a.B, a.Hk, a.S, a.D, op, "grad_key", &a.dk, &a.has_dk)) ||
+      (st = opt_grad(s->dev, dv, a.B, a.Hk, a.S, a.Dv, op, "grad_value", &a.dv, &a.has_dv)) ||
+      (st = opt_grad(s->dev, dmask, a.B, a.H, a.L, a.S, op, "grad_mask", &a.dmask, &a.has_dmask)))
+    return st;
   const tpurt_view *outs[4] = {dq, dk, dv, dmask};
   for (int i = 0; i < 4; i++)
     if (outs[i] && !att_float(outs[i]->dtype))

@@ -36,6 +36,18 @@ static inline int64_t ld_at(tpurt_dtype d, const char *base, int64_t i, int64_t 
   return kc_ld_idx(d, base + i * stride_bytes);
 }
 
+enum { BAG_SKIP = -1, BAG_BAD = -2 };
+/* Weight row of the j-th index: BAG_SKIP for padding_idx, BAG_BAD after
+ * reporting an index out of [0, W). */
+static inline int64_t bag_row(bag_ctx *x, int64_t j, tpurt_dtype idt, int64_t is, int64_t W) {
+  int64_t r = ld_at(idt, x->idx, j, is);
+  if (r < 0 || r >= W) {
+    kc_err_index(&x->err, "index %" PRId64 " is out of bounds for dimension 0 with size %" PRId64, r, W);
+    return BAG_BAD;
+  }
+  return r == x->a->padding_idx ? BAG_SKIP : r;
+}
+
 static void bag_chunk(void *c, int64_t b0, int64_t b1) {
   bag_ctx *x = c;
   bag_args *a = x->a;
@@ -75,12 +87,9 @@ static void bag_chunk(void *c, int64_t b0, int64_t b1) {
       /* max: first maximum wins (strict >), empty bag gives 0 / index -1 */
       int first = 1;
       for (int64_t j = beg; j < end; j++) {
-        int64_t r = ld_at(idt, x->idx, j, is);
-        if (r < 0 || r >= W) {
-          kc_err_index(&x->err, "index %" PRId64 " is out of bounds for dimension 0 with size %" PRId64, r, W);
-          goto done;
-        }
-        if (r == a->padding_idx) continue;
+        int64_t r = bag_row(x, j, idt, is, W);
+        if (r == BAG_BAD) goto done;
+        if (r == BAG_SKIP) continue;
         cnt++;
         const char *wrow = x->w + r * wrs;
         for (int64_t d = 0; d < D; d++) {
@@ -103,12 +112,9 @@ static void bag_chunk(void *c, int64_t b0, int64_t b1) {
       float *o = (float *)orow;
       for (int64_t d = 0; d < D; d++) o[d] = 0.f;
       for (int64_t j = beg; j < end; j++) {
-        int64_t r = ld_at(idt, x->idx, j, is);
-        if (r < 0 || r >= W) {
-          kc_err_index(&x->err, "index %" PRId64 " is out of bounds for dimension 0 with size %" PRId64, r, W);
-          goto done;
-        }
-        if (r == a->padding_idx) continue;
+        int64_t r = bag_row(x, j, idt, is, W);
+        if (r == BAG_BAD) goto done;
+        if (r == BAG_SKIP) continue;
         cnt++;
         const float *wr = (const float *)(x->w + r * wrs);
         if (a->has_psw) {
@@ -125,12 +131,9 @@ static void bag_chunk(void *c, int64_t b0, int64_t b1) {
     } else {
       for (int64_t d = 0; d < D; d++) acc[d] = 0;
       for (int64_t j = beg; j < end; j++) {
-        int64_t r = ld_at(idt, x->idx, j, is);
-        if (r < 0 || r >= W) {
-          kc_err_index(&x->err, "index %" PRId64 " is out of bounds for dimension 0 with size %" PRId64, r, W);
-          goto done;
-        }
-        if (r == a->padding_idx) continue;
+        int64_t r = bag_row(x, j, idt, is, W);
+        if (r == BAG_BAD) goto done;
+        if (r == BAG_SKIP) continue;
         cnt++;
         const char *wrow = x->w + r * wrs;
         double s = a->has_psw ? kc_ld(wd, x->psw + j * pss) : 1.0;

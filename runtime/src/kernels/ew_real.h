@@ -321,21 +321,9 @@ static void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict
     case TPURT_EW_IGAMMA: B((T)ews_igamma((double)x, (double)y, 0));
     case TPURT_EW_IGAMMAC: B((T)ews_igamma((double)x, (double)y, 1));
     case TPURT_EW_XLOG1PY: B(y != y ? y : (x == 0 ? (T)0 : x * EW_M(log1p)(y)));
-    case TPURT_EW_LOGADDEXP: {
-      for (int i = 0; i < n; i++) {
-        T x = a[i], y = b[i];
-        T m = x >= y ? x : y;
-        if (x != x || y != y) {
-          d[i] = x + y;
-        } else if (EW_M(fabs)(m) == inf && x == y) {
-          d[i] = x;
-        } else {
-          d[i] = m + EW_M(log1p)(EW_M(exp)(-EW_M(fabs)(x - y)));
-        }
-      }
-      break;
-    }
-    case TPURT_EW_LOGADDEXP2: {
+    case TPURT_EW_LOGADDEXP:
+    case TPURT_EW_LOGADDEXP2: { /* m + log(1 + e^-|x-y|), in base 2 for LOGADDEXP2 */
+      const int base2 = I->op == TPURT_EW_LOGADDEXP2;
       const T inv_ln2 = (T)1.4426950408889634074;
       for (int i = 0; i < n; i++) {
         T x = a[i], y = b[i];
@@ -345,7 +333,8 @@ static void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict
         } else if (EW_M(fabs)(m) == inf && x == y) {
           d[i] = x;
         } else {
-          d[i] = m + EW_M(log1p)(EW_M(exp2)(-EW_M(fabs)(x - y))) * inv_ln2;
+          T t = -EW_M(fabs)(x - y);
+          d[i] = base2 ? m + EW_M(log1p)(EW_M(exp2)(t)) * inv_ln2 : m + EW_M(log1p)(EW_M(exp)(t));
         }
       }
       break;

@@ -28,6 +28,18 @@ typedef struct {
   kc_err err;
 } ss_ctx;
 
+/* Does the search go right of sequence element m? Integers compare exactly
+ * as int64, everything else as double. */
+static int ss_go_right(const ss_ctx *x, int64_t sr, int64_t m, int64_t vi, double vd) {
+  const ss_args *a = x->a;
+  if (x->isint) {
+    int64_t sv = kc_ldi(a->seq.dtype, at2(x->seq, &a->seq, sr, m));
+    return a->right ? !(sv > vi) : !(sv >= vi);
+  }
+  double sv = kc_ld(a->seq.dtype, at2(x->seq, &a->seq, sr, m));
+  return a->right ? !(sv > vd) : !(sv >= vd);
+}
+
 static void ss_chunk(void *c, int64_t r0, int64_t r1) {
   ss_ctx *x = c;
   ss_args *a = x->a;
@@ -35,37 +47,23 @@ static void ss_chunk(void *c, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; r++) {
     int64_t sr = a->seq.sizes[0] == 1 ? 0 : r;
     for (int64_t k = 0; k < K; k++) {
+      const void *vp = at2(x->val, &a->values, r, k);
+      int64_t vi = x->isint ? kc_ldi(a->values.dtype, vp) : 0;
+      double vd = x->isint ? 0.0 : kc_ld(a->values.dtype, vp);
       int64_t lo = 0, hi = M;
-      if (x->isint) {
-        int64_t v = kc_ldi(a->values.dtype, at2(x->val, &a->values, r, k));
-        while (lo < hi) {
-          int64_t mid = lo + (hi - lo) / 2, m = mid;
-          if (a->has_sorter) {
-            m = kc_ld_idx(a->sorter.dtype, at2(x->srt, &a->sorter, sr, mid));
-            if (m < 0 || m >= M) {
-              kc_err_index(&x->err, "index %" PRId64 " of sorter is out of range [0, %" PRId64 ")", m, M);
-              return;
-            }
+      while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2, m = mid;
+        if (a->has_sorter) {
+          m = kc_ld_idx(a->sorter.dtype, at2(x->srt, &a->sorter, sr, mid));
+          if (m < 0 || m >= M) {
+            kc_err_index(&x->err, "index %" PRId64 " of sorter is out of range [0, %" PRId64 ")", m, M);
+            return;
           }
-          int64_t sv = kc_ldi(a->seq.dtype, at2(x->seq, &a->seq, sr, m));
-          int go_right = a->right ? !(sv > v) : !(sv >= v);
-          if (go_right) lo = mid + 1; else hi = mid;
         }
-      } else {
-        double v = kc_ld(a->values.dtype, at2(x->val, &a->values, r, k));
-        while (lo < hi) {
-          int64_t mid = lo + (hi - lo) / 2, m = mid;
-          if (a->has_sorter) {
-            m = kc_ld_idx(a->sorter.dtype, at2(x->srt, &a->sorter, sr, mid));
-            if (m < 0 || m >= M) {
-              kc_err_index(&x->err, "index %" PRId64 " of sorter is out of range [0, %" PRId64 ")", m, M);
-              return;
-            }
-          }
-          double sv = kc_ld(a->seq.dtype, at2(x->seq, &a->seq, sr, m));
-          int go_right = a->right ? !(sv > v) : !(sv >= v);
-          if (go_right) lo = mid + 1; else hi = mid;
-        }
+        if (ss_go_right(x, sr, m, vi, vd))
+          lo = mid + 1;
+        else
+          hi = mid;
       }
       kc_sti(a->out.dtype, (char *)at2(x->out, &a->out, r, k), lo);
     }
