@@ -1,4 +1,5 @@
-/* check.h — minimal assertion macros for the runtime's C tests. */
+/* check.h — minimal assertion macros and device helpers for the runtime's C
+ * tests. */
 #ifndef TPURT_TEST_CHECK_H
 #define TPURT_TEST_CHECK_H
 #include <math.h>
@@ -68,5 +69,42 @@ static int g_failures;
     printf("ok\n");                                                                   \
     return 0;                                                                         \
   } while (0)
+
+/* Device memory and views for kernel tests; s may be NULL (the default
+ * stream). check_up copies n bytes of h (none when h is NULL) into a new
+ * buffer of at least one byte. */
+static inline tpurt_devptr check_up(tpurt_stream *s, const void *h, size_t n) {
+  tpurt_devptr d = 0;
+  CHECK_OK(tpurt_malloc(0, n ? n : 1, s, &d));
+  if (n && h) CHECK_OK(tpurt_memcpy_h2d(s, d, h, n, 0));
+  return d;
+}
+static inline void check_down(tpurt_stream *s, void *h, tpurt_devptr d, size_t n) {
+  CHECK_OK(tpurt_memcpy_d2h(s, h, d, n, 0));
+}
+/* a view with sizes sz and element strides st */
+static inline tpurt_view check_view_st(tpurt_devptr p, tpurt_dtype dt, int nd, const int64_t *sz,
+                                       const int64_t *st) {
+  tpurt_view v;
+  memset(&v, 0, sizeof v);
+  v.ptr = p;
+  v.dtype = dt;
+  v.ndim = nd;
+  for (int k = 0; k < nd; k++) {
+    v.sizes[k] = sz[k];
+    v.strides[k] = st[k];
+  }
+  return v;
+}
+/* a contiguous view with sizes sz */
+static inline tpurt_view check_view(tpurt_devptr p, tpurt_dtype dt, int nd, const int64_t *sz) {
+  tpurt_view v = check_view_st(p, dt, nd, sz, sz);
+  int64_t st = 1;
+  for (int k = nd - 1; k >= 0; k--) {
+    v.strides[k] = st;
+    st *= sz[k];
+  }
+  return v;
+}
 
 #endif

@@ -8,14 +8,6 @@
 
 static tpurt_stream *S;
 
-static tpurt_devptr up(const void *h, size_t n) {
-  tpurt_devptr d;
-  CHECK_OK(tpurt_malloc(0, n, S, &d));
-  CHECK_OK(tpurt_memcpy_h2d(S, d, h, n, 0));
-  return d;
-}
-static void down(void *h, tpurt_devptr d, size_t n) { CHECK_OK(tpurt_memcpy_d2h(S, h, d, n, 0)); }
-
 static tpurt_view v4(tpurt_devptr p, tpurt_dtype dt, int64_t a, int64_t b, int64_t c, int64_t d) {
   tpurt_view v;
   memset(&v, 0, sizeof v);
@@ -63,7 +55,8 @@ static void conv_case(int64_t N, int64_t Ci, int64_t H, int64_t W, int64_t Co, i
           y[((n * Co + co) * Ho + oh) * Wo + ow] = acc;
         }
   tpurt_conv_params p = {{st, st}, {pad, pad}, {dil, dil}, G};
-  tpurt_devptr dx = up(x, nx * 8), dw = up(w, nw * 8), db = up(b, Co * 8), dy, dgy = up(gy, ny * 8), dgx, dgw, dgb;
+  tpurt_devptr dx = check_up(S, x, nx * 8), dw = check_up(S, w, nw * 8), db = check_up(S, b, Co * 8), dy;
+  tpurt_devptr dgy = check_up(S, gy, ny * 8), dgx, dgw, dgb;
   CHECK_OK(tpurt_malloc(0, ny * 8, S, &dy));
   CHECK_OK(tpurt_malloc(0, nx * 8, S, &dgx));
   CHECK_OK(tpurt_malloc(0, nw * 8, S, &dgw));
@@ -75,10 +68,10 @@ static void conv_case(int64_t N, int64_t Ci, int64_t H, int64_t W, int64_t Co, i
   CHECK_OK(tpurt_conv2d_backward_input(S, &GX, &GY, &Wv, NULL, &p, TPURT_PRECISION_HIGHEST));
   CHECK_OK(tpurt_conv2d_backward_weight(S, &GW, &GB, &GY, &X, &p, TPURT_PRECISION_HIGHEST));
   double *got = malloc(ny * 8), *gx = malloc(nx * 8), *gw = malloc(nw * 8), *gb = malloc(Co * 8);
-  down(got, dy, ny * 8);
-  down(gx, dgx, nx * 8);
-  down(gw, dgw, nw * 8);
-  down(gb, dgb, Co * 8);
+  check_down(S, got, dy, ny * 8);
+  check_down(S, gx, dgx, nx * 8);
+  check_down(S, gw, dgw, nw * 8);
+  check_down(S, gb, dgb, Co * 8);
   double e = 0, lhs = 0, rx = 0, rw = 0, sb = 0, rb = 0;
   for (size_t i = 0; i < ny; i++) e = fmax(e, fabs(got[i] - y[i]));
   CHECK(e < 1e-10);
@@ -98,12 +91,12 @@ static void conv_case(int64_t N, int64_t Ci, int64_t H, int64_t W, int64_t Co, i
   float *xf = malloc(nx * 4), *wf = malloc(nw * 4), *yf = malloc(ny * 4);
   for (size_t i = 0; i < nx; i++) xf[i] = (float)x[i];
   for (size_t i = 0; i < nw; i++) wf[i] = (float)w[i];
-  tpurt_devptr dxf = up(xf, nx * 4), dwf = up(wf, nw * 4), dyf;
+  tpurt_devptr dxf = check_up(S, xf, nx * 4), dwf = check_up(S, wf, nw * 4), dyf;
   CHECK_OK(tpurt_malloc(0, ny * 4, S, &dyf));
   tpurt_view Xf = v4(dxf, TPURT_F32, N, Ci, H, W), Wf = v4(dwf, TPURT_F32, Co, Cig, k, k),
              Yf = v4(dyf, TPURT_F32, N, Co, Ho, Wo);
   CHECK_OK(tpurt_conv2d(S, &Yf, &Xf, &Wf, &B, &p, TPURT_PRECISION_HIGHEST));
-  down(yf, dyf, ny * 4);
+  check_down(S, yf, dyf, ny * 4);
   e = 0;
   for (size_t i = 0; i < ny; i++) e = fmax(e, fabs(yf[i] - y[i]));
   CHECK(e < 1e-4);
@@ -124,7 +117,7 @@ static void test_pool_upsample(void) {
   float in[16];
   for (int i = 0; i < 16; i++) in[i] = (float)((i * 7) % 16);
   in[5] = NAN;
-  tpurt_devptr d = up(in, sizeof in), o, ix, g;
+  tpurt_devptr d = check_up(S, in, sizeof in), o, ix, g;
   CHECK_OK(tpurt_malloc(0, 64, S, &o));
   CHECK_OK(tpurt_malloc(0, 64, S, &ix));
   CHECK_OK(tpurt_malloc(0, 64, S, &g));
@@ -133,13 +126,13 @@ static void test_pool_upsample(void) {
   CHECK_OK(tpurt_max_pool2d(S, &O, &I, &X, &p));
   float out[4];
   int64_t idx[4];
-  down(out, o, 16);
-  down(idx, ix, 32);
+  check_down(S, out, o, 16);
+  check_down(S, idx, ix, 32);
   CHECK(isnan(out[0]) && idx[0] == 5); /* NaN wins */
   /* window rows 0-1, cols 2-3: values 14, 5, 10, 1 (indices 2, 3, 6, 7) */
   CHECK(out[1] == 14.0f && idx[1] == 2);
   CHECK_OK(tpurt_avg_pool2d(S, &O, &X, &p));
-  down(out, o, 16);
+  check_down(S, out, o, 16);
   CHECK(out[1] == (14.0f + 5.0f + 10.0f + 1.0f) / 4);
   /* nearest 2x upsample of a 2x2 */
   tpurt_devptr u;
@@ -148,12 +141,12 @@ static void test_pool_upsample(void) {
   float src[4] = {1, 2, 3, 4}, res[16];
   CHECK_OK(tpurt_memcpy_h2d(S, o, src, 16, 0));
   CHECK_OK(tpurt_upsample2d(S, &U, &O2, TPURT_UPSAMPLE_NEAREST, 0, -1, -1));
-  down(res, u, 64);
+  check_down(S, res, u, 64);
   CHECK(res[0] == 1 && res[1] == 1 && res[2] == 2 && res[15] == 4 && res[8] == 3);
   /* bilinear align_corners: corners preserved, centre is the mean */
   tpurt_view U3 = v4(u, TPURT_F32, 1, 1, 3, 3);
   CHECK_OK(tpurt_upsample2d(S, &U3, &O2, TPURT_UPSAMPLE_BILINEAR, 1, -1, -1));
-  down(res, u, 36);
+  check_down(S, res, u, 36);
   CHECK(res[0] == 1 && res[2] == 2 && res[6] == 3 && res[8] == 4);
   CHECK_NEAR(res[4], 2.5, 1e-6);
   /* backward of nearest sums the 2x2 blocks */
@@ -161,7 +154,7 @@ static void test_pool_upsample(void) {
   for (int i = 0; i < 16; i++) ones[i] = 1;
   CHECK_OK(tpurt_memcpy_h2d(S, u, ones, 64, 0));
   CHECK_OK(tpurt_upsample2d_backward(S, &O2, &U, TPURT_UPSAMPLE_NEAREST, 0, -1, -1));
-  down(out, o, 16);
+  check_down(S, out, o, 16);
   CHECK(out[0] == 4 && out[3] == 4);
   /* errors */
   tpurt_view bad = O;

@@ -7,19 +7,6 @@
 
 static tpurt_stream *S;
 
-static tpurt_view view(tpurt_devptr p, tpurt_dtype dt, int nd, const int64_t *sz, const int64_t *st) {
-  tpurt_view v;
-  memset(&v, 0, sizeof v);
-  v.ptr = p;
-  v.dtype = dt;
-  v.ndim = nd;
-  for (int i = 0; i < nd; i++) {
-    v.sizes[i] = sz[i];
-    v.strides[i] = st[i];
-  }
-  return v;
-}
-
 static void test_memcpy(void) {
   size_t n = 10 << 20; /* above the parallel threshold */
   unsigned char *h = malloc(n), *back = malloc(n);
@@ -75,7 +62,7 @@ static void test_strided(void) {
   CHECK_OK(tpurt_memcpy_h2d(S, a, h, sizeof h, 0));
   /* transpose: dst[j][i] = src[i][j]; dst is C x R contiguous */
   int64_t dsz[2] = {C, R}, dst_st[2] = {R, 1}, src_st[2] = {1, C};
-  tpurt_view dv = view(b, TPURT_F32, 2, dsz, dst_st), sv = view(a, TPURT_F32, 2, dsz, src_st);
+  tpurt_view dv = check_view_st(b, TPURT_F32, 2, dsz, dst_st), sv = check_view_st(a, TPURT_F32, 2, dsz, src_st);
   CHECK_OK(tpurt_copy_strided(S, &dv, &sv));
   CHECK_OK(tpurt_memcpy_d2h(S, out, b, sizeof out, 0));
   int ok = 1;
@@ -84,8 +71,8 @@ static void test_strided(void) {
   CHECK(ok);
   /* negative strides: reverse both dims */
   int64_t sz2[2] = {R, C}, cst[2] = {C, 1}, neg[2] = {-C, -1};
-  dv = view(b, TPURT_F32, 2, sz2, cst);
-  sv = view(a + (uint64_t)(R * C - 1) * 4, TPURT_F32, 2, sz2, neg);
+  dv = check_view_st(b, TPURT_F32, 2, sz2, cst);
+  sv = check_view_st(a + (uint64_t)(R * C - 1) * 4, TPURT_F32, 2, sz2, neg);
   CHECK_OK(tpurt_copy_strided(S, &dv, &sv));
   CHECK_OK(tpurt_memcpy_d2h(S, out, b, sizeof out, 0));
   ok = 1;
@@ -95,8 +82,8 @@ static void test_strided(void) {
   tpurt_devptr c;
   CHECK_OK(tpurt_malloc(0, R * C * 8, S, &c));
   int64_t bst[2] = {0, 1};
-  dv = view(c, TPURT_F64, 2, sz2, cst);
-  sv = view(a + 2 * C * 4, TPURT_F32, 2, sz2, bst);
+  dv = check_view_st(c, TPURT_F64, 2, sz2, cst);
+  sv = check_view_st(a + 2 * C * 4, TPURT_F32, 2, sz2, bst);
   CHECK_OK(tpurt_copy_strided(S, &dv, &sv));
   static double outd[R * C];
   CHECK_OK(tpurt_memcpy_d2h(S, outd, c, sizeof outd, 0));
@@ -105,33 +92,33 @@ static void test_strided(void) {
     for (int j = 0; j < C; j++) ok &= outd[i * C + j] == (double)h[2 * C + j];
   CHECK(ok);
   /* 0-d (scalar) copy and empty copy */
-  tpurt_view d0 = view(b, TPURT_F32, 0, NULL, NULL), s0 = view(a + 4 * 5, TPURT_F32, 0, NULL, NULL);
+  tpurt_view d0 = check_view_st(b, TPURT_F32, 0, NULL, NULL), s0 = check_view_st(a + 4 * 5, TPURT_F32, 0, NULL, NULL);
   CHECK_OK(tpurt_copy_strided(S, &d0, &s0));
   float one;
   CHECK_OK(tpurt_memcpy_d2h(S, &one, b, 4, 0));
   CHECK(one == 5.0f);
   int64_t zsz[2] = {0, 5};
-  dv = view(b, TPURT_F32, 2, zsz, cst);
-  sv = view(0x1234, TPURT_F32, 2, zsz, cst); /* not even checked: nothing to copy */
+  dv = check_view_st(b, TPURT_F32, 2, zsz, cst);
+  sv = check_view_st(0x1234, TPURT_F32, 2, zsz, cst); /* not even checked: nothing to copy */
   CHECK_OK(tpurt_copy_strided(S, &dv, &sv));
   /* shape mismatch / out of range */
   int64_t sz3[2] = {R, C + 1};
-  dv = view(b, TPURT_F32, 2, sz2, cst);
-  sv = view(a, TPURT_F32, 2, sz3, cst);
+  dv = check_view_st(b, TPURT_F32, 2, sz2, cst);
+  sv = check_view_st(a, TPURT_F32, 2, sz3, cst);
   CHECK_ST(tpurt_copy_strided(S, &dv, &sv), TPURT_ERR_INVALID_ARGUMENT);
   int64_t huge[2] = {1 << 20, 1 << 20}, hst[2] = {1 << 20, 1};
-  dv = view(b, TPURT_F32, 2, huge, hst);
-  sv = view(a, TPURT_F32, 2, huge, hst);
+  dv = check_view_st(b, TPURT_F32, 2, huge, hst);
+  sv = check_view_st(a, TPURT_F32, 2, huge, hst);
   CHECK_ST(tpurt_copy_strided(S, &dv, &sv), TPURT_ERR_INVALID_ARGUMENT);
-  dv = view(b, TPURT_F32, 2, sz2, cst);
-  sv = view(a, (tpurt_dtype)42, 2, sz2, cst);
+  dv = check_view_st(b, TPURT_F32, 2, sz2, cst);
+  sv = check_view_st(a, (tpurt_dtype)42, 2, sz2, cst);
   CHECK_ST(tpurt_copy_strided(S, &dv, &sv), TPURT_ERR_INVALID_ARGUMENT);
 
   /* overlapping: shift a vector right by one inside the same buffer */
   CHECK_OK(tpurt_memcpy_h2d(S, a, h, sizeof h, 0));
   int64_t n1[1] = {100}, s1[1] = {1};
-  dv = view(a + 4, TPURT_F32, 1, n1, s1);
-  sv = view(a, TPURT_F32, 1, n1, s1);
+  dv = check_view_st(a + 4, TPURT_F32, 1, n1, s1);
+  sv = check_view_st(a, TPURT_F32, 1, n1, s1);
   CHECK_OK(tpurt_copy_strided(S, &dv, &sv));
   CHECK_OK(tpurt_memcpy_d2h(S, out, a, 101 * 4, 0));
   ok = out[0] == 0.0f;
@@ -142,8 +129,8 @@ static void test_strided(void) {
   for (int i = 0; i < 64 * 64; i++) sq[i] = (float)i;
   CHECK_OK(tpurt_memcpy_h2d(S, a, sq, sizeof sq, 0));
   int64_t q[2] = {64, 64}, qr[2] = {64, 1}, qc[2] = {1, 64};
-  dv = view(a, TPURT_F32, 2, q, qr);
-  sv = view(a, TPURT_F32, 2, q, qc);
+  dv = check_view_st(a, TPURT_F32, 2, q, qr);
+  sv = check_view_st(a, TPURT_F32, 2, q, qc);
   CHECK_OK(tpurt_copy_strided(S, &dv, &sv));
   CHECK_OK(tpurt_memcpy_d2h(S, sqo, a, sizeof sqo, 0));
   ok = 1;
@@ -167,7 +154,7 @@ static void test_large(void) {
   CHECK_OK(tpurt_malloc(0, bytes / 2, S, &c));
   CHECK_OK(tpurt_memcpy_h2d(S, a, h, bytes, 0));
   int64_t sz[2] = {n, n}, r[2] = {n, 1}, t[2] = {1, n};
-  tpurt_view dv = view(b, TPURT_F32, 2, sz, r), sv = view(a, TPURT_F32, 2, sz, t);
+  tpurt_view dv = check_view_st(b, TPURT_F32, 2, sz, r), sv = check_view_st(a, TPURT_F32, 2, sz, t);
   CHECK_OK(tpurt_copy_strided(S, &dv, &sv));
   CHECK_OK(tpurt_memcpy_d2h(S, o, b, bytes, 0));
   int ok = 1;
@@ -176,11 +163,11 @@ static void test_large(void) {
   CHECK(ok);
   /* f32 -> bf16 -> f32 over 4M elements */
   int64_t m[1] = {n * n}, one[1] = {1};
-  dv = view(c, TPURT_BF16, 1, m, one);
-  sv = view(a, TPURT_F32, 1, m, one);
+  dv = check_view_st(c, TPURT_BF16, 1, m, one);
+  sv = check_view_st(a, TPURT_F32, 1, m, one);
   CHECK_OK(tpurt_copy_strided(S, &dv, &sv));
-  dv = view(b, TPURT_F32, 1, m, one);
-  sv = view(c, TPURT_BF16, 1, m, one);
+  dv = check_view_st(b, TPURT_F32, 1, m, one);
+  sv = check_view_st(c, TPURT_BF16, 1, m, one);
   CHECK_OK(tpurt_copy_strided(S, &dv, &sv));
   CHECK_OK(tpurt_memcpy_d2h(S, o, b, bytes, 0));
   ok = 1;
@@ -200,7 +187,7 @@ static void test_fill(void) {
   for (int dt = 0; dt < TPURT_NUM_DTYPES; dt++) {
     size_t es = tpurt_dtype_size((tpurt_dtype)dt);
     int64_t n[1] = {1000}, one[1] = {1};
-    tpurt_view v = view(d, (tpurt_dtype)dt, 1, n, one);
+    tpurt_view v = check_view_st(d, (tpurt_dtype)dt, 1, n, one);
     tpurt_scalar sc = {TPURT_SCALAR_FLOAT, 0, 3.0, 0};
     CHECK_OK(tpurt_fill(S, &v, sc));
     CHECK_OK(tpurt_memcpy_d2h(S, buf, d, 1000 * es, 0));
@@ -215,7 +202,7 @@ static void test_fill(void) {
   }
   /* complex fill keeps the imaginary part; zero fill uses memset */
   int64_t n4[1] = {4}, one[1] = {1};
-  tpurt_view v = view(d, TPURT_C64, 1, n4, one);
+  tpurt_view v = check_view_st(d, TPURT_C64, 1, n4, one);
   tpurt_scalar cz = {TPURT_SCALAR_COMPLEX, 0, 1.5, -2.0};
   CHECK_OK(tpurt_fill(S, &v, cz));
   float cf[8];
@@ -226,7 +213,7 @@ static void test_fill(void) {
   for (int i = 0; i < 64; i++) base[i] = -1;
   CHECK_OK(tpurt_memcpy_h2d(S, d, base, sizeof base, 0));
   int64_t sz[2] = {4, 8}, st[2] = {16, 2};
-  v = view(d, TPURT_I32, 2, sz, st);
+  v = check_view_st(d, TPURT_I32, 2, sz, st);
   tpurt_scalar iv = {TPURT_SCALAR_INT, 42, 0, 0};
   CHECK_OK(tpurt_fill(S, &v, iv));
   CHECK_OK(tpurt_memcpy_d2h(S, base, d, sizeof base, 0));
@@ -237,7 +224,7 @@ static void test_fill(void) {
   tpurt_devptr big;
   int64_t nb[1] = {3 << 20};
   CHECK_OK(tpurt_malloc(0, (size_t)nb[0] * 4, S, &big));
-  v = view(big, TPURT_F32, 1, nb, one);
+  v = check_view_st(big, TPURT_F32, 1, nb, one);
   tpurt_scalar fv = {TPURT_SCALAR_FLOAT, 0, -0.25, 0};
   CHECK_OK(tpurt_fill(S, &v, fv));
   float *fb = malloc((size_t)nb[0] * 4);

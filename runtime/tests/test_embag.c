@@ -9,33 +9,6 @@
 
 static tpurt_stream *S;
 
-static tpurt_view mk(tpurt_devptr p, tpurt_dtype dt, int nd, const int64_t *sz) {
-  tpurt_view v;
-  memset(&v, 0, sizeof v);
-  v.ptr = p;
-  v.dtype = dt;
-  v.ndim = nd;
-  int64_t st = 1;
-  for (int i = nd - 1; i >= 0; i--) {
-    v.sizes[i] = sz[i];
-    v.strides[i] = st;
-    st *= sz[i];
-  }
-  return v;
-}
-static tpurt_devptr up(const void *h, size_t n) {
-  tpurt_devptr d;
-  CHECK_OK(tpurt_malloc(0, n ? n : 1, S, &d));
-  if (n) CHECK_OK(tpurt_memcpy_h2d(S, d, h, n, 0));
-  return d;
-}
-static tpurt_devptr dalloc(size_t n) {
-  tpurt_devptr d;
-  CHECK_OK(tpurt_malloc(0, n ? n : 1, S, &d));
-  return d;
-}
-static void down(void *h, tpurt_devptr d, size_t n) { CHECK_OK(tpurt_memcpy_d2h(S, h, d, n, 0)); }
-
 enum { W = 6, D = 3, N = 7, B = 4 };
 
 static void test_bag(void) {
@@ -45,11 +18,14 @@ static void test_bag(void) {
   int64_t off[B] = {0, 3, 3, 5}; /* bag 1 empty */
   float psw[N] = {0.5f, 2, 1, -1, 3, 1, 1};
   int64_t ws[2] = {W, D}, ns[1] = {N}, bs[1] = {B}, os[2] = {B, D};
-  tpurt_devptr dw = up(w, sizeof w), di = up(idx, sizeof idx), doff = up(off, sizeof off), dp = up(psw, sizeof psw);
-  tpurt_devptr dout = dalloc(sizeof(float) * B * D), do2b = dalloc(8 * N), dbs = dalloc(8 * B), dmi = dalloc(8 * B * D);
-  tpurt_view vw = mk(dw, TPURT_F32, 2, ws), vi = mk(di, TPURT_I64, 1, ns), voff = mk(doff, TPURT_I64, 1, bs),
-             vp = mk(dp, TPURT_F32, 1, ns), vo = mk(dout, TPURT_F32, 2, os), vo2b = mk(do2b, TPURT_I64, 1, ns),
-             vbs = mk(dbs, TPURT_I64, 1, bs), vmi = mk(dmi, TPURT_I64, 2, os);
+  tpurt_devptr dw = check_up(S, w, sizeof w), di = check_up(S, idx, sizeof idx), doff = check_up(S, off, sizeof off);
+  tpurt_devptr dp = check_up(S, psw, sizeof psw);
+  tpurt_devptr dout = check_up(S, NULL, sizeof(float) * B * D), do2b = check_up(S, NULL, 8 * N);
+  tpurt_devptr dbs = check_up(S, NULL, 8 * B), dmi = check_up(S, NULL, 8 * B * D);
+  tpurt_view vw = check_view(dw, TPURT_F32, 2, ws), vi = check_view(di, TPURT_I64, 1, ns),
+             voff = check_view(doff, TPURT_I64, 1, bs), vp = check_view(dp, TPURT_F32, 1, ns),
+             vo = check_view(dout, TPURT_F32, 2, os), vo2b = check_view(do2b, TPURT_I64, 1, ns),
+             vbs = check_view(dbs, TPURT_I64, 1, bs), vmi = check_view(dmi, TPURT_I64, 2, os);
   for (int mode = 0; mode < 3; mode++) {
     for (int pad = -1; pad <= 0; pad++) {
       const tpurt_view *pw = mode == 0 && pad == 0 ? &vp : NULL;
@@ -57,10 +33,10 @@ static void test_bag(void) {
                                    (tpurt_bag_mode)mode, pad));
       float o[B * D];
       int64_t o2b[N], bsz[B], mi[B * D];
-      down(o, dout, sizeof o);
-      down(o2b, do2b, sizeof o2b);
-      down(bsz, dbs, sizeof bsz);
-      if (mode == 2) down(mi, dmi, sizeof mi);
+      check_down(S, o, dout, sizeof o);
+      check_down(S, o2b, do2b, sizeof o2b);
+      check_down(S, bsz, dbs, sizeof bsz);
+      if (mode == 2) check_down(S, mi, dmi, sizeof mi);
       for (int b = 0; b < B; b++) {
         int beg = (int)off[b], end = b + 1 < B ? (int)off[b + 1] : N, cnt = 0;
         for (int j = beg; j < end; j++) {
@@ -106,10 +82,10 @@ static void test_bag(void) {
             ref[idx[j] * D + d] += sc * g[b * D + d];
           }
         }
-      tpurt_devptr dg = up(g, sizeof g), dgw = dalloc(sizeof gw);
-      tpurt_view vg = mk(dg, TPURT_F32, 2, os), vgw = mk(dgw, TPURT_F32, 2, ws);
+      tpurt_devptr dg = check_up(S, g, sizeof g), dgw = check_up(S, NULL, sizeof gw);
+      tpurt_view vg = check_view(dg, TPURT_F32, 2, os), vgw = check_view(dgw, TPURT_F32, 2, ws);
       CHECK_OK(tpurt_embedding_bag_backward(S, &vgw, &vg, &vi, &vo2b, &vbs, &vmi, pw, (tpurt_bag_mode)mode, pad, 0));
-      down(gw, dgw, sizeof gw);
+      check_down(S, gw, dgw, sizeof gw);
       for (int i = 0; i < W * D; i++) CHECK_NEAR(gw[i], ref[i], 1e-4);
       tpurt_free(dg);
       tpurt_free(dgw);
@@ -129,16 +105,16 @@ static void test_bag(void) {
   CHECK_OK(tpurt_stream_synchronize(S));
   /* no bags: nothing to do */
   int64_t zb[2] = {0, D}, z1[1] = {0};
-  tpurt_view vz = mk(dout, TPURT_F32, 2, zb), vzo = mk(doff, TPURT_I64, 1, z1);
+  tpurt_view vz = check_view(dout, TPURT_F32, 2, zb), vzo = check_view(doff, TPURT_I64, 1, z1);
   CHECK_OK(tpurt_embedding_bag(S, &vz, NULL, NULL, NULL, &vw, &vi, &vzo, NULL, TPURT_BAG_MEAN, -1));
   /* renorm: rows 1 and 5 scaled to max-norm 1 (row 5 listed twice) */
   int64_t ridx[3] = {5, 1, 5};
-  tpurt_devptr dr = up(ridx, sizeof ridx);
+  tpurt_devptr dr = check_up(S, ridx, sizeof ridx);
   int64_t rs[1] = {3};
-  tpurt_view vr = mk(dr, TPURT_I64, 1, rs);
+  tpurt_view vr = check_view(dr, TPURT_I64, 1, rs);
   CHECK_OK(tpurt_embedding_renorm(S, &vw, &vr, 1.0, 2.0));
   float w2[W * D];
-  down(w2, dw, sizeof w2);
+  check_down(S, w2, dw, sizeof w2);
   for (int r = 0; r < W; r++) {
     double n = 0;
     for (int d = 0; d < D; d++) n += (double)w[r * D + d] * w[r * D + d];
@@ -155,23 +131,25 @@ static void test_search_hist(void) {
   double seq[5] = {1, 2, 2, 5, 7};
   double vals[6] = {0, 2, 6, 7, 8, NAN};
   int64_t ss[2] = {1, 5}, vs[2] = {1, 6};
-  tpurt_devptr ds = up(seq, sizeof seq), dv = up(vals, sizeof vals), dout = dalloc(8 * 6);
-  tpurt_view vseq = mk(ds, TPURT_F64, 2, ss), vv = mk(dv, TPURT_F64, 2, vs), vo = mk(dout, TPURT_I64, 2, vs);
+  tpurt_devptr ds = check_up(S, seq, sizeof seq), dv = check_up(S, vals, sizeof vals), dout = check_up(S, NULL, 8 * 6);
+  tpurt_view vseq = check_view(ds, TPURT_F64, 2, ss), vv = check_view(dv, TPURT_F64, 2, vs);
+  tpurt_view vo = check_view(dout, TPURT_I64, 2, vs);
   int64_t want_l[6] = {0, 1, 4, 4, 5, 5}, want_r[6] = {0, 3, 4, 5, 5, 5}, o[6];
   CHECK_OK(tpurt_searchsorted(S, &vo, &vseq, &vv, NULL, 0));
-  down(o, dout, sizeof o);
+  check_down(S, o, dout, sizeof o);
   for (int i = 0; i < 6; i++) CHECK_EQ(o[i], want_l[i]);
   CHECK_OK(tpurt_searchsorted(S, &vo, &vseq, &vv, NULL, 1));
-  down(o, dout, sizeof o);
+  check_down(S, o, dout, sizeof o);
   for (int i = 0; i < 6; i++) CHECK_EQ(o[i], want_r[i]);
   /* histogram of 6 values over edges [0, 2, 4, 8]: NaN and 8 (last edge) */
   double edges[4] = {0, 2, 4, 8};
   int64_t es[1] = {4}, hs[1] = {3}, ins[2] = {6, 1};
-  tpurt_devptr de = up(edges, sizeof edges), dh = dalloc(8 * 3);
-  tpurt_view ve = mk(de, TPURT_F64, 1, es), vh = mk(dh, TPURT_F64, 1, hs), vin = mk(dv, TPURT_F64, 2, ins);
+  tpurt_devptr de = check_up(S, edges, sizeof edges), dh = check_up(S, NULL, 8 * 3);
+  tpurt_view ve = check_view(de, TPURT_F64, 1, es), vh = check_view(dh, TPURT_F64, 1, hs);
+  tpurt_view vin = check_view(dv, TPURT_F64, 2, ins);
   double h[3];
   CHECK_OK(tpurt_histogramdd(S, &vh, &vin, NULL, &ve, 1, TPURT_HIST_BINARY));
-  down(h, dh, sizeof h);
+  check_down(S, h, dh, sizeof h);
   CHECK_EQ(h[0], 1); /* 0 */
   CHECK_EQ(h[1], 1); /* 2 */
   CHECK_EQ(h[2], 3); /* 6, 7, 8 */
@@ -180,7 +158,7 @@ static void test_search_hist(void) {
   CHECK_OK(tpurt_memcpy_h2d(S, de, ledges, sizeof ledges, 0));
   for (int m = 0; m < 2; m++) {
     CHECK_OK(tpurt_histogramdd(S, &vh, &vin, NULL, &ve, 1, m ? TPURT_HIST_LINEAR_SEARCH : TPURT_HIST_LINEAR));
-    down(h, dh, sizeof h);
+    check_down(S, h, dh, sizeof h);
     CHECK_EQ(h[0], 2); /* 0, 2 */
     CHECK_EQ(h[1], 0);
     CHECK_EQ(h[2], 3); /* 6, 7, 8 */
@@ -191,44 +169,46 @@ static void test_search_hist(void) {
 static void test_select_segment(void) {
   float x[2][5] = {{3, 1, NAN, 2, 1}, {4, 4, 2, 2, 9}};
   int64_t xs[2] = {2, 5}, rs[2] = {2, 1};
-  tpurt_devptr dx = up(x, sizeof x), dv = dalloc(8), di = dalloc(16);
-  tpurt_view vx = mk(dx, TPURT_F32, 2, xs), vv = mk(dv, TPURT_F32, 2, rs), vi = mk(di, TPURT_I64, 2, rs);
+  tpurt_devptr dx = check_up(S, x, sizeof x), dv = check_up(S, NULL, 8), di = check_up(S, NULL, 16);
+  tpurt_view vx = check_view(dx, TPURT_F32, 2, xs), vv = check_view(dv, TPURT_F32, 2, rs);
+  tpurt_view vi = check_view(di, TPURT_I64, 2, rs);
   float v[2];
   int64_t i[2];
   CHECK_OK(tpurt_select_rows(S, &vv, &vi, &vx, TPURT_SELECT_MEDIAN, 0));
-  down(v, dv, sizeof v), down(i, di, sizeof i);
+  check_down(S, v, dv, sizeof v), check_down(S, i, di, sizeof i);
   CHECK(isnan(v[0]) && i[0] == 2);
   CHECK(v[1] == 4 && i[1] == 0);
   CHECK_OK(tpurt_select_rows(S, &vv, &vi, &vx, TPURT_SELECT_NANMEDIAN, 0));
-  down(v, dv, sizeof v), down(i, di, sizeof i);
+  check_down(S, v, dv, sizeof v), check_down(S, i, di, sizeof i);
   CHECK(v[0] == 1 && (i[0] == 1 || i[0] == 4));
   CHECK_OK(tpurt_select_rows(S, &vv, &vi, &vx, TPURT_SELECT_MODE, 0));
-  down(v, dv, sizeof v), down(i, di, sizeof i);
+  check_down(S, v, dv, sizeof v), check_down(S, i, di, sizeof i);
   CHECK(v[0] == 1 && i[0] == 4);
   CHECK(v[1] == 2 && i[1] == 3);
   CHECK_OK(tpurt_select_rows(S, &vv, &vi, &vx, TPURT_SELECT_KTH, 4));
-  down(v, dv, sizeof v), down(i, di, sizeof i);
+  check_down(S, v, dv, sizeof v), check_down(S, i, di, sizeof i);
   CHECK(v[1] == 9 && i[1] == 4);
   CHECK_ST(tpurt_select_rows(S, &vv, &vi, &vx, TPURT_SELECT_KTH, 5), TPURT_ERR_INVALID_ARGUMENT);
   /* segments of [1..6] with lengths 2, 0, 4 */
   double data[6] = {1, 2, 3, 4, 5, 6};
   int64_t off[4] = {0, 2, 2, 6};
   int64_t d3[3] = {1, 6, 1}, o3[3] = {1, 3, 1}, of2[2] = {1, 4};
-  tpurt_devptr dd = up(data, sizeof data), dof = up(off, sizeof off), dso = dalloc(24), dg = dalloc(48);
-  tpurt_view vd = mk(dd, TPURT_F64, 3, d3), vof = mk(dof, TPURT_I64, 2, of2), vso = mk(dso, TPURT_F64, 3, o3),
-             vg = mk(dg, TPURT_F64, 3, d3);
+  tpurt_devptr dd = check_up(S, data, sizeof data), dof = check_up(S, off, sizeof off), dso = check_up(S, NULL, 24);
+  tpurt_devptr dg = check_up(S, NULL, 48);
+  tpurt_view vd = check_view(dd, TPURT_F64, 3, d3), vof = check_view(dof, TPURT_I64, 2, of2),
+             vso = check_view(dso, TPURT_F64, 3, o3), vg = check_view(dg, TPURT_F64, 3, d3);
   double so[3], gd[6];
   CHECK_OK(tpurt_segment_reduce(S, &vso, &vd, &vof, TPURT_SEG_SUM, 0, 0));
-  down(so, dso, sizeof so);
+  check_down(S, so, dso, sizeof so);
   CHECK(so[0] == 3 && so[1] == 0 && so[2] == 18);
   CHECK_OK(tpurt_segment_reduce(S, &vso, &vd, &vof, TPURT_SEG_MAX, 1, -7));
-  down(so, dso, sizeof so);
+  check_down(S, so, dso, sizeof so);
   CHECK(so[0] == 2 && so[1] == -7 && so[2] == 6);
   CHECK_OK(tpurt_segment_reduce(S, &vso, &vd, &vof, TPURT_SEG_PROD, 0, 0));
-  down(so, dso, sizeof so);
+  check_down(S, so, dso, sizeof so);
   CHECK(so[0] == 2 && so[1] == 1 && so[2] == 360);
   CHECK_OK(tpurt_segment_reduce_backward(S, &vg, &vso, &vso, &vd, &vof, TPURT_SEG_PROD, 0, 0));
-  down(gd, dg, sizeof gd);
+  check_down(S, gd, dg, sizeof gd);
   CHECK_NEAR(gd[0], 2 * 2, 1e-9);
   CHECK_NEAR(gd[5], 360 * 360 / 6.0, 1e-6);
   int64_t badoff[4] = {0, 2, 1, 6};

@@ -6,33 +6,9 @@
 
 #include "check.h"
 
-static tpurt_devptr dalloc(size_t n) {
-  tpurt_devptr d = 0;
-  CHECK_OK(tpurt_malloc(0, n ? n : 1, NULL, &d));
-  return d;
-}
-static tpurt_devptr up(const void *h, size_t n) {
-  tpurt_devptr d = dalloc(n);
-  CHECK_OK(tpurt_memcpy_h2d(NULL, d, h, n, 0));
-  return d;
-}
-static void down(void *h, tpurt_devptr d, size_t n) { CHECK_OK(tpurt_memcpy_d2h(NULL, h, d, n, 0)); }
-
-static tpurt_view mk(tpurt_devptr p, tpurt_dtype dt, int nd, const int64_t *sz, const int64_t *st) {
-  tpurt_view v;
-  memset(&v, 0, sizeof v);
-  v.ptr = p;
-  v.dtype = dt;
-  v.ndim = nd;
-  for (int k = 0; k < nd; k++) {
-    v.sizes[k] = sz[k];
-    v.strides[k] = st[k];
-  }
-  return v;
-}
 static tpurt_view vec(tpurt_devptr p, tpurt_dtype dt, int64_t n) {
   int64_t one = 1;
-  return mk(p, dt, 1, &n, &one);
+  return check_view_st(p, dt, 1, &n, &one);
 }
 
 static double rnd(uint64_t *s) {
@@ -91,11 +67,11 @@ static void test_c2c_len(int64_t n, int dbl, int forward) {
     }
   }
   tpurt_dtype dt = dbl ? TPURT_C128 : TPURT_C64;
-  tpurt_devptr din = up(h, (size_t)n * es), dout = dalloc((size_t)n * es);
+  tpurt_devptr din = check_up(NULL, h, (size_t)n * es), dout = check_up(NULL, NULL, (size_t)n * es);
   tpurt_view vi = vec(din, dt, n), vo = vec(dout, dt, n);
   int dim = 0;
   CHECK_OK(tpurt_fft(NULL, TPURT_FFT_C2C, &vo, &vi, NULL, 1, &dim, forward, 1.0));
-  down(h, dout, (size_t)n * es);
+  check_down(NULL, h, dout, (size_t)n * es);
   double maxerr = 0, norm = sqrt((double)n);
   for (int64_t i = 0; i < nbins(n); i++) {
     int64_t k = bin_at(n, i);
@@ -131,14 +107,14 @@ static void test_real_len(int64_t n, int dbl) {
     }
   }
   tpurt_dtype rt = dbl ? TPURT_F64 : TPURT_F32, ct = dbl ? TPURT_C128 : TPURT_C64;
-  tpurt_devptr din = up(h, (size_t)n * rs), dout = dalloc((size_t)n * cs);
+  tpurt_devptr din = check_up(NULL, h, (size_t)n * rs), dout = check_up(NULL, NULL, (size_t)n * cs);
   int dim = 0;
   double tol = dbl ? 1e-13 : 3e-6, norm = sqrt((double)n);
   for (int two = 0; two < 2; two++) {
     int64_t no = two ? n : n / 2 + 1;
     tpurt_view vi = vec(din, rt, n), vo = vec(dout, ct, no);
     CHECK_OK(tpurt_fft(NULL, TPURT_FFT_R2C, &vo, &vi, NULL, 1, &dim, 1, 1.0));
-    down(h, dout, (size_t)no * cs);
+    check_down(NULL, h, dout, (size_t)no * cs);
     double maxerr = 0;
     for (int64_t i = 0; i < nbins(no); i++) {
       int64_t k = bin_at(no, i);
@@ -171,10 +147,10 @@ static void test_real_len(int64_t n, int dbl) {
   X[0] = creall(X[0]);
   if (n % 2 == 0) X[n / 2] = creall(X[n / 2]);
   for (int64_t k = 1; k < nh; k++) X[n - k] = conjl(X[k]);
-  tpurt_devptr dspec = up(h, (size_t)nh * cs);
+  tpurt_devptr dspec = check_up(NULL, h, (size_t)nh * cs);
   tpurt_view vi = vec(dspec, ct, nh), vo = vec(dout, rt, n);
   CHECK_OK(tpurt_fft(NULL, TPURT_FFT_C2R, &vo, &vi, NULL, 1, &dim, 0, 1.0 / (double)n));
-  down(h, dout, (size_t)n * rs);
+  check_down(NULL, h, dout, (size_t)n * rs);
   double maxerr = 0;
   for (int64_t i = 0; i < nbins(n); i++) {
     int64_t j = bin_at(n, i);
@@ -214,13 +190,13 @@ static void test_multidim(void) {
   uint64_t seed = 5;
   double h[A * B * 2], g[A * B * 2];
   for (int i = 0; i < A * B * 2; i++) h[i] = rnd(&seed);
-  tpurt_devptr din = up(h, sizeof h), dout = dalloc(sizeof h);
+  tpurt_devptr din = check_up(NULL, h, sizeof h), dout = check_up(NULL, NULL, sizeof h);
   /* the stored matrix is [B][A]; the view is its transpose [A][B] */
   int64_t sz[2] = {A, B}, tst[2] = {1, A}, cst[2] = {B, 1};
-  tpurt_view vi = mk(din, TPURT_C128, 2, sz, tst), vo = mk(dout, TPURT_C128, 2, sz, cst);
+  tpurt_view vi = check_view_st(din, TPURT_C128, 2, sz, tst), vo = check_view_st(dout, TPURT_C128, 2, sz, cst);
   int dims[2] = {0, 1};
   CHECK_OK(tpurt_fft(NULL, TPURT_FFT_C2C, &vo, &vi, NULL, 2, dims, 1, 0.5));
-  down(g, dout, sizeof g);
+  check_down(NULL, g, dout, sizeof g);
   double maxerr = 0;
   for (int k0 = 0; k0 < A; k0++)
     for (int k1 = 0; k1 < B; k1++) {
@@ -241,14 +217,14 @@ static void test_multidim(void) {
   enum { P = 4, Q = 3, R = 8, RH = R / 2 + 1 };
   float xr[P * Q * R], back[P * Q * R];
   for (int i = 0; i < P * Q * R; i++) xr[i] = (float)rnd(&seed);
-  tpurt_devptr dx = up(xr, sizeof xr), dspec = dalloc(P * Q * RH * 8), dwork = dalloc(P * Q * RH * 8),
-               dback = dalloc(sizeof back);
+  tpurt_devptr dx = check_up(NULL, xr, sizeof xr), dspec = check_up(NULL, NULL, P * Q * RH * 8),
+               dwork = check_up(NULL, NULL, P * Q * RH * 8), dback = check_up(NULL, NULL, sizeof back);
   int64_t rsz[3] = {P, Q, R}, rst[3] = {Q * R, R, 1}, csz[3] = {P, Q, RH}, cst3[3] = {Q * RH, RH, 1};
-  tpurt_view vx = mk(dx, TPURT_F32, 3, rsz, rst), vs = mk(dspec, TPURT_C64, 3, csz, cst3);
+  tpurt_view vx = check_view_st(dx, TPURT_F32, 3, rsz, rst), vs = check_view_st(dspec, TPURT_C64, 3, csz, cst3);
   int d02[2] = {0, 2};
   CHECK_OK(tpurt_fft(NULL, TPURT_FFT_R2C, &vs, &vx, NULL, 2, d02, 1, 1.0));
   float spec[P * Q * RH * 2];
-  down(spec, dspec, sizeof spec);
+  check_down(NULL, spec, dspec, sizeof spec);
   maxerr = 0;
   for (int k0 = 0; k0 < P; k0++)
     for (int q = 0; q < Q; q++)
@@ -264,18 +240,18 @@ static void test_multidim(void) {
         if (e > maxerr) maxerr = e;
       }
   CHECK(maxerr < 1e-4);
-  tpurt_view vw = mk(dwork, TPURT_C64, 3, csz, cst3), vb = mk(dback, TPURT_F32, 3, rsz, rst);
+  tpurt_view vw = check_view_st(dwork, TPURT_C64, 3, csz, cst3), vb = check_view_st(dback, TPURT_F32, 3, rsz, rst);
   CHECK_OK(tpurt_fft(NULL, TPURT_FFT_C2R, &vb, &vs, &vw, 2, d02, 0, 1.0 / (P * R)));
   /* without a work view the multi-dim c2r is refused */
   CHECK_ST(tpurt_fft(NULL, TPURT_FFT_C2R, &vb, &vs, NULL, 2, d02, 0, 1.0), TPURT_ERR_INVALID_ARGUMENT);
-  down(back, dback, sizeof back);
+  check_down(NULL, back, dback, sizeof back);
   maxerr = 0;
   for (int i = 0; i < P * Q * R; i++)
     if (fabs(back[i] - xr[i]) > maxerr) maxerr = fabs(back[i] - xr[i]);
   CHECK(maxerr < 1e-5);
   /* the input spectrum is left untouched */
   float spec2[P * Q * RH * 2];
-  down(spec2, dspec, sizeof spec2);
+  check_down(NULL, spec2, dspec, sizeof spec2);
   CHECK(memcmp(spec, spec2, sizeof spec) == 0);
   tpurt_free(din);
   tpurt_free(dout);
@@ -294,15 +270,15 @@ static void test_batch_edges(void) {
   for (int i = 0; i < NB * N * 2; i++) h[i] = (float)rnd(&seed);
   h[2 * (5 * N + 3)] = NAN;
   h[2 * (7 * N + 1) + 1] = INFINITY;
-  tpurt_devptr din = up(h, sizeof h), dout = dalloc(sizeof h);
+  tpurt_devptr din = check_up(NULL, h, sizeof h), dout = check_up(NULL, NULL, sizeof h);
   int64_t sz[3] = {NB, 1, N}, st[3] = {N, N, 1};
-  tpurt_view vi = mk(din, TPURT_C64, 3, sz, st), vo = mk(dout, TPURT_C64, 3, sz, st);
+  tpurt_view vi = check_view_st(din, TPURT_C64, 3, sz, st), vo = check_view_st(dout, TPURT_C64, 3, sz, st);
   int dims[2] = {1, 2};
   CHECK_OK(tpurt_fft(NULL, TPURT_FFT_C2C, &vo, &vi, NULL, 2, dims, 1, 1.0));
   int cached = tpurt_fft_plan_cache_size();
   CHECK_OK(tpurt_fft(NULL, TPURT_FFT_C2C, &vo, &vi, NULL, 2, dims, 1, 1.0));
   CHECK_EQ(tpurt_fft_plan_cache_size(), cached);
-  down(g, dout, sizeof g);
+  check_down(NULL, g, dout, sizeof g);
   for (int b = 0; b < NB; b++) {
     int bad = b == 5 || b == 7, allbad = 1, anybad = 0;
     for (int k = 0; k < N; k++) {
@@ -323,19 +299,20 @@ static void test_batch_edges(void) {
   }
   /* empty batch: nothing to do */
   int64_t esz[2] = {0, N}, est[2] = {N, 1};
-  tpurt_view ei = mk(din, TPURT_C64, 2, esz, est), eo = mk(dout, TPURT_C64, 2, esz, est);
+  tpurt_view ei = check_view_st(din, TPURT_C64, 2, esz, est), eo = check_view_st(dout, TPURT_C64, 2, esz, est);
   int d1 = 1, d0 = 0, dd[2] = {1, 1}, dbad = 3;
   CHECK_OK(tpurt_fft(NULL, TPURT_FFT_C2C, &eo, &ei, NULL, 1, &d1, 1, 1.0));
   /* errors */
-  tpurt_view v2i = mk(din, TPURT_C64, 2, (int64_t[]){4, N}, est), v2o = mk(dout, TPURT_C64, 2, (int64_t[]){4, N}, est);
+  tpurt_view v2i = check_view_st(din, TPURT_C64, 2, (int64_t[]){4, N}, est);
+  tpurt_view v2o = check_view_st(dout, TPURT_C64, 2, (int64_t[]){4, N}, est);
   CHECK_ST(tpurt_fft(NULL, TPURT_FFT_C2C, &v2o, &v2i, NULL, 2, dd, 1, 1.0), TPURT_ERR_INVALID_ARGUMENT);
   CHECK_ST(tpurt_fft(NULL, TPURT_FFT_C2C, &v2o, &v2i, NULL, 1, &dbad, 1, 1.0), TPURT_ERR_INDEX);
   CHECK_ST(tpurt_fft(NULL, TPURT_FFT_C2C, &v2i, &v2i, NULL, 1, &d0, 1, 1.0), TPURT_ERR_INVALID_ARGUMENT);
-  tpurt_view f32o = mk(dout, TPURT_F32, 2, (int64_t[]){4, N}, est);
+  tpurt_view f32o = check_view_st(dout, TPURT_F32, 2, (int64_t[]){4, N}, est);
   CHECK_ST(tpurt_fft(NULL, TPURT_FFT_C2C, &f32o, &v2i, NULL, 1, &d0, 1, 1.0), TPURT_ERR_INVALID_ARGUMENT);
   CHECK_ST(tpurt_fft(NULL, TPURT_FFT_R2C, &v2o, &v2i, NULL, 1, &d1, 1, 1.0), TPURT_ERR_INVALID_ARGUMENT);
-  tpurt_view wrong = mk(dout, TPURT_C64, 2, (int64_t[]){4, 5}, est);
-  tpurt_view rin = mk(din, TPURT_F32, 2, (int64_t[]){4, N}, est);
+  tpurt_view wrong = check_view_st(dout, TPURT_C64, 2, (int64_t[]){4, 5}, est);
+  tpurt_view rin = check_view_st(din, TPURT_F32, 2, (int64_t[]){4, N}, est);
   CHECK_ST(tpurt_fft(NULL, TPURT_FFT_R2C, &wrong, &rin, NULL, 1, &d1, 1, 1.0), TPURT_ERR_INVALID_ARGUMENT);
   CHECK_OK(tpurt_device_synchronize(0));
   tpurt_free(din);

@@ -9,41 +9,19 @@
 
 static tpurt_stream *S;
 
-static tpurt_view mk(tpurt_devptr p, tpurt_dtype dt, int nd, const int64_t *sz) {
-  tpurt_view v;
-  memset(&v, 0, sizeof v);
-  v.ptr = p;
-  v.dtype = dt;
-  v.ndim = nd;
-  int64_t st = 1;
-  for (int i = nd - 1; i >= 0; i--) {
-    v.sizes[i] = sz[i];
-    v.strides[i] = st;
-    st *= sz[i];
-  }
-  return v;
-}
-
-static tpurt_devptr up(const void *h, size_t n) {
-  tpurt_devptr d;
-  CHECK_OK(tpurt_malloc(0, n ? n : 1, S, &d));
-  if (n) CHECK_OK(tpurt_memcpy_h2d(S, d, h, n, 0));
-  return d;
-}
-static void down(void *h, tpurt_devptr d, size_t n) { CHECK_OK(tpurt_memcpy_d2h(S, h, d, n, 0)); }
-
 static void test_index_select_gather(void) {
   float x[12];
   for (int i = 0; i < 12; i++) x[i] = (float)i;
   int64_t idx[3] = {2, 0, 2};
-  tpurt_devptr dx = up(x, sizeof x), di = up(idx, sizeof idx), dout;
+  tpurt_devptr dx = check_up(S, x, sizeof x), di = check_up(S, idx, sizeof idx), dout;
   CHECK_OK(tpurt_malloc(0, 64, S, &dout));
   int64_t xs[2] = {3, 4}, is[1] = {3}, os[2] = {3, 3};
-  tpurt_view vx = mk(dx, TPURT_F32, 2, xs), vi = mk(di, TPURT_I64, 1, is), vo = mk(dout, TPURT_F32, 2, os);
+  tpurt_view vx = check_view(dx, TPURT_F32, 2, xs), vi = check_view(di, TPURT_I64, 1, is);
+  tpurt_view vo = check_view(dout, TPURT_F32, 2, os);
   /* select columns */
   CHECK_OK(tpurt_index_select(S, &vo, &vx, 1, &vi));
   float o[9];
-  down(o, dout, sizeof o);
+  check_down(S, o, dout, sizeof o);
   for (int r = 0; r < 3; r++)
     for (int c = 0; c < 3; c++) CHECK_EQ(o[r * 3 + c], x[r * 4 + idx[c]]);
   /* out of range: error at the sync, then the stream works */
@@ -56,15 +34,15 @@ static void test_index_select_gather(void) {
   /* gather along dim 0 */
   int64_t gi[6] = {2, 0, 1, 1, 2, 0};
   int64_t gs[2] = {2, 3};
-  tpurt_devptr dg = up(gi, sizeof gi);
-  tpurt_view vg = mk(dg, TPURT_I64, 2, gs), vgo = mk(dout, TPURT_F32, 2, gs);
+  tpurt_devptr dg = check_up(S, gi, sizeof gi);
+  tpurt_view vg = check_view(dg, TPURT_I64, 2, gs), vgo = check_view(dout, TPURT_F32, 2, gs);
   CHECK_OK(tpurt_gather(S, &vgo, &vx, 0, &vg));
-  down(o, dout, 6 * 4);
+  check_down(S, o, dout, 6 * 4);
   for (int r = 0; r < 2; r++)
     for (int c = 0; c < 3; c++) CHECK_EQ(o[r * 3 + c], x[gi[r * 3 + c] * 4 + c]);
   /* empty index: no-op */
   int64_t zs[2] = {0, 3};
-  tpurt_view ve = mk(dg, TPURT_I64, 2, zs), veo = mk(dout, TPURT_F32, 2, zs);
+  tpurt_view ve = check_view(dg, TPURT_I64, 2, zs), veo = check_view(dout, TPURT_F32, 2, zs);
   CHECK_OK(tpurt_gather(S, &veo, &vx, 0, &ve));
   CHECK_OK(tpurt_stream_synchronize(S));
   tpurt_free(dx);
@@ -77,13 +55,15 @@ static void test_scatter(void) {
   double self[4] = {1, 2, 3, 4}, src[5] = {10, 20, 30, 40, 50};
   int64_t idx[5] = {1, 3, 1, 1, 0};
   int64_t n4[1] = {4}, n5[1] = {5};
-  tpurt_devptr ds = up(self, sizeof self), dr = up(src, sizeof src), di = up(idx, sizeof idx);
-  tpurt_view vs = mk(ds, TPURT_F64, 1, n4), vr = mk(dr, TPURT_F64, 1, n5), vi = mk(di, TPURT_I64, 1, n5);
+  tpurt_devptr ds = check_up(S, self, sizeof self), dr = check_up(S, src, sizeof src);
+  tpurt_devptr di = check_up(S, idx, sizeof idx);
+  tpurt_view vs = check_view(ds, TPURT_F64, 1, n4), vr = check_view(dr, TPURT_F64, 1, n5);
+  tpurt_view vi = check_view(di, TPURT_I64, 1, n5);
   tpurt_scalar zero = {TPURT_SCALAR_FLOAT, 0, 0, 0};
   double o[4];
   /* sum, include_self */
   CHECK_OK(tpurt_scatter(S, &vs, 0, &vi, &vr, zero, TPURT_SCATTER_SUM, 1));
-  down(o, ds, sizeof o);
+  check_down(S, o, ds, sizeof o);
   CHECK_EQ(o[0], 51);
   CHECK_EQ(o[1], 82);
   CHECK_EQ(o[2], 3);
@@ -91,19 +71,19 @@ static void test_scatter(void) {
   /* mean without self */
   CHECK_OK(tpurt_memcpy_h2d(S, ds, self, sizeof self, 0));
   CHECK_OK(tpurt_scatter(S, &vs, 0, &vi, &vr, zero, TPURT_SCATTER_MEAN, 0));
-  down(o, ds, sizeof o);
+  check_down(S, o, ds, sizeof o);
   CHECK_NEAR(o[1], 80.0 / 3, 1e-12);
   CHECK_EQ(o[2], 3);
   /* amax with NaN propagates */
   src[2] = NAN;
   CHECK_OK(tpurt_memcpy_h2d(S, dr, src, sizeof src, 0));
   CHECK_OK(tpurt_scatter(S, &vs, 0, &vi, &vr, zero, TPURT_SCATTER_AMAX, 1));
-  down(o, ds, sizeof o);
+  check_down(S, o, ds, sizeof o);
   CHECK(isnan(o[1]));
   /* index_add with duplicates and skip index */
   CHECK_OK(tpurt_memcpy_h2d(S, ds, self, sizeof self, 0));
   CHECK_OK(tpurt_index_add(S, &vs, 0, &vi, &vr, 2.0, 0, 0));
-  down(o, ds, sizeof o);
+  check_down(S, o, ds, sizeof o);
   CHECK_EQ(o[0], 1); /* index 0 skipped */
   CHECK_EQ(o[3], 44);
   /* out of range */
@@ -121,21 +101,22 @@ static void test_advanced(void) {
   /* data [4] floats; index_put accumulate with duplicates {1, 1, -1} */
   float d[4] = {0, 0, 0, 0}, v[3] = {1, 2, 5};
   int64_t idx[3] = {1, 1, -1}, n3[1] = {3}, n4[1] = {4};
-  tpurt_devptr dd = up(d, sizeof d), dv = up(v, sizeof v), di = up(idx, sizeof idx);
-  tpurt_view vd = mk(dd, TPURT_F32, 1, n3), vv = mk(dv, TPURT_F32, 1, n3), vi = mk(di, TPURT_I64, 1, n3);
+  tpurt_devptr dd = check_up(S, d, sizeof d), dv = check_up(S, v, sizeof v), di = check_up(S, idx, sizeof idx);
+  tpurt_view vd = check_view(dd, TPURT_F32, 1, n3), vv = check_view(dv, TPURT_F32, 1, n3);
+  tpurt_view vi = check_view(di, TPURT_I64, 1, n3);
   vd.strides[0] = 0; /* restrided: the indexed dim has stride 0 */
   int64_t sizes[1] = {4}, strides[1] = {1};
   CHECK_OK(tpurt_index_put(S, &vd, &vv, &vi, 1, sizes, strides, 1));
   float o[4];
-  down(o, dd, sizeof o);
+  check_down(S, o, dd, sizeof o);
   CHECK_EQ(o[1], 3);
   CHECK_EQ(o[3], 5);
   /* index (get) */
   tpurt_devptr dout;
   CHECK_OK(tpurt_malloc(0, 16, S, &dout));
-  tpurt_view vo = mk(dout, TPURT_F32, 1, n3);
+  tpurt_view vo = check_view(dout, TPURT_F32, 1, n3);
   CHECK_OK(tpurt_index(S, &vo, &vd, &vi, 1, sizes, strides));
-  down(o, dout, 12);
+  check_down(S, o, dout, 12);
   CHECK_EQ(o[0], 3);
   CHECK_EQ(o[2], 5);
   idx[0] = 4;
@@ -145,19 +126,19 @@ static void test_advanced(void) {
   /* nonzero */
   float nz[4] = {0, -0.0f, 2, NAN};
   CHECK_OK(tpurt_memcpy_h2d(S, dd, nz, sizeof nz, 0));
-  tpurt_view vn = mk(dd, TPURT_F32, 1, n4);
+  tpurt_view vn = check_view(dd, TPURT_F32, 1, n4);
   tpurt_devptr dc;
   CHECK_OK(tpurt_malloc(0, 8, S, &dc));
-  tpurt_view vc = mk(dc, TPURT_I64, 0, NULL);
+  tpurt_view vc = check_view(dc, TPURT_I64, 0, NULL);
   CHECK_OK(tpurt_count_nonzero(S, &vc, &vn));
   int64_t cnt = 0;
-  down(&cnt, dc, 8);
+  check_down(S, &cnt, dc, 8);
   CHECK_EQ(cnt, 2);
   int64_t os[2] = {2, 1};
-  tpurt_view vno = mk(dout, TPURT_I64, 2, os);
+  tpurt_view vno = check_view(dout, TPURT_I64, 2, os);
   CHECK_OK(tpurt_nonzero(S, &vno, &vn));
   int64_t coords[2];
-  down(coords, dout, 16);
+  check_down(S, coords, dout, 16);
   CHECK_EQ(coords[0], 2);
   CHECK_EQ(coords[1], 3);
   tpurt_free(dd);
@@ -170,20 +151,21 @@ static void test_advanced(void) {
 static void test_sort_tril_pad(void) {
   float x[8] = {3, NAN, 1, 3, -INFINITY, 2, 1, 0};
   int64_t n8[1] = {8};
-  tpurt_devptr dx = up(x, sizeof x), dv, di;
+  tpurt_devptr dx = check_up(S, x, sizeof x), dv, di;
   CHECK_OK(tpurt_malloc(0, 64, S, &dv));
   CHECK_OK(tpurt_malloc(0, 64, S, &di));
-  tpurt_view vx = mk(dx, TPURT_F32, 1, n8), vv = mk(dv, TPURT_F32, 1, n8), vi = mk(di, TPURT_I64, 1, n8);
+  tpurt_view vx = check_view(dx, TPURT_F32, 1, n8), vv = check_view(dv, TPURT_F32, 1, n8);
+  tpurt_view vi = check_view(di, TPURT_I64, 1, n8);
   CHECK_OK(tpurt_sort(S, &vv, &vi, &vx, 0, 0));
   float v[8];
   int64_t ix[8];
-  down(v, dv, sizeof v);
-  down(ix, di, sizeof ix);
+  check_down(S, v, dv, sizeof v);
+  check_down(S, ix, di, sizeof ix);
   int64_t want[8] = {4, 7, 2, 6, 5, 0, 3, 1}; /* stable, NaN last */
   for (int i = 0; i < 8; i++) CHECK_EQ(ix[i], want[i]);
   CHECK(isnan(v[7]));
   CHECK_OK(tpurt_sort(S, &vv, &vi, &vx, 0, 1));
-  down(ix, di, sizeof ix);
+  check_down(S, ix, di, sizeof ix);
   CHECK_EQ(ix[0], 1); /* NaN first when descending */
   CHECK_EQ(ix[1], 0); /* ties keep order */
   CHECK_EQ(ix[2], 3);
@@ -191,22 +173,22 @@ static void test_sort_tril_pad(void) {
   float m[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
   int64_t s33[2] = {3, 3};
   CHECK_OK(tpurt_memcpy_h2d(S, dx, m, sizeof m, 0));
-  tpurt_view vm = mk(dx, TPURT_F32, 2, s33), vmo = mk(dv, TPURT_F32, 2, s33);
+  tpurt_view vm = check_view(dx, TPURT_F32, 2, s33), vmo = check_view(dv, TPURT_F32, 2, s33);
   CHECK_OK(tpurt_tril(S, &vmo, &vm, 0, 0));
   float t[9];
-  down(t, dv, sizeof t);
+  check_down(S, t, dv, sizeof t);
   CHECK_EQ(t[1], 0);
   CHECK_EQ(t[3], 4);
   CHECK_EQ(t[8], 9);
   /* reflect pad 1-D: [1 2 3] pad (2, 1) -> 3 2 1 2 3 2 */
   int64_t s3[1] = {3}, s6[1] = {6}, pads[2] = {2, 1};
-  tpurt_view vp = mk(dx, TPURT_F32, 1, s3), vpo = mk(dv, TPURT_F32, 1, s6);
+  tpurt_view vp = check_view(dx, TPURT_F32, 1, s3), vpo = check_view(dv, TPURT_F32, 1, s6);
   CHECK_OK(tpurt_pad(S, &vpo, &vp, TPURT_PAD_REFLECT, 1, pads));
-  down(t, dv, 6 * 4);
+  check_down(S, t, dv, 6 * 4);
   float wp[6] = {3, 2, 1, 2, 3, 2};
   for (int i = 0; i < 6; i++) CHECK_EQ(t[i], wp[i]);
   CHECK_OK(tpurt_pad(S, &vpo, &vp, TPURT_PAD_REPLICATE, 1, pads));
-  down(t, dv, 6 * 4);
+  check_down(S, t, dv, 6 * 4);
   float wr[6] = {1, 1, 1, 2, 3, 3};
   for (int i = 0; i < 6; i++) CHECK_EQ(t[i], wr[i]);
   tpurt_free(dx);
@@ -220,13 +202,13 @@ static void test_random_and_loss(void) {
   CHECK_OK(tpurt_malloc(0, (size_t)n * 4, S, &d1));
   CHECK_OK(tpurt_malloc(0, (size_t)n * 4, S, &d2));
   int64_t sz[1] = {n};
-  tpurt_view v1 = mk(d1, TPURT_F32, 1, sz), v2 = mk(d2, TPURT_F32, 1, sz);
+  tpurt_view v1 = check_view(d1, TPURT_F32, 1, sz), v2 = check_view(d2, TPURT_F32, 1, sz);
   CHECK_EQ(tpurt_random_blocks(TPURT_RNG_UNIFORM, TPURT_F32, n, 0), 250);
   CHECK_OK(tpurt_random(S, &v1, TPURT_RNG_UNIFORM, 0, 1, 0, 0, 42, 10));
   CHECK_OK(tpurt_random(S, &v2, TPURT_RNG_UNIFORM, 0, 1, 0, 0, 42, 10));
   float *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
-  down(a, d1, (size_t)n * 4);
-  down(b, d2, (size_t)n * 4);
+  check_down(S, a, d1, (size_t)n * 4);
+  check_down(S, b, d2, (size_t)n * 4);
   CHECK(memcmp(a, b, (size_t)n * 4) == 0);
   /* element 5 = word 1 of block offset + 1 */
   uint32_t ctr[4] = {11, 0, 0, 0}, key[2] = {42, 0}, w[4];
@@ -241,15 +223,16 @@ static void test_random_and_loss(void) {
   float in[6] = {-1, -2, -3, -4, -5, -6}; /* [N=2, C=3, D=1] */
   int64_t tg[2] = {2, 0};
   float wt[3] = {1, 1, 2};
-  tpurt_devptr dx = up(in, sizeof in), dt = up(tg, sizeof tg), dw = up(wt, sizeof wt), dtw;
+  tpurt_devptr dx = check_up(S, in, sizeof in), dt = check_up(S, tg, sizeof tg), dw = check_up(S, wt, sizeof wt), dtw;
   CHECK_OK(tpurt_malloc(0, 8, S, &dtw));
   int64_t is[3] = {2, 3, 1}, ts[2] = {2, 1}, ws[1] = {3};
-  tpurt_view vx = mk(dx, TPURT_F32, 3, is), vt = mk(dt, TPURT_I64, 2, ts), vw = mk(dw, TPURT_F32, 1, ws);
-  tpurt_view vo = mk(d1, TPURT_F32, 0, NULL), vtw = mk(dtw, TPURT_F32, 0, NULL);
+  tpurt_view vx = check_view(dx, TPURT_F32, 3, is), vt = check_view(dt, TPURT_I64, 2, ts);
+  tpurt_view vw = check_view(dw, TPURT_F32, 1, ws);
+  tpurt_view vo = check_view(d1, TPURT_F32, 0, NULL), vtw = check_view(dtw, TPURT_F32, 0, NULL);
   CHECK_OK(tpurt_nll_loss(S, &vo, &vtw, &vx, &vt, &vw, 1, -100));
   float o, twv;
-  down(&o, d1, 4);
-  down(&twv, dtw, 4);
+  check_down(S, &o, d1, 4);
+  check_down(S, &twv, dtw, 4);
   CHECK_NEAR(o, (2 * 3 + 1 * 4) / 3.0, 1e-6);
   CHECK_NEAR(twv, 3, 0);
   tg[1] = 7;

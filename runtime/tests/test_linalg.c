@@ -21,19 +21,6 @@ static void download(void *h, tpurt_devptr d, size_t n) {
   CHECK_OK(tpurt_stream_synchronize(S));
 }
 
-/* contiguous view with shape sz (ndim dims) */
-static tpurt_view mk(tpurt_devptr p, tpurt_dtype dt, int ndim, const int64_t *sz) {
-  tpurt_view v;
-  memset(&v, 0, sizeof v);
-  v.ptr = p, v.dtype = dt, v.ndim = ndim;
-  int64_t st = 1;
-  for (int i = ndim - 1; i >= 0; i--) {
-    v.sizes[i] = sz[i];
-    v.strides[i] = st;
-    st *= sz[i];
-  }
-  return v;
-}
 static tpurt_view none(void) {
   tpurt_view v;
   memset(&v, 0, sizeof v);
@@ -56,10 +43,10 @@ static void test_lu_solve_inv_det(void) {
   CHECK_OK(tpurt_malloc(0, 2 * 8, S, &dD));
   CHECK_OK(tpurt_malloc(0, 18 * 8, S, &dINV));
   int64_t s33[3] = {2, 3, 3}, s32[3] = {2, 3, 2}, s3[2] = {2, 3}, s1[1] = {2};
-  tpurt_view vA = mk(dA, TPURT_F64, 3, s33), vB = mk(dB, TPURT_F64, 3, s32);
+  tpurt_view vA = check_view(dA, TPURT_F64, 3, s33), vB = check_view(dB, TPURT_F64, 3, s32);
   vB.strides[0] = 0; /* broadcast */
-  tpurt_view outs[4] = {mk(dX, TPURT_F64, 3, s32), mk(dLU, TPURT_F64, 3, s33), mk(dP, TPURT_I32, 2, s3),
-                        mk(dI, TPURT_I32, 1, s1)};
+  tpurt_view outs[4] = {check_view(dX, TPURT_F64, 3, s32), check_view(dLU, TPURT_F64, 3, s33),
+                        check_view(dP, TPURT_I32, 2, s3), check_view(dI, TPURT_I32, 1, s1)};
   tpurt_view ins[2] = {vA, vB};
   CHECK_OK(tpurt_linalg(S, TPURT_LA_SOLVE, 1, outs, 4, ins, 2, F0, 0));
   double X[12], LU[18];
@@ -81,7 +68,8 @@ static void test_lu_solve_inv_det(void) {
   CHECK_OK(tpurt_malloc(0, 18 * 8, S, &dPm));
   CHECK_OK(tpurt_malloc(0, 18 * 8, S, &dL));
   CHECK_OK(tpurt_malloc(0, 18 * 8, S, &dU));
-  tpurt_view uo[3] = {mk(dPm, TPURT_F64, 3, s33), mk(dL, TPURT_F64, 3, s33), mk(dU, TPURT_F64, 3, s33)};
+  tpurt_view uo[3] = {check_view(dPm, TPURT_F64, 3, s33), check_view(dL, TPURT_F64, 3, s33),
+                      check_view(dU, TPURT_F64, 3, s33)};
   tpurt_view ui[2] = {outs[1], outs[2]};
   CHECK_OK(tpurt_linalg(S, TPURT_LA_LU_UNPACK, 1, uo, 3, ui, 2, F0, 0));
   double P[18], L[18], U[18];
@@ -97,7 +85,7 @@ static void test_lu_solve_inv_det(void) {
         CHECK_NEAR(r, A[b * 9 + i * 3 + j], 1e-12);
       }
   /* det: cofactor expansion */
-  tpurt_view dout[4] = {mk(dD, TPURT_F64, 1, s1), none(), none(), none()};
+  tpurt_view dout[4] = {check_view(dD, TPURT_F64, 1, s1), none(), none(), none()};
   CHECK_OK(tpurt_linalg(S, TPURT_LA_DET, 1, dout, 4, &vA, 1, F0, 0));
   double D[2];
   download(D, dD, sizeof D);
@@ -108,7 +96,7 @@ static void test_lu_solve_inv_det(void) {
     CHECK_NEAR(D[b], want, 1e-10);
   }
   /* inverse: A A^-1 = I for the regular matrix, info for the singular one */
-  tpurt_view io[2] = {mk(dINV, TPURT_F64, 3, s33), mk(dI, TPURT_I32, 1, s1)};
+  tpurt_view io[2] = {check_view(dINV, TPURT_F64, 3, s33), check_view(dI, TPURT_I32, 1, s1)};
   CHECK_OK(tpurt_linalg(S, TPURT_LA_INV, 1, io, 2, &vA, 1, F0, 0));
   double INV[18];
   download(INV, dINV, sizeof INV);
@@ -137,8 +125,8 @@ static void test_cholesky_svd_eigh_qr(void) {
   CHECK_OK(tpurt_malloc(0, 9 * 4, S, &dV));
   CHECK_OK(tpurt_malloc(0, 9 * 4, S, &dQ));
   CHECK_OK(tpurt_malloc(0, 9 * 4, S, &dR));
-  tpurt_view vA = mk(dA, TPURT_F32, 2, s33);
-  tpurt_view co[2] = {mk(dL, TPURT_F32, 2, s33), mk(dI, TPURT_I32, 0, NULL)};
+  tpurt_view vA = check_view(dA, TPURT_F32, 2, s33);
+  tpurt_view co[2] = {check_view(dL, TPURT_F32, 2, s33), check_view(dI, TPURT_I32, 0, NULL)};
   CHECK_OK(tpurt_linalg(S, TPURT_LA_CHOLESKY, 0, co, 2, &vA, 1, F0, 0));
   float L[9];
   int32_t info;
@@ -153,7 +141,8 @@ static void test_cholesky_svd_eigh_qr(void) {
       if (j > i) CHECK(L[i * 3 + j] == 0);
     }
   /* SVD: U S Vh = A */
-  tpurt_view so[3] = {mk(dU, TPURT_F32, 2, s33), mk(dS, TPURT_F32, 1, s3), mk(dV, TPURT_F32, 2, s33)};
+  tpurt_view so[3] = {check_view(dU, TPURT_F32, 2, s33), check_view(dS, TPURT_F32, 1, s3),
+                      check_view(dV, TPURT_F32, 2, s33)};
   int64_t fl[4] = {0, 1, 0, 0};
   CHECK_OK(tpurt_linalg(S, TPURT_LA_SVD, 0, so, 3, &vA, 1, fl, 0));
   float U[9], Sv[3], V[9];
@@ -169,16 +158,16 @@ static void test_cholesky_svd_eigh_qr(void) {
     }
   /* eigh of a symmetric matrix: eigenvalues equal the singular values (SPD) */
   float w[3];
-  tpurt_view eo[2] = {mk(dS, TPURT_F32, 1, s3), none()};
+  tpurt_view eo[2] = {check_view(dS, TPURT_F32, 1, s3), none()};
   CHECK_OK(tpurt_linalg(S, TPURT_LA_EIGH, 0, eo, 2, &vA, 1, F0, 0));
   download(w, dS, sizeof w);
   CHECK(w[0] <= w[1] && w[1] <= w[2]);
   CHECK_NEAR(w[2], Sv[0], 1e-4);
   CHECK_NEAR(w[0], Sv[2], 1e-4);
   /* QR: geqrf + orgqr, Q R = A */
-  tpurt_view go[2] = {mk(dR, TPURT_F32, 2, s33), mk(dS, TPURT_F32, 1, s3)};
+  tpurt_view go[2] = {check_view(dR, TPURT_F32, 2, s33), check_view(dS, TPURT_F32, 1, s3)};
   CHECK_OK(tpurt_linalg(S, TPURT_LA_GEQRF, 0, go, 2, &vA, 1, F0, 0));
-  tpurt_view qo = mk(dQ, TPURT_F32, 2, s33);
+  tpurt_view qo = check_view(dQ, TPURT_F32, 2, s33);
   CHECK_OK(tpurt_linalg(S, TPURT_LA_ORGQR, 0, &qo, 1, go, 2, F0, 0));
   float Q[9], R[9];
   download(Q, dQ, sizeof Q);
@@ -212,25 +201,25 @@ static void test_cross_and_errors(void) {
   int64_t s23[2] = {2, 3}, s3[2] = {2, 3};
   tpurt_devptr da = upload(a, sizeof a), db = upload(b, sizeof b), dout;
   CHECK_OK(tpurt_malloc(0, sizeof o, S, &dout));
-  tpurt_view ins[2] = {mk(da, TPURT_I64, 2, s23), mk(db, TPURT_I64, 2, s3)};
+  tpurt_view ins[2] = {check_view(da, TPURT_I64, 2, s23), check_view(db, TPURT_I64, 2, s3)};
   ins[1].strides[0] = 0;
-  tpurt_view ov = mk(dout, TPURT_I64, 2, s23);
+  tpurt_view ov = check_view(dout, TPURT_I64, 2, s23);
   CHECK_OK(tpurt_linalg(S, TPURT_LA_CROSS, 1, &ov, 1, ins, 2, F0, 0));
   download(o, dout, sizeof o);
   int64_t want[6] = {0, 0, 1, 0, 0, 0};
   for (int i = 0; i < 6; i++) CHECK_EQ(o[i], want[i]);
   /* errors: wrong dtype, wrong arity, mismatched shapes */
-  tpurt_view sq = mk(da, TPURT_I64, 2, s23);
+  tpurt_view sq = check_view(da, TPURT_I64, 2, s23);
   tpurt_view lo[2] = {ov, ov};
   CHECK_ST(tpurt_linalg(S, TPURT_LA_INV, 0, lo, 2, &sq, 1, F0, 0), TPURT_ERR_NOT_SUPPORTED);
   CHECK_ST(tpurt_linalg(S, TPURT_LA_INV, 0, lo, 1, &sq, 1, F0, 0), TPURT_ERR_INVALID_ARGUMENT);
-  tpurt_view fa = mk(da, TPURT_F64, 2, s23); /* 2x3: not square */
-  tpurt_view fo[2] = {mk(dout, TPURT_F64, 2, s23), mk(dout, TPURT_I32, 0, NULL)};
+  tpurt_view fa = check_view(da, TPURT_F64, 2, s23); /* 2x3: not square */
+  tpurt_view fo[2] = {check_view(dout, TPURT_F64, 2, s23), check_view(dout, TPURT_I32, 0, NULL)};
   CHECK_ST(tpurt_linalg(S, TPURT_LA_INV, 0, fo, 2, &fa, 1, F0, 0), TPURT_ERR_INVALID_ARGUMENT);
   /* empty batch: nothing to do */
   int64_t e33[3] = {0, 3, 3}, e0[1] = {0};
-  tpurt_view ea = mk(0, TPURT_F64, 3, e33);
-  tpurt_view eo[2] = {mk(0, TPURT_F64, 3, e33), mk(0, TPURT_I32, 1, e0)};
+  tpurt_view ea = check_view(0, TPURT_F64, 3, e33);
+  tpurt_view eo[2] = {check_view(0, TPURT_F64, 3, e33), check_view(0, TPURT_I32, 1, e0)};
   CHECK_OK(tpurt_linalg(S, TPURT_LA_INV, 1, eo, 2, &ea, 1, F0, 0));
   CHECK_OK(tpurt_stream_synchronize(S));
   tpurt_free(da);

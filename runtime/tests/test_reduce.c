@@ -1,56 +1,35 @@
 /* test_reduce.c — reductions, scans, softmax and norms vs simple references. */
 #include "check.h"
 
-static tpurt_devptr up(const void *h, size_t n) {
-  tpurt_devptr d = 0;
-  CHECK_OK(tpurt_malloc(0, n, NULL, &d));
-  CHECK_OK(tpurt_memcpy_h2d(NULL, d, h, n, 0));
-  return d;
-}
-static void down(void *h, tpurt_devptr d, size_t n) { CHECK_OK(tpurt_memcpy_d2h(NULL, h, d, n, 0)); }
-
-static tpurt_view mk(tpurt_devptr p, tpurt_dtype dt, int nd, const int64_t *sz, const int64_t *st) {
-  tpurt_view v;
-  memset(&v, 0, sizeof v);
-  v.ptr = p;
-  v.dtype = dt;
-  v.ndim = nd;
-  for (int k = 0; k < nd; k++) {
-    v.sizes[k] = sz[k];
-    v.strides[k] = st[k];
-  }
-  return v;
-}
-
 static void test_sums(void) {
   enum { R = 300, C = 1000 };
   static float x[R * C];
   for (int i = 0; i < R * C; i++) x[i] = (float)(((int64_t)i * 7919) % 1000) / 997.0f - 0.3f;
-  tpurt_devptr dx = up(x, sizeof x), dout;
+  tpurt_devptr dx = check_up(NULL, x, sizeof x), dout;
   CHECK_OK(tpurt_malloc(0, C * 8, NULL, &dout));
   /* full sum */
   int64_t sz[2] = {R, C}, st[2] = {C, 1}, osz[2] = {1, 1}, ost[2] = {0, 0};
-  tpurt_view in = mk(dx, TPURT_F32, 2, sz, st), out = mk(dout, TPURT_F64, 2, osz, ost);
+  tpurt_view in = check_view_st(dx, TPURT_F32, 2, sz, st), out = check_view_st(dout, TPURT_F64, 2, osz, ost);
   CHECK_OK(tpurt_reduce(NULL, TPURT_RED_SUM, &out, NULL, &in, 0));
   double got, ref = 0;
   for (int i = 0; i < R * C; i++) ref += x[i];
-  down(&got, dout, 8);
+  check_down(NULL, &got, dout, 8);
   CHECK_NEAR(got, ref, fabs(ref) * 1e-6);
   /* over dim 0 (outer strategy) and dim 1 (inner) */
   float col[C], row[R];
   int64_t o0[2] = {1, C}, s0[2] = {0, 1};
-  out = mk(dout, TPURT_F32, 2, o0, s0);
+  out = check_view_st(dout, TPURT_F32, 2, o0, s0);
   CHECK_OK(tpurt_reduce(NULL, TPURT_RED_SUM, &out, NULL, &in, 0));
-  down(col, dout, sizeof col);
+  check_down(NULL, col, dout, sizeof col);
   for (int j = 0; j < C; j += 97) {
     double r = 0;
     for (int i = 0; i < R; i++) r += x[i * C + j];
     CHECK_NEAR(col[j], r, 1e-3);
   }
   int64_t o1[2] = {R, 1}, s1[2] = {1, 0};
-  out = mk(dout, TPURT_F32, 2, o1, s1);
+  out = check_view_st(dout, TPURT_F32, 2, o1, s1);
   CHECK_OK(tpurt_reduce(NULL, TPURT_RED_MEAN, &out, NULL, &in, 0));
-  down(row, dout, sizeof row);
+  check_down(NULL, row, dout, sizeof row);
   for (int i = 0; i < R; i += 31) {
     double r = 0;
     for (int j = 0; j < C; j++) r += x[i * C + j];
@@ -58,7 +37,7 @@ static void test_sums(void) {
   }
   /* variance over dim 1 */
   CHECK_OK(tpurt_reduce(NULL, TPURT_RED_VAR, &out, NULL, &in, 1.0));
-  down(row, dout, sizeof row);
+  check_down(NULL, row, dout, sizeof row);
   {
     double m = 0, v = 0;
     for (int j = 0; j < C; j++) m += x[j];
@@ -72,33 +51,34 @@ static void test_sums(void) {
 
 static void test_extremes(void) {
   float x[8] = {1, 5, NAN, 7, -2, 9, 9, NAN};
-  tpurt_devptr dx = up(x, sizeof x), dv, di;
+  tpurt_devptr dx = check_up(NULL, x, sizeof x), dv, di;
   CHECK_OK(tpurt_malloc(0, 64, NULL, &dv));
   CHECK_OK(tpurt_malloc(0, 64, NULL, &di));
   int64_t sz[2] = {2, 4}, st[2] = {4, 1}, osz[2] = {2, 1}, ost[2] = {1, 0};
-  tpurt_view in = mk(dx, TPURT_F32, 2, sz, st), v = mk(dv, TPURT_F32, 2, osz, ost), i = mk(di, TPURT_I64, 2, osz, ost);
+  tpurt_view in = check_view_st(dx, TPURT_F32, 2, sz, st), v = check_view_st(dv, TPURT_F32, 2, osz, ost);
+  tpurt_view i = check_view_st(di, TPURT_I64, 2, osz, ost);
   CHECK_OK(tpurt_reduce(NULL, TPURT_RED_MAX, &v, &i, &in, 0));
   float hv[2];
   int64_t hi[2];
-  down(hv, dv, 8);
-  down(hi, di, 16);
+  check_down(NULL, hv, dv, 8);
+  check_down(NULL, hi, di, 16);
   CHECK(isnan(hv[0]) && isnan(hv[1]));
   CHECK_EQ(hi[0], 2);
   CHECK_EQ(hi[1], 3);
   /* argmax over the first 2 elements of each row: first max wins */
   int64_t sz2[2] = {2, 3}, st2[2] = {4, 1};
   float y[8] = {1, 9, 9, 0, 4, 4, 2, 0};
-  tpurt_devptr dy = up(y, sizeof y);
-  in = mk(dy, TPURT_F32, 2, sz2, st2);
+  tpurt_devptr dy = check_up(NULL, y, sizeof y);
+  in = check_view_st(dy, TPURT_F32, 2, sz2, st2);
   CHECK_OK(tpurt_reduce(NULL, TPURT_RED_ARGMAX, &i, NULL, &in, 0));
-  down(hi, di, 16);
+  check_down(NULL, hi, di, 16);
   CHECK_EQ(hi[0], 1);
   CHECK_EQ(hi[1], 0);
   /* empty: sum is 0, max is an error */
   int64_t ez[2] = {0, 3}, es[2] = {3, 1}, eo[2] = {1, 1}, eos[2] = {0, 0};
-  tpurt_view e = mk(dy, TPURT_F32, 2, ez, es), eout = mk(dv, TPURT_F32, 2, eo, eos);
+  tpurt_view e = check_view_st(dy, TPURT_F32, 2, ez, es), eout = check_view_st(dv, TPURT_F32, 2, eo, eos);
   CHECK_OK(tpurt_reduce(NULL, TPURT_RED_SUM, &eout, NULL, &e, 0));
-  down(hv, dv, 4);
+  check_down(NULL, hv, dv, 4);
   CHECK_NEAR(hv[0], 0, 0);
   CHECK_ST(tpurt_reduce(NULL, TPURT_RED_MAX, &eout, NULL, &e, 0), TPURT_ERR_INVALID_ARGUMENT);
   CHECK_OK(tpurt_device_synchronize(0));
@@ -110,20 +90,20 @@ static void test_extremes(void) {
 
 static void test_scan_softmax(void) {
   int32_t x[6] = {1, 2, 3, 4, 5, 6};
-  tpurt_devptr dx = up(x, sizeof x), dout;
+  tpurt_devptr dx = check_up(NULL, x, sizeof x), dout;
   CHECK_OK(tpurt_malloc(0, 64, NULL, &dout));
   int64_t sz[2] = {2, 3}, st[2] = {3, 1};
-  tpurt_view in = mk(dx, TPURT_I32, 2, sz, st), out = mk(dout, TPURT_I64, 2, sz, st);
+  tpurt_view in = check_view_st(dx, TPURT_I32, 2, sz, st), out = check_view_st(dout, TPURT_I64, 2, sz, st);
   CHECK_OK(tpurt_scan(NULL, TPURT_SCAN_CUMSUM, &out, NULL, &in, 0));
   int64_t h[6];
-  down(h, dout, sizeof h);
+  check_down(NULL, h, dout, sizeof h);
   CHECK_EQ(h[3], 5);
   CHECK_EQ(h[5], 9);
   float f[6] = {0, 1, 2, 1000, 1000, -INFINITY}, g[6];
-  tpurt_devptr df = up(f, sizeof f);
-  tpurt_view fin = mk(df, TPURT_F32, 2, sz, st), fout = mk(dout, TPURT_F32, 2, sz, st);
+  tpurt_devptr df = check_up(NULL, f, sizeof f);
+  tpurt_view fin = check_view_st(df, TPURT_F32, 2, sz, st), fout = check_view_st(dout, TPURT_F32, 2, sz, st);
   CHECK_OK(tpurt_softmax(NULL, &fout, &fin, 1, 0));
-  down(g, dout, sizeof g);
+  check_down(NULL, g, dout, sizeof g);
   CHECK_NEAR(g[0] + g[1] + g[2], 1.0, 1e-6);
   CHECK_NEAR(g[3], 0.5, 1e-6);
   CHECK_NEAR(g[5], 0.0, 0);
@@ -137,17 +117,17 @@ static void test_norms(void) {
   enum { N = 4, C = 6, S = 5 };
   float x[N * C * S], y[N * C * S];
   for (int i = 0; i < N * C * S; i++) x[i] = (float)((i * 37) % 23) - 7.0f;
-  tpurt_devptr dx = up(x, sizeof x), dy, dm, dr;
+  tpurt_devptr dx = check_up(NULL, x, sizeof x), dy, dm, dr;
   CHECK_OK(tpurt_malloc(0, sizeof y, NULL, &dy));
   CHECK_OK(tpurt_malloc(0, 256, NULL, &dm));
   CHECK_OK(tpurt_malloc(0, 256, NULL, &dr));
   int64_t sz[3] = {N, C, S}, st[3] = {C * S, S, 1};
-  tpurt_view xv = mk(dx, TPURT_F32, 3, sz, st), yv = mk(dy, TPURT_F32, 3, sz, st);
+  tpurt_view xv = check_view_st(dx, TPURT_F32, 3, sz, st), yv = check_view_st(dy, TPURT_F32, 3, sz, st);
   /* layer norm over the last dim: every row has mean 0, variance 1 */
   int64_t rs[1] = {N * C}, r1[1] = {1};
-  tpurt_view mv = mk(dm, TPURT_F32, 1, rs, r1), rv = mk(dr, TPURT_F32, 1, rs, r1);
+  tpurt_view mv = check_view_st(dm, TPURT_F32, 1, rs, r1), rv = check_view_st(dr, TPURT_F32, 1, rs, r1);
   CHECK_OK(tpurt_layer_norm(NULL, &yv, &mv, &rv, &xv, NULL, NULL, 1, 0.0, 0));
-  down(y, dy, sizeof y);
+  check_down(NULL, y, dy, sizeof y);
   double m = 0, v = 0;
   for (int i = 0; i < S; i++) m += y[i];
   for (int i = 0; i < S; i++) v += y[i] * y[i];
@@ -155,12 +135,12 @@ static void test_norms(void) {
   CHECK_NEAR(v / S, 1, 1e-4);
   /* batch norm training updates running stats with the unbiased variance */
   float rm[C] = {0}, rvar[C] = {1, 1, 1, 1, 1, 1};
-  tpurt_devptr drm = up(rm, sizeof rm), drv = up(rvar, sizeof rvar);
+  tpurt_devptr drm = check_up(NULL, rm, sizeof rm), drv = check_up(NULL, rvar, sizeof rvar);
   int64_t cs[1] = {C};
-  tpurt_view rmv = mk(drm, TPURT_F32, 1, cs, r1), rvv = mk(drv, TPURT_F32, 1, cs, r1);
+  tpurt_view rmv = check_view_st(drm, TPURT_F32, 1, cs, r1), rvv = check_view_st(drv, TPURT_F32, 1, cs, r1);
   CHECK_OK(tpurt_batch_norm(NULL, &yv, NULL, NULL, &xv, NULL, NULL, &rmv, &rvv, 1, 0.5, 1e-5));
-  down(rm, drm, sizeof rm);
-  down(rvar, drv, sizeof rvar);
+  check_down(NULL, rm, drm, sizeof rm);
+  check_down(NULL, rvar, drv, sizeof rvar);
   {
     double mm = 0, vv = 0;
     for (int n = 0; n < N; n++)
@@ -173,10 +153,10 @@ static void test_norms(void) {
   }
   /* group norm with 3 groups: each (n, g) block normalized */
   int64_t gs[1] = {N * 3};
-  mv = mk(dm, TPURT_F32, 1, gs, r1);
-  rv = mk(dr, TPURT_F32, 1, gs, r1);
+  mv = check_view_st(dm, TPURT_F32, 1, gs, r1);
+  rv = check_view_st(dr, TPURT_F32, 1, gs, r1);
   CHECK_OK(tpurt_group_norm(NULL, &yv, &mv, &rv, &xv, NULL, NULL, 3, 0.0));
-  down(y, dy, sizeof y);
+  check_down(NULL, y, dy, sizeof y);
   m = 0;
   for (int i = 0; i < 2 * S; i++) m += y[i];
   CHECK_NEAR(m, 0, 1e-4);

@@ -8,14 +8,6 @@
 
 static tpurt_stream *S;
 
-static tpurt_devptr up(const void *h, size_t n) {
-  tpurt_devptr d;
-  CHECK_OK(tpurt_malloc(0, n ? n : 8, S, &d));
-  if (n && h) CHECK_OK(tpurt_memcpy_h2d(S, d, h, n, 0));
-  return d;
-}
-static void down(void *h, tpurt_devptr d, size_t n) { CHECK_OK(tpurt_memcpy_d2h(S, h, d, n, 0)); }
-
 static tpurt_view vn(tpurt_devptr p, tpurt_dtype dt, int nd, const int64_t *sz) {
   tpurt_view v;
   memset(&v, 0, sizeof v);
@@ -36,12 +28,12 @@ static void test_pool3d(void) {
   unsigned s = 7;
   for (int i = 0; i < 96; i++) x[i] = frand(&s);
   x[48 + 5] = NAN; /* channel 1, d 0, h 1, w 1 */
-  tpurt_devptr dx = up(x, sizeof x), dy = up(NULL, sizeof y), di = up(NULL, sizeof ix);
+  tpurt_devptr dx = check_up(S, x, sizeof x), dy = check_up(S, NULL, sizeof y), di = check_up(S, NULL, sizeof ix);
   tpurt_view X = vn(dx, TPURT_F64, 5, is), Y = vn(dy, TPURT_F64, 5, os), I = vn(di, TPURT_I64, 5, os);
   tpurt_pool3d_params p = {{3, 2, 2}, {3, 2, 2}, {0, 0, 0}, {1, 1, 1}, 1, 0};
   CHECK_OK(tpurt_max_pool3d(S, &Y, &I, &X, &p));
-  down(y, dy, sizeof y);
-  down(ix, di, sizeof ix);
+  check_down(S, y, dy, sizeof y);
+  check_down(S, ix, di, sizeof ix);
   for (int c = 0; c < 2; c++)
     for (int oh = 0; oh < 2; oh++)
       for (int ow = 0; ow < 2; ow++) {
@@ -64,17 +56,17 @@ static void test_pool3d(void) {
       }
   /* backward = scatter-add of the gradient at the indices */
   double g[8] = {1, 2, 3, 4, 5, 6, 7, 8}, gx[96];
-  tpurt_devptr dg = up(g, sizeof g), dgx = up(NULL, sizeof gx);
+  tpurt_devptr dg = check_up(S, g, sizeof g), dgx = check_up(S, NULL, sizeof gx);
   tpurt_view G = vn(dg, TPURT_F64, 5, os), GX = vn(dgx, TPURT_F64, 5, is);
   CHECK_OK(tpurt_scatter_planes(S, &GX, &G, &I, 1));
-  down(gx, dgx, sizeof gx);
+  check_down(S, gx, dgx, sizeof gx);
   double tot = 0;
   for (int i = 0; i < 96; i++) tot += gx[i];
   CHECK(fabs(tot - 36) < 1e-12);
   CHECK(gx[48 + 5] == 5);
   /* unpool with a bad index fails at the next sync; the stream stays usable */
   int64_t bad[8] = {0, 1, 2, 3, 4, 5, 6, 1000};
-  tpurt_devptr db = up(bad, sizeof bad);
+  tpurt_devptr db = check_up(S, bad, sizeof bad);
   tpurt_view B = vn(db, TPURT_I64, 5, os);
   tpurt_status st = tpurt_scatter_planes(S, &GX, &G, &B, 0);
   if (st == TPURT_OK) st = tpurt_stream_synchronize(S);
@@ -86,10 +78,10 @@ static void test_pool3d(void) {
   tpurt_pool3d_params pa = {{2, 3, 3}, {1, 2, 2}, {1, 1, 1}, {1, 1, 1}, 0, 0};
   int64_t os2[5] = {1, 2, 4, 2, 2};
   double y2[32];
-  tpurt_devptr dy2 = up(NULL, sizeof y2);
+  tpurt_devptr dy2 = check_up(S, NULL, sizeof y2);
   tpurt_view Y2 = vn(dy2, TPURT_F64, 5, os2);
   CHECK_OK(tpurt_avg_pool3d(S, &Y2, &X, &pa));
-  down(y2, dy2, sizeof y2);
+  check_down(S, y2, dy2, sizeof y2);
   for (int i = 0; i < 32; i++) CHECK(fabs(y2[i] - 1) < 1e-12);
   /* empty batch is a no-op */
   int64_t e5[5] = {0, 2, 3, 4, 4}, eo[5] = {0, 2, 1, 2, 2};
@@ -102,11 +94,11 @@ static void test_interp(void) {
   /* 1-D linear, align_corners, 4 -> 7 */
   int64_t is[5] = {1, 1, 1, 1, 4}, os[5] = {1, 1, 1, 1, 7};
   float x[4] = {0, 1, 4, 9}, y[7];
-  tpurt_devptr dx = up(x, sizeof x), dy = up(NULL, sizeof y);
+  tpurt_devptr dx = check_up(S, x, sizeof x), dy = check_up(S, NULL, sizeof y);
   tpurt_view X = vn(dx, TPURT_F32, 5, is), Y = vn(dy, TPURT_F32, 5, os);
   double sc[3] = {-1, -1, -1};
   CHECK_OK(tpurt_interpolate(S, &Y, &X, TPURT_INTERP_LINEAR, 1, sc));
-  down(y, dy, sizeof y);
+  check_down(S, y, dy, sizeof y);
   for (int o = 0; o < 7; o++) {
     double src = o * 3.0 / 6.0;
     int i0 = (int)src;
@@ -116,25 +108,26 @@ static void test_interp(void) {
   }
   /* nearest 4 -> 7 */
   CHECK_OK(tpurt_interpolate(S, &Y, &X, TPURT_INTERP_NEAREST, 0, sc));
-  down(y, dy, sizeof y);
+  check_down(S, y, dy, sizeof y);
   for (int o = 0; o < 7; o++) {
     int s = (int)floorf(o * (4.0f / 7.0f));
     CHECK(y[o] == x[s]);
   }
-  /* adjoint identity <up(x), g> = <x, up^T(g)> for cubic 2-D */
+  /* adjoint identity <check_up(S, x), g> = <x, up^T(g)> for cubic 2-D */
   int64_t i2[5] = {1, 1, 1, 3, 5}, o2[5] = {1, 1, 1, 7, 4};
   double a[15], g[28], ya[28], ga[15];
   unsigned s = 3;
   for (int i = 0; i < 15; i++) a[i] = frand(&s);
   for (int i = 0; i < 28; i++) g[i] = frand(&s);
-  tpurt_devptr da = up(a, sizeof a), dg = up(g, sizeof g), dya = up(NULL, sizeof ya), dga = up(NULL, sizeof ga);
+  tpurt_devptr da = check_up(S, a, sizeof a), dg = check_up(S, g, sizeof g), dya = check_up(S, NULL, sizeof ya);
+  tpurt_devptr dga = check_up(S, NULL, sizeof ga);
   tpurt_view A = vn(da, TPURT_F64, 5, i2), Gv = vn(dg, TPURT_F64, 5, o2), YA = vn(dya, TPURT_F64, 5, o2),
              GA = vn(dga, TPURT_F64, 5, i2);
   for (int mode = TPURT_INTERP_NEAREST; mode <= TPURT_INTERP_CUBIC_AA; mode++) {
     CHECK_OK(tpurt_interpolate(S, &YA, &A, (tpurt_interp_mode)mode, 0, sc));
     CHECK_OK(tpurt_interpolate_backward(S, &GA, &Gv, (tpurt_interp_mode)mode, 0, sc));
-    down(ya, dya, sizeof ya);
-    down(ga, dga, sizeof ga);
+    check_down(S, ya, dya, sizeof ya);
+    check_down(S, ga, dga, sizeof ga);
     double l = 0, r = 0;
     for (int i = 0; i < 28; i++) l += ya[i] * g[i];
     for (int i = 0; i < 15; i++) r += a[i] * ga[i];
@@ -155,11 +148,11 @@ static void test_grid_and_fold(void) {
   for (int i = 0; i < 24; i++) x[i] = frand(&s);
   for (int h = 0; h < 3; h++)
     for (int w = 0; w < 4; w++) grid[(h * 4 + w) * 2] = -1 + 2.0 * w / 3, grid[(h * 4 + w) * 2 + 1] = -1 + 2.0 * h / 2;
-  tpurt_devptr dx = up(x, sizeof x), dg = up(grid, sizeof grid), dy = up(NULL, sizeof y);
+  tpurt_devptr dx = check_up(S, x, sizeof x), dg = check_up(S, grid, sizeof grid), dy = check_up(S, NULL, sizeof y);
   tpurt_view X = vn(dx, TPURT_F64, 5, is), G = vn(dg, TPURT_F64, 5, gs), Y = vn(dy, TPURT_F64, 5, is);
   for (int interp = 0; interp < 3; interp++) {
     CHECK_OK(tpurt_grid_sample(S, &Y, &X, &G, interp, 1, 1));
-    down(y, dy, sizeof y);
+    check_down(S, y, dy, sizeof y);
     for (int i = 0; i < 24; i++) CHECK(fabs(y[i] - x[i]) < 1e-9);
   }
   CHECK_OK(tpurt_grid_sample(S, &Y, &X, &G, 2, 0, 1));
@@ -173,13 +166,14 @@ static void test_grid_and_fold(void) {
   double *a = malloc(ni * 8), *c = malloc(nc * 8), *ca = malloc(nc * 8), *ia = malloc(ni * 8);
   for (size_t i = 0; i < ni; i++) a[i] = frand(&s);
   for (size_t i = 0; i < nc; i++) c[i] = frand(&s);
-  tpurt_devptr da = up(a, ni * 8), dc = up(c, nc * 8), dca = up(NULL, nc * 8), dia = up(NULL, ni * 8);
+  tpurt_devptr da = check_up(S, a, ni * 8), dc = check_up(S, c, nc * 8), dca = check_up(S, NULL, nc * 8);
+  tpurt_devptr dia = check_up(S, NULL, ni * 8);
   tpurt_view Ai = vn(da, TPURT_F64, 4, im), Cc = vn(dc, TPURT_F64, 3, cs), CA = vn(dca, TPURT_F64, 3, cs),
              IA = vn(dia, TPURT_F64, 4, im);
   CHECK_OK(tpurt_im2col(S, &CA, &Ai, k, &p, 0));
   CHECK_OK(tpurt_im2col(S, &Cc, &IA, k, &p, 1));
-  down(ca, dca, nc * 8);
-  down(ia, dia, ni * 8);
+  check_down(S, ca, dca, nc * 8);
+  check_down(S, ia, dia, ni * 8);
   double l = 0, r = 0;
   for (size_t i = 0; i < nc; i++) l += ca[i] * c[i];
   for (size_t i = 0; i < ni; i++) r += a[i] * ia[i];
@@ -197,13 +191,13 @@ static void test_dist_conv3d(void) {
   unsigned s = 11;
   for (int i = 0; i < 12; i++) x[i] = frand(&s);
   int64_t xs[2] = {4, 3}, ds[1] = {6}, x3[3] = {1, 4, 3}, c3[3] = {1, 4, 4};
-  tpurt_devptr dx = up(x, sizeof x), dd = up(NULL, sizeof d), dc = up(NULL, sizeof c);
+  tpurt_devptr dx = check_up(S, x, sizeof x), dd = check_up(S, NULL, sizeof d), dc = check_up(S, NULL, sizeof c);
   tpurt_view X = vn(dx, TPURT_F64, 2, xs), D = vn(dd, TPURT_F64, 1, ds), X3 = vn(dx, TPURT_F64, 3, x3),
              C = vn(dc, TPURT_F64, 3, c3);
   CHECK_OK(tpurt_pdist(S, &D, &X, 2.0));
   CHECK_OK(tpurt_cdist(S, &C, &X3, &X3, INFINITY));
-  down(d, dd, sizeof d);
-  down(c, dc, sizeof c);
+  check_down(S, d, dd, sizeof d);
+  check_down(S, c, dc, sizeof c);
   int q = 0;
   for (int i = 0; i < 4; i++)
     for (int j = 0; j < 4; j++) {
@@ -220,11 +214,11 @@ static void test_dist_conv3d(void) {
   int64_t xs5[5] = {1, 1, 3, 3, 3}, ws5[5] = {1, 1, 2, 2, 2}, ys5[5] = {1, 1, 2, 2, 2};
   double v[27], w[8] = {0, 0, 0, 0, 0, 0, 0, 1}, y[8];
   for (int i = 0; i < 27; i++) v[i] = i;
-  tpurt_devptr dv = up(v, sizeof v), dw = up(w, sizeof w), dy = up(NULL, sizeof y);
+  tpurt_devptr dv = check_up(S, v, sizeof v), dw = check_up(S, w, sizeof w), dy = check_up(S, NULL, sizeof y);
   tpurt_view V = vn(dv, TPURT_F64, 5, xs5), W = vn(dw, TPURT_F64, 5, ws5), Y = vn(dy, TPURT_F64, 5, ys5);
   tpurt_conv3d_params cp = {{1, 1, 1}, {0, 0, 0}, {1, 1, 1}, 1};
   CHECK_OK(tpurt_conv3d(S, &Y, &V, &W, NULL, &cp, TPURT_PRECISION_HIGHEST));
-  down(y, dy, sizeof y);
+  check_down(S, y, dy, sizeof y);
   for (int dd2 = 0; dd2 < 2; dd2++)
     for (int h = 0; h < 2; h++)
       for (int ww = 0; ww < 2; ww++) CHECK(y[(dd2 * 2 + h) * 2 + ww] == v[(dd2 + 1) * 9 + (h + 1) * 3 + ww + 1]);
