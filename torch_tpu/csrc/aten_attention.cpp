@@ -25,16 +25,6 @@ namespace {
 
 bool fused_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
 
-tpurt_precision attention_precision() {
-  int p = matmul_precision();
-  if (p >= 0) return static_cast<tpurt_precision>(p);
-  switch (at::globalContext().float32MatmulPrecision()) {
-    case at::Float32MatmulPrecision::HIGH: return TPURT_PRECISION_HIGH;
-    case at::Float32MatmulPrecision::MEDIUM: return TPURT_PRECISION_DEFAULT;
-    default: return TPURT_PRECISION_HIGHEST;
-  }
-}
-
 // Can the fused kernel take these inputs as they are?
 bool fused_supported(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const std::optional<at::Tensor>& mask, double dropout_p, bool enable_gqa) {
@@ -135,7 +125,7 @@ FwdResult sdpa_forward(const at::Tensor& query, const at::Tensor& key, const at:
   p.scale = scale_of(query, scale);
   p.is_causal = is_causal;
   p.dropout_p = dropout_p;
-  p.precision = attention_precision();
+  p.precision = effective_matmul_precision();
   if (dropout_p > 0 && out4.numel() > 0) {
     const at::Generator& g = default_generator(query.device().index());
     std::lock_guard<std::mutex> lock(const_cast<at::Generator&>(g).mutex());
@@ -190,7 +180,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
   p.scale = scale_of(query, scale);
   p.is_causal = is_causal;
   p.dropout_p = dropout_p;
-  p.precision = attention_precision();
+  p.precision = effective_matmul_precision();
   if (dropout_p > 0) {
     TORCH_CHECK(philox_seed.defined() && philox_offset.defined() && philox_seed.numel() == 1 &&
                     philox_offset.numel() == 1,

@@ -29,9 +29,7 @@ void set_matmul_precision(int p) {
 }
 int matmul_precision() { return g_precision.load(); }
 
-namespace {
-
-tpurt_precision effective_precision() {
+tpurt_precision effective_matmul_precision() {
   int p = g_precision.load(std::memory_order_relaxed);
   if (p >= 0) return static_cast<tpurt_precision>(p);
   switch (at::globalContext().float32MatmulPrecision()) {
@@ -40,6 +38,8 @@ tpurt_precision effective_precision() {
     default: return TPURT_PRECISION_HIGHEST;
   }
 }
+
+namespace {
 
 // 3-D view [1, M, N] of a matrix or the tensor's own view when 3-D.
 tpurt_view view3(const at::Tensor& t) {
@@ -68,7 +68,7 @@ void run_gemm(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, c
   c10::DeviceGuard guard(out.device());
   tpurt_view c = view3(out), av = view3(a), bv = view3(b);
   check(tpurt_gemm(current_stream(out.device().index()), &c, &av, &bv, alpha.toDouble(),
-                   use_c ? beta.toDouble() : 0.0, effective_precision()),
+                   use_c ? beta.toDouble() : 0.0, effective_matmul_precision()),
         name);
 }
 
@@ -231,7 +231,7 @@ at::Tensor& addmv_impl(const at::Tensor& self, const at::Tensor& mat, const at::
   c10::DeviceGuard guard(out.device());
   tpurt_view c = view3(out), av = view3(mat), bv = view3(vec);
   check(tpurt_gemm(current_stream(out.device().index()), &c, &av, &bv, alpha.toDouble(), use_c ? beta.toDouble() : 0,
-                   effective_precision()),
+                   effective_matmul_precision()),
         name);
   return out;
 }
@@ -279,7 +279,7 @@ at::Tensor dot(const at::Tensor& a, const at::Tensor& b) {
   bv.ndim = 3;  // [1, K, 1]
   bv.sizes[1] = b.numel(), bv.strides[1] = b.stride(0);
   bv.sizes[0] = bv.sizes[2] = 1, bv.strides[0] = bv.strides[2] = 0;
-  check(tpurt_gemm(current_stream(out.device().index()), &c, &av, &bv, 1.0, 0.0, effective_precision()), "dot");
+  check(tpurt_gemm(current_stream(out.device().index()), &c, &av, &bv, 1.0, 0.0, effective_matmul_precision()), "dot");
   return out;
 }
 

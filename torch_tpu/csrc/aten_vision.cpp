@@ -18,16 +18,6 @@
 namespace torch_tpu {
 namespace {
 
-tpurt_precision conv_precision() {
-  int p = matmul_precision();
-  if (p >= 0) return static_cast<tpurt_precision>(p);
-  switch (at::globalContext().float32MatmulPrecision()) {
-    case at::Float32MatmulPrecision::HIGH: return TPURT_PRECISION_HIGH;
-    case at::Float32MatmulPrecision::MEDIUM: return TPURT_PRECISION_DEFAULT;
-    default: return TPURT_PRECISION_HIGHEST;
-  }
-}
-
 void on_tpu(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.device().type() == kTpu, "Expected all tensors to be on the same device, but found ", what, " on ",
               t.device());
@@ -153,9 +143,9 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
   }
   auto* s = stream_of(input);
   if (!transposed)
-    check(tpurt_conv3d(s, &y, &x, &w, bp, &g.p, conv_precision()), "convolution");
+    check(tpurt_conv3d(s, &y, &x, &w, bp, &g.p, effective_matmul_precision()), "convolution");
   else
-    check(tpurt_conv3d_backward_input(s, &y, &x, &w, bp, &g.p, conv_precision()), "conv_transpose");
+    check(tpurt_conv3d_backward_input(s, &y, &x, &w, bp, &g.p, effective_matmul_precision()), "conv_transpose");
   return out;
 }
 
@@ -169,7 +159,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
   auto* s = stream_of(input);
   at::Tensor gi, gw, gb;
   tpurt_view go = cv5(grad_output, sd), x = cv5(input, sd), w = cv5(weight, sd);
-  tpurt_precision prec = conv_precision();
+  tpurt_precision prec = effective_matmul_precision();
   if (output_mask[0]) {
     gi = at::empty(input.sizes(), input.options());
     tpurt_view v = cv5(gi, sd);

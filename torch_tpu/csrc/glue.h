@@ -66,5 +66,7 @@ void reset_fallback_counts();
 // torch.get_float32_matmul_precision(), else a tpurt_precision value.
 void set_matmul_precision(int p);
 int matmul_precision();
+// The precision f32 matmuls, convolutions and attention use now.
+tpurt_precision effective_matmul_precision();
 
 }  // namespace torch_tpu
