@@ -261,6 +261,9 @@ static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
   int one = kk == 1 && p->stride[0] == 1 && p->stride[1] == 1 && p->stride[2] == 1 && p->padding[0] == 0 &&
             p->padding[1] == 0 && p->padding[2] == 0 && Do == D && Ho == H && Wo == W;
   i2c_ctx ic = {NULL, NULL, Cig, D, H, W, Do, Ho, Wo, kd, kh, kw, p, f64, 1, Ci * HW, L};
+  /* f32 at full precision: the images of a chunk are one batched product
+   * (tiled over images x rows x columns on the pool) */
+  int batched = !f64 && prec == TPURT_PRECISION_HIGHEST;
 
   if (a->kind == CONV_FWD) {
     const char *x = load4(&a->in0, 0, f64);
@@ -271,9 +274,6 @@ static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
     if (nb < 1) nb = 1;
     if (nb > N) nb = N;
     char *col = one ? NULL : tpurt__scratch(3, (size_t)(Kd * L * nb) * es);
-    /* f32 at full precision: the images of a chunk are one batched product
-     * (tiled over images x rows x columns on the pool) */
-    int batched = !f64 && prec == TPURT_PRECISION_HIGHEST;
     for (int64_t g = 0; g < G; g++) {
       const char *wg = w + (size_t)(g * Cog * Kd) * es;
       if (one && batched) {
@@ -335,18 +335,18 @@ static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
     if (nb > N) nb = N;
     char *col = one ? NULL : tpurt__scratch(3, (size_t)(Kd * L * nb) * es);
     char *dyp = one ? NULL : tpurt__scratch(5, (size_t)(Cog * L * nb) * es);
-    for (int64_t g = 0; g < G; g++)
+    for (int64_t g = 0; g < G; g++) {
+      const char *wg = w + (size_t)(g * Cog * Kd) * es;
+      if (one && batched) {
+        tpurt__sgemm_batched(1, 0, N, Cig, L, Cog, 1.0f, (const float *)wg, Kd, 0, (const float *)dy + g * Cog * L,
+                             L, Co * L, 0.0f, (float *)dx + g * Cig * HW, L, Ci * HW);
+        continue;
+      }
       for (int64_t n0 = 0; n0 < N; n0 += nb) {
         int64_t cnt = N - n0 < nb ? N - n0 : nb;
-        const char *wg = w + (size_t)(g * Cog * Kd) * es;
         const char *dyg = dy + (size_t)((n0 * Co + g * Cog) * L) * es;
         char *dxg = dx + (size_t)((n0 * Ci + g * Cig) * HW) * es;
         if (one) {
-          if (!f64 && prec == TPURT_PRECISION_HIGHEST) { /* all images as one batched product */
-            tpurt__sgemm_batched(1, 0, N, Cig, L, Cog, 1.0f, (const float *)wg, Kd, 0, (const float *)dyg, L, Co * L,
-                                 0.0f, (float *)dxg, L, Ci * HW);
-            break;
-          }
           gemm_rt(f64, 1, 0, Cig, L, Cog, wg, Kd, dyg, L, 0.0, dxg, L, prec);
           continue;
         }
@@ -358,6 +358,7 @@ static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
         ic.ld = cnt * L;
         tpurt_parallel_for(Cig * cnt, 1, col2im_chans, &ic);
       }
+    }
     if (a->has1) { /* bias over dx's channels (transposed convolution) */
       const tpurt_view *bv = &a->out1;
       const char *bb = hv(bv->ptr);
