@@ -201,6 +201,12 @@ Tup3 linalg_lu_out(const Tensor& A, bool pivot, Tensor& P, Tensor& L, Tensor& U)
   return lu_unpack_out(LU, piv, true, true, P, L, U);
 }
 
+// B's rows (left: AX = B) or columns (XA = B) must match the n x n A.
+void check_solve_shapes(int64_t n, const Tensor& B, bool left, const char* op) {
+  TORCH_CHECK(B.size(left ? -2 : -1) == n, op, ": Incompatible shapes of A and B for the equation ",
+              left ? "AX = B (" : "XA = B (", n, "x", n, " and ", B.size(-2), "x", B.size(-1), ")");
+}
+
 Tensor& lu_solve_out(const Tensor& LU, const Tensor& piv, const Tensor& B, bool left, bool adjoint, Tensor& out) {
   check_square(LU, "torch.linalg.lu_solve", "LU");
   check_input(B, "torch.linalg.lu_solve", "B");
@@ -210,13 +216,7 @@ Tensor& lu_solve_out(const Tensor& LU, const Tensor& piv, const Tensor& B, bool 
   TORCH_CHECK(piv.dim() >= 1 && piv.size(-1) == n && batch_of(piv, 1).equals(batch_of(LU)),
               "linalg.lu_solve: Expected LU.shape[:-1] and pivots.shape to be the same, but got pivots with shape ",
               piv.sizes(), " instead");
-  if (left) {
-    TORCH_CHECK(B.size(-2) == n, "linalg.lu_solve: Incompatible shapes of A and B for the equation AX = B (", n, "x",
-                n, " and ", B.size(-2), "x", B.size(-1), ")");
-  } else {
-    TORCH_CHECK(B.size(-1) == n, "linalg.lu_solve: Incompatible shapes of A and B for the equation XA = B (", n, "x",
-                n, " and ", B.size(-2), "x", B.size(-1), ")");
-  }
+  check_solve_shapes(n, B, left, "linalg.lu_solve");
   auto b = at::infer_size(batch_of(LU), batch_of(B));
   out_as(out, shape(b, {B.size(-2), B.size(-1)}), B.scalar_type(), "linalg.lu_solve", "out");
   if (out.numel() == 0) return out;
@@ -243,13 +243,7 @@ Tup4 solve_ex_out(const Tensor& A, const Tensor& B, bool left, bool check_errors
   Tensor B_ = vector_case ? B.unsqueeze(-1) : B;
   TORCH_CHECK(B_.dim() >= 2, "linalg.solve: The input tensor B must have at least 2 dimensions.");
   int64_t n = A.size(-1);
-  if (left) {
-    TORCH_CHECK(B_.size(-2) == n, "linalg.solve: Incompatible shapes of A and B for the equation AX = B (", n, "x",
-                n, " and ", B_.size(-2), "x", B_.size(-1), ")");
-  } else {
-    TORCH_CHECK(B_.size(-1) == n, "linalg.solve: Incompatible shapes of A and B for the equation XA = B (", n, "x",
-                n, " and ", B_.size(-2), "x", B_.size(-1), ")");
-  }
+  check_solve_shapes(n, B_, left, "linalg.solve");
   auto b = at::infer_size(batch_of(A), batch_of(B_));
   auto rs = shape(b, {B_.size(-2), B_.size(-1)});
   if (vector_case) rs.pop_back();
