@@ -50,82 +50,67 @@ def main(argv: list[str] | None = None) -> int:
     args.repeats = args.repeats or 15
     args.suites = args.suites or ["device", "elementwise", "gemm", "attention", "defer"]
     command = "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv)
+
+    def emit(key: str, payload: dict, title: str, body: str):
+        """Saves the JSON, prints the body, appends it to BENCHMARKS.md with
+        --record; returns the JSON's path."""
+        path = common.save(key, payload)
+        print(body)
+        if args.record:
+            common.record(title, command.strip(), body)
+        return path
+
     if "device" in args.suites:
         copies, copy_table = device.copy_bandwidth(args.sizes_mib, args.repeats)
         ops, op_table = device.op_roundtrip(args.repeats)
-        common.save("device", {"machine": common.machine(), "copies": copies, "ops": ops})
-        body = ("Copy bandwidth (GB/s; ratio to a host `memcpy` of the same size on one host thread, goal ≥ 0.7×; "
-                "device copies of 4 MiB and more are split over the runtime's thread pool):\n\n" + copy_table +
-                "\n\nSmallest-op round trip:\n\n" + op_table)
-        print(body)
-        if args.record:
-            common.record("Device foundation: copies and op round trip", command.strip(), body)
+        emit("device", {"machine": common.machine(), "copies": copies, "ops": ops},
+             "Device foundation: copies and op round trip",
+             "Copy bandwidth (GB/s; ratio to a host `memcpy` of the same size on one host thread, goal ≥ 0.7×; "
+             "device copies of 4 MiB and more are split over the runtime's thread pool):\n\n" + copy_table +
+             "\n\nSmallest-op round trip:\n\n" + op_table)
     if "elementwise" in args.suites:
         ew, ew_table = elementwise.elementwise(args.repeats)
-        common.save("elementwise", {"machine": common.machine(), **ew})
-        body = "Large elementwise ops (out= preallocated for add/mul; gelu allocates):\n\n" + ew_table
-        print(body)
-        if args.record:
-            common.record("Elementwise vs CPU and STREAM triad", command.strip(), body)
+        emit("elementwise", {"machine": common.machine(), **ew}, "Elementwise vs CPU and STREAM triad",
+             "Large elementwise ops (out= preallocated for add/mul; gelu allocates):\n\n" + ew_table)
     if "gemm" in args.suites:
         reps = max(3, args.repeats // 3)
         lib, lib_table = gemm.library_choice(reps)
         mm, mm_table = gemm.gemm(reps, args.gemm_sizes)
         cv, cv_table = gemm.conv(reps, args.conv_batch)
-        common.save("gemm", {"machine": common.machine(), "library": lib, "gemm": mm, "conv": cv})
-        body = ("Library candidates' sgemm vs CPU `torch.matmul` (same process; OpenBLAS = scipy-openblas32, oneDNN "
-                "only when TORCH_TPU_BENCH_ONEDNN points at a libdnnl.so):\n\n" + lib_table +
-                "\n\n" + mm_table + "\n\n" + cv_table)
-        print(body)
-        if args.record:
-            common.record("GEMM and convolution", command.strip(), body)
+        emit("gemm", {"machine": common.machine(), "library": lib, "gemm": mm, "conv": cv}, "GEMM and convolution",
+             "Library candidates' sgemm vs CPU `torch.matmul` (same process; OpenBLAS = scipy-openblas32, oneDNN "
+             "only when TORCH_TPU_BENCH_ONEDNN points at a libdnnl.so):\n\n" + lib_table +
+             "\n\n" + mm_table + "\n\n" + cv_table)
     if "attention" in args.suites:
         att, att_table = attention.attention(max(3, args.repeats // 5))
-        common.save("attention", {"machine": common.machine(), **att})
-        print(att_table)
-        if args.record:
-            common.record("Fused attention", command.strip(), att_table)
+        emit("attention", {"machine": common.machine(), **att}, "Fused attention", att_table)
     if "defer" in args.suites:
         res, table = defer.run(max(5, args.repeats))
-        common.save("defer", {"machine": common.machine(), "workloads": res})
-        body = ("Training steps (batch 16; minGPT and Llama: 64 tokens, ResNet: 32×32 images), median of "
-                "interleaved repeats:\n\n" + table)
-        print(body)
-        if args.record:
-            common.record("DeferAndFuse vs strict eager vs CPU", command.strip(), body)
+        emit("defer", {"machine": common.machine(), "workloads": res}, "DeferAndFuse vs strict eager vs CPU",
+             "Training steps (batch 16; minGPT and Llama: 64 tokens, ResNet: 32×32 images), median of "
+             "interleaved repeats:\n\n" + table)
     if "fft" in args.suites:
         res, table = fft.fft(max(3, args.repeats // 3))
-        common.save("fft", {"machine": common.machine(), **res})
-        print(table)
-        if args.record:
-            common.record("FFT", command.strip(), table)
+        emit("fft", {"machine": common.machine(), **res}, "FFT", table)
     if "matrix" in args.suites:
         from bench import matrix, plot
 
         workloads = tuple(args.workloads or matrix.WORKLOADS) + (matrix.OPTIONAL if args.qwen else ())
         configs = tuple(c for c in matrix.CONFIGS if not (args.no_inductor and c == "cpu inductor"))
         res = matrix.run("full" if args.full else "quick", matrix_repeats, workloads, configs)
-        path = common.save("matrix", res)
         pngs = plot.matrix(res)
-        body = matrix.describe(res)
-        print(body)
+        path = emit("matrix", res, "Workload matrix: examples × cpu eager / Inductor / tpu strict / tpu defer",
+                    matrix.describe(res))
         print(f"JSON {path}; charts " + ", ".join(str(p) for p in pngs))
         if res["missing"]:
             print(f"!!! MISSING workloads: {', '.join(res['missing'])}", file=sys.stderr)
-        if args.record:
-            common.record("Workload matrix: examples × cpu eager / Inductor / tpu strict / tpu defer",
-                          command.strip(), body)
     if "sweep" in args.suites:
         from bench import plot, sweep
 
         res = sweep.run("full" if args.full else "quick", matrix_repeats)
-        path = common.save("sweep", res)
         pngs = plot.sweep(res)
-        body = sweep.describe(res)
-        print(body)
+        path = emit("sweep", res, "Llama size sweep: step time and peak memory vs parameters", sweep.describe(res))
         print(f"JSON {path}; chart " + ", ".join(str(p) for p in pngs))
-        if args.record:
-            common.record("Llama size sweep: step time and peak memory vs parameters", command.strip(), body)
     return 0
 
 
