@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", dest="full", action="store_false", help="matrix/sweep: quick presets (default)")
     size.add_argument("--full", dest="full", action="store_true", help="matrix/sweep: full presets, more repeats")
+    parser.set_defaults(full=False)  # --quick is the default (its store_false alone would default to True)
     parser.add_argument("--qwen", action="store_true", help="matrix: add the Qwen workload")
     parser.add_argument("--workloads", nargs="+", default=None, help="matrix: workloads to run (default: all five)")
     parser.add_argument("--no-inductor", action="store_true", help="matrix: skip the cpu torch.compile configuration")

@@ -126,3 +126,23 @@ def test_error_cell_is_reported(monkeypatch):
     assert res["configs"]["cpu eager"]["speed_vs_tpu_strict"] is None
     md = matrix.table({"workloads": {"tiny": {"status": "ok", "train": res}}})
     assert "error: NotImplementedError: aten::fake_op" in md
+
+
+def test_command_line_defaults_to_the_quick_preset(monkeypatch, tmp_path):
+    """`python -m bench matrix` without --quick/--full runs the quick preset."""
+    from bench import __main__ as cli
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    seen = {}
+
+    def fake_run(preset, repeats, workloads, configs):
+        seen.update(preset=preset, repeats=repeats)
+        return {"missing": [], "preset": preset}
+
+    monkeypatch.setattr(matrix, "run", fake_run)
+    monkeypatch.setattr(matrix, "describe", lambda res: "")
+    monkeypatch.setattr(plot, "matrix", lambda res: [])
+    assert cli.main(["matrix"]) == 0
+    assert seen == {"preset": "quick", "repeats": 3}
+    assert cli.main(["matrix", "--full"]) == 0
+    assert seen == {"preset": "full", "repeats": 10}
