@@ -47,6 +47,13 @@ def _bars(ax, groups, configs, value, fmt, base: float = 0.0) -> None:
     ax.legend(fontsize=8)
 
 
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def matrix(out: dict, out_dir: Path | None = None) -> list[Path]:
     out_dir = Path(out_dir or common.RESULTS)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -62,22 +69,14 @@ def matrix(out: dict, out_dir: Path | None = None) -> list[Path]:
     ax.set_yscale("log")
     ax.set_ylabel("speed vs cpu eager (×, higher is faster)")
     ax.set_title(f"Step speed relative to CPU eager ({out['preset']} preset){missing}", fontsize=10)
-    fig.tight_layout()
-    p = out_dir / "matrix_speed.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    paths.append(p)
+    paths.append(_save(fig, out_dir / "matrix_speed.png"))
 
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(groups) + 2), 4.5))
     _bars(ax, groups, configs,
           lambda v: None if v.get("peak_bytes") is None else v["peak_bytes"] / 2**20, lambda y: f"{y:.0f}")
     ax.set_ylabel("peak MiB (own tensors + step growth)")
     ax.set_title(f"Peak memory per step ({out['preset']} preset){missing}", fontsize=10)
-    fig.tight_layout()
-    p = out_dir / "matrix_memory.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    paths.append(p)
+    paths.append(_save(fig, out_dir / "matrix_memory.png"))
     return paths
 
 
@@ -110,8 +109,4 @@ def sweep(out: dict, out_dir: Path | None = None) -> list[Path]:
         ax.grid(True, which="both", lw=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"Llama size sweep ({out['preset']}): {out['tokens']} tokens per step", fontsize=10)
-    fig.tight_layout()
-    p = out_dir / "sweep.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    return [p]
+    return [_save(fig, out_dir / "sweep.png")]
