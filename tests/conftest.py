@@ -54,6 +54,17 @@ def _exec_mode(request):
         torch_tpu.set_execution_mode(previous)
 
 
+def rnd(shape, dtype=torch.float32, seed=0, int_range=50):
+    """Host tensor from a fixed seed: normal floats, random bools, integers
+    in [-int_range, int_range)."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    return torch.randint(-int_range, int_range, shape, generator=g).to(dtype)
+
+
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """Runs code in a fresh interpreter of this venv (for env-dependent setup)."""
     full_env = {**os.environ, **(env or {})}

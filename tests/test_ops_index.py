@@ -10,17 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import rnd
+
 DT = "tpu"
 FLOATS = [torch.float32, torch.bfloat16, torch.float64, torch.float16]
-
-
-def rnd(shape, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=g).to(dtype)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=g).bool()
-    return torch.randint(-50, 50, shape, generator=g).to(dtype)
 
 
 def same(d, c, exact=True, **kw):

@@ -6,20 +6,15 @@ channel_shuffle, unfold backward, equal and logspace on the tpu device vs
 PyTorch CPU (values, gradients and error classes)."""
 from __future__ import annotations
 
+import functools
+
+import conftest
 import pytest
 import torch
 import torch.nn.functional as F
 
 DT = "tpu"
-
-
-def rnd(shape, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=g).to(dtype)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=g).bool()
-    return torch.randint(-20, 20, shape, generator=g).to(dtype)
+rnd = functools.partial(conftest.rnd, int_range=20)
 
 
 def close(d, c, **kw):

@@ -7,13 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import rnd
 
 DT = "tpu"
 
-
-def rnd(shape, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(shape, generator=g).to(dtype)
 
 
 def close(d, c, **kw):
