@@ -234,7 +234,6 @@ typedef struct {
 
 static void sgemm_tiles(void *p, int64_t t0, int64_t t1) {
   const sgemm_job *j = p;
-  set_threads_for(1, 1, 1);
   int64_t per = j->tm * j->tn;
   for (int64_t t = t0; t < t1; t++) {
     int64_t bi = t / per, r = t % per, i0 = r / j->tn * j->mt, j0 = r % j->tn * j->nt;
@@ -273,6 +272,7 @@ static void sgemm_batched_k(int ta, int tb, int64_t nb, int64_t M, int64_t N, in
     j.tn = ceil_div(N, j.nt);
   }
   int64_t ntiles = nb * j.tm * j.tn;
+  set_threads_for(1, 1, 1); /* every tile is one single-threaded library call */
   if (ntiles > 1)
     tpurt_parallel_for(ntiles, 1, sgemm_tiles, &j);
   else
