@@ -35,9 +35,14 @@ typedef struct {
 
 __attribute__((target("avx2,fma"))) static void *peak_thread(void *p) {
   peak_arg *a = p;
-  /* 12 independent accumulators hide the FMA latency on two FMA pipes. */
-  __m256 x0 = _mm256_set1_ps(1.0f), x1 = x0, x2 = x0, x3 = x0, x4 = x0, x5 = x0;
-  __m256 x6 = x0, x7 = x0, x8 = x0, x9 = x0, x10 = x0, x11 = x0;
+  /* 12 independent accumulators hide the FMA latency on two FMA pipes. Each
+   * starts from a different value: identical chains would be merged into one
+   * by the compiler, and the loop would then run one FMA per iteration while
+   * we count twelve (the peak was overstated that way once). */
+  __m256 x0 = _mm256_set1_ps(1.00f), x1 = _mm256_set1_ps(1.01f), x2 = _mm256_set1_ps(1.02f);
+  __m256 x3 = _mm256_set1_ps(1.03f), x4 = _mm256_set1_ps(1.04f), x5 = _mm256_set1_ps(1.05f);
+  __m256 x6 = _mm256_set1_ps(1.06f), x7 = _mm256_set1_ps(1.07f), x8 = _mm256_set1_ps(1.08f);
+  __m256 x9 = _mm256_set1_ps(1.09f), x10 = _mm256_set1_ps(1.10f), x11 = _mm256_set1_ps(1.11f);
   const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
   for (int64_t i = 0; i < a->iters; i++) {
     x0 = _mm256_fmadd_ps(x0, m, c); x1 = _mm256_fmadd_ps(x1, m, c); x2 = _mm256_fmadd_ps(x2, m, c);
