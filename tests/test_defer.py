@@ -221,6 +221,69 @@ def test_fusion_merges_elementwise_chain(defer):
     assert stats["ops_fused"] == 5
 
 
+def test_dropout_fuses_with_its_neighbours(defer):
+    # dropout draws its mask inside an elementwise program: scale, dropout
+    # and the (broadcast) add become one kernel, with strict's numbers — the
+    # three ops' views arrive coalesced differently ([8192], [4, 16, 128],
+    # [64, 128]): the group runs over their common refinement
+    x = torch.randn(4, 16, 128, device="tpu")
+    r = torch.randn(128, device="tpu")
+    torch_tpu.flush()
+    torch.tpu.reset_defer_stats()
+    torch.manual_seed(5)
+    got = (F.dropout(x * 2, 0.2, training=True) + r).cpu()
+    stats = torch.tpu.defer_stats()
+    assert stats["kernels_launched"] == 1 and stats["fused_kernels"] == 1
+    with torch_tpu.execution_mode("strict"):
+        torch.manual_seed(5)
+        ref = (F.dropout(x * 2, 0.2, training=True) + r).cpu()
+    assert torch.equal(got, ref)
+
+
+def test_ops_of_equal_size_fuse_over_a_common_shape(defer):
+    # one element in three shapes ([1], 0-dim, [1, 1, 1]) and [1, 1, 3] next to [3]
+    a = torch.tensor([5.0], device="tpu")
+    b = torch.tensor(3.0, device="tpu")
+    torch.testing.assert_close((torch.minimum(a, b) + torch.ones(1, 1, 1, device="tpu")).cpu(),
+                               torch.tensor([[[4.0]]]))
+    torch.testing.assert_close((torch.ones(1, 1, 3, device="tpu") * 2 + torch.ones(3, device="tpu")).cpu(),
+                               torch.full((1, 1, 3), 3.0))
+    # [6, 2] and [4, 3] strided views: 12 elements each, no shape refines both
+    p = torch.arange(18.0).view(6, 3).to("tpu")
+    q = torch.arange(16.0).view(4, 4).to("tpu")
+    torch_tpu.flush()
+    torch.tpu.reset_defer_stats()
+    x = p[:, :2] * 2
+    y = q[:, :3] + 1
+    z = x.reshape(4, 3) - y
+    torch.testing.assert_close(z.cpu(), (torch.arange(18.0).view(6, 3)[:, :2] * 2).reshape(4, 3)
+                               - (torch.arange(16.0).view(4, 4)[:, :3] + 1))
+
+
+def test_mask_computed_between_two_ops_does_not_split_their_kernel(defer):
+    # attention's pattern: scores * scale, a mask of another shape, then
+    # masked_fill: the mask's op runs first, scale + fill become one kernel
+    s = torch.randn(8, 4, 16, 16, device="tpu")
+    m = torch.rand(16, 16, device="tpu") > 0.5
+    torch_tpu.flush()
+    torch.tpu.reset_defer_stats()
+    got = (s * 0.25).masked_fill(~m, float("-inf")).cpu()
+    stats = torch.tpu.defer_stats()
+    assert stats["kernels_launched"] == 2 and stats["fused_kernels"] == 1
+    torch.testing.assert_close(got, (s.cpu() * 0.25).masked_fill(~m.cpu(), float("-inf")))
+    # nodes that read what the open group writes, or write what it reads,
+    # are not moved before it
+    a = s + 0
+    y = a * 2
+    t = y[0, 0] + 1        # other shape, reads y
+    a[1, 1].add_(5)        # other shape, writes what y's group read
+    y2 = y + 1
+    ref = s.cpu() * 2
+    torch.testing.assert_close(t.cpu(), ref[0, 0] + 1)
+    torch.testing.assert_close(y2.cpu(), ref + 1)
+    torch.testing.assert_close(a[1, 1].cpu(), s.cpu()[1, 1] + 5)
+
+
 # ------------------------------------------------------ views and aliasing
 
 

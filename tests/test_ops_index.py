@@ -246,6 +246,32 @@ def test_masked_fill(dtype):
     same(y, x.t().masked_fill(m.t(), 0))
 
 
+def test_masked_fill_value_conversion_broadcast_errors_and_grad():
+    m = rnd((3, 4), torch.bool, seed=2)
+    # the value takes self's dtype as on the CPU: bool(0.5) is True, int(2.7) is 2
+    for x, v in ((torch.zeros(3, 4, dtype=torch.bool), 0.5), (torch.zeros(3, 4, dtype=torch.int64), 2.7),
+                 (torch.zeros(3, 4, dtype=torch.float16), 1e-3), (torch.zeros(3, 4), -float("inf"))):
+        same(x.to(DT).masked_fill(m.to(DT), v), x.masked_fill(m, v))
+    # out-of-place broadcasts self against a larger mask; in-place does not
+    x = rnd((4,))
+    same(x.to(DT).masked_fill(m.to(DT), 7.0), x.masked_fill(m, 7.0))
+    with pytest.raises(RuntimeError, match="must match the size of the tensor"):
+        x.to(DT).masked_fill_(m.to(DT), 1.0)
+    with pytest.raises(RuntimeError, match="only supports boolean masks"):
+        x.to(DT).masked_fill(m.long().to(DT)[0], 1.0)
+    with pytest.raises(RuntimeError, match="0-dimensional value tensor"):
+        x.to(DT).masked_fill(m[0].to(DT), torch.ones(2, device=DT))
+    # a host mask is moved to the device; gradients flow to self and the value
+    w = rnd((3, 4), seed=4).requires_grad_()
+    val = torch.tensor(2.0, requires_grad=True)
+    wd = w.detach().to(DT).requires_grad_()
+    vd = val.detach().to(DT).requires_grad_()
+    (w.masked_fill(m, val) * torch.arange(12.0).view(3, 4)).sum().backward()
+    (wd.masked_fill(m, vd) * torch.arange(12.0).view(3, 4).to(DT)).sum().backward()
+    same(wd.grad, w.grad)
+    same(vd.grad, val.grad)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.bool, torch.float16])
 def test_nonzero(dtype):
     x = rnd((5, 7, 3), dtype)

@@ -107,6 +107,32 @@ def test_dropout():
     assert torch.equal(host(F.dropout(x[:10], 0.5, training=False)), torch.ones(10))
 
 
+@pytest.mark.parametrize("shape", [(4099,), (683, 3), (5, 7, 11)])
+def test_dropout_keeps_where_the_uniform_draw_is_at_least_p(shape):
+    # the keep mask is the same Philox mapping as torch.rand: element i (row-
+    # major over the output) takes word i % 4 of block offset + i / 4; shapes
+    # with a short inner dimension walk the kernel's gather path
+    torch.manual_seed(11)
+    u = host(torch.rand(shape, device=DT))
+    torch.manual_seed(11)
+    x = torch.randn(shape[::-1], device=DT).t() if len(shape) == 2 else torch.randn(shape, device=DT)
+    torch.manual_seed(11)
+    out, mask = torch.native_dropout(x, 0.3, True)
+    assert torch.equal(host(mask), u >= 0.3)
+    torch.testing.assert_close(host(out), host(x) * (u >= 0.3) / 0.7, rtol=1e-6, atol=0)
+
+
+def test_dropout_propagates_nan_and_inf_like_cpu():
+    # CPU computes x * mask * scale: a dropped NaN stays NaN, a dropped inf
+    # becomes NaN (inf * 0) — never a silent 0
+    x = torch.tensor([float("nan"), float("inf"), 1.0, 2.0] * 256)
+    for p in (0.5, 1.0):
+        for y in (host(F.dropout(x.to(DT), p, training=True)), F.dropout(x, p, training=True)):
+            assert y[0::4].isnan().all()
+            assert not y[1::4].isfinite().any()
+            assert y[2::4].isfinite().all()
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.float32])
 def test_random_and_randint(dtype):
     torch.manual_seed(4)

@@ -473,6 +473,13 @@ typedef enum tpurt_ew_op {
   TPURT_EW_SHRINK_BACKWARD,           /* |src1| <= p0 ? 0 : src0 (hardshrink and softshrink backward) */
   TPURT_EW_COMPLEX,                   /* complex compute: re(src0) + i re(src1) */
   TPURT_EW_POLAR,                     /* complex compute: re(src0) * (cos re(src1) + i sin re(src1)) */
+  /* random source (no register read): dst = a uniform [0, 1) float drawn for
+   * the element's row-major index i over the output shape, word i % 4 of the
+   * Philox-4x32-10 block (offset + i / 4) under key seed — the mapping of the
+   * random kernels' 32-bit draws. Launch scalars: seed = scalars[p0] +
+   * 2^32 scalars[p0 + 1], offset = scalars[p0 + 2] + 2^32 scalars[p0 + 3]
+   * (each a 32-bit half), so a new draw per launch keeps the program. */
+  TPURT_EW_UNIFORM,
   TPURT_EW_NUM_OPS
 } tpurt_ew_op;
 
@@ -614,10 +621,6 @@ TPURT_API tpurt_status tpurt_index_put(tpurt_stream *s, const tpurt_view *dst, c
                                        const tpurt_view *idx, int nidx, const int64_t *sizes, const int64_t *strides,
                                        int accumulate);
 
-/* self[p] = value where mask[p] (mask bool, broadcast to self's shape).
- * value_t (0-D device view, may be NULL) overrides value. */
-TPURT_API tpurt_status tpurt_masked_fill(tpurt_stream *s, const tpurt_view *self, const tpurt_view *mask,
-                                         tpurt_scalar value, const tpurt_view *value_t);
 /* count (0-D int64) = number of nonzero elements of in. */
 TPURT_API tpurt_status tpurt_count_nonzero(tpurt_stream *s, const tpurt_view *count, const tpurt_view *in);
 /* out [n, in.ndim] int64: coordinates of the nonzero elements of in in

@@ -18,8 +18,12 @@
  * address goes through the promise table (one branch in tpurt__host_view).
  *
  * Planning (cached). Consecutive elementwise nodes with the same compute
- * type and shape are merged into one program while no memory hazard
- * forbids it: a value written by an earlier node and read back with the
+ * type and the same number of elements are merged into one program (over
+ * the common refinement of their shapes: each op's views arrive coalesced
+ * in their own way) while no memory hazard forbids it; an elementwise node
+ * that cannot join the open group but is independent of it (reads nothing
+ * it writes, writes nothing it touches) runs first as its own unit, so a
+ * mask computed between two ops does not split them: a value written by an earlier node and read back with the
  * same view is taken from its register (with the rounding its store would
  * have applied); reading or writing a range that overlaps a written or read
  * range through a different view closes the group. Stores to promises that
@@ -703,6 +707,8 @@ typedef struct vref {
 
 typedef struct fgroup {
   tpurt_ew_program prog;
+  int ndim; /* iteration shape: every member's views are split to it */
+  int64_t sizes[TPURT_MAX_DIMS];
   int nin, nout;
   vref in[TPURT_EW_MAX_IO], out[TPURT_EW_MAX_IO];
   int *nodes; /* member ew nodes, in order (their scalars are concatenated) */
@@ -773,6 +779,71 @@ static int view_eq(const tpurt_view *a, const tpurt_view *b) {
   return 1;
 }
 
+/* Shapes of equal numel, walked row-major, are the same elements in the
+ * same order; a group runs over the common refinement of its members'
+ * shapes (e.g. [8192] and [32, 256] -> [32, 256]), since each op's views
+ * arrive coalesced in their own way. The refinement splits at every suffix
+ * product of either shape; it exists when those divide each other. */
+static int refine_shape(int na, const int64_t *a, int nb, const int64_t *b, int *nc, int64_t *c) {
+  int64_t bp[2 * TPURT_MAX_DIMS + 2];
+  int n = 0;
+  int64_t pa = 1, pb = 1;
+  for (int k = 0; k < na; k++) pa *= a[k];
+  for (int k = 0; k < nb; k++) pb *= b[k];
+  if (pa != pb || pa == 0) return 0;
+  /* suffix products of both, merged in decreasing order (each list is non-increasing) */
+  int i = 0, j = 0;
+  int64_t sa = pa, sb = pb;
+  while (i <= na || j <= nb) {
+    int64_t x = i <= na ? sa : -1, y = j <= nb ? sb : -1, v = x > y ? x : y;
+    if (n == 0 || bp[n - 1] != v) {
+      if (n > 0 && bp[n - 1] % v) return 0;
+      bp[n++] = v;
+    }
+    if (x == v && i <= na) sa = i < na ? sa / a[i] : -1, i++;
+    if (y == v && j <= nb) sb = j < nb ? sb / b[j] : -1, j++;
+  }
+  /* bp runs from the numel down to 1 */
+  if (n - 1 > TPURT_MAX_DIMS) return 0;
+  *nc = n - 1;
+  for (int k = 0; k + 1 < n; k++) c[k] = bp[k] / bp[k + 1];
+  return 1;
+}
+
+/* v re-expressed over shape c (a refinement of v's shape): each of v's
+ * dims splits into consecutive dims of c with row-major strides. */
+static int split_view(const tpurt_view *v, int nc, const int64_t *c, tpurt_view *out) {
+  *out = *v;
+  out->ndim = nc;
+  int j = 0;
+  for (int k = 0; k < v->ndim; k++) {
+    int64_t n = v->sizes[k];
+    if (n == 1) continue;
+    int j0 = j;
+    int64_t p = 1;
+    while (j < nc && p < n) p *= c[j++];
+    if (p != n) return 0;
+    int64_t st = v->strides[k];
+    for (int q = j - 1; q >= j0; q--) {
+      out->sizes[q] = c[q];
+      out->strides[q] = st;
+      st *= c[q];
+    }
+  }
+  return j == nc;
+}
+
+/* a and b name the same elements in the same order over shape c */
+static int view_eq_over(const tpurt_view *a, const tpurt_view *b, int nc, const int64_t *c) {
+  if (a->ptr != b->ptr || a->dtype != b->dtype) return 0;
+  if (view_eq(a, b)) return 1;
+  tpurt_view x, y;
+  if (!split_view(a, nc, c, &x) || !split_view(b, nc, c, &y)) return 0;
+  for (int k = 0; k < nc; k++)
+    if (x.strides[k] != y.strides[k]) return 0;
+  return 1;
+}
+
 static void view_range(const tpurt_view *v, uint64_t *lo, uint64_t *hi) {
   int64_t l, h;
   tpurt__view_extent(v, &l, &h);
@@ -805,7 +876,8 @@ typedef struct vinst {
 #define G_MAX_VI (2 * TPURT_EW_MAX_INST)
 typedef struct gstate {
   tpurt_dtype compute;
-  const tpurt_view *shape;
+  int ndim; /* the group's iteration shape (refines every member's shape) */
+  int64_t sizes[TPURT_MAX_DIMS];
   vinst vi[G_MAX_VI];
   int nvi, nvreg;
   struct {
@@ -836,12 +908,7 @@ static int emit(gstate *g, uint16_t op, int s0, int s1, int s2, const double *p)
   return v->dst;
 }
 
-static int op_nsrc(uint16_t op) {
-  if (op <= TPURT_EW_CONST) return 0;
-  if (op < TPURT_EW_ADD) return 1;
-  if (op < TPURT_EW_WHERE) return 2;
-  return 3;
-}
+static int op_nsrc(uint16_t op) { return tpurt__ew_nsrc(op); }
 
 /* Linear-scan register allocation of g's instructions with the given
  * live-out vregs. Writes the program (instructions and out_reg). Returns 0
@@ -913,19 +980,22 @@ out:
 static int group_add(gstate *g, const dgraph *G, int ni) {
   const dnode *d = &G->nodes[ni];
   const tpurt_view *o0 = &d->views[0];
+  int nc = o0->ndim;
+  int64_t c[TPURT_MAX_DIMS];
   if (g->nn > 0) {
-    if (d->compute != g->compute || o0->ndim != g->shape->ndim) return 0;
+    if (d->compute != g->compute || g->nn >= G_MAX_VI) return 0;
+    if (!refine_shape(g->ndim, g->sizes, o0->ndim, o0->sizes, &nc, c)) return 0;
+  } else { /* size-1 dims carry nothing: the shape without them */
+    nc = 0;
     for (int k = 0; k < o0->ndim; k++)
-      if (o0->sizes[k] != g->shape->sizes[k]) return 0;
-    if (g->nn >= G_MAX_VI) return 0;
+      if (o0->sizes[k] != 1) c[nc++] = o0->sizes[k];
   }
   gstate *t = malloc(sizeof *t);
   if (!t) return 0;
   *t = *g;
-  if (t->nn == 0) {
-    t->compute = d->compute;
-    t->shape = o0;
-  }
+  if (t->nn == 0) t->compute = d->compute;
+  t->ndim = nc;
+  memcpy(t->sizes, c, sizeof(int64_t) * (size_t)nc);
   int map[TPURT_EW_MAX_REGS];
   int ok = 1;
   for (int i = 0; i < d->ninst && ok; i++) {
@@ -936,7 +1006,7 @@ static int group_add(gstate *g, const dgraph *G, int ni) {
       const tpurt_view *v = &d->views[d->nout + j];
       int fw = -1;
       for (int k = 0; k < t->nw; k++)
-        if (view_eq(t->w[k].v, v)) fw = k;
+        if (view_eq_over(t->w[k].v, v, t->ndim, t->sizes)) fw = k;
       if (fw >= 0) {
         r = t->w[fw].vreg;
         if (needs_cast(v->dtype, t->compute)) {
@@ -949,7 +1019,7 @@ static int group_add(gstate *g, const dgraph *G, int ni) {
         if (!ok) break;
         int fi = -1;
         for (int k = 0; k < t->nin; k++)
-          if (view_eq(t->in[k].v, v)) fi = k;
+          if (view_eq_over(t->in[k].v, v, t->ndim, t->sizes)) fi = k;
         if (fi >= 0) {
           r = t->in[fi].vreg;
         } else {
@@ -966,9 +1036,9 @@ static int group_add(gstate *g, const dgraph *G, int ni) {
           t->nin++;
         }
       }
-    } else if (I->op == TPURT_EW_SCALAR) {
+    } else if (I->op == TPURT_EW_SCALAR || I->op == TPURT_EW_UNIFORM) { /* scalar indices move with the group */
       double p[4] = {I->p[0] + t->nscal, I->p[1], I->p[2], I->p[3]};
-      r = emit(t, TPURT_EW_SCALAR, 0, 0, 0, p);
+      r = emit(t, I->op, 0, 0, 0, p);
     } else {
       int ns = op_nsrc(I->op);
       int s[3] = {0, 0, 0};
@@ -981,10 +1051,10 @@ static int group_add(gstate *g, const dgraph *G, int ni) {
   for (int k = 0; k < d->nout && ok; k++) {
     const tpurt_view *o = &d->views[k];
     for (int q = 0; q < t->nin && ok; q++)
-      if (!view_eq(t->in[q].v, o) && ranges_overlap(t->in[q].v, o)) ok = 0;
+      if (!view_eq_over(t->in[q].v, o, t->ndim, t->sizes) && ranges_overlap(t->in[q].v, o)) ok = 0;
     int fw = -1;
     for (int q = 0; q < t->nw && ok; q++) {
-      if (view_eq(t->w[q].v, o))
+      if (view_eq_over(t->w[q].v, o, t->ndim, t->sizes))
         fw = q;
       else if (ranges_overlap(t->w[q].v, o))
         ok = 0;
@@ -1024,6 +1094,22 @@ static int group_add(gstate *g, const dgraph *G, int ni) {
   }
   free(t);
   return ok;
+}
+
+/* Can ew node ni run before the open group g (it reads nothing g writes,
+ * writes nothing g reads or writes)? Then a node that cannot join g (other
+ * shape, e.g. a mask computed between two ops on the scores) runs first as
+ * its own unit and g stays open for the nodes after it. */
+static int independent_of(const gstate *g, const dgraph *G, int ni) {
+  const dnode *d = &G->nodes[ni];
+  for (int v = 0; v < d->nout + d->nin; v++) {
+    const tpurt_view *x = &d->views[v];
+    for (int k = 0; k < g->nw; k++)
+      if (ranges_overlap(g->w[k].v, x)) return 0;
+    for (int k = 0; k < g->nin && v < d->nout; k++)
+      if (ranges_overlap(g->in[k].v, x)) return 0;
+  }
+  return 1;
 }
 
 /* Per local promise facts gathered while planning. */
@@ -1119,6 +1205,27 @@ static plan *build_plan(dgraph *G) {
     }
     if (d->kind == N_EW) {
       if (group_add(gs, G, i)) continue;
+      if (gs->nn > 0 && !may_fail(d) && independent_of(gs, G, i)) {
+        /* hoist: the node becomes a unit of its own before the open group */
+        gstate *h = malloc(sizeof *h);
+        if (!h) goto fail;
+        h->nn = h->nvi = h->nvreg = h->nw = h->nin = h->nscal = 0;
+        int ok = group_add(h, G, i);
+        if (ok && ngl == capgl) {
+          capgl = capgl ? capgl * 2 : 16;
+          gstate *ng = realloc(gl, sizeof(gstate) * (size_t)capgl);
+          if (!ng) ok = 0; else gl = ng;
+        }
+        if (ok) {
+          gl[ngl] = *h;
+          P->units[P->nunits].kind = U_GROUP;
+          P->units[P->nunits].idx = ngl++;
+          P->nunits++;
+        }
+        free(h);
+        if (!ok) goto fail;
+        continue;
+      }
       CLOSE_GROUP();
       if (group_add(gs, G, i)) continue;
       goto fail; /* a single recorded program always fits */
@@ -1178,6 +1285,8 @@ static plan *build_plan(dgraph *G) {
       F->out[nout] = g->w[k].ref;
       outs[nout++] = g->w[k].vreg;
     }
+    F->ndim = g->ndim;
+    memcpy(F->sizes, g->sizes, sizeof(int64_t) * (size_t)g->ndim);
     F->nodes = malloc(sizeof(int) * (size_t)g->nn);
     if (!F->nodes) goto fail;
     memcpy(F->nodes, g->nodes, sizeof(int) * (size_t)g->nn);
@@ -1450,8 +1559,12 @@ static tpurt_status run_unit(exec_ctx *x, int u) {
   fgroup *F = &x->P->groups[U->idx];
   if (F->nout == 0) return TPURT_OK;
   tpurt_view outs[TPURT_EW_MAX_IO], ins[TPURT_EW_MAX_IO];
-  for (int k = 0; k < F->nout; k++) outs[k] = G->nodes[F->out[k].node].views[F->out[k].idx];
-  for (int k = 0; k < F->nin; k++) ins[k] = G->nodes[F->in[k].node].views[F->in[k].idx];
+  for (int k = 0; k < F->nout; k++)
+    if (!split_view(&G->nodes[F->out[k].node].views[F->out[k].idx], F->ndim, F->sizes, &outs[k]))
+      return tpurt__err(TPURT_ERR_INTERNAL, "deferred graph: %s: output view does not fit the group's shape", F->name);
+  for (int k = 0; k < F->nin; k++)
+    if (!split_view(&G->nodes[F->in[k].node].views[F->in[k].idx], F->ndim, F->sizes, &ins[k]))
+      return tpurt__err(TPURT_ERR_INTERNAL, "deferred graph: %s: input view does not fit the group's shape", F->name);
   double scal[4 * TPURT_EW_MAX_INST];
   int ns = 0;
   for (int m = 0; m < F->nn; m++) {

@@ -199,6 +199,8 @@ TPURT_INTERNAL int tpurt__defer_record_free(tpurt_stream *s, tpurt_devptr p);
 TPURT_INTERNAL void tpurt__defer_note(tpurt_devptr p, int64_t lo, int64_t hi);
 TPURT_INTERNAL tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reason);
 TPURT_INTERNAL tpurt_status tpurt__defer_flush_device(int dev, tpurt_flush_reason reason);
+/* Registers an elementwise op reads (0 for sources: load, scalar, const, uniform). */
+TPURT_INTERNAL int tpurt__ew_nsrc(int op);
 /* tpurt_elementwise with an explicit kernel name (NULL: from the program). */
 TPURT_INTERNAL tpurt_status tpurt__elementwise_named(tpurt_stream *s, const tpurt_ew_program *prog,
                                                     const tpurt_view *outs, const tpurt_view *ins, int nin,

@@ -717,6 +717,71 @@ at::Tensor k_where(const at::Tensor& cond, const at::Tensor& self, const at::Ten
   return iter.output();
 }
 
+// masked_fill / masked_fill_: one program out = where(mask, value, self) —
+// no clone + in-place pass, and DeferAndFuse fuses it with its producers
+// (e.g. attention's scale -> mask -> softmax input). The value is converted
+// to self's dtype first, as PyTorch does (bool: != 0, integers truncate).
+void masked_fill_run(const at::Tensor& out, const at::Tensor& self, const at::Tensor& mask_in,
+                     const c10::Scalar* value, const at::Tensor* value_t) {
+  TORCH_CHECK(mask_in.scalar_type() == at::kBool || mask_in.scalar_type() == at::kByte,
+              "masked_fill_ only supports boolean masks, but got mask with dtype ", mask_in.scalar_type());
+  if (value_t)
+    TORCH_CHECK(value_t->dim() == 0, "masked_fill_ only supports a 0-dimensional value tensor, but got tensor with ",
+                value_t->dim(), " dimension(s).");
+  at::Tensor mask = mask_in.device() == self.device() ? mask_in : mask_in.to(self.device());
+  at::ScalarType st = self.scalar_type();
+  at::TensorIteratorConfig cfg;
+  cfg.check_all_same_dtype(false).resize_outputs(false).set_check_mem_overlap(true);
+  cfg.add_output(out).add_const_input(self).add_const_input(mask);
+  bool vt_on_device = value_t && value_t->device().type() == kTpu;
+  if (vt_on_device) cfg.add_const_input(*value_t);
+  auto iter = cfg.build();
+  if (iter.numel() == 0) return;
+  check_tpu(iter, "masked_fill_");
+  Prog pr(compute_for(st));
+  int x = pr.load(iter_view(iter, 1)), m = pr.load(iter_view(iter, 2)), v;
+  if (vt_on_device) {
+    v = pr.load(iter_view(iter, 3));
+  } else {
+    c10::Scalar s = value_t ? value_t->item() : *value;
+    if (st == at::kBool)
+      s = s.toBool();
+    else if (at::isIntegralType(st, false))
+      s = s.toLong();
+    else if (!at::isComplexType(st) && s.isComplex())
+      s = s.toComplexDouble().real();
+    v = pr.scalar(s);
+  }
+  launch(pr, iter, {pr.emit(TPURT_EW_WHERE, {m, v, x})}, "masked_fill_");
+}
+
+at::Tensor& k_masked_fill_(at::Tensor& self, const at::Tensor& mask, const c10::Scalar& value) {
+  TORCH_CHECK(at::is_expandable_to(mask.sizes(), self.sizes()), "The size of the mask ", mask.sizes(),
+              " must match the size of the tensor ", self.sizes(), " for in-place masked_fill_");
+  masked_fill_run(self, self, mask, &value, nullptr);
+  return self;
+}
+at::Tensor& k_masked_fill_t_(at::Tensor& self, const at::Tensor& mask, const at::Tensor& value) {
+  TORCH_CHECK(at::is_expandable_to(mask.sizes(), self.sizes()), "The size of the mask ", mask.sizes(),
+              " must match the size of the tensor ", self.sizes(), " for in-place masked_fill_");
+  masked_fill_run(self, self, mask, nullptr, &value);
+  return self;
+}
+at::Tensor masked_fill_out_of_place(const at::Tensor& self, const at::Tensor& mask, const c10::Scalar* value,
+                                    const at::Tensor* value_t) {
+  c10::DeviceGuard g(self.device());
+  auto shape = at::infer_size(self.sizes(), mask.sizes());
+  at::Tensor out = shape == self.sizes() ? at::empty_like(self) : at::empty(shape, self.options());
+  masked_fill_run(out, self.expand(shape), mask.expand(shape), value, value_t);
+  return out;
+}
+at::Tensor k_masked_fill(const at::Tensor& self, const at::Tensor& mask, const c10::Scalar& value) {
+  return masked_fill_out_of_place(self, mask, &value, nullptr);
+}
+at::Tensor k_masked_fill_t(const at::Tensor& self, const at::Tensor& mask, const at::Tensor& value) {
+  return masked_fill_out_of_place(self, mask, nullptr, &value);
+}
+
 void clamp_run(at::TensorIterator& iter, bool has_lo, bool has_hi, const char* name) {
   if (iter.numel() == 0) return;
   check_tpu(iter, name);
@@ -1260,6 +1325,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("sigmoid_backward.grad_input", TORCH_FN(backward_out<TPURT_EW_SIGMOID_BACKWARD>));
   m.impl("tanh_backward.grad_input", TORCH_FN(backward_out<TPURT_EW_TANH_BACKWARD>));
   // ternary
+  m.impl("masked_fill.Scalar", TORCH_FN(k_masked_fill));
+  m.impl("masked_fill.Tensor", TORCH_FN(k_masked_fill_t));
+  m.impl("masked_fill_.Scalar", TORCH_FN(k_masked_fill_));
+  m.impl("masked_fill_.Tensor", TORCH_FN(k_masked_fill_t_));
   m.impl("where.self", TORCH_FN(k_where));
   m.impl("where.self_out", TORCH_FN(k_where_out));
   m.impl("clamp.out", TORCH_FN(k_clamp_out));

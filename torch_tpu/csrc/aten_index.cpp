@@ -385,36 +385,7 @@ at::Tensor& index_put_(at::Tensor& self, const c10::List<std::optional<at::Tenso
   return index_put_impl_(self, indices, values, accumulate, false);
 }
 
-// ===================================================================== masked ops, nonzero
-
-at::Tensor& masked_fill_impl(at::Tensor& self, const at::Tensor& mask_in, const c10::Scalar& value,
-                             const at::Tensor* value_t) {
-  c10::DeviceGuard g(self.device());
-  TORCH_CHECK(mask_in.scalar_type() == at::kBool || mask_in.scalar_type() == at::kByte,
-              "masked_fill_ only supports boolean masks, but got mask with dtype ", mask_in.scalar_type());
-  at::Tensor mask = on_device(mask_in, self);
-  TORCH_CHECK(at::is_expandable_to(mask.sizes(), self.sizes()), "The size of the mask ", mask.sizes(),
-              " must match the size of the tensor ", self.sizes(), " for in-place masked_fill_");
-  if (self.numel() == 0) return self;
-  at::Tensor m = mask.expand(self.sizes());
-  tpurt_view sv = view_of(self), mv = view_of(m, mask.scalar_type() == at::kByte ? at::kBool : at::kBool);
-  if (value_t && value_t->device().type() == kTpu) {
-    tpurt_view vv = view_of(*value_t);
-    check(tpurt_masked_fill(stream_of(self), &sv, &mv, to_runtime(c10::Scalar(0)), &vv), "masked_fill_");
-  } else {
-    c10::Scalar v = value_t ? value_t->item() : value;
-    check(tpurt_masked_fill(stream_of(self), &sv, &mv, to_runtime(v), nullptr), "masked_fill_");
-  }
-  return self;
-}
-at::Tensor& masked_fill_scalar_(at::Tensor& self, const at::Tensor& mask, const c10::Scalar& value) {
-  return masked_fill_impl(self, mask, value, nullptr);
-}
-at::Tensor& masked_fill_tensor_(at::Tensor& self, const at::Tensor& mask, const at::Tensor& value) {
-  TORCH_CHECK(value.dim() == 0, "masked_fill_ only supports a 0-dimensional value tensor, but got tensor with ",
-              value.dim(), " dimension(s).");
-  return masked_fill_impl(self, mask, 0, &value);
-}
+// ===================================================================== nonzero (masked_fill: aten_elementwise.cpp)
 
 at::Tensor& nonzero_out(const at::Tensor& self, at::Tensor& out) {
   c10::DeviceGuard g(self.device());
@@ -1296,8 +1267,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("index.Tensor_out", TORCH_FN(index_out));
   m.impl("_index_put_impl_", TORCH_FN(index_put_impl_));
   m.impl("index_put_", TORCH_FN(index_put_));
-  m.impl("masked_fill_.Scalar", TORCH_FN(masked_fill_scalar_));
-  m.impl("masked_fill_.Tensor", TORCH_FN(masked_fill_tensor_));
   m.impl("masked_select", TORCH_FN(masked_select));
   m.impl("masked_select.out", TORCH_FN(masked_select_out));
   m.impl("nonzero", TORCH_FN(nonzero));

@@ -54,6 +54,7 @@ static const ew_opinfo k_ops[TPURT_EW_NUM_OPS] = {
     [TPURT_EW_LOAD] = {"load", 0, K_ALL},
     [TPURT_EW_SCALAR] = {"scalar", 0, K_ALL},
     [TPURT_EW_CONST] = {"const", 0, K_ALL},
+    [TPURT_EW_UNIFORM] = {"uniform", 0, K_F},
     [TPURT_EW_NEG] = {"neg", 1, K_ALL},
     [TPURT_EW_ABS] = {"abs", 1, K_ALL},
     [TPURT_EW_SQRT] = {"sqrt", 1, K_F | K_C},
@@ -212,6 +213,8 @@ static const ew_opinfo k_ops[TPURT_EW_NUM_OPS] = {
     [TPURT_EW_COMPLEX] = {"complex", 2, K_C},
     [TPURT_EW_POLAR] = {"polar", 2, K_C},
 };
+
+int tpurt__ew_nsrc(int op) { return op >= 0 && op < TPURT_EW_NUM_OPS ? k_ops[op].nsrc : 0; }
 
 const char *tpurt_ew_op_name(tpurt_ew_op op) {
   if ((unsigned)op >= TPURT_EW_NUM_OPS || !k_ops[op].name) return "invalid";
@@ -698,7 +701,20 @@ static size_t csize(tpurt_dtype c) { return tpurt_dtype_size(c); }
 
 /* One block: n elements whose byte offsets are offs[op] + j*bstr[op][inner]
  * (row mode) or goff[op][j] (gather mode). Returns 1 on division by zero. */
-static int run_block(ew_ctx *x, const int64_t *offs, int64_t (*goff)[EW_BLK], int n, char *scratch) {
+/* Uniform draws for the n elements from row-major index lin0 (see
+ * TPURT_EW_UNIFORM; p holds the baked seed and offset halves). */
+static void uniform_block(float *d, const double *p, int64_t lin0, int n) {
+  const uint32_t key[2] = {(uint32_t)p[0], (uint32_t)p[1]};
+  uint64_t off = (uint64_t)p[2] | (uint64_t)p[3] << 32;
+  for (int64_t i = lin0, end = lin0 + n; i < end;) {
+    uint64_t b = off + (uint64_t)(i / 4);
+    uint32_t ctr[4] = {(uint32_t)b, (uint32_t)(b >> 32), 0, 0}, w[4];
+    tpurt_philox4x32_10(ctr, key, w);
+    for (int q = (int)(i % 4); q < 4 && i < end; q++, i++) d[i - lin0] = (float)(w[q] >> 8) * (1.0f / 16777216.0f);
+  }
+}
+
+static int run_block(ew_ctx *x, const int64_t *offs, int64_t (*goff)[EW_BLK], int n, char *scratch, int64_t lin0) {
   const ew_hdr *h = x->h;
   tpurt_dtype ct = (tpurt_dtype)h->compute;
   size_t rb = EW_BLK * csize(ct);
@@ -729,6 +745,18 @@ static int run_block(ew_ctx *x, const int64_t *offs, int64_t (*goff)[EW_BLK], in
         case TPURT_I64: load_int64_t(R[dr], dt, base, st, off, n); break;
         case TPURT_C64: load_c64_t(R[dr], dt, base, st, off, n); break;
         default: load_c128_t(R[dr], dt, base, st, off, n); break;
+      }
+      continue;
+    }
+    if (I->op == TPURT_EW_UNIFORM) {
+      R[dr] = buf[dr];
+      if (ct == TPURT_F32) {
+        uniform_block(R[dr], I->p, lin0, n);
+      } else { /* f64 compute: the same float draws, widened */
+        float u[EW_BLK];
+        uniform_block(u, I->p, lin0, n);
+        double *d = R[dr];
+        for (int j = 0; j < n; j++) d[j] = u[j];
       }
       continue;
     }
@@ -796,7 +824,7 @@ static void rows_chunk(void *c, int64_t b, int64_t e) {
       rem /= x->sizes[k];
       for (int o = 0; o < nops; o++) offs[o] += ik * x->bstr[o][k];
     }
-    if (run_block(x, offs, NULL, (int)n, scratch)) {
+    if (run_block(x, offs, NULL, (int)n, scratch, row * x->inner + col)) {
       atomic_store(&x->err, 1);
       return;
     }
@@ -855,7 +883,7 @@ static void gather_chunk(void *c, int64_t b, int64_t e) {
         idx[k] = 0;
       }
     }
-    if (run_block(x, zero, goff, (int)n, scratch)) {
+    if (run_block(x, zero, goff, (int)n, scratch, start)) {
       atomic_store(&x->err, 1);
       break;
     }
@@ -980,6 +1008,9 @@ static tpurt_status validate(const tpurt_ew_program *prog, int nin, int nscalars
         return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "elementwise: instruction %d reads scalar %g of %d", k, I->p[0],
                           nscalars);
     }
+    if (I->op == TPURT_EW_UNIFORM && (I->p[0] < 0 || I->p[0] + 4 > nscalars || I->p[0] != (int)I->p[0]))
+      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "elementwise: instruction %d draws with scalars %g..%g of %d", k,
+                        I->p[0], I->p[0] + 3, nscalars);
     if (I->op == TPURT_EW_CAST && (I->p[0] < 0 || I->p[0] >= TPURT_NUM_DTYPES))
       return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "elementwise: cast through invalid dtype %g", I->p[0]);
     defined |= 1u << I->dst;
@@ -1103,12 +1134,15 @@ tpurt_status tpurt__elementwise_named(tpurt_stream *s, const tpurt_ew_program *p
       I.p[1] = kind == K_C ? scalars[si + 1] : 0.0;
       I.p[2] = 0;
       I.p[3] = 0;
+    } else if (I.op == TPURT_EW_UNIFORM) {
+      int si = (int)I.p[0];
+      for (int q = 0; q < 4; q++) I.p[q] = scalars[si + q];
     }
     memcpy(&inst[k], &I, sizeof I);
   }
   const char *name = kname ? kname : "elementwise";
   for (int k = prog->ninst - 1; k >= 0 && !kname; k--)
-    if (prog->inst[k].op > TPURT_EW_CONST) {
+    if (prog->inst[k].op > TPURT_EW_CONST && prog->inst[k].op != TPURT_EW_UNIFORM) {
       name = k_ops[prog->inst[k].op].name;
       break;
     }

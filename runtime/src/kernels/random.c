@@ -225,66 +225,19 @@ tpurt_status tpurt_bernoulli_tensor(tpurt_stream *s, const tpurt_view *out, cons
 
 /* -------------------------------------------------------------- dropout */
 
-typedef struct {
-  tpurt_view out, mask, in;
-  int has_mask, gen;
-  double p, scale;
-  uint64_t seed, offset;
-} drop_args;
-
-typedef struct {
-  drop_args *a;
-  char *o, *m, *i;
-  int fast;
-} drop_ctx;
-
-static void drop_chunk(void *c, int64_t b, int64_t e) {
-  drop_ctx *x = c;
-  drop_args *a = x->a;
-  tpurt_dtype dt = a->out.dtype;
-  int es = (int)tpurt_dtype_size(dt);
-  int64_t n = kc_numel(&a->out);
-  float pf = (float)a->p;
-  for (int64_t blk = b; blk < e; blk++) {
-    uint32_t w[4] = {0, 0, 0, 0};
-    if (a->gen) philox_block(a->seed, a->offset + (uint64_t)blk, w);
-    int64_t i0 = blk * 4, i1 = i0 + 4 < n ? i0 + 4 : n;
-    if (x->fast) {
-      float *o = (float *)x->o, *in = (float *)x->i;
-      uint8_t *m = (uint8_t *)x->m;
-      float sc = (float)a->scale;
-      for (int64_t i = i0; i < i1; i++) {
-        uint8_t keep = a->gen ? (u01f(w[i - i0]) >= pf) : m[i];
-        if (a->gen && m) m[i] = keep;
-        o[i] = keep ? in[i] * sc : 0.0f;
-      }
-      continue;
-    }
-    for (int64_t i = i0; i < i1; i++) {
-      int64_t oo = lin_off(&a->out, i) * es, io = lin_off(&a->in, i) * es;
-      uint8_t keep;
-      if (a->gen) {
-        keep = u01f(w[i - i0]) >= pf;
-        if (a->has_mask) x->m[lin_off(&a->mask, i)] = keep;
-      } else {
-        keep = x->m[lin_off(&a->mask, i)] != 0;
-      }
-      kc_st(dt, x->o + oo, keep ? kc_ld(dt, x->i + io) * a->scale : 0.0);
-    }
-  }
-}
-
-static tpurt_status k_dropout(void *p, char *err, size_t errlen) {
-  (void)err;
-  (void)errlen;
-  drop_args *a = p;
-  drop_ctx x = {a, tpurt__host_view(a->out.ptr), a->has_mask ? tpurt__host_view(a->mask.ptr) : NULL,
-                tpurt__host_view(a->in.ptr), 0};
-  x.fast = a->out.dtype == TPURT_F32 && a->in.dtype == TPURT_F32 && is_dense(&a->out) && is_dense(&a->in) &&
-           (!a->has_mask || is_dense(&a->mask));
-  int64_t n = kc_numel(&a->out);
-  tpurt_parallel_for((n + 3) / 4, 4096, drop_chunk, &x);
-  return TPURT_OK;
+/* Dropout is an elementwise program (TPURT_EW_UNIFORM draws the mask), so
+ * DeferAndFuse fuses it with its neighbours (e.g. dropout + residual add)
+ * and strict eager runs the same instructions. Like PyTorch: out = x * keep
+ * * scale, backward grad * mask * scale (NaN and inf propagate). */
+static int emit_inst(tpurt_ew_program *pr, int op, int a, int b, double p0) {
+  tpurt_ew_inst *I = &pr->inst[pr->ninst];
+  memset(I, 0, sizeof *I);
+  I->op = (uint16_t)op;
+  I->dst = (uint8_t)pr->ninst;
+  I->src[0] = (uint8_t)a;
+  I->src[1] = (uint8_t)b;
+  I->p[0] = p0;
+  return pr->ninst++;
 }
 
 tpurt_status tpurt_dropout(tpurt_stream *s, const tpurt_view *out, const tpurt_view *mask, const tpurt_view *in,
@@ -304,18 +257,25 @@ tpurt_status tpurt_dropout(tpurt_stream *s, const tpurt_view *out, const tpurt_v
     if (in->sizes[k] != out->sizes[k] || (mask && mask->sizes[k] != out->sizes[k]))
       return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: shapes differ", op);
   if (kc_numel(out) == 0) return TPURT_OK;
-  drop_args a;
-  memset(&a, 0, sizeof a);
-  a.out = *out;
-  a.in = *in;
-  if (mask) a.mask = *mask;
-  a.has_mask = mask != NULL;
-  a.gen = gen;
-  a.p = p;
-  a.scale = scale;
-  a.seed = seed;
-  a.offset = offset;
-  return tpurt_launch(s, op, k_dropout, &a, sizeof a);
+  tpurt_ew_program pr;
+  memset(&pr, 0, sizeof pr);
+  pr.compute = out->dtype == TPURT_F64 ? TPURT_F64 : TPURT_F32;
+  int x = emit_inst(&pr, TPURT_EW_LOAD, 0, 0, 0), keep;
+  if (gen) {
+    int u = emit_inst(&pr, TPURT_EW_UNIFORM, 0, 0, 0);
+    keep = emit_inst(&pr, TPURT_EW_GE, u, emit_inst(&pr, TPURT_EW_CONST, 0, 0, (float)p), 0);
+  } else {
+    keep = emit_inst(&pr, TPURT_EW_LOAD, 0, 0, 1);
+  }
+  int y = emit_inst(&pr, TPURT_EW_MUL, emit_inst(&pr, TPURT_EW_MUL, x, keep, 0),
+                    emit_inst(&pr, TPURT_EW_CONST, 0, 0, pr.compute == TPURT_F32 ? (float)scale : scale), 0);
+  pr.nout = gen && mask ? 2 : 1;
+  pr.out_reg[0] = (uint8_t)y;
+  pr.out_reg[1] = (uint8_t)keep;
+  tpurt_view outs[2] = {*out, mask ? *mask : *out}, ins[2] = {*in, mask ? *mask : *in};
+  const double sc[4] = {(double)(uint32_t)seed, (double)(uint32_t)(seed >> 32), (double)(uint32_t)offset,
+                        (double)(uint32_t)(offset >> 32)};
+  return tpurt__elementwise_named(s, &pr, outs, ins, gen ? 1 : 2, sc, gen ? 4 : 0, op);
 }
 
 /* -------------------------------------------------------------- randperm */
