@@ -66,7 +66,8 @@ static void lib_init(void) {
   size_t l = strlen(v);
   while (l && v[l - 1] == ' ') v[--l] = 0;
   const char *core = scipy_openblas_get_corename();
-  snprintf(g_lib_name, sizeof g_lib_name, "%s (%s, %d threads)", v, core ? core : "?", n);
+  snprintf(g_lib_name, sizeof g_lib_name, "tpurt sgemm (%s) + %s (%s, %d threads)", tpurt__sgemm_kernel_name(),
+           v, core ? core : "?", n);
 }
 
 void tpurt__gemm_lib_init(void) { pthread_once(&g_lib_once, lib_init); }
@@ -248,11 +249,22 @@ static void sgemm_tiles(void *p, int64_t t0, int64_t t1) {
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* Own packed kernel (sgemm.c) or OpenBLAS tiles, by shape. */
+static int use_own(int64_t nb, int64_t M, int64_t N, int64_t K) {
+  (void)nb, (void)M, (void)N, (void)K;
+  return 1;
+}
+
 /* nb products C_i = alpha op(A_i) op(B_i) + beta C_i (K > 0, row-major,
  * batch strides in elements; sc != 0 unless nb == 1). */
 static void sgemm_batched_k(int ta, int tb, int64_t nb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                           int64_t lda, int64_t sa, const float *B, int64_t ldb, int64_t sb, float beta, float *C,
                           int64_t ldc, int64_t sc) {
+  int mode = tpurt__sgemm_mode();
+  if (mode == 1 || mode == 3 || (mode == 0 && use_own(nb, M, N, K))) {
+    tpurt__sgemm_own(ta, tb, nb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, mode == 3);
+    return;
+  }
   sgemm_job j = {ta, tb, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, sa, sb, sc, M, N, 1, 1};
   int64_t nth = tpurt_num_threads();
   double macs = (double)M * (double)N * (double)K;
