@@ -249,10 +249,19 @@ static void sgemm_tiles(void *p, int64_t t0, int64_t t1) {
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* Own packed kernel (sgemm.c) or OpenBLAS tiles, by shape. */
+/* Own packed kernel (sgemm.c) or OpenBLAS tiles, by shape (per product;
+ * TORCH_TPU_SGEMM=own|blas overrides). Rule: own kernel when M >= 64,
+ * N >= 32 and M*N*K >= 64^3, OpenBLAS otherwise. Measured single-threaded
+ * (CPU time, loaded machine; GFLOP/s own vs OpenBLAS): 1024^3 84 vs 90,
+ * 4096x768x256 90 vs 86, 128x4096x256 66 vs 64, 64^3 66 vs 66, but thin
+ * or tiny products lose: 48^3 57 vs 68, 32x4096x256 46 vs 56, 512x12x512
+ * 29 vs 37, 4x1024x1024 14 vs 24, 1024x4x1024 12 vs 24 (a 6x16 micro-tile
+ * is mostly padding, and OpenBLAS has GEMV-like paths). On 2 threads the
+ * own kernel wins on the large shapes (one shared packed B panel instead
+ * of one per tile; see runtime/bench/bench_sgemm.c). */
 static int use_own(int64_t nb, int64_t M, int64_t N, int64_t K) {
-  (void)nb, (void)M, (void)N, (void)K;
-  return 1;
+  (void)nb;
+  return M >= 64 && N >= 32 && (double)M * (double)N * (double)K >= (double)(1 << 18);
 }
 
 /* nb products C_i = alpha op(A_i) op(B_i) + beta C_i (K > 0, row-major,

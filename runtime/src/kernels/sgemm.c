@@ -36,6 +36,7 @@
  * after the other, each split over the pool as above.
  */
 #include <immintrin.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,7 +54,7 @@
 typedef struct {
   int64_t kc, mc, nc;
 } blocks;
-static const blocks g_blocks = {256, 96, 4096};
+static const blocks g_blocks = {256, 96, 1024};
 
 /* ------------------------------------------------------------ mode */
 
@@ -269,7 +270,28 @@ typedef struct {
   int64_t j0, nc, p0, kc, mc;
   float beta; /* beta of this K chunk */
   int64_t mu, ns, nsl; /* row slivers of M, column parts, slivers per panel */
+  _Atomic int64_t pack_next, packed; /* B slivers claimed / finished */
 } panel_job;
+
+/* B packing inside the compute region (one pool handoff per panel, not
+ * two): every chunk first claims unpacked slivers until none is left,
+ * then waits until all claimed ones are finished. A claimed sliver is
+ * always being packed by a running chunk, so the wait ends. */
+static void pack_panel(panel_job *j) {
+  for (;;) {
+    int64_t t = atomic_fetch_add_explicit(&j->pack_next, 2, memory_order_relaxed);
+    if (t >= j->nsl) break;
+    int64_t e = t + 2 < j->nsl ? t + 2 : j->nsl;
+    pack_b((float *)j->bp, j->x, j->j0, j->nc, j->p0, j->kc, t, e);
+    atomic_fetch_add_explicit(&j->packed, e - t, memory_order_release);
+  }
+  for (int spins = 0; atomic_load_explicit(&j->packed, memory_order_acquire) < j->nsl; spins++) {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#endif
+    if (spins > 2000) sched_yield();
+  }
+}
 
 /* Rows [r0, r1) (multiples of MR, r1 may pass M) times slivers [s0, s1)
  * of the packed panel. */
@@ -305,7 +327,8 @@ static void macro(const panel_job *j, int64_t r0, int64_t r1, int64_t s0, int64_
 }
 
 static void panel_tasks(void *p, int64_t b, int64_t e) {
-  const panel_job *j = p;
+  panel_job *j = p;
+  pack_panel(j);
   /* task t: column part t / mu, row sliver t % mu; a chunk is cut where
    * the column part changes */
   while (b < e) {
@@ -315,14 +338,6 @@ static void panel_tasks(void *p, int64_t b, int64_t e) {
     macro(j, r * MR, (end - part * j->mu) * MR, s0, s1);
     b = end;
   }
-}
-
-typedef struct {
-  panel_job *j;
-} packb_job;
-static void packb_tasks(void *p, int64_t b, int64_t e) {
-  const panel_job *j = ((packb_job *)p)->j;
-  pack_b((float *)j->bp, j->x, j->j0, j->nc, j->p0, j->kc, b, e);
 }
 
 /* Minimum multiply-adds of one pool chunk. */
@@ -338,12 +353,7 @@ static void run_product(const prod *x, ukr_fn ukr, blocks bl, int par) {
     for (int64_t p0 = 0; p0 < x->K; p0 += KC) {
       int64_t kc = x->K - p0 < KC ? x->K - p0 : KC;
       float *bp = buf(0, (size_t)nsl * NR * kc);
-      panel_job j = {x, ukr, bp, j0, nc, p0, kc, bl.mc, p0 == 0 ? x->beta : 1.0f, (x->M + MR - 1) / MR, 1, nsl};
-      packb_job pj = {&j};
-      if (nth > 1 && kc * nc >= (1 << 15))
-        tpurt_parallel_for(nsl, (1 << 14) / (kc * NR) + 1, packb_tasks, &pj);
-      else
-        pack_b(bp, x, j0, nc, p0, kc, 0, nsl);
+      panel_job j = {x, ukr, bp, j0, nc, p0, kc, bl.mc, p0 == 0 ? x->beta : 1.0f, (x->M + MR - 1) / MR, 1, nsl, 0, 0};
       /* few row slivers: split the panel's columns too */
       if (nth > 1 && j.mu < 4 * nth) {
         int64_t ns = (4 * nth + j.mu - 1) / j.mu;
