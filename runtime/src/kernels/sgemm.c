@@ -2,9 +2,10 @@
  * sgemm.c — the runtime's own packed f32 GEMM (GotoBLAS/BLIS structure).
  *
  *   for jc in N step NC:                       B panel: KC x NC, shared
- *     for pc in K step KC:
- *       pack op(B)[pc:pc+KC, jc:jc+NC] into NR-wide column slivers (pool)
- *       for each (row range, sliver range) task on the pool:
+ *     for pc in K step KC:                     one pool region per panel:
+ *       every chunk first helps pack op(B)[pc:pc+KC, jc:jc+NC] into
+ *       NR-wide column slivers (claimed two at a time), waits for the
+ *       panel, then runs its (row range, sliver range) task:
  *         for ic in rows step MC:             A block: MC x KC, per thread
  *           pack op(A)[ic:ic+MC, pc:pc+KC] into MR-tall row slivers
  *           for jr in slivers: for ir in A slivers: MR x NR micro-kernel
@@ -47,10 +48,25 @@
 #define NR 16
 
 /* Block sizes (elements). KC: depth of a panel; MC: rows of an A block
- * (multiple of MR); NC: columns of a B panel (multiple of NR). Chosen by
- * measurement on the 2-core Zen3 (bench_sgemm --blocks), see the table
- * in the comment of sgemm_blocks(). Overridable for measurements with
- * TORCH_TPU_SGEMM_BLOCKS="KC,MC,NC" (read at every product). */
+ * (multiple of MR); NC: columns of a B panel (multiple of NR).
+ * Overridable for measurements with TORCH_TPU_SGEMM_BLOCKS="KC,MC,NC"
+ * (read at every product). Measured single-threaded on the (shared,
+ * loaded: +-10 %) 2-core Zen3, GFLOP/s by CPU time, best of 9:
+ *   KC,MC (NC 4096)   1024^3   4096x256x1024   256^3
+ *   256,96            82..85   74..86          83..85
+ *   256,144           76..84   75..85          76..87
+ *   256,192           76..85   71..80          76..81
+ *   384,120           73..83   77..83          78..82
+ *   192,144           78..81   77..80          79..84
+ * (no size stands out: KC 256 keeps a B sliver at 16 KiB in L1, MC 96 an
+ * A block at 96 KiB in L2). NC (KC 256, MC 96), own vs OpenBLAS:
+ *   NC     128x4096x256  1024^3     2048^3     4096x768x256  32x4096x256
+ *   4096   56 vs 76      73 vs 80   75 vs 82   87 vs 87      34 vs 55
+ *   1024   66 vs 64      84 vs 91   80 vs 85   90 vs 86      39 vs 51
+ *   512    60 vs 72                                          43 vs 62
+ * NC 1024: a 1 MiB panel, shared by both cores from L3, re-read for every
+ * A block of MC rows. The micro-kernel alone (operands in L1) runs at
+ * 94 GFLOP/s on one core. */
 typedef struct {
   int64_t kc, mc, nc;
 } blocks;
@@ -182,7 +198,72 @@ typedef struct {
   const float *A, *B;
   float *C;
   int64_t lda, ldb, ldc;
+  int avx; /* AVX2 micro-kernel and packing (else the portable code) */
 } prod;
+
+#if defined(__x86_64__) || defined(__i386__)
+/* Columns p..p+7 of 8 rows (r[i] + p .. + 7) transposed: c[q] holds
+ * r[0][p+q] .. r[7][p+q]. */
+__attribute__((target("avx2,fma"))) static inline void tr8(const float *const r[8], int64_t p, __m256 c[8]) {
+  __m256 x0 = _mm256_loadu_ps(r[0] + p), x1 = _mm256_loadu_ps(r[1] + p), x2 = _mm256_loadu_ps(r[2] + p),
+         x3 = _mm256_loadu_ps(r[3] + p), x4 = _mm256_loadu_ps(r[4] + p), x5 = _mm256_loadu_ps(r[5] + p),
+         x6 = _mm256_loadu_ps(r[6] + p), x7 = _mm256_loadu_ps(r[7] + p);
+  __m256 t0 = _mm256_unpacklo_ps(x0, x1), t1 = _mm256_unpackhi_ps(x0, x1), t2 = _mm256_unpacklo_ps(x2, x3),
+         t3 = _mm256_unpackhi_ps(x2, x3), t4 = _mm256_unpacklo_ps(x4, x5), t5 = _mm256_unpackhi_ps(x4, x5),
+         t6 = _mm256_unpacklo_ps(x6, x7), t7 = _mm256_unpackhi_ps(x6, x7);
+  __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+         u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+         u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+         u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  c[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  c[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  c[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  c[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  c[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  c[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  c[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  c[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+/* Full A sliver from MR row pointers (plain A): d[p*MR + i] = r[i][p].
+ * Rows 6, 7 of the transpose repeat row 5 (their lanes are never kept:
+ * each 8-wide store is overwritten by the next one's first 6 lanes, and
+ * the buffer has slack for the last). */
+__attribute__((target("avx2,fma"))) static void pack_a_rows_avx2(float *restrict d, const float *const r6[MR],
+                                                                 int64_t kc) {
+  const float *r[8] = {r6[0], r6[1], r6[2], r6[3], r6[4], r6[5], r6[5], r6[5]};
+  int64_t p = 0;
+  for (; p + 8 <= kc; p += 8) {
+    __m256 c[8];
+    tr8(r, p, c);
+    for (int q = 0; q < 8; q++) _mm256_storeu_ps(d + (p + q) * MR, c[q]);
+  }
+  for (; p < kc; p++)
+    for (int i = 0; i < MR; i++) d[p * MR + i] = r[i][p];
+}
+
+/* Full B sliver from NR row pointers of B (transposed B): d[p*NR + j] = r[j][p]. */
+__attribute__((target("avx2,fma"))) static void pack_b_rows_avx2(float *restrict d, const float *const r[NR],
+                                                                 int64_t kc) {
+  int64_t p = 0;
+  for (; p + 8 <= kc; p += 8) {
+    __m256 c[8];
+    tr8(r, p, c);
+    for (int q = 0; q < 8; q++) _mm256_store_ps(d + (p + q) * NR, c[q]);
+    tr8(r + 8, p, c);
+    for (int q = 0; q < 8; q++) _mm256_store_ps(d + (p + q) * NR + 8, c[q]);
+  }
+  for (; p < kc; p++)
+    for (int j = 0; j < NR; j++) d[p * NR + j] = r[j][p];
+}
+#endif
+
+/* 6 contiguous floats (transposed A): 4 + 2 moves, no library call. */
+static inline void copy6(float *restrict d, const float *restrict s) {
+  float t[MR];
+  memcpy(t, s, sizeof t);
+  memcpy(d, t, sizeof t);
+}
 
 /* op(A)[i0:i0+mc, p0:p0+kc] -> dst, MR-tall slivers, rows past mc zero. */
 static void pack_a(float *restrict dst, const prod *x, int64_t i0, int64_t mc, int64_t p0, int64_t kc) {
@@ -193,6 +274,12 @@ static void pack_a(float *restrict dst, const prod *x, int64_t i0, int64_t mc, i
       const float *r[MR];
       for (int i = 0; i < MR; i++) r[i] = x->A + (i0 + s + (i < m ? i : 0)) * x->lda + p0;
       if (m == MR) {
+#if defined(__x86_64__) || defined(__i386__)
+        if (x->avx) {
+          pack_a_rows_avx2(d, r, kc);
+          continue;
+        }
+#endif
         for (int64_t p = 0; p < kc; p++)
           for (int i = 0; i < MR; i++) d[p * MR + i] = r[i][p];
       } else {
@@ -202,8 +289,7 @@ static void pack_a(float *restrict dst, const prod *x, int64_t i0, int64_t mc, i
     } else {
       const float *src = x->A + p0 * x->lda + i0 + s;
       if (m == MR) {
-        for (int64_t p = 0; p < kc; p++)
-          for (int i = 0; i < MR; i++) d[p * MR + i] = src[p * x->lda + i];
+        for (int64_t p = 0; p < kc; p++) copy6(d + p * MR, src + p * x->lda);
       } else {
         for (int64_t p = 0; p < kc; p++)
           for (int i = 0; i < MR; i++) d[p * MR + i] = i < m ? src[p * x->lda + i] : 0.0f;
@@ -232,6 +318,12 @@ static void pack_b(float *restrict dst, const prod *x, int64_t j0, int64_t nc, i
       const float *r[NR];
       for (int j = 0; j < NR; j++) r[j] = x->B + (j0 + s + (j < n ? j : 0)) * x->ldb + p0;
       if (n == NR) {
+#if defined(__x86_64__) || defined(__i386__)
+        if (x->avx) {
+          pack_b_rows_avx2(d, r, kc);
+          continue;
+        }
+#endif
         for (int64_t p = 0; p < kc; p++)
           for (int j = 0; j < NR; j++) d[p * NR + j] = r[j][p];
       } else {
@@ -298,7 +390,7 @@ static void pack_panel(panel_job *j) {
 static void macro(const panel_job *j, int64_t r0, int64_t r1, int64_t s0, int64_t s1) {
   const prod *x = j->x;
   int64_t kc = j->kc, mc_max = j->mc;
-  float *ap = buf(1, (size_t)mc_max * kc);
+  float *ap = buf(1, (size_t)mc_max * kc + 8); /* + slack for pack_a_rows_avx2's last store */
   _Alignas(64) float tmp[MR * NR];
   for (int64_t ic = r0; ic < r1; ic += mc_max) {
     int64_t mc = r1 - ic < mc_max ? r1 - ic : mc_max;
@@ -399,10 +491,11 @@ void tpurt__sgemm_own(int ta, int tb, int64_t nb, int64_t M, int64_t N, int64_t 
                       int64_t ldc, int64_t sc, int scalar) {
   if (nb <= 0 || M <= 0 || N <= 0 || K <= 0) return;
   ukr_fn ukr = ukr_scalar;
+  int avx = !scalar && have_avx2();
 #if defined(__x86_64__) || defined(__i386__)
-  if (!scalar && have_avx2()) ukr = ukr_avx2;
+  if (avx) ukr = ukr_avx2;
 #endif
-  batch_job bj = {{ta, tb, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc}, ukr, read_blocks(), sa, sb, sc};
+  batch_job bj = {{ta, tb, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, avx}, ukr, read_blocks(), sa, sb, sc};
   int64_t nth = tpurt_num_threads();
   double macs = (double)M * (double)N * (double)K;
   if (nb > 1 && nth > 1 && !tpurt__pool_nested() && (nb >= 4 * nth || (macs < SPLIT_MIN_MACS && nb >= nth))) {
