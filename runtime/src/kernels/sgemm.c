@@ -74,17 +74,19 @@ static const blocks g_blocks = {256, 96, 1024};
 
 /* ------------------------------------------------------------ mode */
 
-static int g_have_avx2 = -1;
+static _Atomic int g_have_avx2 = -1;
 static int have_avx2(void) {
-  if (g_have_avx2 < 0) {
+  int v = atomic_load_explicit(&g_have_avx2, memory_order_relaxed);
+  if (v < 0) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    g_have_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else
-    g_have_avx2 = 0;
+    v = 0;
 #endif
+    atomic_store_explicit(&g_have_avx2, v, memory_order_relaxed);
   }
-  return g_have_avx2;
+  return v;
 }
 
 const char *tpurt__sgemm_kernel_name(void) { return have_avx2() ? "6x16 AVX2/FMA" : "6x16 portable"; }
