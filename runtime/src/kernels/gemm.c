@@ -1,5 +1,7 @@
 /*
- * gemm.c — batched matrix products (tpurt_gemm) on OpenBLAS.
+ * gemm.c — batched matrix products (tpurt_gemm): f32 on the runtime's own
+ * packed kernel (sgemm.c) or OpenBLAS tiles, chosen by shape (use_own);
+ * f64 on OpenBLAS; integers on a blocked C loop.
  *
  * The library was chosen by measurement (BENCHMARKS.md, "GEMM library
  * choice"). A plain or transposed f32/f64 matrix is handed to the library as
@@ -208,7 +210,8 @@ static inline enum CBLAS_TRANSPOSE tr(int t) { return t ? CblasTrans : CblasNoTr
 
 /* ------------------------------------------------------ tiled sgemm
  *
- * f32 products run as tiles on the runtime's pool, each tile one
+ * f32 products the own kernel does not take (see use_own) run as tiles on
+ * the runtime's pool, each tile one
  * single-threaded library call. The library's own threads split every
  * product statically and wait for the slowest thread, which on a shared
  * machine (or next to the pool's threads) costs up to 10x; tiles on the
