@@ -1,5 +1,7 @@
 /*
- * gemm.c — batched matrix products (tpurt_gemm) on OpenBLAS.
+ * gemm.c — batched matrix products (tpurt_gemm): f32 on the runtime's own
+ * packed kernel (sgemm.c) or OpenBLAS tiles, chosen by shape (use_own);
+ * f64 on OpenBLAS; integers on a blocked C loop.
  *
  * The library was chosen by measurement (BENCHMARKS.md, "GEMM library
  * choice"). A plain or transposed f32/f64 matrix is handed to the library as
@@ -66,7 +68,8 @@ static void lib_init(void) {
   size_t l = strlen(v);
   while (l && v[l - 1] == ' ') v[--l] = 0;
   const char *core = scipy_openblas_get_corename();
-  snprintf(g_lib_name, sizeof g_lib_name, "%s (%s, %d threads)", v, core ? core : "?", n);
+  snprintf(g_lib_name, sizeof g_lib_name, "tpurt sgemm (%s) + %s (%s, %d threads)", tpurt__sgemm_kernel_name(),
+           v, core ? core : "?", n);
 }
 
 void tpurt__gemm_lib_init(void) { pthread_once(&g_lib_once, lib_init); }
@@ -207,7 +210,8 @@ static inline enum CBLAS_TRANSPOSE tr(int t) { return t ? CblasTrans : CblasNoTr
 
 /* ------------------------------------------------------ tiled sgemm
  *
- * f32 products run as tiles on the runtime's pool, each tile one
+ * f32 products the own kernel does not take (see use_own) run as tiles on
+ * the runtime's pool, each tile one
  * single-threaded library call. The library's own threads split every
  * product statically and wait for the slowest thread, which on a shared
  * machine (or next to the pool's threads) costs up to 10x; tiles on the
@@ -248,11 +252,31 @@ static void sgemm_tiles(void *p, int64_t t0, int64_t t1) {
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* Own packed kernel (sgemm.c) or OpenBLAS tiles, by shape (per product;
+ * TORCH_TPU_SGEMM=own|blas overrides). Rule: own kernel when M >= 64,
+ * N >= 32 and M*N*K >= 64^3, OpenBLAS otherwise. Measured single-threaded
+ * (CPU time, loaded machine; GFLOP/s own vs OpenBLAS): 1024^3 84 vs 90,
+ * 4096x768x256 90 vs 86, 128x4096x256 66 vs 64, 64^3 66 vs 66, but thin
+ * or tiny products lose: 48^3 57 vs 68, 32x4096x256 46 vs 56, 512x12x512
+ * 29 vs 37, 4x1024x1024 14 vs 24, 1024x4x1024 12 vs 24 (a 6x16 micro-tile
+ * is mostly padding, and OpenBLAS has GEMV-like paths). On 2 threads the
+ * own kernel wins on the large shapes (one shared packed B panel instead
+ * of one per tile; see runtime/bench/bench_sgemm.c). */
+static int use_own(int64_t nb, int64_t M, int64_t N, int64_t K) {
+  (void)nb;
+  return M >= 64 && N >= 32 && (double)M * (double)N * (double)K >= (double)(1 << 18);
+}
+
 /* nb products C_i = alpha op(A_i) op(B_i) + beta C_i (K > 0, row-major,
  * batch strides in elements; sc != 0 unless nb == 1). */
 static void sgemm_batched_k(int ta, int tb, int64_t nb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                           int64_t lda, int64_t sa, const float *B, int64_t ldb, int64_t sb, float beta, float *C,
                           int64_t ldc, int64_t sc) {
+  int mode = tpurt__sgemm_mode();
+  if (mode == 1 || mode == 3 || (mode == 0 && use_own(nb, M, N, K))) {
+    tpurt__sgemm_own(ta, tb, nb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, mode == 3);
+    return;
+  }
   sgemm_job j = {ta, tb, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, sa, sb, sc, M, N, 1, 1};
   int64_t nth = tpurt_num_threads();
   double macs = (double)M * (double)N * (double)K;

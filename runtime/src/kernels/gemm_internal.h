@@ -23,6 +23,17 @@ TPURT_INTERNAL void tpurt__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K
 TPURT_INTERNAL void tpurt__sgemm_batched(int ta, int tb, int64_t nb, int64_t M, int64_t N, int64_t K, float alpha,
                                          const float *A, int64_t lda, int64_t sa, const float *B, int64_t ldb,
                                          int64_t sb, float beta, float *C, int64_t ldc, int64_t sc);
+/* The runtime's own packed f32 GEMM (sgemm.c): same contract as
+ * tpurt__sgemm_batched with K > 0; `scalar` forces the portable
+ * micro-kernel. */
+TPURT_INTERNAL void tpurt__sgemm_own(int ta, int tb, int64_t nb, int64_t M, int64_t N, int64_t K, float alpha,
+                                     const float *A, int64_t lda, int64_t sa, const float *B, int64_t ldb, int64_t sb,
+                                     float beta, float *C, int64_t ldc, int64_t sc, int scalar);
+/* TORCH_TPU_SGEMM: 0 auto (by shape), 1 own kernel, 2 OpenBLAS tiles,
+ * 3 own kernel with the portable micro-kernel. */
+TPURT_INTERNAL int tpurt__sgemm_mode(void);
+/* "6x16 AVX2/FMA" or "6x16 portable": the micro-kernel chosen for this CPU. */
+TPURT_INTERNAL const char *tpurt__sgemm_kernel_name(void);
 TPURT_INTERNAL void tpurt__dgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const double *A,
                                  int64_t lda, const double *B, int64_t ldb, double beta, double *C, int64_t ldc);
 /* Validates a view of ndim dims (dtype, sizes, device range). */
