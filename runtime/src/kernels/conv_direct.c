@@ -37,8 +37,12 @@
 #define DC_X86 0
 #endif
 
-#define DC_MR 4 /* output channels per register tile */
-#define DC_NV 3 /* 8-float vectors of output columns per register tile */
+#ifndef DC_MR
+#define DC_MR 4 /* output channels per register tile (<= 6) */
+#endif
+#ifndef DC_NV
+#define DC_NV 3 /* 8-float vectors of output columns per register tile (<= 3) */
+#endif
 #define DC_NR (8 * DC_NV)
 
 typedef struct {
@@ -73,11 +77,22 @@ static void prep_rows(void *c, int64_t r0, int64_t r1) {
     const float *src = p->x + (img * p->H + ih) * p->W;
     for (int64_t q = 0; q < p->sw; q++) {
       float *d = dst + q * p->Wq;
-      /* padded column q + j*sw is input column q + j*sw - pw */
-      for (int64_t j = 0; j < p->Wq; j++) {
-        int64_t iw = q + j * p->sw - p->pw;
-        d[j] = (iw >= 0 && iw < p->W) ? src[iw] : 0.0f;
-      }
+      /* padded column q + j*sw is input column q + j*sw - pw: zeros, then
+       * a (strided) copy of the row, then zeros */
+      int64_t lo = p->pw > q ? (p->pw - q + p->sw - 1) / p->sw : 0;
+      int64_t hi = (p->W + p->pw - q + p->sw - 1) / p->sw;
+      if (lo > p->Wq) lo = p->Wq;
+      if (hi > p->Wq) hi = p->Wq;
+      if (hi < lo) hi = lo;
+      for (int64_t j = 0; j < lo; j++) d[j] = 0.0f;
+      const float *sq = src + q - p->pw;
+      if (p->sw == 1)
+        memcpy(d + lo, sq + lo, sizeof(float) * (size_t)(hi - lo));
+      else if (p->sw == 2)
+        for (int64_t j = lo; j < hi; j++) d[j] = sq[2 * j];
+      else
+        for (int64_t j = lo; j < hi; j++) d[j] = sq[j * p->sw];
+      for (int64_t j = hi; j < p->Wq; j++) d[j] = 0.0f;
     }
   }
 }
@@ -93,7 +108,9 @@ static void prep_rows(void *c, int64_t r0, int64_t r1) {
  * same shape on the stack and stores it back every iteration); the
  * `MR > m`, `NV > v` guards fold at compile time. */
 #define DC_ACC(m, v) a##m##v
-#define DC_FOR_ACC(X) X(0, 0) X(0, 1) X(0, 2) X(1, 0) X(1, 1) X(1, 2) X(2, 0) X(2, 1) X(2, 2) X(3, 0) X(3, 1) X(3, 2)
+#define DC_FOR_ACC(X)                                                                                  \
+  X(0, 0) X(0, 1) X(0, 2) X(1, 0) X(1, 1) X(1, 2) X(2, 0) X(2, 1) X(2, 2) X(3, 0) X(3, 1) X(3, 2) X(4, 0) X(4, 1) \
+      X(4, 2) X(5, 0) X(5, 1) X(5, 2)
 #define DC_DECL(m, v) __m256 DC_ACC(m, v) = _mm256_setzero_ps();
 #define DC_INIT(m, v) \
   if (TMR > m && TNV > v && bias) DC_ACC(m, v) = _mm256_set1_ps(bias[m]);
@@ -127,12 +144,12 @@ static void prep_rows(void *c, int64_t r0, int64_t r1) {
           __m256 b0 = _mm256_loadu_ps(b), b1 = b0, b2 = b0;                                                  \
           if (NV > 1) b1 = _mm256_loadu_ps(b + 8);                                                           \
           if (NV > 2) b2 = _mm256_loadu_ps(b + 16);                                                          \
-          DC_ROW(0) DC_ROW(1) DC_ROW(2) DC_ROW(3)                                                            \
+          DC_ROW(0) DC_ROW(1) DC_ROW(2) DC_ROW(3) DC_ROW(4) DC_ROW(5)                                                  \
         }                                                                                                    \
       }                                                                                                      \
     }                                                                                                        \
     const int64_t ystride = c->Ho * c->Wo;                                                                   \
-    float t[DC_MR * 8 * NV];                                                                                 \
+    float t[MR * 8 * NV];                                                                                    \
     DC_FOR_ACC(DC_STORE)                                                                                     \
     if (nvalid != 8 * NV)                                                                                    \
       for (int m = 0; m < MR; m++) memcpy(yo + m * ystride, t + m * 8 * NV, sizeof(float) * (size_t)nvalid); \
@@ -150,14 +167,22 @@ DC_TILE_AVX(3, 3)
 DC_TILE_AVX(4, 1)
 DC_TILE_AVX(4, 2)
 DC_TILE_AVX(4, 3)
+DC_TILE_AVX(5, 1)
+DC_TILE_AVX(5, 2)
+DC_TILE_AVX(5, 3)
+DC_TILE_AVX(6, 1)
+DC_TILE_AVX(6, 2)
+DC_TILE_AVX(6, 3)
 
 typedef void (*tile_fn)(const dc_ctx *, const float *, const float *, const float *, float *, int64_t, int64_t,
                         int64_t);
-static const tile_fn g_tiles[DC_MR][DC_NV] = {
+static const tile_fn g_tiles[6][3] = {
     {tile_avx_1_1, tile_avx_1_2, tile_avx_1_3},
     {tile_avx_2_1, tile_avx_2_2, tile_avx_2_3},
     {tile_avx_3_1, tile_avx_3_2, tile_avx_3_3},
     {tile_avx_4_1, tile_avx_4_2, tile_avx_4_3},
+    {tile_avx_5_1, tile_avx_5_2, tile_avx_5_3},
+    {tile_avx_6_1, tile_avx_6_2, tile_avx_6_3},
 };
 #endif
 
