@@ -23,6 +23,10 @@ TPURT_INTERNAL int tpurt__conv_direct_f32(const float *x, const float *w, const 
                                           int64_t Ci, int64_t H, int64_t W, int64_t Co, int64_t Ho, int64_t Wo,
                                           int64_t kh, int64_t kw, int64_t G, const int64_t stride[2],
                                           const int64_t pad[2], const int64_t dil[2], int portable);
+TPURT_INTERNAL int tpurt__conv_direct_dw_f32(const float *x, const float *dy, float *dw, int64_t N, int64_t Ci,
+                                             int64_t H, int64_t W, int64_t Co, int64_t Ho, int64_t Wo, int64_t kh,
+                                             int64_t kw, int64_t G, const int64_t stride[2], const int64_t pad[2],
+                                             const int64_t dil[2], int portable);
 
 /* host view of a device address; empty views may carry a null one */
 static inline void *hv(tpurt_devptr p) { return p ? tpurt__host_view(p) : NULL; }
@@ -421,12 +425,16 @@ static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
       const char *x = load4(&a->in1, 1, f64);
       int direct;
       char *dw = out4(&a->out0, 4, f64, &direct);
-      int64_t nb = COL_BUDGET / ((Kd * L > 0 ? Kd * L : 1) * (int64_t)es);
+      int done = batched && a->direct_mode && N > 0 && tpurt__conv_direct_applies(Cig, kd, D, Do) &&
+                 tpurt__conv_direct_dw_f32((const float *)x, (const float *)dy, (float *)dw, N, Ci, H, W, Co, Ho,
+                                           Wo, kh, kw, G, p->stride + 1, p->padding + 1, p->dilation + 1,
+                                           a->direct_mode == 2);
+      int64_t nb = done ? 0 : COL_BUDGET / ((Kd * L > 0 ? Kd * L : 1) * (int64_t)es);
       if (nb < 1) nb = 1;
       if (nb > N) nb = N;
-      char *col = tpurt__scratch(3, (size_t)(Kd * L * nb) * es);
-      char *dyp = tpurt__scratch(5, (size_t)(Cog * L * nb) * es);
-      for (int64_t g = 0; g < G; g++) {
+      char *col = done ? NULL : tpurt__scratch(3, (size_t)(Kd * L * nb) * es);
+      char *dyp = done ? NULL : tpurt__scratch(5, (size_t)(Cog * L * nb) * es);
+      for (int64_t g = 0; g < G && !done; g++) {
         char *dwg = dw + (size_t)(g * Cog * Kd) * es;
         if (N == 0) memset(dwg, 0, (size_t)(Cog * Kd) * es);
         for (int64_t n0 = 0; n0 < N; n0 += nb) {
@@ -613,6 +621,7 @@ tpurt_status tpurt_conv3d_backward_weight(tpurt_stream *s, const tpurt_view *dw,
   conv_args a;
   memset(&a, 0, sizeof a);
   a.kind = CONV_BWD_W;
+  a.direct_mode = conv_direct_mode();
   a.in0 = *dy;
   if (db) a.has1 = 1, a.out1 = *db;
   a.prec = precision;

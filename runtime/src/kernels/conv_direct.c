@@ -242,6 +242,164 @@ static void dc_rows(void *cv, int64_t u0, int64_t u1) {
   }
 }
 
+/* ------------------------------------------------ weight gradient
+ * dw[oc][ci][ki][kj] = sum over n, oh, ow of dy[n][oc][oh][ow] *
+ * xpad[n][ci][oh*sh + ki*dh][ow*sw + kj*dw]. Work item (group, block of
+ * 4 output channels, image): register tiles of 4 channels x DW_T taps of
+ * one (ci, ki) kernel row, 8 output columns per vector lane, reduced over
+ * the image's rows; the per-image partial sums are added over the images
+ * in order afterwards. Fixed order everywhere: deterministic. */
+
+#define DW_T 2 /* taps per weight-gradient register tile */
+
+typedef struct {
+  const float *planes, *dy;
+  float *part; /* [N][Co][K] per-image sums */
+  int64_t N, Ci, Co, G, Cig, Cog, Ho, Wo, Hp, Wq, kh, kw, sh, sw, dh, dw, nocb;
+  const int64_t *tapoff;
+  int avx2;
+} dw_ctx;
+
+#if DC_X86
+#define DW_ACC(m, t) d##m##t
+#define DW_FOR(X) X(0, 0) X(0, 1) X(0, 2) X(1, 0) X(1, 1) X(1, 2) X(2, 0) X(2, 1) X(2, 2) X(3, 0) X(3, 1) X(3, 2)
+#define DW_DECL(m, t) __m256 DW_ACC(m, t) = _mm256_setzero_ps();
+#define DW_LOAD(m, t) \
+  if (TMR > m && TT > t) DW_ACC(m, t) = _mm256_loadu_ps(acc + (m * DW_T + t) * 8);
+#define DW_TAP(t)                                                                  \
+  if (TT > t) {                                                                    \
+    __m256 xv = tail ? _mm256_maskload_ps(xr + tap[t] + j, mask) : _mm256_loadu_ps(xr + tap[t] + j); \
+    DW_ACC(0, t) = _mm256_fmadd_ps(y0, xv, DW_ACC(0, t));                          \
+    if (TMR > 1) DW_ACC(1, t) = _mm256_fmadd_ps(y1, xv, DW_ACC(1, t));             \
+    if (TMR > 2) DW_ACC(2, t) = _mm256_fmadd_ps(y2, xv, DW_ACC(2, t));             \
+    if (TMR > 3) DW_ACC(3, t) = _mm256_fmadd_ps(y3, xv, DW_ACC(3, t));             \
+  }
+#define DW_SAVE(m, t) \
+  if (TMR > m && TT > t) _mm256_storeu_ps(acc + (m * DW_T + t) * 8, DW_ACC(m, t));
+
+/* MR channels (rows of dy at dyp, ystride apart) x T taps (offsets tap[])
+ * of one kernel row over output rows [oh0, oh1); xrow0 = padded row of
+ * output row 0 for that kernel row; the 8-lane partial sums accumulate in
+ * acc [MR][DW_T][8]. */
+#define DW_TILE(MR, T)                                                                                       \
+  __attribute__((target("avx2,fma"))) static void dwtile_##MR##_##T(                                        \
+      const dw_ctx *c, const float *dyp, const float *xrow0, const int64_t *tap, float *acc, int64_t oh0,    \
+      int64_t oh1) {                                                                                         \
+    enum { TMR = MR, TT = T };                                                                               \
+    DW_FOR(DW_DECL)                                                                                          \
+    DW_FOR(DW_LOAD)                                                                                          \
+    const int64_t ystride = c->Ho * c->Wo, xstep = c->sh * c->sw * c->Wq, Wo = c->Wo;                        \
+    const int64_t rem = Wo % 8;                                                                              \
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)rem),                                     \
+                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));                      \
+    for (int64_t oh = oh0; oh < oh1; oh++) {                                                                 \
+      const float *yr = dyp + oh * Wo, *xr = xrow0 + oh * xstep;                                             \
+      for (int64_t j = 0; j < Wo; j += 8) {                                                                  \
+        int tail = j + 8 > Wo;                                                                               \
+        __m256 y0, y1 = _mm256_setzero_ps(), y2 = y1, y3 = y1;                                               \
+        if (tail) {                                                                                          \
+          y0 = _mm256_maskload_ps(yr + j, mask);                                                             \
+          if (TMR > 1) y1 = _mm256_maskload_ps(yr + ystride + j, mask);                                      \
+          if (TMR > 2) y2 = _mm256_maskload_ps(yr + 2 * ystride + j, mask);                                  \
+          if (TMR > 3) y3 = _mm256_maskload_ps(yr + 3 * ystride + j, mask);                                  \
+        } else {                                                                                             \
+          y0 = _mm256_loadu_ps(yr + j);                                                                      \
+          if (TMR > 1) y1 = _mm256_loadu_ps(yr + ystride + j);                                               \
+          if (TMR > 2) y2 = _mm256_loadu_ps(yr + 2 * ystride + j);                                           \
+          if (TMR > 3) y3 = _mm256_loadu_ps(yr + 3 * ystride + j);                                           \
+        }                                                                                                    \
+        DW_TAP(0) DW_TAP(1) DW_TAP(2)                                                                        \
+      }                                                                                                      \
+    }                                                                                                        \
+    DW_FOR(DW_SAVE)                                                                                          \
+  }
+/* 4 x 2 (8 accumulators, 4 + 2 loads per 8 FMAs): a 4 x 3 tile needs 17
+ * registers and gcc spills two accumulators through the stack */
+DW_TILE(1, 1) DW_TILE(1, 2) DW_TILE(2, 1) DW_TILE(2, 2) DW_TILE(3, 1) DW_TILE(3, 2) DW_TILE(4, 1) DW_TILE(4, 2)
+typedef void (*dwtile_fn)(const dw_ctx *, const float *, const float *, const int64_t *, float *, int64_t, int64_t);
+static const dwtile_fn g_dwtiles[4][DW_T] = {
+    {dwtile_1_1, dwtile_1_2}, {dwtile_2_1, dwtile_2_2}, {dwtile_3_1, dwtile_3_2}, {dwtile_4_1, dwtile_4_2}};
+#endif
+
+/* portable: the same lanes (column j adds into lane j % 8) in the same
+ * order as the AVX2 tiles */
+static void dwtile_portable(const dw_ctx *c, const float *dyp, const float *xrow0, const int64_t *tap, float *acc,
+                            int64_t oh0, int64_t oh1, int mr, int nt) {
+  const int64_t ystride = c->Ho * c->Wo, xstep = c->sh * c->sw * c->Wq, Wo = c->Wo;
+  for (int64_t oh = oh0; oh < oh1; oh++) {
+    const float *yr = dyp + oh * Wo, *xr = xrow0 + oh * xstep;
+    for (int64_t j = 0; j < Wo; j++)
+      for (int t = 0; t < nt; t++) {
+        float xv = xr[tap[t] + j];
+        for (int m = 0; m < mr; m++) {
+          float *a = acc + (m * DW_T + t) * 8 + (j & 7);
+          *a = fmaf(yr[m * ystride + j], xv, *a);
+        }
+      }
+  }
+}
+
+#define DW_ROWS 8 /* output rows per block: the block's dy rows stay in L1 across all taps */
+
+static void dw_items(void *cv, int64_t u0, int64_t u1) {
+  const dw_ctx *c = cv;
+  int64_t K = c->Cig * c->kh * c->kw;
+  /* per (ci, ki) kernel row, per group of DW_T taps: a [4][DW_T][8] block */
+  const int64_t nbk = (c->kw + DW_T - 1) / DW_T, bsz = 4 * DW_T * 8, nacc = c->Cig * c->kh * nbk * bsz;
+  float *accs = tpurt__scratch(3, sizeof(float) * (size_t)nacc + 64);
+  for (int64_t u = u0; u < u1; u++) { /* u = (g * nocb + ocb) * N + n */
+    int64_t n = u % c->N, t = u / c->N, ocb = t % c->nocb, g = t / c->nocb;
+    int64_t oc0 = g * c->Cog + ocb * 4, mr = c->Cog - ocb * 4 < 4 ? c->Cog - ocb * 4 : 4;
+    const float *dyp = c->dy + (n * c->Co + oc0) * c->Ho * c->Wo;
+    memset(accs, 0, sizeof(float) * (size_t)nacc);
+    for (int64_t oh0 = 0; oh0 < c->Ho; oh0 += DW_ROWS) {
+      int64_t oh1 = c->Ho - oh0 < DW_ROWS ? c->Ho : oh0 + DW_ROWS;
+      for (int64_t ci = 0; ci < c->Cig; ci++)
+        for (int64_t ki = 0; ki < c->kh; ki++) {
+          const float *xrow0 = c->planes + ((n * c->Ci + g * c->Cig + ci) * c->Hp + ki * c->dh) * c->sw * c->Wq;
+          for (int64_t kj = 0; kj < c->kw; kj += DW_T) {
+            int nt = (int)(c->kw - kj < DW_T ? c->kw - kj : DW_T);
+            float *acc = accs + ((ci * c->kh + ki) * nbk + kj / DW_T) * bsz;
+#if DC_X86
+            if (c->avx2) {
+              g_dwtiles[mr - 1][nt - 1](c, dyp, xrow0, c->tapoff + kj, acc, oh0, oh1);
+              continue;
+            }
+#endif
+            dwtile_portable(c, dyp, xrow0, c->tapoff + kj, acc, oh0, oh1, (int)mr, nt);
+          }
+        }
+    }
+    /* lanes -> sums, a fixed pairwise order */
+    float *out = c->part + (n * c->Co + oc0) * K;
+    for (int64_t ci = 0; ci < c->Cig; ci++)
+      for (int64_t ki = 0; ki < c->kh; ki++)
+        for (int64_t kj = 0; kj < c->kw; kj++) {
+          int64_t k = (ci * c->kh + ki) * c->kw + kj;
+          const float *blk = accs + ((ci * c->kh + ki) * nbk + kj / DW_T) * bsz;
+          for (int64_t m = 0; m < mr; m++) {
+            const float *a = blk + (m * DW_T + kj % DW_T) * 8;
+            out[m * K + k] = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+          }
+        }
+  }
+}
+
+typedef struct {
+  const float *part;
+  float *dw;
+  int64_t N, n_el;
+} dwsum_ctx;
+
+static void dw_sum(void *cv, int64_t i0, int64_t i1) {
+  const dwsum_ctx *c = cv;
+  for (int64_t i = i0; i < i1; i++) {
+    float s = 0.0f;
+    for (int64_t n = 0; n < c->N; n++) s += c->part[n * c->n_el + i];
+    c->dw[i] = s;
+  }
+}
+
 /* ---------------------------------------------------------------- entry */
 
 int tpurt__conv_direct_applies(int64_t Cig, int64_t kd, int64_t D, int64_t Do) {
@@ -263,6 +421,37 @@ int tpurt__conv_direct_avx2(void) {
 #endif
 }
 
+/* Phase planes of x and the tap offsets; shared by forward and weight
+ * gradient. Returns 0 when scratch memory could not be had. */
+typedef struct {
+  float *planes;
+  int64_t Hp, Wq, tap_local[32], *tapoff;
+} dc_geom;
+
+static int dc_setup(dc_geom *gm, const float *x, int64_t N, int64_t Ci, int64_t H, int64_t W, int64_t Ho,
+                    int64_t Wo, int64_t kh, int64_t kw, const int64_t stride[2], const int64_t pad[2],
+                    const int64_t dil[2]) {
+  int64_t sh = stride[0], sw = stride[1], dh = dil[0], dw = dil[1];
+  gm->Hp = (Ho - 1) * sh + (kh - 1) * dh + 1; /* padded rows any window reaches */
+  int64_t maxoff = ((kw - 1) * dw) / sw;
+  int64_t Wq = ((Wo + DC_NR - 1) / DC_NR) * DC_NR + maxoff; /* last tile's loads stay inside */
+  gm->Wq = Wq = (Wq + 7) & ~(int64_t)7;
+  gm->planes = tpurt__scratch(2, sizeof(float) * (size_t)(N * Ci * gm->Hp * sw * Wq));
+  gm->tapoff = kw <= 32 ? gm->tap_local : malloc(sizeof(int64_t) * (size_t)kw);
+  if (!gm->planes || !gm->tapoff) {
+    if (gm->tapoff != gm->tap_local) free(gm->tapoff);
+    return 0;
+  }
+  for (int64_t kj = 0; kj < kw; kj++) gm->tapoff[kj] = ((kj * dw) % sw) * Wq + (kj * dw) / sw;
+  prep_ctx pc = {x, gm->planes, Ci, H, W, gm->Hp, Wq, pad[0], pad[1], sw};
+  tpurt_parallel_for(N * Ci * gm->Hp, 1 + 8192 / (sw * Wq), prep_rows, &pc);
+  return 1;
+}
+
+static void dc_release(dc_geom *gm) {
+  if (gm->tapoff != gm->tap_local) free(gm->tapoff);
+}
+
 /* y [N, Co, Ho, Wo] (contiguous) = conv(x [N, Ci, H, W] contiguous,
  * w [Co, Cig, kh, kw] contiguous) + bias (f32 [Co] or NULL); 2-D geometry
  * (stride, padding, dilation as {h, w}). Returns 0 when scratch memory
@@ -272,20 +461,9 @@ int tpurt__conv_direct_f32(const float *x, const float *w, const float *bias, fl
                            int64_t G, const int64_t stride[2], const int64_t pad[2], const int64_t dil[2],
                            int portable) {
   int64_t Cig = Ci / G, Cog = Co / G, K = Cig * kh * kw;
-  int64_t sh = stride[0], sw = stride[1], dh = dil[0], dw = dil[1];
-  int64_t Hp = (Ho - 1) * sh + (kh - 1) * dh + 1; /* padded rows any window reaches */
-  int64_t maxoff = ((kw - 1) * dw) / sw;
-  int64_t Wq = ((Wo + DC_NR - 1) / DC_NR) * DC_NR + maxoff; /* last tile's loads stay inside */
-  Wq = (Wq + 7) & ~(int64_t)7;
-  float *planes = tpurt__scratch(2, sizeof(float) * (size_t)(N * Ci * Hp * sw * Wq));
   float *wp = tpurt__scratch(5, sizeof(float) * (size_t)(Co * K) + 64);
-  int64_t tap_local[32];
-  int64_t *tapoff = kw <= 32 ? tap_local : malloc(sizeof(int64_t) * (size_t)kw);
-  if (!planes || !wp || !tapoff) {
-    if (tapoff != tap_local) free(tapoff);
-    return 0;
-  }
-  for (int64_t kj = 0; kj < kw; kj++) tapoff[kj] = ((kj * dw) % sw) * Wq + (kj * dw) / sw;
+  dc_geom gm;
+  if (!wp || !dc_setup(&gm, x, N, Ci, H, W, Ho, Wo, kh, kw, stride, pad, dil)) return 0;
   /* weights: per group and block of DC_MR output channels, [K][mr] */
   for (int64_t g = 0; g < G; g++)
     for (int64_t oc0 = 0; oc0 < Cog; oc0 += DC_MR) {
@@ -295,13 +473,30 @@ int tpurt__conv_direct_f32(const float *x, const float *w, const float *bias, fl
       for (int64_t k = 0; k < K; k++)
         for (int64_t m = 0; m < mr; m++) dst[k * mr + m] = src[m * K + k];
     }
-  prep_ctx pc = {x, planes, Ci, H, W, Hp, Wq, pad[0], pad[1], sw};
-  tpurt_parallel_for(N * Ci * Hp, 1 + 8192 / (sw * Wq), prep_rows, &pc);
-  dc_ctx c = {planes, wp, bias, y, N, Ci, Co, G, Cig, Cog, Ho, Wo, Hp, Wq, kh, kw, sh, sw, dh, dw,
-              (Cog + DC_MR - 1) / DC_MR, tapoff, !portable && tpurt__conv_direct_avx2()};
+  dc_ctx c = {gm.planes, wp, bias, y, N, Ci, Co, G, Cig, Cog, Ho, Wo, gm.Hp, gm.Wq, kh, kw, stride[0], stride[1],
+              dil[0], dil[1], (Cog + DC_MR - 1) / DC_MR, gm.tapoff, !portable && tpurt__conv_direct_avx2()};
   /* ~ MR * Wo * K FMAs per item: chunks of >= ~256k */
   int64_t per = DC_MR * Wo * K;
   tpurt_parallel_for(N * G * c.nocb * Ho, 1 + (1 << 18) / (per ? per : 1), dc_rows, &c);
-  if (tapoff != tap_local) free(tapoff);
+  dc_release(&gm);
+  return 1;
+}
+
+/* dw [Co, Cig, kh, kw] (contiguous, overwritten) from dy [N, Co, Ho, Wo]
+ * and x [N, Ci, H, W] (contiguous); same geometry arguments. Returns 0
+ * when scratch memory could not be had. */
+int tpurt__conv_direct_dw_f32(const float *x, const float *dy, float *dwt, int64_t N, int64_t Ci, int64_t H,
+                              int64_t W, int64_t Co, int64_t Ho, int64_t Wo, int64_t kh, int64_t kw, int64_t G,
+                              const int64_t stride[2], const int64_t pad[2], const int64_t dil[2], int portable) {
+  int64_t Cig = Ci / G, Cog = Co / G, K = Cig * kh * kw;
+  float *part = tpurt__scratch(5, sizeof(float) * (size_t)(N * Co * K) + 64);
+  dc_geom gm;
+  if (!part || !dc_setup(&gm, x, N, Ci, H, W, Ho, Wo, kh, kw, stride, pad, dil)) return 0;
+  dw_ctx c = {gm.planes, dy, part, N, Ci, Co, G, Cig, Cog, Ho, Wo, gm.Hp, gm.Wq, kh, kw, stride[0], stride[1],
+              dil[0], dil[1], (Cog + 3) / 4, gm.tapoff, !portable && tpurt__conv_direct_avx2()};
+  tpurt_parallel_for(G * c.nocb * N, 1, dw_items, &c);
+  dwsum_ctx sc = {part, dwt, N, Co * K};
+  tpurt_parallel_for(Co * K, 4096, dw_sum, &sc);
+  dc_release(&gm);
   return 1;
 }
