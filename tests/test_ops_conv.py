@@ -412,3 +412,72 @@ def test_fold_errors_like_cpu():
     for dev in ("cpu", "tpu"):
         with pytest.raises(RuntimeError):
             F.fold(c.to(dev), (4, 4), kernel_size=2)
+
+
+# ------------------------------- direct path: few input channels per group
+# (ResNet's 7x7/2 stem, 1-D signals, depthwise): forward runs as register-
+# tiled direct loops in the runtime (conv_direct.c), backward stays im2col.
+
+FEW_CIN_CASES = [
+    dict(shape=(2, 3, 23, 29), cout=8, k=7, stride=2, padding=3),  # the stem at small size
+    dict(shape=(3, 1, 10, 17), cout=5, k=3),
+    dict(shape=(1, 2, 11, 16), cout=6, k=5, stride=3, padding=2),
+    dict(shape=(2, 4, 12, 13), cout=7, k=3, padding=2, dilation=2),
+    dict(shape=(1, 6, 9, 10), cout=4, k=3, stride=2, padding=1, groups=2),
+    dict(shape=(2, 4, 7, 9), cout=4, k=3, padding=1, groups=4),  # depthwise
+]
+
+
+@pytest.mark.parametrize("case", range(len(FEW_CIN_CASES)))
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv2d_few_input_channels(case, bias):
+    kw = dict(FEW_CIN_CASES[case])
+    shape, cout, k = kw.pop("shape"), kw.pop("cout"), kw.pop("k")
+    x, w = rand(*shape), rand(cout, shape[1] // kw.get("groups", 1), k, k, seed=1)
+    args = [x, w] + ([rand(cout, seed=2)] if bias else [])
+    check_grads(lambda x, w, *b: F.conv2d(x, w, b[0] if b else None, **kw), args)
+
+
+def _fma_order_conv(x, w, b, stride, padding):
+    """The direct path's arithmetic in f32: bias, then one fused multiply-add
+    per (c_in, kh, kw) tap in order, padding taps included (the f64 product
+    of two floats is exact, so one f64 add rounded to f32 is the fma)."""
+    n, cin, _, _ = x.shape
+    cout, _, kh, kw = w.shape
+    xp = F.pad(x, (padding,) * 4)
+    ho, wo = (xp.shape[2] - kh) // stride + 1, (xp.shape[3] - kw) // stride + 1
+    acc = (b if b is not None else torch.zeros(cout)).view(1, cout, 1, 1).expand(n, cout, ho, wo).clone()
+    for c in range(cin):
+        for i in range(kh):
+            for j in range(kw):
+                tap = xp[:, c, i:i + (ho - 1) * stride + 1:stride, j:j + (wo - 1) * stride + 1:stride]
+                acc = (acc.double() + w[:, c, i, j].double().view(1, cout, 1, 1) * tap.double()[:, None]).float()
+    return acc
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv2d_few_input_channels_exact_order(bias):
+    # one thread per output with a fixed order: bit-identical to the
+    # sequential reference whatever the tiling or thread count
+    x, w = rand(2, 3, 23, 29), rand(8, 3, 7, 7, seed=1)
+    b = rand(8, seed=2) if bias else None
+    got = F.conv2d(x.to("tpu"), w.to("tpu"), b.to("tpu") if bias else None, stride=2, padding=3).cpu()
+    assert torch.equal(got, _fma_order_conv(x, w, b, 2, 3))
+
+
+def test_conv2d_stem_channels_last_bf16_nan():
+    x, w, b = rand(2, 3, 30, 34), rand(16, 3, 7, 7, seed=1), rand(16, seed=2)
+    xc = x.to(memory_format=torch.channels_last)
+    assert not xc.is_contiguous()
+    check_grads(lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=3), [xc, w, b])
+    xs = rand(2, 3, 30, 68)[..., ::2]  # strided view
+    close(F.conv2d(xs.to("tpu"), w.to("tpu"), b.to("tpu"), stride=2, padding=3),
+          F.conv2d(xs, w, b, stride=2, padding=3))
+    xb, wb, bb = x.bfloat16(), w.bfloat16(), b.bfloat16()
+    check_grads(lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=3), [xb, wb, bb])
+    xn = x.clone()
+    xn[1, 2, 10, 11] = float("nan")
+    want = F.conv2d(xn, w, b, stride=2, padding=3)
+    got = F.conv2d(xn.to("tpu"), w.to("tpu"), b.to("tpu"), stride=2, padding=3).cpu()
+    assert torch.equal(got.isnan(), want.isnan()) and 0 < want.isnan().sum() < want.numel()
+    torch.testing.assert_close(got.nan_to_num(), want.nan_to_num(), rtol=1e-4, atol=1e-4)

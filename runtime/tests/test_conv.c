@@ -2,6 +2,7 @@
  * groups, bias, 1x1), backward input / weight / bias checked through the
  * adjoint identities <dy, conv(x)> = <bwd_in(dy), x> = <bwd_w(dy, x), w>,
  * max/avg pooling and upsampling on small cases, and argument errors. */
+#define _GNU_SOURCE
 #include <stdint.h>
 
 #include "check.h"
@@ -166,6 +167,207 @@ static void test_pool_upsample(void) {
   tpurt_free(d), tpurt_free(o), tpurt_free(ix), tpurt_free(g), tpurt_free(u);
 }
 
+/* ------------------------------------------------ direct path (few C_in)
+ * Forwards with at most 4 input channels per group run as direct loops
+ * (conv_direct.c) whose summation order is fixed: bias, then
+ * (c_in, kh, kw) in order with one fused multiply-add each, padding taps
+ * included as zeros. The reference below does exactly that in f32, so the
+ * direct path must match it bit for bit (AVX2 tiles and portable loops
+ * alike); the im2col + GEMM path (TPURT_CONV_DIRECT=0) must agree to
+ * rounding. Views may be strided (xs: element strides of x or NULL). */
+static int direct_case(int64_t N, int64_t Ci, int64_t H, int64_t W, int64_t Co, int64_t kh, int64_t kw, int64_t sh,
+                       int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t G, int with_bias,
+                       int channels_last, int nan_at) {
+  int64_t Ho = (H + 2 * ph - dh * (kh - 1) - 1) / sh + 1, Wo = (W + 2 * pw - dw * (kw - 1) - 1) / sw + 1;
+  int64_t Cig = Ci / G, Cog = Co / G;
+  size_t nx = N * Ci * H * W, nw = Co * Cig * kh * kw, ny = N * Co * Ho * Wo;
+  float *x = malloc(nx * 4), *w = malloc(nw * 4), *b = malloc(Co * 4), *ref = malloc(ny * 4);
+  float *xd = malloc(nx * 4); /* device layout of x (NCHW or NHWC) */
+  double *refd = malloc(ny * 8);
+  unsigned s = 7 + (unsigned)(N * 131 + Ci * 17 + H * 5 + kh);
+  for (size_t i = 0; i < nx; i++) x[i] = (float)frand(&s);
+  if (nan_at >= 0) x[nan_at % nx] = NAN;
+  for (size_t i = 0; i < nw; i++) w[i] = (float)frand(&s);
+  for (int64_t i = 0; i < Co; i++) b[i] = (float)frand(&s);
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t co = 0; co < Co; co++)
+      for (int64_t oh = 0; oh < Ho; oh++)
+        for (int64_t ow = 0; ow < Wo; ow++) {
+          int64_t g = co / Cog;
+          float acc = with_bias ? b[co] : 0.0f;
+          double accd = with_bias ? b[co] : 0.0;
+          for (int64_t ci = 0; ci < Cig; ci++)
+            for (int64_t i = 0; i < kh; i++)
+              for (int64_t j = 0; j < kw; j++) {
+                int64_t ih = oh * sh - ph + i * dh, iw = ow * sw - pw + j * dw;
+                float xv = (ih < 0 || ih >= H || iw < 0 || iw >= W) ? 0.0f
+                                                                   : x[((n * Ci + g * Cig + ci) * H + ih) * W + iw];
+                float wv = w[((co * Cig + ci) * kh + i) * kw + j];
+                acc = fmaf(wv, xv, acc);
+                accd += (double)wv * xv;
+              }
+          ref[((n * Co + co) * Ho + oh) * Wo + ow] = acc;
+          refd[((n * Co + co) * Ho + oh) * Wo + ow] = accd;
+        }
+  int64_t xst[4];
+  if (channels_last) { /* NHWC memory, NCHW view */
+    xst[0] = H * W * Ci, xst[1] = 1, xst[2] = W * Ci, xst[3] = Ci;
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t c = 0; c < Ci; c++)
+        for (int64_t i = 0; i < H * W; i++) xd[n * xst[0] + c + i * Ci] = x[(n * Ci + c) * H * W + i];
+  } else {
+    xst[0] = Ci * H * W, xst[1] = H * W, xst[2] = W, xst[3] = 1;
+    memcpy(xd, x, nx * 4);
+  }
+  tpurt_devptr dx = check_up(S, xd, nx * 4), dwp = check_up(S, w, nw * 4), db = check_up(S, b, Co * 4), dy;
+  CHECK_OK(tpurt_malloc(0, ny * 4, S, &dy));
+  int64_t xsz[4] = {N, Ci, H, W};
+  tpurt_view X = check_view_st(dx, TPURT_F32, 4, xsz, xst), Wv = v4(dwp, TPURT_F32, Co, Cig, kh, kw);
+  tpurt_view B = v1(db, TPURT_F32, Co), Y = v4(dy, TPURT_F32, N, Co, Ho, Wo);
+  tpurt_conv_params p = {{sh, sw}, {ph, pw}, {dh, dw}, G};
+  float *got = malloc(ny * 4);
+  int bad = 0;
+  const char *modes[3] = {"1", "portable", "0"};
+  for (int m = 0; m < 3; m++) {
+    setenv("TPURT_CONV_DIRECT", modes[m], 1);
+    CHECK_OK(tpurt_conv2d(S, &Y, &X, &Wv, with_bias ? &B : NULL, &p, TPURT_PRECISION_HIGHEST));
+    check_down(S, got, dy, ny * 4);
+    for (size_t i = 0; i < ny; i++) {
+      int ok;
+      if (isnan(ref[i])) ok = isnan(got[i]);
+      else if (m < 2 && Cig <= 4) ok = got[i] == ref[i]; /* same order, bit for bit */
+      else ok = fabs(got[i] - refd[i]) <= 1e-5 * (1 + fabs(refd[i]));
+      if (!ok && bad++ < 3)
+        fprintf(stderr, "direct_case N%lld Ci%lld %lldx%lld Co%lld k%lldx%lld s%lld,%lld p%lld,%lld d%lld,%lld g%lld mode %s:"
+                " y[%zu] = %.9g, want %.9g\n", (long long)N, (long long)Ci, (long long)H, (long long)W, (long long)Co,
+                (long long)kh, (long long)kw, (long long)sh, (long long)sw, (long long)ph, (long long)pw, (long long)dh,
+                (long long)dw, (long long)G, modes[m], i, got[i], ref[i]);
+    }
+  }
+  /* weight gradient: the direct path's AVX2 and portable loops share one
+   * order (bit-identical); all modes agree with the f64 reference */
+  float *gy = malloc(ny * 4), *gw = malloc(nw * 4), *gw0 = malloc(nw * 4);
+  double *gwd = calloc(nw, 8);
+  for (size_t i = 0; i < ny; i++) gy[i] = (float)frand(&s);
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t co = 0; co < Co; co++)
+      for (int64_t oh = 0; oh < Ho; oh++)
+        for (int64_t ow = 0; ow < Wo; ow++) {
+          int64_t g = co / Cog;
+          double d = gy[((n * Co + co) * Ho + oh) * Wo + ow];
+          for (int64_t ci = 0; ci < Cig; ci++)
+            for (int64_t i = 0; i < kh; i++)
+              for (int64_t j = 0; j < kw; j++) {
+                int64_t ih = oh * sh - ph + i * dh, iw = ow * sw - pw + j * dw;
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                gwd[((co * Cig + ci) * kh + i) * kw + j] += d * x[((n * Ci + g * Cig + ci) * H + ih) * W + iw];
+              }
+        }
+  double mag = 0;
+  for (size_t i = 0; i < nw; i++) mag = isnan(gwd[i]) ? mag : fmax(mag, fabs(gwd[i]));
+  tpurt_devptr dgy = check_up(S, gy, ny * 4), dgw;
+  CHECK_OK(tpurt_malloc(0, nw * 4, S, &dgw));
+  tpurt_view GY = v4(dgy, TPURT_F32, N, Co, Ho, Wo), GW = v4(dgw, TPURT_F32, Co, Cig, kh, kw);
+  for (int m = 0; m < 3; m++) {
+    setenv("TPURT_CONV_DIRECT", modes[m], 1);
+    CHECK_OK(tpurt_conv2d_backward_weight(S, &GW, NULL, &GY, &X, &p, TPURT_PRECISION_HIGHEST));
+    check_down(S, gw, dgw, nw * 4);
+    if (m == 0) memcpy(gw0, gw, nw * 4);
+    for (size_t i = 0; i < nw; i++) {
+      int ok = isnan(gwd[i]) ? isnan(gw[i]) : fabs(gw[i] - gwd[i]) <= 1e-5 * (1 + mag);
+      if (m == 1 && Cig <= 4) ok = ok && (memcmp(&gw[i], &gw0[i], 4) == 0);
+      if (!ok && bad++ < 3)
+        fprintf(stderr, "direct_case dw N%lld Ci%lld %lldx%lld Co%lld k%lldx%lld g%lld mode %s: dw[%zu] = %.9g, want %.9g\n",
+                (long long)N, (long long)Ci, (long long)H, (long long)W, (long long)Co, (long long)kh, (long long)kw,
+                (long long)G, modes[m], i, gw[i], gwd[i]);
+    }
+  }
+  tpurt_free(dgy), tpurt_free(dgw);
+  free(gy), free(gw), free(gw0), free(gwd);
+  unsetenv("TPURT_CONV_DIRECT");
+  CHECK(bad == 0);
+  int nans = 0;
+  for (size_t i = 0; i < ny; i++) nans += isnan(ref[i]);
+  if (nan_at >= 0) CHECK((size_t)nans < ny); /* NaN spreads over its windows only */
+  tpurt_free(dx), tpurt_free(dwp), tpurt_free(db), tpurt_free(dy);
+  free(x), free(xd), free(w), free(b), free(ref), free(refd), free(got);
+  return bad;
+}
+
+/* bf16 operands take the direct path too (computed in f32, rounded once) */
+static void direct_bf16(void) {
+  int64_t N = 2, Ci = 3, H = 13, W = 17, Co = 5, k = 5;
+  int64_t Ho = (H + 4 - k) / 2 + 1, Wo = (W + 4 - k) / 2 + 1;
+  size_t nx = N * Ci * H * W, nw = Co * Ci * k * k, ny = N * Co * Ho * Wo;
+  uint16_t *x = malloc(nx * 2), *w = malloc(nw * 2), *got = malloc(ny * 2);
+  unsigned s = 99;
+  for (size_t i = 0; i < nx; i++) {
+    float f = (float)frand(&s);
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    x[i] = (uint16_t)(u >> 16);
+  }
+  for (size_t i = 0; i < nw; i++) {
+    float f = (float)frand(&s);
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    w[i] = (uint16_t)(u >> 16);
+  }
+  tpurt_devptr dx = check_up(S, x, nx * 2), dwp = check_up(S, w, nw * 2), dy;
+  CHECK_OK(tpurt_malloc(0, ny * 2, S, &dy));
+  tpurt_view X = v4(dx, TPURT_BF16, N, Ci, H, W), Wv = v4(dwp, TPURT_BF16, Co, Ci, k, k);
+  tpurt_view Y = v4(dy, TPURT_BF16, N, Co, Ho, Wo);
+  tpurt_conv_params p = {{2, 2}, {2, 2}, {1, 1}, 1};
+  CHECK_OK(tpurt_conv2d(S, &Y, &X, &Wv, NULL, &p, TPURT_PRECISION_DEFAULT));
+  check_down(S, got, dy, ny * 2);
+  double e = 0;
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t co = 0; co < Co; co++)
+      for (int64_t oh = 0; oh < Ho; oh++)
+        for (int64_t ow = 0; ow < Wo; ow++) {
+          double acc = 0;
+          for (int64_t ci = 0; ci < Ci; ci++)
+            for (int64_t i = 0; i < k; i++)
+              for (int64_t j = 0; j < k; j++) {
+                int64_t ih = oh * 2 - 2 + i, iw = ow * 2 - 2 + j;
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                uint32_t a = (uint32_t)x[((n * Ci + ci) * H + ih) * W + iw] << 16;
+                uint32_t c = (uint32_t)w[((co * Ci + ci) * k + i) * k + j] << 16;
+                float fa, fc;
+                memcpy(&fa, &a, 4), memcpy(&fc, &c, 4);
+                acc += (double)fa * fc;
+              }
+          uint32_t u = (uint32_t)got[((n * Co + co) * Ho + oh) * Wo + ow] << 16;
+          float f;
+          memcpy(&f, &u, 4);
+          e = fmax(e, fabs(f - acc) / (1 + fabs(acc)));
+        }
+  CHECK(e < 1e-2);
+  tpurt_free(dx), tpurt_free(dwp), tpurt_free(dy);
+  free(x), free(w), free(got);
+}
+
+static void test_direct(void) {
+  direct_case(2, 3, 23, 29, 8, 7, 7, 2, 2, 3, 3, 1, 1, 1, 1, 0, -1);   /* stem, small */
+  direct_case(1, 3, 23, 29, 8, 7, 7, 2, 2, 3, 3, 1, 1, 1, 0, 1, -1);   /* stem, channels-last, no bias */
+  direct_case(3, 1, 9, 40, 5, 3, 3, 1, 1, 0, 0, 1, 1, 1, 1, 0, -1);    /* Cin 1, batch 3 */
+  direct_case(1, 2, 11, 31, 7, 3, 5, 3, 3, 1, 2, 1, 1, 1, 1, 0, -1);   /* Cin 2, stride 3 */
+  direct_case(2, 4, 12, 26, 9, 3, 3, 2, 1, 2, 0, 2, 2, 1, 0, 0, -1);   /* Cin 4, dilation 2, mixed stride */
+  direct_case(1, 3, 7, 5, 4, 3, 3, 1, 1, 3, 3, 1, 1, 1, 1, 0, -1);     /* padding 3 > kernel reach, odd sizes */
+  direct_case(1, 4, 6, 6, 3, 2, 2, 1, 2, 0, 1, 1, 3, 1, 1, 0, -1);     /* even kernel, kw dilation 3 */
+  direct_case(2, 6, 10, 19, 8, 3, 3, 1, 1, 1, 1, 1, 1, 2, 1, 0, -1);   /* groups 2, Cig 3 */
+  direct_case(1, 8, 9, 9, 8, 3, 3, 2, 2, 1, 1, 1, 1, 8, 1, 1, -1);     /* depthwise, channels-last */
+  direct_case(1, 5, 8, 9, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 0, -1);     /* Cin 5: im2col path (tolerance) */
+  direct_case(1, 1, 1, 50, 6, 1, 9, 1, 2, 0, 4, 1, 1, 1, 1, 0, -1);    /* 1-D signal */
+  direct_case(1, 3, 1, 1, 70, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0, -1);    /* 1x1 output, Co not a tile multiple */
+  direct_case(1, 3, 64, 100, 16, 7, 7, 2, 2, 3, 3, 1, 1, 1, 1, 0, -1); /* several full tiles per row */
+  direct_case(2, 3, 15, 21, 6, 7, 7, 2, 2, 3, 3, 1, 1, 1, 1, 0, 400); /* NaN in the input */
+  /* NaN in the last input column, which no window reaches (W = 16, k 3,
+   * stride 2): outputs and weight gradient stay finite */
+  direct_case(1, 2, 5, 16, 3, 3, 3, 2, 2, 0, 0, 1, 1, 1, 1, 0, 15);
+  direct_bf16();
+}
+
 int main(void) {
   CHECK_OK(tpurt_init());
   CHECK_OK(tpurt_stream_default(0, &S));
@@ -175,6 +377,7 @@ int main(void) {
   conv_case(3, 8, 4, 4, 5, 1, 1, 0, 1, 1); /* 1x1 */
   conv_case(1, 3, 11, 11, 4, 5, 3, 2, 1, 1);
   test_pool_upsample();
+  test_direct();
   if (g_failures) {
     fprintf(stderr, "%d failure(s)\n", g_failures);
     return 1;

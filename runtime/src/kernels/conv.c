@@ -17,6 +17,17 @@
 
 #include "gemm_internal.h"
 
+/* conv_direct.c: direct forward for few input channels per group */
+TPURT_INTERNAL int tpurt__conv_direct_applies(int64_t Cig, int64_t kd, int64_t D, int64_t Do);
+TPURT_INTERNAL int tpurt__conv_direct_f32(const float *x, const float *w, const float *bias, float *y, int64_t N,
+                                          int64_t Ci, int64_t H, int64_t W, int64_t Co, int64_t Ho, int64_t Wo,
+                                          int64_t kh, int64_t kw, int64_t G, const int64_t stride[2],
+                                          const int64_t pad[2], const int64_t dil[2], int portable);
+TPURT_INTERNAL int tpurt__conv_direct_dw_f32(const float *x, const float *dy, float *dw, int64_t N, int64_t Ci,
+                                             int64_t H, int64_t W, int64_t Co, int64_t Ho, int64_t Wo, int64_t kh,
+                                             int64_t kw, int64_t G, const int64_t stride[2], const int64_t pad[2],
+                                             const int64_t dil[2], int portable);
+
 /* host view of a device address; empty views may carry a null one */
 static inline void *hv(tpurt_devptr p) { return p ? tpurt__host_view(p) : NULL; }
 
@@ -29,6 +40,7 @@ typedef struct {
   tpurt_view in0, in1;   /* fwd: x, w; bwd_in: dy, w; bwd_w: dy, x */
   tpurt_conv3d_params p;
   tpurt_precision prec;
+  int direct_mode; /* forward algorithm: 1 auto, 0 im2col + GEMM only, 2 direct with portable loops */
 } conv_args;
 
 /* ------------------------------------------------ layout helpers */
@@ -273,6 +285,31 @@ static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
     int64_t nb = one ? 1 : COL_BUDGET / ((Kd * L > 0 ? Kd * L : 1) * (int64_t)es);
     if (nb < 1) nb = 1;
     if (nb > N) nb = N;
+    /* few input channels per group (the ResNet stem): direct loops, bias
+     * fused (see conv_direct.c for the measurements behind the choice) */
+    if (batched && a->direct_mode && tpurt__conv_direct_applies(Cig, kd, D, Do)) {
+      float *bias = NULL;
+      if (a->has1) {
+        bias = tpurt__scratch(3, sizeof(float) * (size_t)Co);
+        const tpurt_view *bv = &a->out1;
+        const char *bb = hv(bv->ptr);
+        size_t bes = tpurt_dtype_size(bv->dtype);
+        for (int64_t c = 0; c < Co && bias; c++) {
+          const char *bp = bb + (ptrdiff_t)(c * bv->strides[0]) * (ptrdiff_t)bes;
+          bias[c] = bv->dtype == TPURT_F64   ? (float)*(const double *)bp
+                    : bv->dtype == TPURT_F32 ? *(const float *)bp
+                    : bv->dtype == TPURT_BF16 ? tpurt__bf16_to_f32(*(const uint16_t *)bp)
+                                              : tpurt__f16_to_f32(*(const uint16_t *)bp);
+        }
+      }
+      if ((!a->has1 || bias) &&
+          tpurt__conv_direct_f32((const float *)x, (const float *)w, bias, (float *)y, N, Ci, H, W, Co, Ho, Wo, kh,
+                                 kw, G, p->stride + 1, p->padding + 1, p->dilation + 1, a->direct_mode == 2)) {
+        if (!direct) xfer(&a->out0, y, f64, 1);
+        tpurt__scratch_trim();
+        return TPURT_OK;
+      }
+    }
     char *col = one ? NULL : tpurt__scratch(3, (size_t)(Kd * L * nb) * es);
     for (int64_t g = 0; g < G; g++) {
       const char *wg = w + (size_t)(g * Cog * Kd) * es;
@@ -388,12 +425,16 @@ static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
       const char *x = load4(&a->in1, 1, f64);
       int direct;
       char *dw = out4(&a->out0, 4, f64, &direct);
-      int64_t nb = COL_BUDGET / ((Kd * L > 0 ? Kd * L : 1) * (int64_t)es);
+      int done = batched && a->direct_mode && N > 0 && tpurt__conv_direct_applies(Cig, kd, D, Do) &&
+                 tpurt__conv_direct_dw_f32((const float *)x, (const float *)dy, (float *)dw, N, Ci, H, W, Co, Ho,
+                                           Wo, kh, kw, G, p->stride + 1, p->padding + 1, p->dilation + 1,
+                                           a->direct_mode == 2);
+      int64_t nb = done ? 0 : COL_BUDGET / ((Kd * L > 0 ? Kd * L : 1) * (int64_t)es);
       if (nb < 1) nb = 1;
       if (nb > N) nb = N;
-      char *col = tpurt__scratch(3, (size_t)(Kd * L * nb) * es);
-      char *dyp = tpurt__scratch(5, (size_t)(Cog * L * nb) * es);
-      for (int64_t g = 0; g < G; g++) {
+      char *col = done ? NULL : tpurt__scratch(3, (size_t)(Kd * L * nb) * es);
+      char *dyp = done ? NULL : tpurt__scratch(5, (size_t)(Cog * L * nb) * es);
+      for (int64_t g = 0; g < G && !done; g++) {
         char *dwg = dw + (size_t)(g * Cog * Kd) * es;
         if (N == 0) memset(dwg, 0, (size_t)(Cog * Kd) * es);
         for (int64_t n0 = 0; n0 < N; n0 += nb) {
@@ -506,6 +547,17 @@ static tpurt_status check_bias(const tpurt_view *b, int64_t n, const char *op) {
   return TPURT_OK;
 }
 
+/* TPURT_CONV_DIRECT=0 keeps every forward on im2col + GEMM, =portable
+ * runs the direct path without AVX2 (A/B measurements and tests); read per
+ * launch on the host. */
+static int conv_direct_mode(void) {
+  const char *e = getenv("TPURT_CONV_DIRECT");
+  if (!e || !*e) return 1;
+  if (!strcmp(e, "0")) return 0;
+  if (!strcmp(e, "portable")) return 2;
+  return 1;
+}
+
 tpurt_status tpurt_conv3d(tpurt_stream *s, const tpurt_view *y, const tpurt_view *x, const tpurt_view *w,
                           const tpurt_view *bias, const tpurt_conv3d_params *p, tpurt_precision precision) {
   TPURT__INIT_OR_RETURN();
@@ -518,6 +570,7 @@ tpurt_status tpurt_conv3d(tpurt_stream *s, const tpurt_view *y, const tpurt_view
   conv_args a;
   memset(&a, 0, sizeof a);
   a.kind = CONV_FWD;
+  a.direct_mode = conv_direct_mode();
   a.out0 = *y;
   a.in0 = *x;
   a.in1 = *w;
@@ -568,6 +621,7 @@ tpurt_status tpurt_conv3d_backward_weight(tpurt_stream *s, const tpurt_view *dw,
   conv_args a;
   memset(&a, 0, sizeof a);
   a.kind = CONV_BWD_W;
+  a.direct_mode = conv_direct_mode();
   a.in0 = *dy;
   if (db) a.has1 = 1, a.out1 = *db;
   a.prec = precision;
