@@ -173,7 +173,7 @@ static void test_pool_upsample(void) {
  * (c_in, kh, kw) in order with one fused multiply-add each, padding taps
  * included as zeros. The reference below does exactly that in f32, so the
  * direct path must match it bit for bit (AVX2 tiles and portable loops
- * alike); the im2col + GEMM path (TPURT_CONV_DIRECT=0) must agree to
+ * alike); the im2col + GEMM path (TORCH_TPU_CONV_DIRECT=0) must agree to
  * rounding. Views may be strided (xs: element strides of x or NULL). */
 static int direct_case(int64_t N, int64_t Ci, int64_t H, int64_t W, int64_t Co, int64_t kh, int64_t kw, int64_t sh,
                        int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t G, int with_bias,
@@ -229,7 +229,7 @@ static int direct_case(int64_t N, int64_t Ci, int64_t H, int64_t W, int64_t Co, 
   int bad = 0;
   const char *modes[3] = {"1", "portable", "0"};
   for (int m = 0; m < 3; m++) {
-    setenv("TPURT_CONV_DIRECT", modes[m], 1);
+    setenv("TORCH_TPU_CONV_DIRECT", modes[m], 1);
     CHECK_OK(tpurt_conv2d(S, &Y, &X, &Wv, with_bias ? &B : NULL, &p, TPURT_PRECISION_HIGHEST));
     check_down(S, got, dy, ny * 4);
     for (size_t i = 0; i < ny; i++) {
@@ -269,7 +269,7 @@ static int direct_case(int64_t N, int64_t Ci, int64_t H, int64_t W, int64_t Co, 
   CHECK_OK(tpurt_malloc(0, nw * 4, S, &dgw));
   tpurt_view GY = v4(dgy, TPURT_F32, N, Co, Ho, Wo), GW = v4(dgw, TPURT_F32, Co, Cig, kh, kw);
   for (int m = 0; m < 3; m++) {
-    setenv("TPURT_CONV_DIRECT", modes[m], 1);
+    setenv("TORCH_TPU_CONV_DIRECT", modes[m], 1);
     CHECK_OK(tpurt_conv2d_backward_weight(S, &GW, NULL, &GY, &X, &p, TPURT_PRECISION_HIGHEST));
     check_down(S, gw, dgw, nw * 4);
     if (m == 0) memcpy(gw0, gw, nw * 4);
@@ -284,7 +284,7 @@ static int direct_case(int64_t N, int64_t Ci, int64_t H, int64_t W, int64_t Co, 
   }
   tpurt_free(dgy), tpurt_free(dgw);
   free(gy), free(gw), free(gw0), free(gwd);
-  unsetenv("TPURT_CONV_DIRECT");
+  unsetenv("TORCH_TPU_CONV_DIRECT");
   CHECK(bad == 0);
   int nans = 0;
   for (size_t i = 0; i < ny; i++) nans += isnan(ref[i]);

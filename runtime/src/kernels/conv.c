@@ -547,11 +547,11 @@ static tpurt_status check_bias(const tpurt_view *b, int64_t n, const char *op) {
   return TPURT_OK;
 }
 
-/* TPURT_CONV_DIRECT=0 keeps every forward on im2col + GEMM, =portable
+/* TORCH_TPU_CONV_DIRECT=0 keeps every forward on im2col + GEMM, =portable
  * runs the direct path without AVX2 (A/B measurements and tests); read per
  * launch on the host. */
 static int conv_direct_mode(void) {
-  const char *e = getenv("TPURT_CONV_DIRECT");
+  const char *e = getenv("TORCH_TPU_CONV_DIRECT");
   if (!e || !*e) return 1;
   if (!strcmp(e, "0")) return 0;
   if (!strcmp(e, "portable")) return 2;

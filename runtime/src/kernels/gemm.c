@@ -253,8 +253,8 @@ static void sgemm_tiles(void *p, int64_t t0, int64_t t1) {
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* Own packed kernel (sgemm.c) or OpenBLAS tiles, by shape (per product;
- * TORCH_TPU_SGEMM=own|blas overrides). Rule: own kernel when M >= 64,
- * N >= 32 and M*N*K >= 64^3, OpenBLAS otherwise. Measured single-threaded
+ * TORCH_TPU_SGEMM=own|blas overrides). Rule: own kernel for single
+ * products with M >= 64, N >= 32 and M*N*K >= 64^3, OpenBLAS otherwise. Measured single-threaded
  * (CPU time, loaded machine; GFLOP/s own vs OpenBLAS): 1024^3 84 vs 90,
  * 4096x768x256 90 vs 86, 128x4096x256 66 vs 64, 64^3 66 vs 66, but thin
  * or tiny products lose: 48^3 57 vs 68, 32x4096x256 46 vs 56, 512x12x512
@@ -263,8 +263,14 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
  * own kernel wins on the large shapes (one shared packed B panel instead
  * of one per tile; see runtime/bench/bench_sgemm.c). */
 static int use_own(int64_t nb, int64_t M, int64_t N, int64_t K) {
-  (void)nb;
-  return M >= 64 && N >= 32 && (double)M * (double)N * (double)K >= (double)(1 << 18);
+  /* Batched products (convolution images, attention heads) stay on the
+   * tiles: they run the whole batch x tiles in one region, while the own
+   * kernel runs few-product batches one product after the other. Quiet
+   * machine, 2 threads, bench_sgemm median of 11 (own vs tiles GFLOP/s):
+   * 64x12544x147 x4 97 vs 107, 64x3136x576 x4 76 vs 95, 256x196x2304 x4
+   * 92 vs 102; single products 4096x1024x256 156 vs 139, 4096x768x256 152
+   * vs 125, 4096x256x256 115 vs 85, 1024^3 121 vs 106. */
+  return nb == 1 && M >= 64 && N >= 32 && (double)M * (double)N * (double)K >= (double)(1 << 18);
 }
 
 /* nb products C_i = alpha op(A_i) op(B_i) + beta C_i (K > 0, row-major,
