@@ -240,6 +240,23 @@ def test_dropout_fuses_with_its_neighbours(defer):
     assert torch.equal(got, ref)
 
 
+def test_linear_bias_fuses_with_the_activation(defer):
+    # addmm = product, then the bias add as an elementwise op that joins
+    # the activation after it: two kernels, strict's numbers
+    x = torch.randn(64, 32, device="tpu")
+    w = torch.randn(48, 32, device="tpu")
+    b = torch.randn(48, device="tpu")
+    torch_tpu.flush()
+    torch.tpu.reset_defer_stats()
+    got = F.gelu(F.linear(x, w, b)).cpu()
+    stats = torch.tpu.defer_stats()
+    assert stats["kernels_launched"] == 2 and stats["fused_kernels"] == 1
+    with torch_tpu.execution_mode("strict"):
+        ref = F.gelu(F.linear(x, w, b)).cpu()
+    assert torch.equal(got, ref)
+    torch.testing.assert_close(got, F.gelu(F.linear(x.cpu(), w.cpu(), b.cpu())))
+
+
 def test_ops_of_equal_size_fuse_over_a_common_shape(defer):
     # one element in three shapes ([1], 0-dim, [1, 1, 1]) and [1, 1, 3] next to [3]
     a = torch.tensor([5.0], device="tpu")

@@ -264,6 +264,7 @@ typedef struct {
   int64_t N, Ci, Co, G, Cig, Cog, Ho, Wo, Hp, Wq, kh, kw, sh, sw, dh, dw, nocb;
   const int64_t *tapoff;
   int avx2;
+  _Atomic int oom; /* a thread's accumulator buffer could not be allocated */
 } dw_ctx;
 
 #if DC_X86
@@ -353,6 +354,10 @@ static void dw_items(void *cv, int64_t u0, int64_t u1) {
   /* per (ci, ki) kernel row, per group of DW_T taps: a [4][DW_T][8] block */
   const int64_t nbk = (c->kw + DW_T - 1) / DW_T, bsz = 4 * DW_T * 8, nacc = c->Cig * c->kh * nbk * bsz;
   float *accs = tpurt__scratch(3, sizeof(float) * (size_t)nacc + 64);
+  if (!accs) {
+    atomic_store(&((dw_ctx *)cv)->oom, 1);
+    return;
+  }
   for (int64_t u = u0; u < u1; u++) { /* u = (g * nocb + ocb) * N + n */
     int64_t n = u % c->N, t = u / c->N, ocb = t % c->nocb, g = t / c->nocb;
     int64_t oc0 = g * c->Cog + ocb * 4, mr = c->Cog - ocb * 4 < 4 ? c->Cog - ocb * 4 : 4;
@@ -499,8 +504,12 @@ int tpurt__conv_direct_dw_f32(const float *x, const float *dy, float *dwt, int64
   dc_geom gm;
   if (!part || !dc_setup(&gm, x, N, Ci, H, W, Ho, Wo, kh, kw, stride, pad, dil)) return 0;
   dw_ctx c = {gm.planes, dy, part, N, Ci, Co, G, Cig, Cog, Ho, Wo, gm.Hp, gm.Wq, kh, kw, stride[0], stride[1],
-              dil[0], dil[1], (Cog + 3) / 4, gm.tapoff, !portable && tpurt__conv_direct_avx2()};
+              dil[0], dil[1], (Cog + 3) / 4, gm.tapoff, !portable && tpurt__conv_direct_avx2(), 0};
   tpurt_parallel_for(G * c.nocb * N, 1, dw_items, &c);
+  if (atomic_load(&c.oom)) { /* the caller takes the im2col path */
+    dc_release(&gm);
+    return 0;
+  }
   dwsum_ctx sc = {part, dwt, N, Co * K};
   tpurt_parallel_for(Co * K, 4096, dw_sum, &sc);
   dc_release(&gm);
