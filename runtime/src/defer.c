@@ -23,10 +23,11 @@
  * in their own way) while no memory hazard forbids it; an elementwise node
  * that cannot join the open group but is independent of it (reads nothing
  * it writes, writes nothing it touches) runs first as its own unit, so a
- * mask computed between two ops does not split them: a value written by an earlier node and read back with the
- * same view is taken from its register (with the rounding its store would
- * have applied); reading or writing a range that overlaps a written or read
- * range through a different view closes the group. Stores to promises that
+ * mask computed between two ops does not split them. Inside a group, a
+ * value written by an earlier node and read back with the same view (over
+ * the group's shape) is taken from its register (with the rounding its
+ * store would have applied); reading or writing a range that overlaps a
+ * written or read range through a different view closes the group. Stores to promises that
  * die inside the graph and are read by nobody else are dropped, dead
  * instructions removed, registers allocated by linear scan. Memory is
  * allocated before the first kernel that touches a promise and freed after
