@@ -1138,6 +1138,29 @@ static void touch(pfacts *f, tpurt_devptr p, int u) {
   f[l].last = u;
 }
 
+static void group_reset(gstate *g) { g->nn = g->nvi = g->nvreg = g->nw = g->nin = g->nscal = 0; }
+
+static void push_unit(plan *P, int kind, int idx) {
+  P->units[P->nunits].kind = kind;
+  P->units[P->nunits].idx = idx;
+  P->nunits++;
+}
+
+/* Appends group g to the groups' states *gl and as the plan's next unit.
+ * Returns 0 when out of host memory. */
+static int push_group(plan *P, gstate **gl, int *ngl, int *capgl, const gstate *g) {
+  if (*ngl == *capgl) {
+    int cap = *capgl ? *capgl * 2 : 16;
+    gstate *ng = realloc(*gl, sizeof(gstate) * (size_t)cap);
+    if (!ng) return 0;
+    *gl = ng;
+    *capgl = cap;
+  }
+  (*gl)[*ngl] = *g;
+  push_unit(P, U_GROUP, (*ngl)++);
+  return 1;
+}
+
 static void free_plan_contents(plan *P) {
   for (int gi = 0; gi < P->ngroups; gi++) free(P->groups[gi].nodes);
   free(P->groups);
@@ -1168,28 +1191,14 @@ static plan *build_plan(dgraph *G) {
     pf[l].first = pf[l].last = -1;
   }
   /* 1. grouping */
-  gs->nn = 0;
-  gs->nvi = gs->nvreg = gs->nw = gs->nin = gs->nscal = 0;
+  group_reset(gs);
 #define CLOSE_GROUP()                                                        \
   do {                                                                       \
     if (gs->nn > 0) {                                                        \
-      if (ngl == capgl) {                                                    \
-        capgl = capgl ? capgl * 2 : 16;                                      \
-        gstate *ng = realloc(gl, sizeof(gstate) * (size_t)capgl);            \
-        if (!ng) goto fail;                                                  \
-        gl = ng;                                                             \
-      }                                                                      \
-      gl[ngl] = *gs;                                                         \
-      P->units[P->nunits].kind = U_GROUP;                                    \
-      P->units[P->nunits].idx = ngl++;                                       \
-      P->nunits++;                                                           \
-      gs->nn = gs->nvi = gs->nvreg = gs->nw = gs->nin = gs->nscal = 0;       \
+      if (!push_group(P, &gl, &ngl, &capgl, gs)) goto fail;                  \
+      group_reset(gs);                                                       \
     }                                                                        \
-    for (int _f = 0; _f < ndf; _f++) {                                       \
-      P->units[P->nunits].kind = U_FREE;                                     \
-      P->units[P->nunits].idx = deferred_frees[_f];                          \
-      P->nunits++;                                                           \
-    }                                                                        \
+    for (int _f = 0; _f < ndf; _f++) push_unit(P, U_FREE, deferred_frees[_f]); \
     ndf = 0;                                                                 \
   } while (0)
   for (int i = 0; i < G->n; i++) {
@@ -1197,11 +1206,8 @@ static plan *build_plan(dgraph *G) {
     if (d->kind == N_FREE) {
       if (gs->nn > 0)
         deferred_frees[ndf++] = i;
-      else {
-        P->units[P->nunits].kind = U_FREE;
-        P->units[P->nunits].idx = i;
-        P->nunits++;
-      }
+      else
+        push_unit(P, U_FREE, i);
       continue;
     }
     if (d->kind == N_EW) {
@@ -1210,19 +1216,8 @@ static plan *build_plan(dgraph *G) {
         /* hoist: the node becomes a unit of its own before the open group */
         gstate *h = malloc(sizeof *h);
         if (!h) goto fail;
-        h->nn = h->nvi = h->nvreg = h->nw = h->nin = h->nscal = 0;
-        int ok = group_add(h, G, i);
-        if (ok && ngl == capgl) {
-          capgl = capgl ? capgl * 2 : 16;
-          gstate *ng = realloc(gl, sizeof(gstate) * (size_t)capgl);
-          if (!ng) ok = 0; else gl = ng;
-        }
-        if (ok) {
-          gl[ngl] = *h;
-          P->units[P->nunits].kind = U_GROUP;
-          P->units[P->nunits].idx = ngl++;
-          P->nunits++;
-        }
+        group_reset(h);
+        int ok = group_add(h, G, i) && push_group(P, &gl, &ngl, &capgl, h);
         free(h);
         if (!ok) goto fail;
         continue;
@@ -1232,9 +1227,7 @@ static plan *build_plan(dgraph *G) {
       goto fail; /* a single recorded program always fits */
     }
     CLOSE_GROUP();
-    P->units[P->nunits].kind = U_NODE;
-    P->units[P->nunits].idx = i;
-    P->nunits++;
+    push_unit(P, U_NODE, i);
   }
   CLOSE_GROUP();
 #undef CLOSE_GROUP

@@ -755,17 +755,18 @@ void masked_fill_run(const at::Tensor& out, const at::Tensor& self, const at::Te
   launch(pr, iter, {pr.emit(TPURT_EW_WHERE, {m, v, x})}, "masked_fill_");
 }
 
-at::Tensor& k_masked_fill_(at::Tensor& self, const at::Tensor& mask, const c10::Scalar& value) {
+at::Tensor& masked_fill_in_place(at::Tensor& self, const at::Tensor& mask, const c10::Scalar* value,
+                                 const at::Tensor* value_t) {
   TORCH_CHECK(at::is_expandable_to(mask.sizes(), self.sizes()), "The size of the mask ", mask.sizes(),
               " must match the size of the tensor ", self.sizes(), " for in-place masked_fill_");
-  masked_fill_run(self, self, mask, &value, nullptr);
+  masked_fill_run(self, self, mask, value, value_t);
   return self;
 }
+at::Tensor& k_masked_fill_(at::Tensor& self, const at::Tensor& mask, const c10::Scalar& value) {
+  return masked_fill_in_place(self, mask, &value, nullptr);
+}
 at::Tensor& k_masked_fill_t_(at::Tensor& self, const at::Tensor& mask, const at::Tensor& value) {
-  TORCH_CHECK(at::is_expandable_to(mask.sizes(), self.sizes()), "The size of the mask ", mask.sizes(),
-              " must match the size of the tensor ", self.sizes(), " for in-place masked_fill_");
-  masked_fill_run(self, self, mask, nullptr, &value);
-  return self;
+  return masked_fill_in_place(self, mask, nullptr, &value);
 }
 at::Tensor masked_fill_out_of_place(const at::Tensor& self, const at::Tensor& mask, const c10::Scalar* value,
                                     const at::Tensor* value_t) {

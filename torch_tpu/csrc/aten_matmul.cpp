@@ -107,17 +107,19 @@ at::Tensor& addmm_impl(const at::Tensor& self, const at::Tensor& a, const at::Te
   }
   bool in_place = self.defined() && out.is_same(self);
   prepare_out(out, {a.size(0), b.size(1)}, a.scalar_type(), name);
-  if (use_c && !in_place && (out.scalar_type() == at::kFloat || out.scalar_type() == at::kDouble)) {
-    // out = alpha a@b, then out += beta self as an elementwise add: the same
-    // rounding as the product's own beta pass in f32/f64, one pass instead
-    // of broadcasting self into out first, and in DeferAndFuse the bias add
-    // fuses with what follows (activation, dropout, residual add).
-    // (f16/bf16 keep the single rounding of the product's epilogue.)
-    run_gemm(out, a, b, alpha, false, 0, name);
-    out.add_(self.expand({a.size(0), b.size(1)}), beta);
-    return out;
+  if (use_c && !in_place) {
+    if (out.scalar_type() == at::kFloat || out.scalar_type() == at::kDouble) {
+      // out = alpha a@b, then out += beta self as an elementwise add: the
+      // same rounding as the product's own beta pass in f32/f64, one pass
+      // instead of broadcasting self into out first, and in DeferAndFuse
+      // the bias add fuses with what follows (activation, dropout, residual
+      // add). f16/bf16 keep the single rounding of the product's epilogue.
+      run_gemm(out, a, b, alpha, false, 0, name);
+      out.add_(self.expand({a.size(0), b.size(1)}), beta);
+      return out;
+    }
+    out.copy_(self.expand({a.size(0), b.size(1)}));
   }
-  if (use_c && !in_place) out.copy_(self.expand({a.size(0), b.size(1)}));
   if (a.size(1) == 0 && !use_c && out.numel() > 0) {
     out.zero_();
     return out;

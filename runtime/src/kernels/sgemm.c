@@ -267,36 +267,50 @@ static inline void copy6(float *restrict d, const float *restrict s) {
   memcpy(d, t, sizeof t);
 }
 
+/* One w-wide sliver (w = MR for A, NR for B) of depth kc into d (d[p*w +
+ * i]), lanes from n on zero. `rows`: lane i is row i of the stored matrix
+ * (src + i*ld, read along p), else lane i is column i (src + p*ld + i).
+ * Inlined with a constant w for each operand. */
+static inline void pack_sliver(float *restrict d, int w, const float *src, int64_t ld, int rows, int64_t n,
+                               int64_t kc, int avx) {
+  if (rows) {
+    const float *r[NR]; /* NR >= MR */
+    for (int i = 0; i < w; i++) r[i] = src + (i < n ? i : 0) * ld;
+    if (n == w) {
+#if defined(__x86_64__) || defined(__i386__)
+      if (avx) {
+        if (w == MR)
+          pack_a_rows_avx2(d, r, kc);
+        else
+          pack_b_rows_avx2(d, r, kc);
+        return;
+      }
+#endif
+      for (int64_t p = 0; p < kc; p++)
+        for (int i = 0; i < w; i++) d[p * w + i] = r[i][p];
+    } else {
+      for (int64_t p = 0; p < kc; p++)
+        for (int i = 0; i < w; i++) d[p * w + i] = i < n ? r[i][p] : 0.0f;
+    }
+  } else if (n == w) {
+    for (int64_t p = 0; p < kc; p++) {
+      if (w == MR)
+        copy6(d + p * MR, src + p * ld);
+      else
+        memcpy(d + p * NR, src + p * ld, NR * sizeof(float));
+    }
+  } else {
+    for (int64_t p = 0; p < kc; p++)
+      for (int i = 0; i < w; i++) d[p * w + i] = i < n ? src[p * ld + i] : 0.0f;
+  }
+}
+
 /* op(A)[i0:i0+mc, p0:p0+kc] -> dst, MR-tall slivers, rows past mc zero. */
 static void pack_a(float *restrict dst, const prod *x, int64_t i0, int64_t mc, int64_t p0, int64_t kc) {
   for (int64_t s = 0; s < mc; s += MR) {
-    int64_t m = mc - s < MR ? mc - s : MR;
-    float *d = dst + s * kc;
-    if (!x->ta) {
-      const float *r[MR];
-      for (int i = 0; i < MR; i++) r[i] = x->A + (i0 + s + (i < m ? i : 0)) * x->lda + p0;
-      if (m == MR) {
-#if defined(__x86_64__) || defined(__i386__)
-        if (x->avx) {
-          pack_a_rows_avx2(d, r, kc);
-          continue;
-        }
-#endif
-        for (int64_t p = 0; p < kc; p++)
-          for (int i = 0; i < MR; i++) d[p * MR + i] = r[i][p];
-      } else {
-        for (int64_t p = 0; p < kc; p++)
-          for (int i = 0; i < MR; i++) d[p * MR + i] = i < m ? r[i][p] : 0.0f;
-      }
-    } else {
-      const float *src = x->A + p0 * x->lda + i0 + s;
-      if (m == MR) {
-        for (int64_t p = 0; p < kc; p++) copy6(d + p * MR, src + p * x->lda);
-      } else {
-        for (int64_t p = 0; p < kc; p++)
-          for (int i = 0; i < MR; i++) d[p * MR + i] = i < m ? src[p * x->lda + i] : 0.0f;
-      }
-    }
+    int64_t m = mc - s < MR ? mc - s : MR, i = i0 + s;
+    const float *src = x->ta ? x->A + p0 * x->lda + i : x->A + i * x->lda + p0;
+    pack_sliver(dst + s * kc, MR, src, x->lda, !x->ta, m, kc, x->avx);
   }
 }
 
@@ -305,34 +319,9 @@ static void pack_a(float *restrict dst, const prod *x, int64_t i0, int64_t mc, i
 static void pack_b(float *restrict dst, const prod *x, int64_t j0, int64_t nc, int64_t p0, int64_t kc, int64_t t0,
                    int64_t t1) {
   for (int64_t t = t0; t < t1; t++) {
-    int64_t s = t * NR, n = nc - s < NR ? nc - s : NR;
-    float *d = dst + t * kc * NR;
-    if (!x->tb) {
-      const float *src = x->B + p0 * x->ldb + j0 + s;
-      if (n == NR) {
-        for (int64_t p = 0; p < kc; p++) memcpy(d + p * NR, src + p * x->ldb, NR * sizeof(float));
-      } else {
-        for (int64_t p = 0; p < kc; p++)
-          for (int j = 0; j < NR; j++) d[p * NR + j] = j < n ? src[p * x->ldb + j] : 0.0f;
-      }
-    } else {
-      /* column j of op(B) is row j0+s+j of B: NR rows read in parallel */
-      const float *r[NR];
-      for (int j = 0; j < NR; j++) r[j] = x->B + (j0 + s + (j < n ? j : 0)) * x->ldb + p0;
-      if (n == NR) {
-#if defined(__x86_64__) || defined(__i386__)
-        if (x->avx) {
-          pack_b_rows_avx2(d, r, kc);
-          continue;
-        }
-#endif
-        for (int64_t p = 0; p < kc; p++)
-          for (int j = 0; j < NR; j++) d[p * NR + j] = r[j][p];
-      } else {
-        for (int64_t p = 0; p < kc; p++)
-          for (int j = 0; j < NR; j++) d[p * NR + j] = j < n ? r[j][p] : 0.0f;
-      }
-    }
+    int64_t s = t * NR, n = nc - s < NR ? nc - s : NR, j = j0 + s;
+    const float *src = x->tb ? x->B + j * x->ldb + p0 : x->B + p0 * x->ldb + j;
+    pack_sliver(dst + t * kc * NR, NR, src, x->ldb, x->tb, n, kc, x->avx);
   }
 }
 
