@@ -4,11 +4,14 @@ ResNet-18-style CNN). One training step = zero_grad, forward, loss,
 backward, AdamW step, loss.item() (the usual logging sync, which is also
 the cut that ends the deferred graph). Configurations alternate inside
 every repeat; the median step time is reported, with peak device memory
-per mode and the host time spent issuing one step (before its sync)."""
+per mode (each mode's training loop alone on the device: params, grads,
+optimizer state, batches and the step's own memory) and the host time
+spent issuing one step (before its sync)."""
 from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import statistics
 import time
 
@@ -45,13 +48,24 @@ class Runner:
             return loss.item()
 
 
-def _peak(r: Runner, steps: int = 3) -> int:
+def _peak(mode: str, base: torch.nn.Module, batches, loss_fn, warmup: int = 2, steps: int = 3) -> int:
+    """Peak device bytes of one training loop of `mode` alone on the device
+    (a fresh runner after the timed ones are gone: a second model and its
+    optimizer state resident next to it would dilute the ratio)."""
+    torch.tpu.synchronize()
+    other = torch.tpu.memory_allocated()
+    r = Runner("tpu", mode, base, batches, loss_fn)
+    for _ in range(warmup):
+        r.step()
     torch.tpu.synchronize()
     torch.tpu.reset_peak_memory_stats()
     for _ in range(steps):
         r.step()
     torch.tpu.synchronize()
-    return torch.tpu.max_memory_allocated()
+    peak = torch.tpu.max_memory_allocated() - other
+    del r
+    gc.collect()
+    return peak
 
 
 def run(repeats: int, workloads=WORKLOADS, warmup: int = 3) -> tuple[dict, str]:
@@ -78,8 +92,10 @@ def run(repeats: int, workloads=WORKLOADS, warmup: int = 3) -> tuple[dict, str]:
         stats = torch.tpu.defer_stats()
         med = {k: statistics.median(v) for k, v in samples.items()}
         issue = {k: statistics.median(r.issue) for k, r in runners.items()}
-        peak_strict = _peak(runners["tpu strict"])
-        peak_defer = _peak(runners["tpu defer"])
+        runners.clear()
+        gc.collect()
+        peak_strict = _peak("strict", base, batches, loss_fn)
+        peak_defer = _peak("defer", base, batches, loss_fn)
         params = sum(p.numel() for p in base.parameters())
         res = {"params": params, "step_s": med, "issue_s": issue, "peak_strict": peak_strict,
                "peak_defer": peak_defer, "defer_stats": {k: v for k, v in stats.items() if k != "recent_flushes"}}

@@ -220,6 +220,7 @@ enum { N_EW = 1, N_OPAQUE, N_H2D, N_FREE };
 typedef struct acc {
   tpurt_devptr p;
   int64_t lo, hi; /* bytes [p + lo, p + hi) */
+  int ro;         /* the kernel only reads this range */
 } acc;
 
 typedef struct dnode {
@@ -324,7 +325,9 @@ static dnode *push_node(dgraph *g) {
 
 #define MAX_NOTES 256
 static _Thread_local acc t_notes[MAX_NOTES];
-static _Thread_local int t_nnotes, t_notes_overflow;
+static _Thread_local int t_nnotes, t_notes_overflow, t_note_ro;
+
+void tpurt__defer_note_reads(int on) { t_note_ro = on; }
 
 void tpurt__defer_note(tpurt_devptr p, int64_t lo, int64_t hi) {
   if (!tpurt__deferring()) return;
@@ -332,6 +335,7 @@ void tpurt__defer_note(tpurt_devptr p, int64_t lo, int64_t hi) {
     t_notes[t_nnotes].p = p;
     t_notes[t_nnotes].lo = lo;
     t_notes[t_nnotes].hi = hi;
+    t_notes[t_nnotes].ro = t_note_ro;
     t_nnotes++;
   } else {
     t_notes_overflow = 1;
@@ -490,6 +494,12 @@ tpurt_status tpurt__defer_record_launch(tpurt_stream *s, const char *name, tpurt
     ac[nn + i].p = extra[i] & ~TPURT_PROMISE_OFFMASK;
     ac[nn + i].lo = 0;
     ac[nn + i].hi = (int64_t)q->size;
+    /* a promise the launch also noted is read or written as those notes
+     * say; one only named in the arguments may be written */
+    ac[nn + i].ro = 0;
+    for (int k = 0; k < nn; k++)
+      if (tpurt__is_promise(notes[k].p) && tpurt__promise_id(notes[k].p) == tpurt__promise_id(extra[i]))
+        ac[nn + i].ro = 1;
   }
   d->kind = N_OPAQUE;
   d->name = name;
@@ -588,6 +598,7 @@ tpurt_status tpurt__defer_record_h2d(tpurt_stream *s, tpurt_devptr dst, const vo
   ac->p = dst;
   ac->lo = 0;
   ac->hi = (int64_t)n;
+  ac->ro = 0;
   d->kind = N_H2D;
   d->name = "copy_h2d";
   d->site = site;
@@ -700,7 +711,15 @@ static inline uint64_t mixd(uint64_t h, double d) {
 /* Units of execution: a fused group, an opaque node, a free marker. */
 enum { U_GROUP = 1, U_NODE, U_FREE };
 /* Steps of a plan. */
-enum { S_ALLOC = 1, S_RELEASE, S_UNIT };
+enum { S_ALLOC = 1, S_RELEASE, S_UNIT, S_RALLOC, S_RRELEASE }; /* R: memory of a recomputed copy */
+
+/* A value recomputed for its late readers: promise l is released after its
+ * early readers; unit `unit` (an elementwise group) writes a copy into
+ * memory of its own, and every later unit reads the copy. */
+typedef struct remat {
+  int l, unit, group;
+  int first, last; /* units touching the copy */
+} remat;
 
 typedef struct vref {
   int node, idx; /* idx into the node's views (outputs first) */
@@ -735,6 +754,9 @@ typedef struct plan {
   pstep *steps;
   int nsteps;
   uint8_t *materialize; /* per local promise */
+  struct remat *remat;  /* recomputed values (see plan_remat) */
+  int nremat;
+  int *remat_of; /* per local promise: its remat slot or -1 */
   int kernels, fused_kernels, ops_fused, ops_eliminated, stores_eliminated;
   struct plan *next;
 } plan;
@@ -1131,11 +1153,16 @@ static int may_fail(const dnode *d) {
   return 0;
 }
 
-static void touch(pfacts *f, tpurt_devptr p, int u) {
+/* Unit u touches p: a promise, or from its remat unit on, the promise's
+ * recomputed copy. */
+static void touch(const plan *P, pfacts *f, tpurt_devptr p, int u) {
   int l = local_of(p);
   if (l < 0) return;
-  if (f[l].first < 0) f[l].first = u;
-  f[l].last = u;
+  int r = P->remat_of ? P->remat_of[l] : -1;
+  int *first = &f[l].first, *last = &f[l].last;
+  if (r >= 0 && u >= P->remat[r].unit) first = &P->remat[r].first, last = &P->remat[r].last;
+  if (*first < 0) *first = u;
+  *last = u;
 }
 
 static void group_reset(gstate *g) { g->nn = g->nvi = g->nvreg = g->nw = g->nin = g->nscal = 0; }
@@ -1167,6 +1194,261 @@ static void free_plan_contents(plan *P) {
   free(P->units);
   free(P->steps);
   free(P->materialize);
+  free(P->remat);
+  free(P->remat_of);
+}
+
+/* Assembles g's program for live-out vregs outs into F (program, inputs
+ * that survived dead-code elimination, renumbered; nin, nout). */
+static int assemble_group(const gstate *g, const int *outs, int nout, fgroup *F) {
+  int keep[G_MAX_VI];
+  if (assemble(g, outs, nout, &F->prog, keep) != 0) return -1;
+  int slot[TPURT_EW_MAX_IO], nin = 0;
+  for (int k = 0; k < g->nin; k++) slot[k] = -1;
+  for (int i = 0, pi = 0; i < g->nvi; i++) {
+    if (!keep[i]) continue;
+    if (g->vi[i].op == TPURT_EW_LOAD) {
+      int k = (int)g->vi[i].p[0];
+      if (slot[k] < 0) {
+        slot[k] = nin;
+        F->in[nin++] = g->in[k].ref;
+      }
+      F->prog.inst[pi].p[0] = slot[k];
+    }
+    pi++;
+  }
+  F->nin = nin;
+  F->nout = nout;
+  return 0;
+}
+
+/* ------------------------------------------------- rematerialization
+ *
+ * Peak memory of a training step is the activations the forward pass
+ * stores for the backward pass. One that an elementwise group computed
+ * (a GELU output read by the next GEMM and again by the weight-gradient
+ * GEMM, a dropout output or mask) is recomputed instead of kept when the
+ * group's instructions can run again just before its late readers: every
+ * value they load is still in memory there and unchanged since. Loads are
+ * cut at the group's own stores (bias + GELU written in place: the GELU is
+ * recomputed from the stored sum). The copy gets memory of its own at
+ * execution; the late readers' addresses are redirected to it. */
+
+#define REMAT_GAP 16                          /* units between an early and a late touch */
+#define REMAT_MIN_BYTES ((uint64_t)1 << 16)   /* smaller values are not worth a kernel */
+#define REMAT_MAX_INST 32
+
+/* Can unit u change bytes [lo, hi)? Groups write their stores, opaque
+ * kernels every range they did not declare read-only; a free of memory
+ * from outside the graph lets later allocations reuse it. */
+static int unit_writes(const plan *P, const dgraph *G, int u, uint64_t lo, uint64_t hi) {
+  const unit *U = &P->units[u];
+  if (U->kind == U_GROUP) {
+    const fgroup *F = &P->groups[U->idx];
+    for (int k = 0; k < F->nout; k++) {
+      uint64_t a, b;
+      view_range(&G->nodes[F->out[k].node].views[F->out[k].idx], &a, &b);
+      if (a < hi && lo < b) return 1;
+    }
+    return 0;
+  }
+  const dnode *d = &G->nodes[U->idx];
+  if (U->kind == U_FREE) return local_of(d->freed) < 0 && !tpurt__is_promise(lo);
+  for (int k = 0; k < d->nacc; k++) {
+    uint64_t a = d->acc[k].p + (uint64_t)d->acc[k].lo, b = d->acc[k].p + (uint64_t)d->acc[k].hi;
+    if (!d->acc[k].ro && a < hi && lo < b) return 1;
+  }
+  return 0;
+}
+
+/* Does v hold at unit ru what it held when unit up ran (after up's own
+ * stores if `stored`, before them otherwise), still in memory? */
+static int stable_until(const plan *P, const dgraph *G, const int *lastu, const tpurt_view *v, int up, int ru,
+                        int stored) {
+  int l = local_of(v->ptr);
+  if (l >= 0) {
+    if (!P->materialize[l] || P->remat_of[l] >= 0) return 0;
+    tpurt__promise *q = tpurt__promise_get(G->promises[l]);
+    if (!q->live && lastu[l] < ru) return 0; /* released before ru: no lifetime is extended */
+  }
+  uint64_t lo, hi;
+  view_range(v, &lo, &hi);
+  for (int u = stored ? up + 1 : up; u < ru; u++)
+    if (unit_writes(P, G, u, lo, hi)) return 0;
+  return 1;
+}
+
+/* Units that touch local promise l, in order (deduplicated), and whether
+ * each may write it. Returns the count. */
+static int touches_of(const plan *P, const dgraph *G, int l, int *tu, uint8_t *tw) {
+  int n = 0;
+  for (int u = 0; u < P->nunits; u++) {
+    const unit *U = &P->units[u];
+    int rd = 0, wr = 0;
+    if (U->kind == U_GROUP) {
+      const fgroup *F = &P->groups[U->idx];
+      for (int k = 0; k < F->nout; k++) wr |= local_of(G->nodes[F->out[k].node].views[F->out[k].idx].ptr) == l;
+      for (int k = 0; k < F->nin; k++) rd |= local_of(G->nodes[F->in[k].node].views[F->in[k].idx].ptr) == l;
+    } else if (U->kind == U_NODE) {
+      const dnode *d = &G->nodes[U->idx];
+      for (int k = 0; k < d->nacc; k++)
+        if (local_of(d->acc[k].p) == l) {
+          rd = 1;
+          wr |= !d->acc[k].ro;
+        }
+    }
+    if (rd || wr) {
+      tu[n] = u;
+      tw[n++] = (uint8_t)wr;
+    }
+  }
+  return n;
+}
+
+/* Tries to recompute promise l (see above); on success appends the
+ * recompute group to P->groups (which has room) and slot `*nr` to rm
+ * (unit = the index of the first late reader; plan_remat inserts the
+ * recompute units). */
+static int try_remat(plan *P, const dgraph *G, const gstate *gl, const int *lastu, uint8_t *pinned, int l, int *tu,
+                     uint8_t *tw, remat *rm, int *nr) {
+  tpurt__promise *q = tpurt__promise_get(G->promises[l]);
+  if (!P->materialize[l] || q->live || q->size < REMAT_MIN_BYTES || pinned[l]) return 0;
+  int n = touches_of(P, G, l, tu, tw);
+  if (n < 2 || !tw[0] || P->units[tu[0]].kind != U_GROUP) return 0;
+  for (int i = 1; i < n; i++)
+    if (tw[i]) return 0;
+  int split = -1, gap = 0;
+  for (int i = 0; i + 1 < n; i++)
+    if (tu[i + 1] - tu[i] > gap) gap = tu[i + 1] - tu[i], split = i + 1;
+  if (gap < REMAT_GAP) return 0;
+  int up = tu[0], ru = tu[split];
+  const fgroup *Fp = &P->groups[P->units[up].idx];
+  const gstate *g = &gl[P->units[up].idx];
+  /* the producer stores all of l, densely */
+  int wk = -1;
+  for (int k = 0; k < g->nw; k++)
+    if (local_of(g->w[k].v->ptr) == l) wk = k;
+  if (wk < 0) return 0;
+  const tpurt_view *wv = g->w[wk].v;
+  uint64_t lo, hi;
+  view_range(wv, &lo, &hi);
+  if ((lo & TPURT_PROMISE_OFFMASK) != 0 || hi - lo != q->size ||
+      (uint64_t)tpurt__view_numel(wv) * tpurt_dtype_size(wv->dtype) != q->size)
+    return 0;
+  /* the slice: stored values of the group that are still in memory at ru
+   * become loads of where they were stored */
+  gstate *h = malloc(sizeof *h);
+  if (!h) return 0;
+  *h = *g;
+  for (int k = 0; k < g->nw; k++) {
+    if (k == wk || g->w[k].v->dtype != g->compute || h->nin >= TPURT_EW_MAX_IO) continue;
+    if (!stable_until(P, G, lastu, g->w[k].v, up, ru, 1)) continue;
+    for (int i = 0; i < h->nvi; i++)
+      if (h->vi[i].dst == g->w[k].vreg) {
+        memset(&h->vi[i], 0, sizeof h->vi[i]);
+        h->vi[i].op = TPURT_EW_LOAD;
+        h->vi[i].dst = g->w[k].vreg;
+        h->vi[i].p[0] = h->nin;
+        h->in[h->nin].v = g->w[k].v;
+        h->in[h->nin].vreg = g->w[k].vreg;
+        h->in[h->nin].ref = g->w[k].ref;
+        h->nin++;
+      }
+  }
+  fgroup *F = &P->groups[P->ngroups];
+  memset(F, 0, sizeof *F);
+  int out = g->w[wk].vreg, ok = assemble_group(h, &out, 1, F) == 0 && F->prog.ninst <= REMAT_MAX_INST;
+  for (int k = 0; k < F->nin && ok; k++) {
+    const tpurt_view *v = &G->nodes[F->in[k].node].views[F->in[k].idx];
+    int stored = 0; /* a load of one of the producer's stores, or of one of its inputs? */
+    for (int j = 0; j < g->nw; j++)
+      if (g->w[j].ref.node == F->in[k].node && g->w[j].ref.idx == F->in[k].idx) stored = 1;
+    ok = local_of(v->ptr) != l && stable_until(P, G, lastu, v, up, ru, stored);
+  }
+  free(h);
+  if (!ok) return 0;
+  F->ndim = Fp->ndim;
+  memcpy(F->sizes, Fp->sizes, sizeof F->sizes);
+  F->out[0] = g->w[wk].ref;
+  F->nodes = malloc(sizeof(int) * (size_t)Fp->nn);
+  if (!F->nodes) return 0;
+  memcpy(F->nodes, Fp->nodes, sizeof(int) * (size_t)Fp->nn);
+  F->nn = Fp->nn;
+  char name[120];
+  snprintf(name, sizeof name, "recompute(%s)", Fp->name);
+  F->name = intern(name);
+  for (int k = 0; k < F->nin; k++) {
+    int li = local_of(G->nodes[F->in[k].node].views[F->in[k].idx].ptr);
+    if (li >= 0) pinned[li] = 1;
+  }
+  pinned[l] = 1;
+  P->remat_of[l] = *nr;
+  rm[*nr] = (remat){l, ru, P->ngroups, -1, -1};
+  P->ngroups++;
+  (*nr)++;
+  return 1;
+}
+
+/* Chooses the values to recompute and inserts their recompute units (each
+ * just before its first late reader). Returns 0, or -1 out of memory. */
+/* TORCH_TPU_DEFER_REMAT=0 turns recomputation off (A/B measurements,
+ * tests); part of the plan key. */
+static int remat_enabled(void) {
+  const char *e = getenv("TORCH_TPU_DEFER_REMAT");
+  return !(e && *e == '0');
+}
+
+static int plan_remat(plan *P, const dgraph *G, const gstate *gl) {
+  int np = G->np;
+  P->remat_of = malloc(sizeof(int) * (size_t)(np ? np : 1));
+  if (!P->remat_of) return -1;
+  for (int l = 0; l < np; l++) P->remat_of[l] = -1;
+  if (np == 0 || !remat_enabled()) return 0;
+  int *lastu = malloc(sizeof(int) * (size_t)np), *tu = malloc(sizeof(int) * (size_t)(P->nunits + 1));
+  uint8_t *pinned = calloc((size_t)np, 1), *tw = malloc((size_t)P->nunits + 1);
+  remat *rm = malloc(sizeof(remat) * (size_t)np);
+  fgroup *ng = realloc(P->groups, sizeof(fgroup) * (size_t)(P->ngroups + np));
+  unit *nu = NULL;
+  int rc = -1, nr = 0;
+  if (ng) P->groups = ng;
+  if (!lastu || !tu || !pinned || !tw || !rm || !ng) goto out;
+  for (int l = 0; l < np; l++) {
+    int n = touches_of(P, G, l, tu, tw);
+    lastu[l] = n ? tu[n - 1] : -1;
+  }
+  for (int l = 0; l < np; l++) try_remat(P, G, gl, lastu, pinned, l, tu, tw, rm, &nr);
+  rc = 0;
+  if (nr == 0) goto out;
+  nu = malloc(sizeof(unit) * (size_t)(P->nunits + nr));
+  if (!nu) {
+    rc = -1;
+    goto out;
+  }
+  int n = 0;
+  for (int r = 0; r < nr; r++) rm[r].first = rm[r].unit; /* old index, until renumbered */
+  for (int u = 0; u < P->nunits; u++) {
+    for (int r = 0; r < nr; r++)
+      if (rm[r].first == u) {
+        nu[n] = (unit){U_GROUP, rm[r].group};
+        rm[r].unit = n++;
+      }
+    nu[n++] = P->units[u];
+  }
+  for (int r = 0; r < nr; r++) rm[r].first = -1;
+  free(P->units);
+  P->units = nu;
+  P->nunits = n;
+  P->kernels += nr;
+  P->remat = rm;
+  P->nremat = nr;
+  rm = NULL;
+out:
+  free(lastu);
+  free(tu);
+  free(pinned);
+  free(tw);
+  free(rm);
+  return rc;
 }
 
 static plan *build_plan(dgraph *G) {
@@ -1290,25 +1572,7 @@ static plan *build_plan(dgraph *G) {
       P->ops_eliminated += g->nn;
       continue;
     }
-    int keep[G_MAX_VI];
-    if (assemble(g, outs, nout, &F->prog, keep) != 0) goto fail;
-    /* renumber the loads that survived */
-    int slot[TPURT_EW_MAX_IO], nin = 0;
-    for (int k = 0; k < g->nin; k++) slot[k] = -1;
-    for (int i = 0, pi = 0; i < g->nvi; i++) {
-      if (!keep[i]) continue;
-      if (g->vi[i].op == TPURT_EW_LOAD) {
-        int k = (int)g->vi[i].p[0];
-        if (slot[k] < 0) {
-          slot[k] = nin;
-          F->in[nin++] = g->in[k].ref;
-        }
-        F->prog.inst[pi].p[0] = slot[k];
-      }
-      pi++;
-    }
-    F->nin = nin;
-    F->nout = nout;
+    if (assemble_group(g, outs, nout, F) != 0) goto fail;
     /* members whose instructions all died still count as fused away */
     char name[96];
     int len = snprintf(name, sizeof name, "%s", g->nn > 1 ? "fused(" : "");
@@ -1322,28 +1586,33 @@ static plan *build_plan(dgraph *G) {
       P->ops_fused += g->nn;
     }
   }
-  /* 4. memory touches per unit, then the steps */
+  /* 4. values recomputed for late readers, memory touches per unit, then the steps */
+  if (plan_remat(P, G, gl) != 0) goto fail;
   for (int u = 0; u < P->nunits; u++) {
     unit *U = &P->units[u];
     if (U->kind == U_GROUP) {
       fgroup *F = &P->groups[U->idx];
       if (F->nout == 0) continue;
-      for (int k = 0; k < F->nin; k++) touch(pf, G->nodes[F->in[k].node].views[F->in[k].idx].ptr, u);
-      for (int k = 0; k < F->nout; k++) touch(pf, G->nodes[F->out[k].node].views[F->out[k].idx].ptr, u);
+      for (int k = 0; k < F->nin; k++) touch(P, pf, G->nodes[F->in[k].node].views[F->in[k].idx].ptr, u);
+      for (int k = 0; k < F->nout; k++) touch(P, pf, G->nodes[F->out[k].node].views[F->out[k].idx].ptr, u);
     } else if (U->kind == U_NODE) {
       const dnode *d = &G->nodes[U->idx];
       P->kernels++;
-      for (int k = 0; k < d->nacc; k++) touch(pf, d->acc[k].p, u);
+      for (int k = 0; k < d->nacc; k++) touch(P, pf, d->acc[k].p, u);
     }
   }
-  P->steps = malloc(sizeof(pstep) * (size_t)(P->nunits + 2 * G->np + 1));
+  P->steps = malloc(sizeof(pstep) * (size_t)(P->nunits + 2 * G->np + 2 * P->nremat + 1));
   if (!P->steps) goto fail;
   for (int u = 0; u < P->nunits; u++) {
     for (int l = 0; l < G->np; l++)
       if (P->materialize[l] && pf[l].first == u) P->steps[P->nsteps++] = (pstep){S_ALLOC, l};
+    for (int r = 0; r < P->nremat; r++)
+      if (P->remat[r].first == u) P->steps[P->nsteps++] = (pstep){S_RALLOC, r};
     P->steps[P->nsteps++] = (pstep){S_UNIT, u};
     for (int l = 0; l < G->np; l++)
       if (P->materialize[l] && !pf[l].live && pf[l].last == u) P->steps[P->nsteps++] = (pstep){S_RELEASE, l};
+    for (int r = 0; r < P->nremat; r++)
+      if (P->remat[r].last == u) P->steps[P->nsteps++] = (pstep){S_RRELEASE, r};
   }
   for (int l = 0; l < G->np; l++)
     if (P->materialize[l] && pf[l].first < 0) P->steps[P->nsteps++] = (pstep){S_ALLOC, l};
@@ -1503,6 +1772,7 @@ static void graph_key(dgraph *G, uint64_t *k1, uint64_t *k2) {
         HP(d->acc[a].p, d->acc[a].p + (uint64_t)d->acc[a].lo);
         h = mix(h, (uint64_t)d->acc[a].lo);
         h = mix(h, (uint64_t)d->acc[a].hi);
+        h = mix(h, (uint64_t)d->acc[a].ro);
       }
     }
     h2 = mix(h2, h);
@@ -1516,6 +1786,7 @@ static void graph_key(dgraph *G, uint64_t *k1, uint64_t *k2) {
   }
   h = mix(h, (uint64_t)G->n);
   h = mix(h, (uint64_t)G->np);
+  h = mix(h, (uint64_t)remat_enabled());
   free(X);
   free(canon);
   free(cstart);
@@ -1530,7 +1801,18 @@ typedef struct exec_ctx {
   tpurt_stream *s;
   dgraph *G;
   plan *P;
+  tpurt_devptr *rreal; /* memory of each recomputed copy (0: none) */
 } exec_ctx;
+
+/* p as unit u reads or writes it: an address in a recomputed promise is
+ * redirected to the copy from the copy's remat unit on. */
+static tpurt_devptr redirect(const exec_ctx *x, int u, tpurt_devptr p) {
+  if (!x->P->nremat) return p;
+  int l = local_of(p);
+  int r = l >= 0 ? x->P->remat_of[l] : -1;
+  if (r < 0 || u < x->P->remat[r].unit) return p;
+  return x->rreal[r] + (p & TPURT_PROMISE_OFFMASK);
+}
 
 static tpurt_status run_unit(exec_ctx *x, int u) {
   unit *U = &x->P->units[u];
@@ -1548,6 +1830,21 @@ static tpurt_status run_unit(exec_ctx *x, int u) {
       snprintf(nm, sizeof nm, "%s (recorded at %s)", name, d->site);
       name = intern(nm);
     }
+    if (x->P->nremat && d->args_size) { /* promise addresses in the arguments may be redirected */
+      unsigned char stackbuf[1024], *a = d->args_size <= sizeof stackbuf ? stackbuf : malloc(d->args_size);
+      if (!a) return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory", name);
+      memcpy(a, d->args, d->args_size);
+      for (size_t off = 0; off + 8 <= d->args_size; off += 8) {
+        tpurt_devptr w;
+        memcpy(&w, a + off, 8);
+        if (!tpurt__is_promise(w)) continue;
+        w = redirect(x, u, w);
+        memcpy(a + off, &w, 8);
+      }
+      tpurt_status st = tpurt__enqueue(x->s, name, d->fn, a, d->args_size, NULL);
+      if (a != stackbuf) free(a);
+      return st;
+    }
     return tpurt__enqueue(x->s, name, d->fn, d->args, d->args_size, NULL);
   }
   fgroup *F = &x->P->groups[U->idx];
@@ -1559,6 +1856,8 @@ static tpurt_status run_unit(exec_ctx *x, int u) {
   for (int k = 0; k < F->nin; k++)
     if (!split_view(&G->nodes[F->in[k].node].views[F->in[k].idx], F->ndim, F->sizes, &ins[k]))
       return tpurt__err(TPURT_ERR_INTERNAL, "deferred graph: %s: input view does not fit the group's shape", F->name);
+  for (int k = 0; k < F->nout; k++) outs[k].ptr = redirect(x, u, outs[k].ptr);
+  for (int k = 0; k < F->nin; k++) ins[k].ptr = redirect(x, u, ins[k].ptr);
   double scal[4 * TPURT_EW_MAX_INST];
   int ns = 0;
   for (int m = 0; m < F->nn; m++) {
@@ -1611,6 +1910,9 @@ static void debug_plan(const dgraph *G, const plan *P) {
                 P->groups[U->idx].nout);
       else
         fprintf(stderr, "[defer]   step %s node %d\n", U->kind == U_NODE ? "kernel" : "free", U->idx);
+    } else if (S->kind == S_RALLOC || S->kind == S_RRELEASE) {
+      fprintf(stderr, "[defer]   step %s copy of promise %d\n", S->kind == S_RALLOC ? "alloc" : "release",
+              P->remat[S->a].l);
     } else {
       fprintf(stderr, "[defer]   step %s promise %d\n", S->kind == S_ALLOC ? "alloc" : "release", S->a);
     }
@@ -1632,8 +1934,17 @@ static tpurt_status run_plan(exec_ctx *x) {
       if (!st) atomic_store_explicit(&q->real, r, memory_order_release);
     } else if (S->kind == S_RELEASE) {
       st = promise_free_real(tpurt__promise_get(G->promises[S->a]));
+    } else if (S->kind == S_RALLOC) {
+      tpurt__promise *q = tpurt__promise_get(G->promises[P->remat[S->a].l]);
+      st = tpurt_malloc(q->dev, q->size, x->s, &x->rreal[S->a]);
+    } else if (S->kind == S_RRELEASE) {
+      st = tpurt_free(x->rreal[S->a]);
+      x->rreal[S->a] = 0;
     }
   }
+  /* copies a failed run did not release */
+  for (int r = 0; r < P->nremat; r++)
+    if (x->rreal[r]) tpurt_free(x->rreal[r]);
   return st;
 }
 
@@ -1693,9 +2004,13 @@ tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reaso
   }
   uint64_t mat = 0, never = 0;
   if (P) {
-    exec_ctx x = {s, G, P};
+    exec_ctx x = {s, G, P, P->nremat ? calloc((size_t)P->nremat, sizeof(tpurt_devptr)) : NULL};
     if (!hit) debug_plan(G, P);
-    st = run_plan(&x);
+    if (P->nremat && !x.rreal)
+      st = tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "deferred graph: out of host memory");
+    else
+      st = run_plan(&x);
+    free(x.rreal);
     for (int l = 0; l < G->np; l++) {
       tpurt__promise *q = tpurt__promise_get(G->promises[l]);
       if (P->materialize[l])

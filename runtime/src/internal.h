@@ -197,6 +197,10 @@ TPURT_INTERNAL tpurt_status tpurt__defer_record_h2d(tpurt_stream *s, tpurt_devpt
 TPURT_INTERNAL int tpurt__defer_record_free(tpurt_stream *s, tpurt_devptr p);
 /* Notes a device range validated by the launch being recorded. */
 TPURT_INTERNAL void tpurt__defer_note(tpurt_devptr p, int64_t lo, int64_t hi);
+/* While on, ranges noted by this thread are ones the launch being recorded
+ * only reads (kernels mark their pure inputs; everything else counts as
+ * possibly written). */
+TPURT_INTERNAL void tpurt__defer_note_reads(int on);
 TPURT_INTERNAL tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reason);
 TPURT_INTERNAL tpurt_status tpurt__defer_flush_device(int dev, tpurt_flush_reason reason);
 /* Registers an elementwise op reads (0 for sources: load, scalar, const, uniform). */

@@ -648,9 +648,11 @@ tpurt_status tpurt_gemm(tpurt_stream *s, const tpurt_view *c, const tpurt_view *
                         double beta, tpurt_precision precision) {
   TPURT__INIT_OR_RETURN();
   tpurt_status st;
-  if ((st = tpurt__check_kernel_view(c, 3, "gemm", "output")) || (st = tpurt__check_kernel_view(a, 3, "gemm", "a")) ||
-      (st = tpurt__check_kernel_view(b, 3, "gemm", "b")))
-    return st;
+  if ((st = tpurt__check_kernel_view(c, 3, "gemm", "output"))) return st;
+  tpurt__defer_note_reads(1); /* a and b are only read */
+  if (!(st = tpurt__check_kernel_view(a, 3, "gemm", "a"))) st = tpurt__check_kernel_view(b, 3, "gemm", "b");
+  tpurt__defer_note_reads(0);
+  if (st) return st;
   int64_t B = c->sizes[0], M = c->sizes[1], N = c->sizes[2], K = a->sizes[2];
   if (a->sizes[0] != B || b->sizes[0] != B || a->sizes[1] != M || b->sizes[1] != K || b->sizes[2] != N)
     return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
