@@ -313,13 +313,29 @@ class _Block(torch.nn.Module):
         return x + self.out(F.dropout(F.gelu(self.fc(x)), 0.1, training=True))
 
 
-def _mlp_step(mode: str):
-    """Peak bytes, loss and gradients of one forward + backward of 4 GELU /
-    dropout blocks (each saves a 2 MiB dropout output and its mask for the
-    backward pass)."""
+class _NormBlock(torch.nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.ln, self.fc = torch.nn.LayerNorm(d), torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        return x + self.fc(self.ln(x))
+
+
+class _ConvBlock(torch.nn.Module):
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.conv, self.bn = torch.nn.Conv2d(c, c, 3, padding=1, bias=False), torch.nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return F.relu(self.bn(self.conv(x)))
+
+
+def _step(mode: str, block, width: int, shape):
+    """Peak bytes, loss and gradients of one forward + backward of 4 blocks."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[_Block(128) for _ in range(4)]).to("tpu")
-    x = torch.randn(1024, 128, generator=torch.Generator().manual_seed(1)).to("tpu")
+    model = torch.nn.Sequential(*[block(width) for _ in range(4)]).to("tpu")
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to("tpu")
 
     def step():
         with torch_tpu.execution_mode(mode):
@@ -332,21 +348,49 @@ def _mlp_step(mode: str):
     return peak, loss, [p.grad.cpu() for p in model.parameters()]
 
 
-def test_saved_activations_are_recomputed_for_the_backward_pass(monkeypatch):
-    # the dropout outputs (and masks) the forward pass writes for the
-    # weight gradients are released after their forward readers and
-    # recomputed from the saved GELU input just before the backward pass
-    # reads them: lower peak, strict's bits
-    _, strict_loss, strict_grads = _mlp_step("strict")
+@pytest.mark.parametrize("block, width, shape, saved", [
+    # dropout output (2 MiB) and mask per block, kept for the second linear's weight gradient
+    (_Block, 128, (1024, 128), 2 << 20),
+    # layer-norm output (2 MiB) per block, kept for the linear's weight gradient
+    (_NormBlock, 256, (2048, 256), 2 << 20),
+    # batch norm + ReLU output (2 MiB) per block, kept for the next convolution's weight gradient
+    (_ConvBlock, 32, (8, 32, 32, 64), 2 << 20),
+], ids=["dropout", "layer_norm", "batch_norm_relu"])
+def test_saved_activations_are_recomputed_for_the_backward_pass(monkeypatch, block, width, shape, saved):
+    # a value the forward pass stores for the backward pass is released
+    # after its forward readers and recomputed (from the activation's saved
+    # input / the normalization's input and statistics) just before the
+    # backward pass reads it: lower peak, strict's bits
+    _, strict_loss, strict_grads = _step("strict", block, width, shape)
     monkeypatch.setenv("TORCH_TPU_DEFER_REMAT", "0")
-    kept_peak, kept_loss, kept_grads = _mlp_step("defer")
+    kept_peak, kept_loss, kept_grads = _step("defer", block, width, shape)
     monkeypatch.setenv("TORCH_TPU_DEFER_REMAT", "1")
-    remat_peak, remat_loss, remat_grads = _mlp_step("defer")
+    remat_peak, remat_loss, remat_grads = _step("defer", block, width, shape)
     assert remat_loss == kept_loss == strict_loss
     for a, b, c in zip(remat_grads, kept_grads, strict_grads):
         assert torch.equal(a, c) and torch.equal(b, c)
-    # 4 blocks x (2 MiB output + 0.5 MiB mask), less the copy that is alive
-    assert remat_peak <= kept_peak - 3 * (2 << 20), (remat_peak, kept_peak)
+    # 4 blocks (the last one's backward comes first: too close to recompute),
+    # less the copy that is alive
+    assert remat_peak <= kept_peak - 2 * saved, (remat_peak, kept_peak)
+
+
+def test_batch_norm_and_relu_are_one_kernel_after_the_statistics(defer):
+    x = torch.randn(4, 8, 6, 6, device="tpu")
+    w, b = torch.rand(8, device="tpu") + 0.5, torch.randn(8, device="tpu")
+    rm, rv = torch.zeros(8, device="tpu"), torch.ones(8, device="tpu")
+    torch_tpu.flush()
+    torch.tpu.reset_defer_stats()
+    got = F.relu(F.batch_norm(x, rm, rv, w, b, training=True)).cpu()
+    stats = torch.tpu.defer_stats()
+    assert stats["kernels_launched"] == 2 and stats["fused_kernels"] == 1
+    with torch_tpu.execution_mode("strict"):
+        rm2, rv2 = torch.zeros(8, device="tpu"), torch.ones(8, device="tpu")
+        ref = F.relu(F.batch_norm(x, rm2, rv2, w, b, training=True)).cpu()
+    assert torch.equal(got, ref)
+    assert torch.equal(rm.cpu(), rm2.cpu()) and torch.equal(rv.cpu(), rv2.cpu())
+    xc = x.cpu()
+    torch.testing.assert_close(got, F.relu(F.batch_norm(xc, torch.zeros(8), torch.ones(8), w.cpu(), b.cpu(),
+                                                        training=True)))
 
 
 @pytest.mark.parametrize("change", ["none", "gemm_out", "inplace_add"])

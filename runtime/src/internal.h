@@ -203,6 +203,18 @@ TPURT_INTERNAL void tpurt__defer_note(tpurt_devptr p, int64_t lo, int64_t hi);
 TPURT_INTERNAL void tpurt__defer_note_reads(int on);
 TPURT_INTERNAL tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reason);
 TPURT_INTERNAL tpurt_status tpurt__defer_flush_device(int dev, tpurt_flush_reason reason);
+/* Appends instruction op(a, b; p0) to a program built by a kernel; its
+ * register is its index. */
+static inline int tpurt__ew_emit(tpurt_ew_program *pr, int op, int a, int b, double p0) {
+  tpurt_ew_inst *in = &pr->inst[pr->ninst];
+  memset(in, 0, sizeof *in);
+  in->op = (uint16_t)op;
+  in->dst = (uint8_t)pr->ninst;
+  in->src[0] = (uint8_t)a;
+  in->src[1] = (uint8_t)b;
+  in->p[0] = p0;
+  return pr->ninst++;
+}
 /* Registers an elementwise op reads (0 for sources: load, scalar, const, uniform). */
 TPURT_INTERNAL int tpurt__ew_nsrc(int op);
 /* tpurt_elementwise with an explicit kernel name (NULL: from the program). */

@@ -563,8 +563,8 @@ tpurt_status tpurt_conv3d(tpurt_stream *s, const tpurt_view *y, const tpurt_view
   TPURT__INIT_OR_RETURN();
   tpurt_status st;
   const char *op = "conv3d";
-  if ((st = tpurt__check_kernel_view(y, 5, op, "output")) || (st = tpurt__check_kernel_view(x, 5, op, "input")) ||
-      (st = tpurt__check_kernel_view(w, 5, op, "weight")))
+  if ((st = tpurt__check_kernel_view(y, 5, op, "output")) || (st = tpurt__check_kernel_input(x, 5, op, "input")) ||
+      (st = tpurt__check_kernel_input(w, 5, op, "weight")))
     return st;
   if (bias && (st = check_bias(bias, w->sizes[0], op))) return st;
   conv_args a;
@@ -592,7 +592,7 @@ tpurt_status tpurt_conv3d_backward_input(tpurt_stream *s, const tpurt_view *dx, 
   tpurt_status st;
   const char *op = "conv3d_backward_input";
   if ((st = tpurt__check_kernel_view(dx, 5, op, "grad_input")) ||
-      (st = tpurt__check_kernel_view(dy, 5, op, "grad_output")) || (st = tpurt__check_kernel_view(w, 5, op, "weight")))
+      (st = tpurt__check_kernel_input(dy, 5, op, "grad_output")) || (st = tpurt__check_kernel_input(w, 5, op, "weight")))
     return st;
   if (bias && (st = check_bias(bias, dx->sizes[1], op))) return st;
   if (!p) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: params is NULL", op);
@@ -615,7 +615,7 @@ tpurt_status tpurt_conv3d_backward_weight(tpurt_stream *s, const tpurt_view *dw,
   TPURT__INIT_OR_RETURN();
   tpurt_status st;
   const char *op = "conv3d_backward_weight";
-  if ((st = tpurt__check_kernel_view(dy, 5, op, "grad_output"))) return st;
+  if ((st = tpurt__check_kernel_input(dy, 5, op, "grad_output"))) return st;
   if (!dw && !db) return TPURT_OK;
   if (db && (st = check_bias(db, dy->sizes[1], op))) return st;
   conv_args a;
@@ -636,7 +636,7 @@ tpurt_status tpurt_conv3d_backward_weight(tpurt_stream *s, const tpurt_view *dw,
     if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(dy->ptr)))) return st;
     return tpurt_launch(s, op, k_conv, &a, sizeof a);
   }
-  if ((st = tpurt__check_kernel_view(dw, 5, op, "grad_weight")) || (st = tpurt__check_kernel_view(x, 5, op, "input")))
+  if ((st = tpurt__check_kernel_view(dw, 5, op, "grad_weight")) || (st = tpurt__check_kernel_input(x, 5, op, "input")))
     return st;
   if (!p) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: params is NULL", op);
   a.has0 = 1;
@@ -665,12 +665,15 @@ static tpurt_conv3d_params p3(const tpurt_conv_params *p) {
 static tpurt_status chk4(const tpurt_view *v, const char *op, const char *what) {
   return v ? tpurt__check_kernel_view(v, 4, op, what) : TPURT_OK;
 }
+static tpurt_status chk4_in(const tpurt_view *v, const char *op, const char *what) {
+  return v ? tpurt__check_kernel_input(v, 4, op, what) : TPURT_OK;
+}
 
 tpurt_status tpurt_conv2d(tpurt_stream *s, const tpurt_view *y, const tpurt_view *x, const tpurt_view *w,
                           const tpurt_view *bias, const tpurt_conv_params *p, tpurt_precision precision) {
   TPURT__INIT_OR_RETURN();
   tpurt_status st;
-  if ((st = chk4(y, "conv2d", "output")) || (st = chk4(x, "conv2d", "input")) || (st = chk4(w, "conv2d", "weight")))
+  if ((st = chk4(y, "conv2d", "output")) || (st = chk4_in(x, "conv2d", "input")) || (st = chk4_in(w, "conv2d", "weight")))
     return st;
   if (!p) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "conv2d: params is NULL");
   tpurt_view y5 = to5(y), x5 = to5(x), w5 = to5(w);
@@ -684,7 +687,7 @@ tpurt_status tpurt_conv2d_backward_input(tpurt_stream *s, const tpurt_view *dx, 
   TPURT__INIT_OR_RETURN();
   tpurt_status st;
   const char *op = "conv2d_backward_input";
-  if ((st = chk4(dx, op, "grad_input")) || (st = chk4(dy, op, "grad_output")) || (st = chk4(w, op, "weight")))
+  if ((st = chk4(dx, op, "grad_input")) || (st = chk4_in(dy, op, "grad_output")) || (st = chk4_in(w, op, "weight")))
     return st;
   if (!p) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: params is NULL", op);
   tpurt_view a = to5(dx), b = to5(dy), c = to5(w);
@@ -698,8 +701,8 @@ tpurt_status tpurt_conv2d_backward_weight(tpurt_stream *s, const tpurt_view *dw,
   TPURT__INIT_OR_RETURN();
   tpurt_status st;
   const char *op = "conv2d_backward_weight";
-  if ((st = chk4(dy, op, "grad_output"))) return st;
-  if (dw && ((st = chk4(dw, op, "grad_weight")) || (st = chk4(x, op, "input")))) return st;
+  if ((st = chk4_in(dy, op, "grad_output"))) return st;
+  if (dw && ((st = chk4(dw, op, "grad_weight")) || (st = chk4_in(x, op, "input")))) return st;
   if (dw && !p) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: params is NULL", op);
   tpurt_view a = dw ? to5(dw) : (tpurt_view){0}, b = to5(dy), c = x ? to5(x) : (tpurt_view){0};
   tpurt_conv3d_params q = p ? p3(p) : (tpurt_conv3d_params){{1, 1, 1}, {0, 0, 0}, {1, 1, 1}, 1};

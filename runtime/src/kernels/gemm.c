@@ -644,15 +644,20 @@ tpurt_status tpurt__check_kernel_view(const tpurt_view *v, int ndim, const char 
   return tpurt__check_view_range(dev, v, buf);
 }
 
+tpurt_status tpurt__check_kernel_input(const tpurt_view *v, int ndim, const char *op, const char *what) {
+  tpurt__defer_note_reads(1);
+  tpurt_status st = tpurt__check_kernel_view(v, ndim, op, what);
+  tpurt__defer_note_reads(0);
+  return st;
+}
+
 tpurt_status tpurt_gemm(tpurt_stream *s, const tpurt_view *c, const tpurt_view *a, const tpurt_view *b, double alpha,
                         double beta, tpurt_precision precision) {
   TPURT__INIT_OR_RETURN();
   tpurt_status st;
-  if ((st = tpurt__check_kernel_view(c, 3, "gemm", "output"))) return st;
-  tpurt__defer_note_reads(1); /* a and b are only read */
-  if (!(st = tpurt__check_kernel_view(a, 3, "gemm", "a"))) st = tpurt__check_kernel_view(b, 3, "gemm", "b");
-  tpurt__defer_note_reads(0);
-  if (st) return st;
+  if ((st = tpurt__check_kernel_view(c, 3, "gemm", "output")) || (st = tpurt__check_kernel_input(a, 3, "gemm", "a")) ||
+      (st = tpurt__check_kernel_input(b, 3, "gemm", "b")))
+    return st;
   int64_t B = c->sizes[0], M = c->sizes[1], N = c->sizes[2], K = a->sizes[2];
   if (a->sizes[0] != B || b->sizes[0] != B || a->sizes[1] != M || b->sizes[1] != K || b->sizes[2] != N)
     return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,

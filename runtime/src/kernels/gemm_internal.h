@@ -38,4 +38,7 @@ TPURT_INTERNAL void tpurt__dgemm(int ta, int tb, int64_t M, int64_t N, int64_t K
                                  int64_t lda, const double *B, int64_t ldb, double beta, double *C, int64_t ldc);
 /* Validates a view of ndim dims (dtype, sizes, device range). */
 TPURT_INTERNAL tpurt_status tpurt__check_kernel_view(const tpurt_view *v, int ndim, const char *op, const char *what);
+/* The same for a view the kernel only reads (noted read-only while the
+ * launch is recorded: DeferAndFuse then knows the kernel does not write it). */
+TPURT_INTERNAL tpurt_status tpurt__check_kernel_input(const tpurt_view *v, int ndim, const char *op, const char *what);
 #endif

@@ -91,7 +91,7 @@ static inline char *mrow(const mat *m, char *base, int64_t r) {
 /* =========================================================== layer norm */
 
 typedef struct {
-  int rms;
+  int rms, fwd; /* fwd: statistics (and y when given) */
   double eps;
   int64_t rows, cols;
   mat x, y, dy, dx;
@@ -129,8 +129,10 @@ static void ln_fwd_rows(void *c, int64_t rb, int64_t re) {
     }
     var /= (double)n;
     double rstd = 1.0 / sqrt(var + p->eps);
-    for (int64_t i = 0; i < n; i++) buf[i] = (buf[i] - mean) * rstd * w[i] + b[i];
-    rk_store_row_f64(x->y + r * p->y.rs * yes, p->y.dt, p->y.cs, buf, n);
+    if (x->y) {
+      for (int64_t i = 0; i < n; i++) buf[i] = (buf[i] - mean) * rstd * w[i] + b[i];
+      rk_store_row_f64(x->y + r * p->y.rs * yes, p->y.dt, p->y.cs, buf, n);
+    }
     vset(&p->mean, x->mean, r, mean);
     vset(&p->rstd, x->rstd, r, rstd);
   }
@@ -201,7 +203,7 @@ static tpurt_status k_ln(void *a, char *err, size_t errlen) {
              p->dy.on ? rk_hv(p->dy.ptr) : NULL, p->dx.on ? rk_hv(p->dx.ptr) : NULL,
              vptr(&p->w), vptr(&p->b), vptr(&p->mean), vptr(&p->rstd), vptr(&p->dw), vptr(&p->db), 0};
   int64_t grain = 16384 / (p->cols + 1) + 1;
-  if (p->y.on) {
+  if (p->fwd) {
     tpurt_parallel_for(p->rows, grain, ln_fwd_rows, &x);
   } else {
     if (x.dx) tpurt_parallel_for(p->rows, grain, ln_bwd_rows, &x);
@@ -214,8 +216,8 @@ static tpurt_status k_ln(void *a, char *err, size_t errlen) {
   return TPURT_OK;
 }
 
-static tpurt_status get_mat(int dev, const tpurt_view *v, const tpurt_view *ref, int norm_ndim, mat *m, const char *nm,
-                            const char *what) {
+static tpurt_status get_mat_r(int dev, const tpurt_view *v, const tpurt_view *ref, int norm_ndim, mat *m,
+                              const char *nm, const char *what, int range) {
   memset(m, 0, sizeof *m);
   if (!v) return TPURT_OK;
   tpurt_status st;
@@ -226,11 +228,17 @@ static tpurt_status get_mat(int dev, const tpurt_view *v, const tpurt_view *ref,
   if (!flat_range(v, 0, v->ndim - norm_ndim, &r, &m->rs) || !flat_range(v, v->ndim - norm_ndim, v->ndim, &c, &m->cs))
     return tpurt__err(TPURT_ERR_NOT_SUPPORTED, "%s: %s must be addressable as rows x columns with one stride each",
                       nm, what);
-  if ((st = rk_check_range(dev, v, nm))) return st;
+  if (range && (st = rk_check_range(dev, v, nm))) return st;
   m->ptr = v->ptr;
   m->dt = v->dtype;
   m->on = 1;
   return TPURT_OK;
+}
+/* rows x columns view of v checked against the chip's memory (the check
+ * notes it for a launch being recorded) */
+static tpurt_status get_mat(int dev, const tpurt_view *v, const tpurt_view *ref, int norm_ndim, mat *m, const char *nm,
+                            const char *what) {
+  return get_mat_r(dev, v, ref, norm_ndim, m, nm, what, 1);
 }
 
 static tpurt_status ln_launch(tpurt_stream *s, const char *nm, lnplan *p, const tpurt_view *x, int norm_ndim) {
@@ -251,6 +259,48 @@ static tpurt_status ln_launch(tpurt_stream *s, const char *nm, lnplan *p, const 
   return TPURT_OK;
 }
 
+/* A [d0, d1, d2] view. */
+static tpurt_view view3(tpurt_devptr ptr, tpurt_dtype dt, const int64_t *sizes, int64_t s0, int64_t s1, int64_t s2) {
+  tpurt_view v;
+  memset(&v, 0, sizeof v);
+  v.ptr = ptr;
+  v.dtype = dt;
+  v.ndim = 3;
+  for (int k = 0; k < 3; k++) v.sizes[k] = sizes[k];
+  v.strides[0] = s0, v.strides[1] = s1, v.strides[2] = s2;
+  return v;
+}
+
+/* Loads vector v broadcast along every dim of the [d0, d1, d2] shape but axis. */
+static int load_vec(tpurt_ew_program *pr, tpurt_view *ins, int *nin, const vec *v, const int64_t *sizes, int axis) {
+  ins[*nin] = view3(v->ptr, v->dt, sizes, axis == 0 ? v->st : 0, axis == 1 ? v->st : 0, axis == 2 ? v->st : 0);
+  return tpurt__ew_emit(pr, TPURT_EW_LOAD, 0, 0, (*nin)++);
+}
+
+/* y = (x - mean) * inv * w + b over the [d0, d1, d2] shape `sizes` (x's
+ * strides xs, y's ys) as an elementwise program in x's dtype; the
+ * statistics vary along stat_axis, w and b along param_axis; mean, w and b
+ * may be NULL. */
+static tpurt_status norm_apply(tpurt_stream *s, const char *nm, const tpurt_view *y, const tpurt_view *x,
+                               const int64_t *sizes, const int64_t *xs, const int64_t *ys, const vec *mean,
+                               const vec *inv, int stat_axis, const vec *w, const vec *b, int param_axis) {
+  tpurt_ew_program pr;
+  memset(&pr, 0, sizeof pr);
+  pr.compute = x->dtype;
+  tpurt_view ins[5];
+  int nin = 1;
+  ins[0] = view3(x->ptr, x->dtype, sizes, xs[0], xs[1], xs[2]);
+  int r = tpurt__ew_emit(&pr, TPURT_EW_LOAD, 0, 0, 0);
+  if (mean) r = tpurt__ew_emit(&pr, TPURT_EW_SUB, r, load_vec(&pr, ins, &nin, mean, sizes, stat_axis), 1.0);
+  r = tpurt__ew_emit(&pr, TPURT_EW_MUL, r, load_vec(&pr, ins, &nin, inv, sizes, stat_axis), 0);
+  if (w) r = tpurt__ew_emit(&pr, TPURT_EW_MUL, r, load_vec(&pr, ins, &nin, w, sizes, param_axis), 0);
+  if (b) r = tpurt__ew_emit(&pr, TPURT_EW_ADD, r, load_vec(&pr, ins, &nin, b, sizes, param_axis), 1.0);
+  pr.nout = 1;
+  pr.out_reg[0] = (uint8_t)r;
+  tpurt_view out = view3(y->ptr, y->dtype, sizes, ys[0], ys[1], ys[2]);
+  return tpurt__elementwise_named(s, &pr, &out, ins, nin, NULL, 0, nm);
+}
+
 tpurt_status tpurt_layer_norm(tpurt_stream *s, const tpurt_view *y, const tpurt_view *mean, const tpurt_view *rstd,
                               const tpurt_view *x, const tpurt_view *w, const tpurt_view *b, int norm_ndim, double eps,
                               int rms) {
@@ -264,16 +314,35 @@ tpurt_status tpurt_layer_norm(tpurt_stream *s, const tpurt_view *y, const tpurt_
   int dev = s->dev;
   p.rms = rms;
   p.eps = eps;
-  if ((st = get_mat(dev, x, x, norm_ndim, &p.x, nm, "input")) || (st = get_mat(dev, y, x, norm_ndim, &p.y, nm, "output")))
-    return st;
+  /* y's memory is checked by the kernel that writes it (see split) */
+  if ((st = get_mat_r(dev, y, x, norm_ndim, &p.y, nm, "output", 0))) return st;
   if (p.rows * p.cols == 0) {
     /* empty rows still get their statistics (NaN like a mean of nothing) */
     if (p.cols != 0 || p.rows == 0) return TPURT_OK;
   }
-  if ((st = get_vec(dev, w, p.cols, &p.w, nm, "weight")) || (st = get_vec(dev, b, p.cols, &p.b, nm, "bias")) ||
-      (st = get_vec(dev, mean, p.rows, &p.mean, nm, "mean")) || (st = get_vec(dev, rstd, p.rows, &p.rstd, nm, "rstd")))
+  tpurt__defer_note_reads(1);
+  if (!(st = get_mat(dev, x, x, norm_ndim, &p.x, nm, "input")) && !(st = get_vec(dev, w, p.cols, &p.w, nm, "weight")))
+    st = get_vec(dev, b, p.cols, &p.b, nm, "bias");
+  tpurt__defer_note_reads(0);
+  if (st || (st = get_vec(dev, mean, p.rows, &p.mean, nm, "mean")) ||
+      (st = get_vec(dev, rstd, p.rows, &p.rstd, nm, "rstd")))
     return st;
-  return tpurt_launch(s, nm, k_ln, &p, sizeof p);
+  p.fwd = 1;
+  tpurt_dtype dt = p.x.dt;
+  int split = (dt == TPURT_F32 || dt == TPURT_F64) && p.y.dt == dt && p.rows * p.cols > 0 && p.rstd.on &&
+              p.rstd.dt == dt && (rms || (p.mean.on && p.mean.dt == dt)) && (!p.w.on || p.w.dt == dt) &&
+              (!p.b.on || p.b.dt == dt);
+  if (!split) return (st = rk_check_range(dev, y, nm)) ? st : tpurt_launch(s, nm, k_ln, &p, sizeof p);
+  /* f32 / f64: the statistics kernel, then y = (x - mean) * rstd * w + b as
+   * an elementwise program, so that DeferAndFuse fuses it with its
+   * neighbours and can recompute y from x and the statistics instead of
+   * keeping it for the backward pass */
+  lnplan ps = p;
+  memset(&ps.y, 0, sizeof ps.y);
+  if ((st = tpurt_launch(s, nm, k_ln, &ps, sizeof ps))) return st;
+  const int64_t sizes[3] = {1, p.rows, p.cols}, xs[3] = {0, p.x.rs, p.x.cs}, ys[3] = {0, p.y.rs, p.y.cs};
+  return norm_apply(s, nm, y, x, sizes, xs, ys, rms ? NULL : &p.mean, &p.rstd, 1, p.w.on ? &p.w : NULL,
+                    p.b.on ? &p.b : NULL, 2);
 }
 
 tpurt_status tpurt_layer_norm_backward(tpurt_stream *s, const tpurt_view *dx, const tpurt_view *dw,
@@ -321,7 +390,7 @@ typedef struct {
 } t3;
 
 typedef struct {
-  int training, groups;
+  int training, groups, fwd; /* fwd: batch norm statistics (and y when given) */
   double momentum, eps;
   int64_t N, C, S;
   t3 x, y, dy, dx;
@@ -444,7 +513,8 @@ static void bn_fwd_ch(void *c, int64_t cb, int64_t ce) {
     }
     double w = vget(&p->w, x->w, ch, 1.0), b = vget(&p->b, x->b, ch, 0.0);
     double scale = invstd * w, shift = b - mean * scale;
-    for (int64_t n = 0; n < p->N; n++) t3_affine(&p->x, x->x, &p->y, x->y, n, ch, p->S, scale, shift);
+    if (x->y)
+      for (int64_t n = 0; n < p->N; n++) t3_affine(&p->x, x->x, &p->y, x->y, n, ch, p->S, scale, shift);
   }
 }
 
@@ -561,7 +631,7 @@ static tpurt_status k_bn(void *a, char *err, size_t errlen) {
              vptr(&p->db)};
   int64_t per = p->N * p->S;
   if (p->groups == 0) {
-    tpurt_parallel_for(p->C, 65536 / (per + 1) + 1, p->y.on ? bn_fwd_ch : bn_bwd_ch, &x);
+    tpurt_parallel_for(p->C, 65536 / (per + 1) + 1, p->fwd ? bn_fwd_ch : bn_bwd_ch, &x);
     return TPURT_OK;
   }
   int64_t items = p->N * p->groups, per_item = p->C / p->groups * p->S;
@@ -574,7 +644,8 @@ static tpurt_status k_bn(void *a, char *err, size_t errlen) {
   return TPURT_OK;
 }
 
-static tpurt_status get_t3(int dev, const tpurt_view *v, const tpurt_view *ref, t3 *t, const char *nm, const char *what) {
+static tpurt_status get_t3_r(int dev, const tpurt_view *v, const tpurt_view *ref, t3 *t, const char *nm,
+                             const char *what, int range) {
   memset(t, 0, sizeof *t);
   if (!v) return TPURT_OK;
   tpurt_status st;
@@ -585,13 +656,16 @@ static tpurt_status get_t3(int dev, const tpurt_view *v, const tpurt_view *ref, 
   int64_t cnt;
   if (!flat_range(v, 2, v->ndim, &cnt, &t->ss))
     return tpurt__err(TPURT_ERR_NOT_SUPPORTED, "%s: the spatial dims of %s must merge into one strided dim", nm, what);
-  if ((st = rk_check_range(dev, v, nm))) return st;
+  if (range && (st = rk_check_range(dev, v, nm))) return st;
   t->ptr = v->ptr;
   t->dt = v->dtype;
   t->sn = v->strides[0];
   t->sc = v->strides[1];
   t->on = 1;
   return TPURT_OK;
+}
+static tpurt_status get_t3(int dev, const tpurt_view *v, const tpurt_view *ref, t3 *t, const char *nm, const char *what) {
+  return get_t3_r(dev, v, ref, t, nm, what, 1);
 }
 
 static tpurt_status bn_common(tpurt_stream **s, const char *nm, bnplan *p, const tpurt_view *x) {
@@ -622,8 +696,12 @@ tpurt_status tpurt_batch_norm(tpurt_stream *s, const tpurt_view *y, const tpurt_
   p.momentum = momentum;
   p.eps = eps;
   if (!y) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: output view is NULL", nm);
-  if ((st = get_t3(dev, y, x, &p.y, nm, "output")) || (st = get_vec(dev, w, p.C, &p.w, nm, "weight")) ||
-      (st = get_vec(dev, b, p.C, &p.b, nm, "bias")) || (st = get_vec(dev, running_mean, p.C, &p.rm, nm, "running_mean")) ||
+  /* y's memory is checked by the kernel that writes it (see split) */
+  if ((st = get_t3_r(dev, y, x, &p.y, nm, "output", 0))) return st;
+  tpurt__defer_note_reads(1);
+  if (!(st = get_vec(dev, w, p.C, &p.w, nm, "weight"))) st = get_vec(dev, b, p.C, &p.b, nm, "bias");
+  tpurt__defer_note_reads(0);
+  if (st || (st = get_vec(dev, running_mean, p.C, &p.rm, nm, "running_mean")) ||
       (st = get_vec(dev, running_var, p.C, &p.rv, nm, "running_var")) ||
       (st = get_vec(dev, save_mean, p.C, &p.smean, nm, "save_mean")) ||
       (st = get_vec(dev, save_invstd, p.C, &p.sinv, nm, "save_invstd")))
@@ -631,7 +709,20 @@ tpurt_status tpurt_batch_norm(tpurt_stream *s, const tpurt_view *y, const tpurt_
   if (!training && (!running_mean || !running_var))
     return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: running_mean and running_var are required in evaluation", nm);
   if (p.C == 0) return TPURT_OK;
-  return tpurt_launch(s, nm, k_bn, &p, sizeof p);
+  p.fwd = 1;
+  tpurt_dtype dt = p.x.dt;
+  int split = training && (dt == TPURT_F32 || dt == TPURT_F64) && p.y.dt == dt && p.N * p.S > 0 && p.smean.on &&
+              p.sinv.on && p.smean.dt == dt && p.sinv.dt == dt && (!p.w.on || p.w.dt == dt) &&
+              (!p.b.on || p.b.dt == dt);
+  if (!split) return (st = rk_check_range(dev, y, nm)) ? st : tpurt_launch(s, nm, k_bn, &p, sizeof p);
+  /* training in f32 / f64: the statistics kernel, then the normalization as
+   * an elementwise program (with the ReLU after it one kernel in
+   * DeferAndFuse, and recomputable there from x and the statistics) */
+  bnplan ps = p;
+  memset(&ps.y, 0, sizeof ps.y);
+  if ((st = tpurt_launch(s, nm, k_bn, &ps, sizeof ps))) return st;
+  const int64_t sizes[3] = {p.N, p.C, p.S}, xs[3] = {p.x.sn, p.x.sc, p.x.ss}, ys[3] = {p.y.sn, p.y.sc, p.y.ss};
+  return norm_apply(s, nm, y, x, sizes, xs, ys, &p.smean, &p.sinv, 1, p.w.on ? &p.w : NULL, p.b.on ? &p.b : NULL, 1);
 }
 
 tpurt_status tpurt_batch_norm_backward(tpurt_stream *s, const tpurt_view *dx, const tpurt_view *dw,

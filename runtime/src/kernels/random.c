@@ -229,17 +229,6 @@ tpurt_status tpurt_bernoulli_tensor(tpurt_stream *s, const tpurt_view *out, cons
  * DeferAndFuse fuses it with its neighbours (e.g. dropout + residual add)
  * and strict eager runs the same instructions. Like PyTorch: out = x * keep
  * * scale, backward grad * mask * scale (NaN and inf propagate). */
-static int emit_inst(tpurt_ew_program *pr, int op, int a, int b, double p0) {
-  tpurt_ew_inst *I = &pr->inst[pr->ninst];
-  memset(I, 0, sizeof *I);
-  I->op = (uint16_t)op;
-  I->dst = (uint8_t)pr->ninst;
-  I->src[0] = (uint8_t)a;
-  I->src[1] = (uint8_t)b;
-  I->p[0] = p0;
-  return pr->ninst++;
-}
-
 tpurt_status tpurt_dropout(tpurt_stream *s, const tpurt_view *out, const tpurt_view *mask, const tpurt_view *in,
                            double p, double scale, int gen, uint64_t seed, uint64_t offset) {
   TPURT__INIT_OR_RETURN();
@@ -260,15 +249,15 @@ tpurt_status tpurt_dropout(tpurt_stream *s, const tpurt_view *out, const tpurt_v
   tpurt_ew_program pr;
   memset(&pr, 0, sizeof pr);
   pr.compute = out->dtype == TPURT_F64 ? TPURT_F64 : TPURT_F32;
-  int x = emit_inst(&pr, TPURT_EW_LOAD, 0, 0, 0), keep;
+  int x = tpurt__ew_emit(&pr, TPURT_EW_LOAD, 0, 0, 0), keep;
   if (gen) {
-    int u = emit_inst(&pr, TPURT_EW_UNIFORM, 0, 0, 0);
-    keep = emit_inst(&pr, TPURT_EW_GE, u, emit_inst(&pr, TPURT_EW_CONST, 0, 0, (float)p), 0);
+    int u = tpurt__ew_emit(&pr, TPURT_EW_UNIFORM, 0, 0, 0);
+    keep = tpurt__ew_emit(&pr, TPURT_EW_GE, u, tpurt__ew_emit(&pr, TPURT_EW_CONST, 0, 0, (float)p), 0);
   } else {
-    keep = emit_inst(&pr, TPURT_EW_LOAD, 0, 0, 1);
+    keep = tpurt__ew_emit(&pr, TPURT_EW_LOAD, 0, 0, 1);
   }
-  int y = emit_inst(&pr, TPURT_EW_MUL, emit_inst(&pr, TPURT_EW_MUL, x, keep, 0),
-                    emit_inst(&pr, TPURT_EW_CONST, 0, 0, pr.compute == TPURT_F32 ? (float)scale : scale), 0);
+  int y = tpurt__ew_emit(&pr, TPURT_EW_MUL, tpurt__ew_emit(&pr, TPURT_EW_MUL, x, keep, 0),
+                    tpurt__ew_emit(&pr, TPURT_EW_CONST, 0, 0, pr.compute == TPURT_F32 ? (float)scale : scale), 0);
   pr.nout = gen && mask ? 2 : 1;
   pr.out_reg[0] = (uint8_t)y;
   pr.out_reg[1] = (uint8_t)keep;
