@@ -513,7 +513,8 @@ tpurt_status tpurt__defer_record_launch(tpurt_stream *s, const char *name, tpurt
 }
 
 tpurt_status tpurt__defer_record_ew(tpurt_stream *s, const tpurt_ew_program *prog, const tpurt_view *outs,
-                                    const tpurt_view *ins, int nin, const double *scalars, int nscalars) {
+                                    const tpurt_view *ins, int nin, const double *scalars, int nscalars,
+                                    const char *name) {
   t_nnotes = 0;
   t_notes_overflow = 0;
   int nout = prog->nout;
@@ -556,7 +557,7 @@ tpurt_status tpurt__defer_record_ew(tpurt_stream *s, const tpurt_ew_program *pro
   d->views = views;
   d->scal = sc;
   d->site = site;
-  d->name = tpurt_ew_op_name((tpurt_ew_op)prog->inst[prog->ninst - 1].op);
+  d->name = name ? name : tpurt_ew_op_name((tpurt_ew_op)prog->inst[prog->ninst - 1].op);
   return record_end(s, g, d, was_empty);
 }
 

@@ -191,7 +191,8 @@ TPURT_INTERNAL tpurt_status tpurt__defer_record_launch(tpurt_stream *s, const ch
                                                       const void *args, size_t args_size);
 TPURT_INTERNAL tpurt_status tpurt__defer_record_ew(tpurt_stream *s, const tpurt_ew_program *prog,
                                                   const tpurt_view *outs, const tpurt_view *ins, int nin,
-                                                  const double *scalars, int nscalars);
+                                                  const double *scalars, int nscalars,
+                                                  const char *name);
 TPURT_INTERNAL tpurt_status tpurt__defer_record_h2d(tpurt_stream *s, tpurt_devptr dst, const void *src, size_t n);
 /* 1 if the free was recorded for when s's pending graph runs. */
 TPURT_INTERNAL int tpurt__defer_record_free(tpurt_stream *s, tpurt_devptr p);

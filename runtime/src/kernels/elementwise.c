@@ -1060,7 +1060,7 @@ tpurt_status tpurt__elementwise_named(tpurt_stream *s, const tpurt_ew_program *p
   if (numel == 0) return TPURT_OK;
   for (int i = 0; i < nops; i++)
     if ((st = check_range(s->dev, v[i], i < nout ? "elementwise (output)" : "elementwise (input)"))) return st;
-  if (tpurt__deferring()) return tpurt__defer_record_ew(s, prog, outs, ins, nin, scalars, nscalars);
+  if (tpurt__deferring()) return tpurt__defer_record_ew(s, prog, outs, ins, nin, scalars, nscalars, kname);
 
   /* coalesce: drop size-1 dims, merge a dim into the next inner one when
    * every view is contiguous across the pair */
