@@ -303,6 +303,22 @@ static inline float tpurt__f16_to_f32(uint16_t h) {
   return tpurt__bits_f32(bits);
 }
 
+/* ------------------------------------------------------------ philox */
+/* Exported (default visibility, not in tpurt.h) for the C tests and the
+ * benchmark. Bulk Philox-4x32-10: out[4b + j] = word j of the block with
+ * counter (ctr0 + b as 64 bits: low word 0, high word 1; words 2, 3 zero)
+ * under key (low word 0, high word 1), b in [0, nblocks). */
+#define TPURT_TESTABLE __attribute__((visibility("default")))
+TPURT_TESTABLE void tpurt__philox_blocks(uint64_t key, uint64_t ctr0, int64_t nblocks, uint32_t *out);
+/* The uniforms of elements [lin0, lin0 + n): element i is (w >> 8) * 2^-24,
+ * w = word i % 4 of block off + i / 4 (the mapping of tpurt.h). */
+TPURT_TESTABLE void tpurt__philox_uniform(uint64_t key, uint64_t off, int64_t lin0, int64_t n, float *out);
+/* 1: portable path even on AVX2 CPUs; 0: detect again (AVX2 if present,
+ * unless TORCH_TPU_PHILOX=portable). */
+TPURT_TESTABLE void tpurt__philox_force_portable(int on);
+/* "avx2" or "portable": the path the bulk generators take now. */
+TPURT_TESTABLE const char *tpurt__philox_path(void);
+
 /* -------------------------------------------------------------- pool */
 TPURT_INTERNAL void tpurt__pool_configure(int nthreads);
 /* Nonzero on a thread running a chunk of tpurt_parallel_for (a nested

@@ -144,20 +144,12 @@ static const float *tile_f32(const char *p, tpurt_dtype dt, int64_t rows, int64_
   return buf;
 }
 
-static inline float u24(uint32_t w) { return (float)(w >> 8) * (1.0f / 16777216.0f); }
-
 /* Keep factors of row i, columns [j0, j0 + n) (j0 a multiple of 4):
- * z[c] = keep ? scale : 0. */
+ * z[c] = keep ? scale : 0 (the uniforms are drawn into z first). */
 static void dropout_row(float *restrict z, uint64_t seed, uint64_t base, int64_t j0, int64_t n, float p,
                         float scale) {
-  uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
-  for (int64_t c = 0; c < n; c += 4) {
-    uint64_t b = base + (uint64_t)((j0 + c) / 4);
-    uint32_t ctr[4] = {(uint32_t)b, (uint32_t)(b >> 32), 0, 0}, w[4];
-    tpurt_philox4x32_10(ctr, key, w);
-    int64_t m = n - c < 4 ? n - c : 4;
-    for (int64_t k = 0; k < m; k++) z[c + k] = u24(w[k]) >= p ? scale : 0.0f;
-  }
+  tpurt__philox_uniform(seed, base + (uint64_t)(j0 / 4), 0, n, z);
+  for (int64_t c = 0; c < n; c++) z[c] = z[c] >= p ? scale : 0.0f;
 }
 
 /* ------------------------------------------------------------ arguments */

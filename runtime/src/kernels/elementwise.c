@@ -704,14 +704,8 @@ static size_t csize(tpurt_dtype c) { return tpurt_dtype_size(c); }
 /* Uniform draws for the n elements from row-major index lin0 (see
  * TPURT_EW_UNIFORM; p holds the baked seed and offset halves). */
 static void uniform_block(float *d, const double *p, int64_t lin0, int n) {
-  const uint32_t key[2] = {(uint32_t)p[0], (uint32_t)p[1]};
-  uint64_t off = (uint64_t)p[2] | (uint64_t)p[3] << 32;
-  for (int64_t i = lin0, end = lin0 + n; i < end;) {
-    uint64_t b = off + (uint64_t)(i / 4);
-    uint32_t ctr[4] = {(uint32_t)b, (uint32_t)(b >> 32), 0, 0}, w[4];
-    tpurt_philox4x32_10(ctr, key, w);
-    for (int q = (int)(i % 4); q < 4 && i < end; q++, i++) d[i - lin0] = (float)(w[q] >> 8) * (1.0f / 16777216.0f);
-  }
+  uint64_t key = (uint64_t)p[0] | (uint64_t)p[1] << 32, off = (uint64_t)p[2] | (uint64_t)p[3] << 32;
+  tpurt__philox_uniform(key, off, lin0, n, d);
 }
 
 static int run_block(ew_ctx *x, const int64_t *offs, int64_t (*goff)[EW_BLK], int n, char *scratch, int64_t lin0) {

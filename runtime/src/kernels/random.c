@@ -10,10 +10,11 @@
  */
 #include "kcommon.h"
 
-static inline void philox_block(uint64_t seed, uint64_t ctr, uint32_t out[4]) {
-  uint32_t c[4] = {(uint32_t)ctr, (uint32_t)(ctr >> 32), 0, 0};
-  uint32_t k[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
-  tpurt_philox4x32_10(c, k, out);
+/* Blocks are drawn in bulk, RNG_BATCH at a time into a stack buffer:
+ * words[4 * j + w] = word w of block ctr + j, for min(left, RNG_BATCH) j. */
+#define RNG_BATCH 256
+static inline void draw_batch(uint64_t seed, uint64_t ctr, int64_t left, uint32_t words[4 * RNG_BATCH]) {
+  tpurt__philox_blocks(seed, ctr, left < RNG_BATCH ? left : RNG_BATCH, words);
 }
 
 /* (0, 1] and [0, 1) from 32 / 64 bits */
@@ -108,9 +109,10 @@ static void rng_chunk(void *c, int64_t b, int64_t e) {
   int64_t n = kc_numel(&a->out);
   int dense = is_dense(&a->out);
   /* chunk units are blocks */
+  uint32_t words[4 * RNG_BATCH];
   for (int64_t blk = b; blk < e; blk++) {
-    uint32_t w[4];
-    philox_block(a->seed, a->offset + (uint64_t)blk, w);
+    if ((blk - b) % RNG_BATCH == 0) draw_batch(a->seed, a->offset + (uint64_t)blk, e - blk, words);
+    const uint32_t *w = words + 4 * ((blk - b) % RNG_BATCH);
     double normals[4];
     if (a->kind == TPURT_RNG_NORMAL || a->kind == TPURT_RNG_LOG_NORMAL) {
       for (int h = 0; h < 2; h++) {
@@ -285,9 +287,11 @@ static tpurt_status k_randperm(void *p, char *err, size_t errlen) {
     return TPURT_ERR_OUT_OF_MEMORY;
   }
   for (int64_t i = 0; i < n; i++) tmp[i] = i;
+  uint32_t words[4 * RNG_BATCH];
   for (int64_t i = n - 1; i > 0; i--) {
-    uint32_t w[4];
-    philox_block(a->seed, a->offset + (uint64_t)(n - 1 - i), w);
+    int64_t blk = n - 1 - i; /* blocks in order: offset, offset + 1, ... */
+    if (blk % RNG_BATCH == 0) draw_batch(a->seed, a->offset + (uint64_t)blk, i, words);
+    const uint32_t *w = words + 4 * (blk % RNG_BATCH);
     uint64_t r = ((uint64_t)w[0] << 32) | w[1];
     int64_t j = (int64_t)(r % (uint64_t)(i + 1));
     int64_t t = tmp[i];
@@ -371,9 +375,10 @@ static void mn_chunk(void *c, int64_t b, int64_t e) {
       free(w);
       return;
     }
+    uint32_t words[4 * RNG_BATCH];
     for (int64_t k = 0; k < a->nsample; k++) {
-      uint32_t q[4];
-      philox_block(a->seed, a->offset + (uint64_t)(r * a->nsample + k), q);
+      if (k % RNG_BATCH == 0) draw_batch(a->seed, a->offset + (uint64_t)(r * a->nsample + k), a->nsample - k, words);
+      const uint32_t *q = words + 4 * (k % RNG_BATCH);
       double u = u01d(((uint64_t)q[0] << 32) | q[1]) * tot;
       int64_t pick = -1;
       double acc = 0;
