@@ -157,6 +157,18 @@ typedef struct {
   int64_t nb, img_stride, ld; /* images, elements between images, col row length */
 } i2c_ctx;
 
+/* Output columns [lo, hi) whose input column ow * sw + off lies in [0, W)
+ * (the others read padding). */
+static inline void ow_range(int64_t off, int64_t sw, int64_t W, int64_t Wo, int64_t *lo, int64_t *hi) {
+  int64_t a = off >= 0 ? 0 : (-off + sw - 1) / sw;
+  int64_t b = W - 1 - off >= 0 ? (W - 1 - off) / sw + 1 : 0;
+  if (a > Wo) a = Wo;
+  if (b > Wo) b = Wo;
+  if (b < a) b = a;
+  *lo = a;
+  *hi = b;
+}
+
 #define IM2COL_BODY(T)                                                                                   \
   do {                                                                                                   \
     int64_t kk = x->kd * x->kh * x->kw;                                                                  \
@@ -176,18 +188,14 @@ typedef struct {
           continue;                                                                                      \
         }                                                                                                \
         const T *srow = plane + ih * x->W;                                                               \
-        int64_t off = kj * dw - pw;                                                                      \
-        if (sw == 1) {                                                                                   \
-          for (int64_t ow = 0; ow < x->Wo; ow++) {                                                       \
-            int64_t iw = ow + off;                                                                       \
-            d[ow] = (iw >= 0 && iw < x->W) ? srow[iw] : (T)0;                                            \
-          }                                                                                              \
-        } else {                                                                                         \
-          for (int64_t ow = 0; ow < x->Wo; ow++) {                                                       \
-            int64_t iw = ow * sw + off;                                                                  \
-            d[ow] = (iw >= 0 && iw < x->W) ? srow[iw] : (T)0;                                            \
-          }                                                                                              \
-        }                                                                                                \
+        int64_t off = kj * dw - pw, lo, hi;                                                              \
+        ow_range(off, sw, x->W, x->Wo, &lo, &hi);                                                        \
+        for (int64_t ow = 0; ow < lo; ow++) d[ow] = (T)0;                                                \
+        if (sw == 1)                                                                                     \
+          memcpy(d + lo, srow + lo + off, sizeof(T) * (size_t)(hi - lo));                                \
+        else                                                                                             \
+          for (int64_t ow = lo; ow < hi; ow++) d[ow] = srow[ow * sw + off];                              \
+        for (int64_t ow = hi; ow < x->Wo; ow++) d[ow] = (T)0;                                            \
       }                                                                                                  \
     }                                                                                                    \
   } while (0)
@@ -222,11 +230,12 @@ static void im2col_rows(void *c, int64_t u0, int64_t u1) {
             if (ih < 0 || ih >= x->H || iz < 0 || iz >= x->D) continue;                                  \
             T *drow = vol + (iz * x->H + ih) * x->W;                                                     \
             const T *sr = src + (oz * x->Ho + oh) * x->Wo;                                               \
-            int64_t off = kj * dw - pw;                                                                  \
-            for (int64_t ow = 0; ow < x->Wo; ow++) {                                                     \
-              int64_t iw = ow * sw + off;                                                                \
-              if (iw >= 0 && iw < x->W) drow[iw] += sr[ow];                                              \
-            }                                                                                            \
+            int64_t off = kj * dw - pw, lo, hi;                                                          \
+            ow_range(off, sw, x->W, x->Wo, &lo, &hi);                                                    \
+            if (sw == 1)                                                                                 \
+              for (int64_t ow = lo; ow < hi; ow++) drow[ow + off] += sr[ow];                             \
+            else                                                                                         \
+              for (int64_t ow = lo; ow < hi; ow++) drow[ow * sw + off] += sr[ow];                        \
           }                                                                                              \
         }                                                                                                \
     }                                                                                                    \
