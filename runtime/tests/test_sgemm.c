@@ -318,13 +318,19 @@ int main(int argc, char **argv) {
   /* the runtime reports its own kernel */
   printf("gemm library: %s\n", tpurt_gemm_library());
   CHECK(strstr(tpurt_gemm_library(), "tpurt sgemm") != NULL);
-  const char *modes[] = {"own", "scalar"};
-  for (int m = 0; m < 2; m++) {
+  /* nobuf: the path taken when the packing buffers cannot be allocated */
+  const char *modes[] = {"own", "scalar", "nobuf"};
+  for (int m = 0; m < 3; m++) {
     test_shapes(modes[m]);
     test_strides_alpha_beta(modes[m]);
     test_batched(modes[m]);
     test_determinism(argv[0], modes[m]);
   }
+  /* ... and it gives the buffered path's bits */
+  setenv("TORCH_TPU_SGEMM", "own", 1);
+  uint64_t h_own = det_hash();
+  setenv("TORCH_TPU_SGEMM", "nobuf", 1);
+  CHECK(det_hash() == h_own);
   if (g_failures) {
     fprintf(stderr, "%d failure(s)\n", g_failures);
     return 1;

@@ -24,13 +24,14 @@ TPURT_INTERNAL void tpurt__sgemm_batched(int ta, int tb, int64_t nb, int64_t M, 
                                          const float *A, int64_t lda, int64_t sa, const float *B, int64_t ldb,
                                          int64_t sb, float beta, float *C, int64_t ldc, int64_t sc);
 /* The runtime's own packed f32 GEMM (sgemm.c): same contract as
- * tpurt__sgemm_batched with K > 0; `scalar` forces the portable
- * micro-kernel. */
+ * tpurt__sgemm_batched with K > 0; flags: 1 the portable micro-kernel, 2
+ * the path taken when its packing buffers cannot be allocated. */
 TPURT_INTERNAL void tpurt__sgemm_own(int ta, int tb, int64_t nb, int64_t M, int64_t N, int64_t K, float alpha,
                                      const float *A, int64_t lda, int64_t sa, const float *B, int64_t ldb, int64_t sb,
-                                     float beta, float *C, int64_t ldc, int64_t sc, int scalar);
+                                     float beta, float *C, int64_t ldc, int64_t sc, int flags);
 /* TORCH_TPU_SGEMM: 0 auto (by shape), 1 own kernel, 2 OpenBLAS tiles,
- * 3 own kernel with the portable micro-kernel. */
+ * 3 own kernel with the portable micro-kernel, 4 own kernel without its
+ * packing buffers. */
 TPURT_INTERNAL int tpurt__sgemm_mode(void);
 /* "6x16 AVX2/FMA" or "6x16 portable": the micro-kernel chosen for this CPU. */
 TPURT_INTERNAL const char *tpurt__sgemm_kernel_name(void);

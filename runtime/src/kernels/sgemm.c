@@ -70,6 +70,7 @@
 typedef struct {
   int64_t kc, mc, nc;
 } blocks;
+#define KC_MAX 512 /* bounds the stack slivers of the no-buffer path */
 static const blocks g_blocks = {256, 96, 1024};
 
 /* ------------------------------------------------------------ mode */
@@ -93,14 +94,16 @@ const char *tpurt__sgemm_kernel_name(void) { return have_avx2() ? "6x16 AVX2/FMA
 
 /* TORCH_TPU_SGEMM: "auto" (default: by shape, see tpurt__sgemm_use_own),
  * "own" (always this kernel), "scalar" (this kernel with the portable
- * micro-kernel), "blas" (always the OpenBLAS tiles). Read at every product
- * (benchmarks and tests switch it between calls). */
+ * micro-kernel), "blas" (always the OpenBLAS tiles), "nobuf" (this kernel
+ * as when its packing buffers cannot be allocated: tests). Read at every
+ * product (benchmarks and tests switch it between calls). */
 int tpurt__sgemm_mode(void) {
   const char *e = getenv("TORCH_TPU_SGEMM");
   if (!e || !*e) return 0;
   if (!strcmp(e, "own")) return 1;
   if (!strcmp(e, "blas")) return 2;
   if (!strcmp(e, "scalar")) return 3;
+  if (!strcmp(e, "nobuf")) return 4;
   return 0;
 }
 
@@ -108,7 +111,7 @@ static blocks read_blocks(void) {
   blocks b = g_blocks;
   const char *e = getenv("TORCH_TPU_SGEMM_BLOCKS");
   long kc = 0, mc = 0, nc = 0;
-  if (e && *e && sscanf(e, "%ld,%ld,%ld", &kc, &mc, &nc) == 3 && kc >= 8 && mc >= MR && nc >= NR) {
+  if (e && *e && sscanf(e, "%ld,%ld,%ld", &kc, &mc, &nc) == 3 && kc >= 8 && kc <= KC_MAX && mc >= MR && nc >= NR) {
     b.kc = kc;
     b.mc = mc / MR * MR;
     b.nc = nc / NR * NR;
@@ -200,7 +203,8 @@ typedef struct {
   const float *A, *B;
   float *C;
   int64_t lda, ldb, ldc;
-  int avx; /* AVX2 micro-kernel and packing (else the portable code) */
+  int avx;   /* AVX2 micro-kernel and packing (else the portable code) */
+  int nobuf; /* act as if the packing buffers could not be allocated (tests) */
 } prod;
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -315,13 +319,13 @@ static void pack_a(float *restrict dst, const prod *x, int64_t i0, int64_t mc, i
 }
 
 /* Slivers [t0, t1) of op(B)[p0:p0+kc, j0:j0+nc] -> dst (sliver t at
- * dst + t*kc*NR), columns past nc zero. */
+ * dst + (t - t0)*kc*NR), columns past nc zero. */
 static void pack_b(float *restrict dst, const prod *x, int64_t j0, int64_t nc, int64_t p0, int64_t kc, int64_t t0,
                    int64_t t1) {
   for (int64_t t = t0; t < t1; t++) {
     int64_t s = t * NR, n = nc - s < NR ? nc - s : NR, j = j0 + s;
     const float *src = x->tb ? x->B + j * x->ldb + p0 : x->B + p0 * x->ldb + j;
-    pack_sliver(dst + t * kc * NR, NR, src, x->ldb, x->tb, n, kc, x->avx);
+    pack_sliver(dst + (t - t0) * kc * NR, NR, src, x->ldb, x->tb, n, kc, x->avx);
   }
 }
 
@@ -361,11 +365,12 @@ typedef struct {
  * then waits until all claimed ones are finished. A claimed sliver is
  * always being packed by a running chunk, so the wait ends. */
 static void pack_panel(panel_job *j) {
+  if (!j->bp) return; /* no panel: macro packs each sliver where it is used */
   for (;;) {
     int64_t t = atomic_fetch_add_explicit(&j->pack_next, 2, memory_order_relaxed);
     if (t >= j->nsl) break;
     int64_t e = t + 2 < j->nsl ? t + 2 : j->nsl;
-    pack_b((float *)j->bp, j->x, j->j0, j->nc, j->p0, j->kc, t, e);
+    pack_b((float *)j->bp + t * j->kc * NR, j->x, j->j0, j->nc, j->p0, j->kc, t, e);
     atomic_fetch_add_explicit(&j->packed, e - t, memory_order_release);
   }
   for (int spins = 0; atomic_load_explicit(&j->packed, memory_order_acquire) < j->nsl; spins++) {
@@ -381,23 +386,30 @@ static void pack_panel(panel_job *j) {
 static void macro(const panel_job *j, int64_t r0, int64_t r1, int64_t s0, int64_t s1) {
   const prod *x = j->x;
   int64_t kc = j->kc, mc_max = j->mc;
-  float *ap = buf(1, (size_t)mc_max * kc + 8); /* + slack for pack_a_rows_avx2's last store */
+  /* + slack for pack_a_rows_avx2's last store */
+  float *ap = x->nobuf ? NULL : buf(1, (size_t)mc_max * kc + 8);
   _Alignas(64) float tmp[MR * NR];
+  /* Without buffers (host memory exhausted) each sliver is packed on the
+   * stack where it is used: slower, the same products in the same order. */
+  _Alignas(64) float a1[MR * KC_MAX + 8], b1[KC_MAX * NR];
   for (int64_t ic = r0; ic < r1; ic += mc_max) {
     int64_t mc = r1 - ic < mc_max ? r1 - ic : mc_max;
     if (ic + mc > x->M) mc = x->M - ic;
     if (mc <= 0) break;
-    pack_a(ap, x, ic, mc, j->p0, kc);
+    if (ap) pack_a(ap, x, ic, mc, j->p0, kc);
     for (int64_t t = s0; t < s1; t++) {
-      const float *bs = j->bp + t * kc * NR;
+      const float *bs = j->bp ? j->bp + t * kc * NR : b1;
       int64_t jj = j->j0 + t * NR, n = j->j0 + j->nc - jj < NR ? j->j0 + j->nc - jj : NR;
+      if (!j->bp) pack_b(b1, x, j->j0, j->nc, j->p0, kc, t, t + 1);
       for (int64_t s = 0; s < mc; s += MR) {
         int64_t m = mc - s < MR ? mc - s : MR;
         float *c = x->C + (ic + s) * x->ldc + jj;
+        const float *as = ap ? ap + s * kc : a1;
+        if (!ap) pack_a(a1, x, ic + s, m, j->p0, kc);
         if (m == MR && n == NR) {
-          j->ukr(kc, ap + s * kc, bs, c, x->ldc, x->alpha, j->beta);
+          j->ukr(kc, as, bs, c, x->ldc, x->alpha, j->beta);
         } else {
-          j->ukr(kc, ap + s * kc, bs, tmp, NR, 1.0f, 0.0f);
+          j->ukr(kc, as, bs, tmp, NR, 1.0f, 0.0f);
           for (int64_t i = 0; i < m; i++)
             for (int64_t q = 0; q < n; q++) {
               float v = x->alpha * tmp[i * NR + q];
@@ -435,7 +447,7 @@ static void run_product(const prod *x, ukr_fn ukr, blocks bl, int par) {
     int64_t nsl = (nc + NR - 1) / NR;
     for (int64_t p0 = 0; p0 < x->K; p0 += KC) {
       int64_t kc = x->K - p0 < KC ? x->K - p0 : KC;
-      float *bp = buf(0, (size_t)nsl * NR * kc);
+      float *bp = x->nobuf ? NULL : buf(0, (size_t)nsl * NR * kc);
       panel_job j = {x, ukr, bp, j0, nc, p0, kc, bl.mc, p0 == 0 ? x->beta : 1.0f, (x->M + MR - 1) / MR, 1, nsl, 0, 0};
       /* few row slivers: split the panel's columns too */
       if (nth > 1 && j.mu < 4 * nth) {
@@ -479,14 +491,15 @@ static void batch_tasks(void *p, int64_t b, int64_t e) {
 
 void tpurt__sgemm_own(int ta, int tb, int64_t nb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                       int64_t lda, int64_t sa, const float *B, int64_t ldb, int64_t sb, float beta, float *C,
-                      int64_t ldc, int64_t sc, int scalar) {
+                      int64_t ldc, int64_t sc, int flags) {
   if (nb <= 0 || M <= 0 || N <= 0 || K <= 0) return;
   ukr_fn ukr = ukr_scalar;
-  int avx = !scalar && have_avx2();
+  int avx = !(flags & 1) && have_avx2();
 #if defined(__x86_64__) || defined(__i386__)
   if (avx) ukr = ukr_avx2;
 #endif
-  batch_job bj = {{ta, tb, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, avx}, ukr, read_blocks(), sa, sb, sc};
+  batch_job bj = {{ta, tb, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, avx, (flags & 2) != 0}, ukr, read_blocks(),
+                  sa, sb, sc};
   int64_t nth = tpurt_num_threads();
   double macs = (double)M * (double)N * (double)K;
   if (nb > 1 && nth > 1 && !tpurt__pool_nested() && (nb >= 4 * nth || (macs < SPLIT_MIN_MACS && nb >= nth))) {
