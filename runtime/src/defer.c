@@ -719,7 +719,8 @@ enum { S_ALLOC = 1, S_RELEASE, S_UNIT, S_RALLOC, S_RRELEASE }; /* R: memory of a
  * memory of its own, and every later unit reads the copy. */
 typedef struct remat {
   int l, unit, group;
-  int first, last; /* units touching the copy */
+  int first, last;             /* units touching the copy */
+  int early_last, late_last;   /* planning: last early touch, last touch */
 } remat;
 
 typedef struct vref {
@@ -1384,10 +1385,73 @@ static int try_remat(plan *P, const dgraph *G, const gstate *gl, const int *last
   }
   pinned[l] = 1;
   P->remat_of[l] = *nr;
-  rm[*nr] = (remat){l, ru, P->ngroups, -1, -1};
+  rm[*nr] = (remat){l, ru, P->ngroups, -1, -1, tu[split - 1], tu[n - 1]};
   P->ngroups++;
   (*nr)++;
   return 1;
+}
+
+/* Peak bytes of the graph's promises when the slots with on[r] are
+ * recomputed (unit indices before the recompute units are inserted): a
+ * promise lives from its first to its last touch (to the end if live), a
+ * recomputed one until its last early touch and its copy from its first
+ * late reader to its last touch. d: scratch of nunits + 2. */
+static int64_t sim_peak(const plan *P, const dgraph *G, const int *firstu, const int *lastu, const remat *rm, int nr,
+                        const uint8_t *on, int64_t *d) {
+  int nu = P->nunits;
+  memset(d, 0, sizeof(int64_t) * (size_t)(nu + 2));
+  for (int l = 0; l < G->np; l++) {
+    if (!P->materialize[l] || firstu[l] < 0) continue;
+    tpurt__promise *q = tpurt__promise_get(G->promises[l]);
+    int r = P->remat_of[l], end = q->live ? nu : lastu[l];
+    if (r >= 0 && on[r]) end = rm[r].early_last;
+    d[firstu[l]] += (int64_t)q->size;
+    d[end + 1] -= (int64_t)q->size;
+  }
+  for (int r = 0; r < nr; r++) {
+    if (!on[r]) continue;
+    int64_t sz = (int64_t)tpurt__promise_get(G->promises[rm[r].l])->size;
+    d[rm[r].unit] += sz;
+    d[rm[r].late_last + 1] -= sz;
+  }
+  int64_t cur = 0, peak = 0;
+  for (int u = 0; u <= nu; u++) {
+    cur += d[u];
+    if (cur > peak) peak = cur;
+  }
+  return peak;
+}
+
+/* Drops the recomputations the peak does not need (a value whose life
+ * does not span the peak costs a kernel and saves nothing): later ones
+ * first, each dropped when the peak without it is no higher. */
+static int prune_remats(plan *P, const dgraph *G, const int *firstu, const int *lastu, remat *rm, int *nr) {
+  uint8_t *on = malloc((size_t)*nr);
+  int64_t *d = malloc(sizeof(int64_t) * (size_t)(P->nunits + 2));
+  if (!on || !d) {
+    free(on);
+    free(d);
+    return -1;
+  }
+  memset(on, 1, (size_t)*nr);
+  int64_t best = sim_peak(P, G, firstu, lastu, rm, *nr, on, d);
+  for (int r = *nr - 1; r >= 0; r--) {
+    on[r] = 0;
+    int64_t pk = sim_peak(P, G, firstu, lastu, rm, *nr, on, d);
+    if (pk <= best)
+      best = pk;
+    else
+      on[r] = 1;
+  }
+  int k = 0;
+  for (int r = 0; r < *nr; r++) {
+    P->remat_of[rm[r].l] = on[r] ? k : -1;
+    if (on[r]) rm[k++] = rm[r];
+  }
+  *nr = k;
+  free(on);
+  free(d);
+  return 0;
 }
 
 /* Chooses the values to recompute and inserts their recompute units (each
@@ -1405,19 +1469,22 @@ static int plan_remat(plan *P, const dgraph *G, const gstate *gl) {
   if (!P->remat_of) return -1;
   for (int l = 0; l < np; l++) P->remat_of[l] = -1;
   if (np == 0 || !remat_enabled()) return 0;
-  int *lastu = malloc(sizeof(int) * (size_t)np), *tu = malloc(sizeof(int) * (size_t)(P->nunits + 1));
+  int *lastu = malloc(sizeof(int) * (size_t)np), *firstu = malloc(sizeof(int) * (size_t)np),
+      *tu = malloc(sizeof(int) * (size_t)(P->nunits + 1));
   uint8_t *pinned = calloc((size_t)np, 1), *tw = malloc((size_t)P->nunits + 1);
   remat *rm = malloc(sizeof(remat) * (size_t)np);
   fgroup *ng = realloc(P->groups, sizeof(fgroup) * (size_t)(P->ngroups + np));
   unit *nu = NULL;
   int rc = -1, nr = 0;
   if (ng) P->groups = ng;
-  if (!lastu || !tu || !pinned || !tw || !rm || !ng) goto out;
+  if (!lastu || !firstu || !tu || !pinned || !tw || !rm || !ng) goto out;
   for (int l = 0; l < np; l++) {
     int n = touches_of(P, G, l, tu, tw);
+    firstu[l] = n ? tu[0] : -1;
     lastu[l] = n ? tu[n - 1] : -1;
   }
   for (int l = 0; l < np; l++) try_remat(P, G, gl, lastu, pinned, l, tu, tw, rm, &nr);
+  if (nr > 0 && prune_remats(P, G, firstu, lastu, rm, &nr) != 0) goto out;
   rc = 0;
   if (nr == 0) goto out;
   nu = malloc(sizeof(unit) * (size_t)(P->nunits + nr));
@@ -1445,6 +1512,7 @@ static int plan_remat(plan *P, const dgraph *G, const gstate *gl) {
   rm = NULL;
 out:
   free(lastu);
+  free(firstu);
   free(tu);
   free(pinned);
   free(tw);
