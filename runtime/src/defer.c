@@ -1263,59 +1263,103 @@ static int unit_writes(const plan *P, const dgraph *G, int u, uint64_t lo, uint6
   return 0;
 }
 
+
+/* Every promise's touches in unit order (one entry per unit): promise l's
+ * are [start[l], start[l + 1]) of u (unit) and wr (the unit may write it). */
+typedef struct touches {
+  int *start, *u, *fill;
+  uint8_t *wr;
+} touches;
+
+static void add_touch(touches *t, int pass, tpurt_devptr p, int u, int wr) {
+  int l = local_of(p);
+  if (l < 0) return;
+  if (pass == 0) { /* count units; fill: last unit counted */
+    if (t->fill[l] != u) {
+      t->fill[l] = u;
+      t->start[l + 1]++;
+    }
+    return;
+  }
+  int k = t->fill[l]; /* next entry of l */
+  if (k > t->start[l] && t->u[k - 1] == u) {
+    t->wr[k - 1] |= (uint8_t)wr;
+    return;
+  }
+  t->u[k] = u;
+  t->wr[k] = (uint8_t)wr;
+  t->fill[l] = k + 1;
+}
+
+static void free_touches(touches *t) {
+  free(t->start);
+  free(t->u);
+  free(t->fill);
+  free(t->wr);
+}
+
+static int build_touches(const plan *P, const dgraph *G, touches *t) {
+  int np = G->np;
+  memset(t, 0, sizeof *t);
+  t->start = calloc((size_t)np + 1, sizeof(int));
+  t->fill = malloc(sizeof(int) * (size_t)(np ? np : 1));
+  if (!t->start || !t->fill) return -1;
+  for (int l = 0; l < np; l++) t->fill[l] = -1;
+  for (int pass = 0; pass < 2; pass++) {
+    if (pass == 1) {
+      for (int l = 0; l < np; l++) t->start[l + 1] += t->start[l];
+      t->u = malloc(sizeof(int) * (size_t)(t->start[np] + 1));
+      t->wr = malloc((size_t)t->start[np] + 1);
+      if (!t->u || !t->wr) return -1;
+      for (int l = 0; l < np; l++) t->fill[l] = t->start[l];
+    }
+    for (int u = 0; u < P->nunits; u++) {
+      const unit *U = &P->units[u];
+      if (U->kind == U_GROUP) {
+        const fgroup *F = &P->groups[U->idx];
+        for (int k = 0; k < F->nout; k++) add_touch(t, pass, G->nodes[F->out[k].node].views[F->out[k].idx].ptr, u, 1);
+        for (int k = 0; k < F->nin; k++) add_touch(t, pass, G->nodes[F->in[k].node].views[F->in[k].idx].ptr, u, 0);
+      } else if (U->kind == U_NODE) {
+        const dnode *d = &G->nodes[U->idx];
+        for (int k = 0; k < d->nacc; k++) add_touch(t, pass, d->acc[k].p, u, !d->acc[k].ro);
+      }
+    }
+  }
+  return 0;
+}
+
 /* Does v hold at unit ru what it held when unit up ran (after up's own
  * stores if `stored`, before them otherwise), still in memory? */
-static int stable_until(const plan *P, const dgraph *G, const int *lastu, const tpurt_view *v, int up, int ru,
-                        int stored) {
-  int l = local_of(v->ptr);
-  if (l >= 0) {
+static int stable_until(const plan *P, const dgraph *G, const touches *t, const tpurt_view *v, int up,
+                        int ru, int stored) {
+  int l = local_of(v->ptr), from = stored ? up + 1 : up;
+  if (l >= 0) { /* a promise: its own touches say where it may be written */
     if (!P->materialize[l] || P->remat_of[l] >= 0) return 0;
     tpurt__promise *q = tpurt__promise_get(G->promises[l]);
-    if (!q->live && lastu[l] < ru) return 0; /* released before ru: no lifetime is extended */
+    int e = t->start[l + 1];
+    if (!q->live && (e == t->start[l] || t->u[e - 1] < ru)) return 0; /* released before ru: no life is extended */
+    for (int k = t->start[l]; k < e; k++)
+      if (t->wr[k] && t->u[k] >= from && t->u[k] < ru) return 0;
+    return 1;
   }
   uint64_t lo, hi;
   view_range(v, &lo, &hi);
-  for (int u = stored ? up + 1 : up; u < ru; u++)
+  for (int u = from; u < ru; u++)
     if (unit_writes(P, G, u, lo, hi)) return 0;
   return 1;
-}
-
-/* Units that touch local promise l, in order (deduplicated), and whether
- * each may write it. Returns the count. */
-static int touches_of(const plan *P, const dgraph *G, int l, int *tu, uint8_t *tw) {
-  int n = 0;
-  for (int u = 0; u < P->nunits; u++) {
-    const unit *U = &P->units[u];
-    int rd = 0, wr = 0;
-    if (U->kind == U_GROUP) {
-      const fgroup *F = &P->groups[U->idx];
-      for (int k = 0; k < F->nout; k++) wr |= local_of(G->nodes[F->out[k].node].views[F->out[k].idx].ptr) == l;
-      for (int k = 0; k < F->nin; k++) rd |= local_of(G->nodes[F->in[k].node].views[F->in[k].idx].ptr) == l;
-    } else if (U->kind == U_NODE) {
-      const dnode *d = &G->nodes[U->idx];
-      for (int k = 0; k < d->nacc; k++)
-        if (local_of(d->acc[k].p) == l) {
-          rd = 1;
-          wr |= !d->acc[k].ro;
-        }
-    }
-    if (rd || wr) {
-      tu[n] = u;
-      tw[n++] = (uint8_t)wr;
-    }
-  }
-  return n;
 }
 
 /* Tries to recompute promise l (see above); on success appends the
  * recompute group to P->groups (which has room) and slot `*nr` to rm
  * (unit = the index of the first late reader; plan_remat inserts the
  * recompute units). */
-static int try_remat(plan *P, const dgraph *G, const gstate *gl, const int *lastu, uint8_t *pinned, int l, int *tu,
-                     uint8_t *tw, remat *rm, int *nr) {
+static int try_remat(plan *P, const dgraph *G, const gstate *gl, const touches *t, uint8_t *pinned, int l, remat *rm,
+                     int *nr) {
   tpurt__promise *q = tpurt__promise_get(G->promises[l]);
   if (!P->materialize[l] || q->live || q->size < REMAT_MIN_BYTES || pinned[l]) return 0;
-  int n = touches_of(P, G, l, tu, tw);
+  const int *tu = t->u + t->start[l];
+  const uint8_t *tw = t->wr + t->start[l];
+  int n = t->start[l + 1] - t->start[l];
   if (n < 2 || !tw[0] || P->units[tu[0]].kind != U_GROUP) return 0;
   for (int i = 1; i < n; i++)
     if (tw[i]) return 0;
@@ -1344,7 +1388,7 @@ static int try_remat(plan *P, const dgraph *G, const gstate *gl, const int *last
   *h = *g;
   for (int k = 0; k < g->nw; k++) {
     if (k == wk || g->w[k].v->dtype != g->compute || h->nin >= TPURT_EW_MAX_IO) continue;
-    if (!stable_until(P, G, lastu, g->w[k].v, up, ru, 1)) continue;
+    if (!stable_until(P, G, t, g->w[k].v, up, ru, 1)) continue;
     for (int i = 0; i < h->nvi; i++)
       if (h->vi[i].dst == g->w[k].vreg) {
         memset(&h->vi[i], 0, sizeof h->vi[i]);
@@ -1365,7 +1409,7 @@ static int try_remat(plan *P, const dgraph *G, const gstate *gl, const int *last
     int stored = 0; /* a load of one of the producer's stores, or of one of its inputs? */
     for (int j = 0; j < g->nw; j++)
       if (g->w[j].ref.node == F->in[k].node && g->w[j].ref.idx == F->in[k].idx) stored = 1;
-    ok = local_of(v->ptr) != l && stable_until(P, G, lastu, v, up, ru, stored);
+    ok = local_of(v->ptr) != l && stable_until(P, G, t, v, up, ru, stored);
   }
   free(h);
   if (!ok) return 0;
@@ -1396,16 +1440,17 @@ static int try_remat(plan *P, const dgraph *G, const gstate *gl, const int *last
  * promise lives from its first to its last touch (to the end if live), a
  * recomputed one until its last early touch and its copy from its first
  * late reader to its last touch. d: scratch of nunits + 2. */
-static int64_t sim_peak(const plan *P, const dgraph *G, const int *firstu, const int *lastu, const remat *rm, int nr,
-                        const uint8_t *on, int64_t *d) {
+static int64_t sim_peak(const plan *P, const dgraph *G, const touches *t, const remat *rm, int nr, const uint8_t *on,
+                        int64_t *d) {
   int nu = P->nunits;
   memset(d, 0, sizeof(int64_t) * (size_t)(nu + 2));
   for (int l = 0; l < G->np; l++) {
-    if (!P->materialize[l] || firstu[l] < 0) continue;
+    int b = t->start[l], e = t->start[l + 1];
+    if (!P->materialize[l] || b == e) continue;
     tpurt__promise *q = tpurt__promise_get(G->promises[l]);
-    int r = P->remat_of[l], end = q->live ? nu : lastu[l];
+    int r = P->remat_of[l], end = q->live ? nu : t->u[e - 1];
     if (r >= 0 && on[r]) end = rm[r].early_last;
-    d[firstu[l]] += (int64_t)q->size;
+    d[t->u[b]] += (int64_t)q->size;
     d[end + 1] -= (int64_t)q->size;
   }
   for (int r = 0; r < nr; r++) {
@@ -1425,7 +1470,7 @@ static int64_t sim_peak(const plan *P, const dgraph *G, const int *firstu, const
 /* Drops the recomputations the peak does not need (a value whose life
  * does not span the peak costs a kernel and saves nothing): later ones
  * first, each dropped when the peak without it is no higher. */
-static int prune_remats(plan *P, const dgraph *G, const int *firstu, const int *lastu, remat *rm, int *nr) {
+static int prune_remats(plan *P, const dgraph *G, const touches *t, remat *rm, int *nr) {
   uint8_t *on = malloc((size_t)*nr);
   int64_t *d = malloc(sizeof(int64_t) * (size_t)(P->nunits + 2));
   if (!on || !d) {
@@ -1434,10 +1479,10 @@ static int prune_remats(plan *P, const dgraph *G, const int *firstu, const int *
     return -1;
   }
   memset(on, 1, (size_t)*nr);
-  int64_t best = sim_peak(P, G, firstu, lastu, rm, *nr, on, d);
+  int64_t best = sim_peak(P, G, t, rm, *nr, on, d);
   for (int r = *nr - 1; r >= 0; r--) {
     on[r] = 0;
-    int64_t pk = sim_peak(P, G, firstu, lastu, rm, *nr, on, d);
+    int64_t pk = sim_peak(P, G, t, rm, *nr, on, d);
     if (pk <= best)
       best = pk;
     else
@@ -1469,22 +1514,17 @@ static int plan_remat(plan *P, const dgraph *G, const gstate *gl) {
   if (!P->remat_of) return -1;
   for (int l = 0; l < np; l++) P->remat_of[l] = -1;
   if (np == 0 || !remat_enabled()) return 0;
-  int *lastu = malloc(sizeof(int) * (size_t)np), *firstu = malloc(sizeof(int) * (size_t)np),
-      *tu = malloc(sizeof(int) * (size_t)(P->nunits + 1));
-  uint8_t *pinned = calloc((size_t)np, 1), *tw = malloc((size_t)P->nunits + 1);
+  touches t;
+  int tok = build_touches(P, G, &t) == 0;
+  uint8_t *pinned = calloc((size_t)np, 1);
   remat *rm = malloc(sizeof(remat) * (size_t)np);
   fgroup *ng = realloc(P->groups, sizeof(fgroup) * (size_t)(P->ngroups + np));
   unit *nu = NULL;
   int rc = -1, nr = 0;
   if (ng) P->groups = ng;
-  if (!lastu || !firstu || !tu || !pinned || !tw || !rm || !ng) goto out;
-  for (int l = 0; l < np; l++) {
-    int n = touches_of(P, G, l, tu, tw);
-    firstu[l] = n ? tu[0] : -1;
-    lastu[l] = n ? tu[n - 1] : -1;
-  }
-  for (int l = 0; l < np; l++) try_remat(P, G, gl, lastu, pinned, l, tu, tw, rm, &nr);
-  if (nr > 0 && prune_remats(P, G, firstu, lastu, rm, &nr) != 0) goto out;
+  if (!tok || !pinned || !rm || !ng) goto out;
+  for (int l = 0; l < np; l++) try_remat(P, G, gl, &t, pinned, l, rm, &nr);
+  if (nr > 0 && prune_remats(P, G, &t, rm, &nr) != 0) goto out;
   rc = 0;
   if (nr == 0) goto out;
   nu = malloc(sizeof(unit) * (size_t)(P->nunits + nr));
@@ -1511,11 +1551,8 @@ static int plan_remat(plan *P, const dgraph *G, const gstate *gl) {
   P->nremat = nr;
   rm = NULL;
 out:
-  free(lastu);
-  free(firstu);
-  free(tu);
+  free_touches(&t);
   free(pinned);
-  free(tw);
   free(rm);
   return rc;
 }
