@@ -363,9 +363,14 @@ def test_saved_activations_are_recomputed_for_the_backward_pass(monkeypatch, blo
     # backward pass reads it: lower peak, strict's bits
     _, strict_loss, strict_grads = _step("strict", block, width, shape)
     monkeypatch.setenv("TORCH_TPU_DEFER_REMAT", "0")
+    torch.tpu.reset_defer_stats()
     kept_peak, kept_loss, kept_grads = _step("defer", block, width, shape)
+    assert torch.tpu.defer_stats()["values_recomputed"] == 0
     monkeypatch.setenv("TORCH_TPU_DEFER_REMAT", "1")
+    torch.tpu.reset_defer_stats()
     remat_peak, remat_loss, remat_grads = _step("defer", block, width, shape)
+    stats = torch.tpu.defer_stats()
+    assert stats["values_recomputed"] >= 2 and stats["bytes_recomputed"] >= 2 * saved, stats
     assert remat_loss == kept_loss == strict_loss
     for a, b, c in zip(remat_grads, kept_grads, strict_grads):
         assert torch.equal(a, c) and torch.equal(b, c)

@@ -304,6 +304,8 @@ typedef struct tpurt_defer_stats {
   uint64_t bytes_materialized;  /* promise bytes that got memory */
   uint64_t bytes_never_materialized; /* promise bytes that never took memory */
   uint64_t cached_plans;        /* plans in the cache now */
+  uint64_t values_recomputed;   /* values recomputed for late readers instead of kept */
+  uint64_t bytes_recomputed;    /* their bytes */
 } tpurt_defer_stats;
 TPURT_API void tpurt_defer_get_stats(tpurt_defer_stats *out);
 TPURT_API void tpurt_defer_reset_stats(void);

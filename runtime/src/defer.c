@@ -2108,7 +2108,7 @@ tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reaso
       atomic_fetch_add(&g_nplans, 1);
     }
   }
-  uint64_t mat = 0, never = 0;
+  uint64_t mat = 0, never = 0, rbytes = 0;
   if (P) {
     exec_ctx x = {s, G, P, P->nremat ? calloc((size_t)P->nremat, sizeof(tpurt_devptr)) : NULL};
     if (!hit) debug_plan(G, P);
@@ -2124,6 +2124,7 @@ tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reaso
       else
         never += q->size;
     }
+    for (int r = 0; r < P->nremat; r++) rbytes += tpurt__promise_get(G->promises[P->remat[r].l])->size;
   }
   /* promises: live ones now belong to the stream's memory; dead ones go */
   for (int l = 0; l < G->np; l++) {
@@ -2164,6 +2165,8 @@ tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reaso
     g_stats.stores_eliminated += (uint64_t)P->stores_eliminated;
   }
   g_stats.bytes_materialized += mat;
+  if (P) g_stats.values_recomputed += (uint64_t)P->nremat;
+  g_stats.bytes_recomputed += rbytes;
   g_stats.bytes_never_materialized += never;
   g_stats.cached_plans = (uint64_t)atomic_load(&g_nplans);
   tpurt_flush_record *r = &g_log[g_nlog % FLUSH_LOG];

@@ -149,6 +149,8 @@ py::dict defer_stats() {
   d["stores_eliminated"] = s.stores_eliminated;
   d["bytes_materialized"] = s.bytes_materialized;
   d["bytes_never_materialized"] = s.bytes_never_materialized;
+  d["values_recomputed"] = s.values_recomputed;
+  d["bytes_recomputed"] = s.bytes_recomputed;
   py::list recent;
   tpurt_flush_record r;
   for (int i = 0; tpurt_defer_get_flush(i, &r); i++) {

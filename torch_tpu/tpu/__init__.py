@@ -378,7 +378,9 @@ def defer_stats() -> dict[str, Any]:
     ``fused_kernels`` (kernels made of several ops), ``ops_fused``,
     ``ops_eliminated``, ``stores_eliminated`` (values kept in registers),
     ``bytes_materialized`` / ``bytes_never_materialized`` (tensors created
-    while deferring that did / never did take device memory) and
+    while deferring that did / never did take device memory),
+    ``values_recomputed`` / ``bytes_recomputed`` (activations recomputed for
+    their late readers instead of kept: see ``TORCH_TPU_DEFER_REMAT``) and
     ``recent_flushes`` (latest first: reason, user source line, ops, kernels,
     cache hit)."""
     return dict(_C._defer_stats())
