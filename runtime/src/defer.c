@@ -1156,11 +1156,11 @@ static int may_fail(const dnode *d) {
 }
 
 /* Unit u touches p: a promise, or from its remat unit on, the promise's
- * recomputed copy. */
+ * recomputed copy (after plan_remat). */
 static void touch(const plan *P, pfacts *f, tpurt_devptr p, int u) {
   int l = local_of(p);
   if (l < 0) return;
-  int r = P->remat_of ? P->remat_of[l] : -1;
+  int r = P->remat_of[l];
   int *first = &f[l].first, *last = &f[l].last;
   if (r >= 0 && u >= P->remat[r].unit) first = &P->remat[r].first, last = &P->remat[r].last;
   if (*first < 0) *first = u;
@@ -1406,10 +1406,10 @@ static int try_remat(plan *P, const dgraph *G, const gstate *gl, const touches *
   int out = g->w[wk].vreg, ok = assemble_group(h, &out, 1, F) == 0 && F->prog.ninst <= REMAT_MAX_INST;
   for (int k = 0; k < F->nin && ok; k++) {
     const tpurt_view *v = &G->nodes[F->in[k].node].views[F->in[k].idx];
-    int stored = 0; /* a load of one of the producer's stores, or of one of its inputs? */
+    int cut = 0; /* a load of one of the producer's stores (checked when cut), or of one of its inputs? */
     for (int j = 0; j < g->nw; j++)
-      if (g->w[j].ref.node == F->in[k].node && g->w[j].ref.idx == F->in[k].idx) stored = 1;
-    ok = local_of(v->ptr) != l && stable_until(P, G, t, v, up, ru, stored);
+      if (g->w[j].ref.node == F->in[k].node && g->w[j].ref.idx == F->in[k].idx) cut = 1;
+    ok = local_of(v->ptr) != l && (cut || stable_until(P, G, t, v, up, ru, 0));
   }
   free(h);
   if (!ok) return 0;
@@ -1499,8 +1499,6 @@ static int prune_remats(plan *P, const dgraph *G, const touches *t, remat *rm, i
   return 0;
 }
 
-/* Chooses the values to recompute and inserts their recompute units (each
- * just before its first late reader). Returns 0, or -1 out of memory. */
 /* TORCH_TPU_DEFER_REMAT=0 turns recomputation off (A/B measurements,
  * tests); part of the plan key. */
 static int remat_enabled(void) {
@@ -1508,6 +1506,8 @@ static int remat_enabled(void) {
   return !(e && *e == '0');
 }
 
+/* Chooses the values to recompute and inserts their recompute units (each
+ * just before its first late reader). Returns 0, or -1 out of memory. */
 static int plan_remat(plan *P, const dgraph *G, const gstate *gl) {
   int np = G->np;
   P->remat_of = malloc(sizeof(int) * (size_t)(np ? np : 1));
@@ -2163,9 +2163,9 @@ tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reaso
     g_stats.ops_fused += (uint64_t)P->ops_fused;
     g_stats.ops_eliminated += (uint64_t)P->ops_eliminated;
     g_stats.stores_eliminated += (uint64_t)P->stores_eliminated;
+    g_stats.values_recomputed += (uint64_t)P->nremat;
   }
   g_stats.bytes_materialized += mat;
-  if (P) g_stats.values_recomputed += (uint64_t)P->nremat;
   g_stats.bytes_recomputed += rbytes;
   g_stats.bytes_never_materialized += never;
   g_stats.cached_plans = (uint64_t)atomic_load(&g_nplans);
