@@ -88,6 +88,30 @@ def test_conv2d_forward_backward(case, bias):
     check_grads(lambda x, w, *b: F.conv2d(x, w, b[0] if b else None, **kw), args)
 
 
+# f32 convolutions run as an implicit GEMM (column panels gathered from the
+# images while the GEMM packs them): runs of 8 / 4 output positions per row
+# at stride 1 and 2 with masked edges, gathers for other shapes, slivers
+# across images, the input gradient at unit stride as a convolution with
+# flipped weights; TORCH_TPU_CONV_IMPLICIT=0 is the im2col + GEMM path.
+IMPLICIT_CASES = [
+    ((2, 8, 16, 16), dict(padding=1)),  # runs of 8
+    ((2, 8, 16, 16), dict(stride=2, padding=1)),  # stride 2, runs of 8
+    ((2, 8, 15, 15), dict(stride=2, padding=1)),  # stride 2, right edge in the padding
+    ((3, 8, 4, 4), dict(padding=1)),  # runs of 4
+    ((2, 8, 7, 9), dict(padding=2, dilation=2, groups=2)),  # gathers, slivers across images
+    ((2, 8, 6, 8), dict(stride=(1, 2), padding=(3, 0))),  # padding past the kernel, mixed strides
+]
+
+
+@pytest.mark.parametrize("implicit", ["1", "0"])
+@pytest.mark.parametrize("case", range(len(IMPLICIT_CASES)))
+def test_conv2d_implicit_gemm(case, implicit, monkeypatch):
+    monkeypatch.setenv("TORCH_TPU_CONV_IMPLICIT", implicit)
+    shape, kw = IMPLICIT_CASES[case]
+    x, w, b = rand(*shape), rand(12, shape[1] // kw.get("groups", 1), 3, 3, seed=1), rand(12, seed=2)
+    check_grads(lambda x, w, b: F.conv2d(x, w, b, **kw), [x, w, b])
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16], ids=str)
 def test_conv2d_dtypes(dtype):
     x, w, b = rand(2, 3, 7, 7, dtype=dtype), rand(5, 3, 3, 3, dtype=dtype, seed=1), rand(5, dtype=dtype, seed=2)

@@ -368,6 +368,100 @@ static void test_direct(void) {
   direct_bf16();
 }
 
+/* ------------------------------------------- implicit GEMM (f32 2-D)
+ * f32 convolutions at full precision gather their column matrix while
+ * the GEMM packs it (sgemm.c): runs of 8 or 4 positions per output row
+ * at stride 1 and 2 (masked at the edges), gathers otherwise, slivers
+ * across images, the transposed matrix for the weight gradient, and the
+ * input gradient at unit stride as a convolution with flipped weights.
+ * Forward, input and weight gradients against f64 loops, in every mode:
+ * implicit AVX2, implicit portable, implicit without packing buffers,
+ * im2col + GEMM. */
+static void implicit_case(int64_t N, int64_t Ci, int64_t H, int64_t W, int64_t Co, int64_t kh, int64_t kw,
+                          int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t G) {
+  int64_t Ho = (H + 2 * ph - dh * (kh - 1) - 1) / sh + 1, Wo = (W + 2 * pw - dw * (kw - 1) - 1) / sw + 1;
+  int64_t Cig = Ci / G, Cog = Co / G;
+  size_t nx = N * Ci * H * W, nw = Co * Cig * kh * kw, ny = N * Co * Ho * Wo;
+  float *x = malloc(nx * 4), *w = malloc(nw * 4), *gy = malloc(ny * 4);
+  double *y = calloc(ny, 8), *gx = calloc(nx, 8), *gw = calloc(nw, 8);
+  unsigned s = 11 + (unsigned)(N * 7 + Ci * 13 + H * 3 + W + kh * 5 + sh);
+  for (size_t i = 0; i < nx; i++) x[i] = (float)frand(&s);
+  for (size_t i = 0; i < nw; i++) w[i] = (float)frand(&s);
+  for (size_t i = 0; i < ny; i++) gy[i] = (float)frand(&s);
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t co = 0; co < Co; co++)
+      for (int64_t oh = 0; oh < Ho; oh++)
+        for (int64_t ow = 0; ow < Wo; ow++) {
+          int64_t g = co / Cog, yi = ((n * Co + co) * Ho + oh) * Wo + ow;
+          for (int64_t ci = 0; ci < Cig; ci++)
+            for (int64_t i = 0; i < kh; i++)
+              for (int64_t j = 0; j < kw; j++) {
+                int64_t ih = oh * sh - ph + i * dh, iw = ow * sw - pw + j * dw;
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                int64_t xi = ((n * Ci + g * Cig + ci) * H + ih) * W + iw, wi = ((co * Cig + ci) * kh + i) * kw + j;
+                y[yi] += (double)x[xi] * w[wi];
+                gx[xi] += (double)gy[yi] * w[wi];
+                gw[wi] += (double)gy[yi] * x[xi];
+              }
+        }
+  tpurt_devptr dx = check_up(S, x, nx * 4), dwt = check_up(S, w, nw * 4), dgy = check_up(S, gy, ny * 4), dy, dgx, dgw;
+  CHECK_OK(tpurt_malloc(0, ny * 4, S, &dy));
+  CHECK_OK(tpurt_malloc(0, nx * 4, S, &dgx));
+  CHECK_OK(tpurt_malloc(0, nw * 4, S, &dgw));
+  tpurt_view X = v4(dx, TPURT_F32, N, Ci, H, W), Wv = v4(dwt, TPURT_F32, Co, Cig, kh, kw);
+  tpurt_view Y = v4(dy, TPURT_F32, N, Co, Ho, Wo), GY = v4(dgy, TPURT_F32, N, Co, Ho, Wo);
+  tpurt_view GX = v4(dgx, TPURT_F32, N, Ci, H, W), GW = v4(dgw, TPURT_F32, Co, Cig, kh, kw);
+  tpurt_conv_params p = {{sh, sw}, {ph, pw}, {dh, dw}, G};
+  float *got = malloc((nx > ny ? (nx > nw ? nx : nw) : (ny > nw ? ny : nw)) * 4);
+  const char *modes[4][2] = {{"1", "auto"}, {"portable", "auto"}, {"1", "nobuf"}, {"0", "auto"}};
+  int bad = 0;
+  for (int m = 0; m < 4; m++) {
+    setenv("TORCH_TPU_CONV_IMPLICIT", modes[m][0], 1);
+    setenv("TORCH_TPU_SGEMM", modes[m][1], 1);
+    CHECK_OK(tpurt_conv2d(S, &Y, &X, &Wv, NULL, &p, TPURT_PRECISION_HIGHEST));
+    for (int what = 0; what < 3; what++) {
+      const double *ref = what == 0 ? y : what == 1 ? gx : gw;
+      size_t n = what == 0 ? ny : what == 1 ? nx : nw;
+      if (what == 1) CHECK_OK(tpurt_conv2d_backward_input(S, &GX, &GY, &Wv, NULL, &p, TPURT_PRECISION_HIGHEST));
+      if (what == 2) CHECK_OK(tpurt_conv2d_backward_weight(S, &GW, NULL, &GY, &X, &p, TPURT_PRECISION_HIGHEST));
+      check_down(S, got, what == 0 ? dy : what == 1 ? dgx : dgw, n * 4);
+      double mag = 0;
+      for (size_t i = 0; i < n; i++) mag = fmax(mag, fabs(ref[i]));
+      for (size_t i = 0; i < n; i++)
+        if (!(fabs(got[i] - ref[i]) <= 2e-5 * (1 + mag)) && bad++ < 3)
+          fprintf(stderr, "implicit_case N%lld Ci%lld %lldx%lld Co%lld k%lldx%lld s%lld,%lld p%lld,%lld d%lld,%lld g%lld "
+                  "mode %s/%s: %s[%zu] = %.9g, want %.9g\n", (long long)N, (long long)Ci, (long long)H, (long long)W,
+                  (long long)Co, (long long)kh, (long long)kw, (long long)sh, (long long)sw, (long long)ph,
+                  (long long)pw, (long long)dh, (long long)dw, (long long)G, modes[m][0], modes[m][1],
+                  what == 0 ? "y" : what == 1 ? "dx" : "dw", i, got[i], ref[i]);
+    }
+  }
+  unsetenv("TORCH_TPU_CONV_IMPLICIT");
+  unsetenv("TORCH_TPU_SGEMM");
+  CHECK(bad == 0);
+  tpurt_free(dx), tpurt_free(dwt), tpurt_free(dgy), tpurt_free(dy), tpurt_free(dgx), tpurt_free(dgw);
+  free(x), free(w), free(gy), free(y), free(gx), free(gw), free(got);
+}
+
+static void test_implicit(void) {
+  implicit_case(2, 16, 32, 32, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1); /* runs of 8, two per output row */
+  implicit_case(3, 8, 8, 8, 24, 3, 3, 1, 1, 1, 1, 1, 1, 1);    /* runs of 8, one per row */
+  implicit_case(2, 8, 4, 4, 12, 3, 3, 1, 1, 1, 1, 1, 1, 1);    /* runs of 4 */
+  implicit_case(2, 8, 31, 31, 8, 3, 3, 2, 2, 1, 1, 1, 1, 1);   /* stride 2, right edge in the padding */
+  implicit_case(2, 8, 16, 16, 8, 3, 3, 2, 2, 1, 1, 1, 1, 1);   /* stride 2, runs of 8 */
+  implicit_case(2, 8, 8, 8, 8, 3, 3, 2, 2, 1, 1, 1, 1, 1);     /* stride 2, runs of 4 */
+  implicit_case(2, 18, 9, 11, 9, 3, 3, 1, 1, 2, 2, 2, 2, 3);   /* groups, dilation, slivers across images */
+  implicit_case(2, 10, 7, 12, 6, 2, 3, 1, 1, 3, 0, 1, 2, 2);   /* padding past the kernel's reach, even kernel */
+  implicit_case(1, 64, 7, 7, 40, 1, 1, 1, 1, 0, 0, 1, 1, 1);   /* 1x1 */
+  implicit_case(3, 12, 16, 17, 8, 1, 1, 2, 2, 0, 0, 1, 1, 1);  /* 1x1 stride 2 */
+  implicit_case(2, 130, 4, 8, 20, 3, 3, 1, 1, 1, 1, 1, 1, 1);  /* K 1170: several K chunks */
+  implicit_case(1, 8, 16, 16, 200, 3, 3, 1, 1, 1, 1, 1, 1, 1); /* M 200: shared B panel */
+  implicit_case(2, 6, 12, 16, 8, 5, 5, 1, 1, 2, 2, 1, 1, 1);   /* 5x5 */
+  implicit_case(1, 5, 20, 24, 4, 9, 9, 1, 1, 4, 4, 1, 1, 1);   /* 81 taps: gathers */
+  implicit_case(1, 6, 13, 14, 5, 3, 3, 3, 3, 1, 1, 1, 1, 1);   /* stride 3: gathers */
+  implicit_case(2, 8, 8, 6, 8, 3, 3, 1, 2, 1, 1, 1, 1, 1);     /* mixed strides */
+}
+
 int main(void) {
   CHECK_OK(tpurt_init());
   CHECK_OK(tpurt_stream_default(0, &S));
@@ -378,6 +472,7 @@ int main(void) {
   conv_case(1, 3, 11, 11, 4, 5, 3, 2, 1, 1);
   test_pool_upsample();
   test_direct();
+  test_implicit();
   if (g_failures) {
     fprintf(stderr, "%d failure(s)\n", g_failures);
     return 1;

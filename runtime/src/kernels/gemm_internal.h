@@ -29,6 +29,25 @@ TPURT_INTERNAL void tpurt__sgemm_batched(int ta, int tb, int64_t nb, int64_t M, 
 TPURT_INTERNAL void tpurt__sgemm_own(int ta, int tb, int64_t nb, int64_t M, int64_t N, int64_t K, float alpha,
                                      const float *A, int64_t lda, int64_t sa, const float *B, int64_t ldb, int64_t sb,
                                      float beta, float *C, int64_t ldc, int64_t sc, int flags);
+/* Implicit-GEMM convolution on the own kernel (sgemm.c): the column
+ * matrix of a 2-D convolution is never stored, its panels are gathered
+ * from the images while the GEMM packs them. One group's geometry:
+ * element (c, h, w) of image n at x[n * img + (c * H + h) * W + w];
+ * output position (oh, ow) reads input (oh * sh - ph + r * dh, ow * sw -
+ * pw + s * dw) for tap (r, s), zero outside [0, H) x [0, W). */
+typedef struct {
+  const float *x;
+  int64_t img, C, H, W;
+  int64_t N, Ho, Wo;
+  int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+} tpurt_conv_cols;
+/* kind 0 (forward): y[n * y_img + m * L + o] = sum_k w[m * ldw + k] col[k][(n, o)]
+ *   for m < M, L = Ho * Wo, k over (c, r, s).
+ * kind 1 (weight gradient): dw[m * ldw + k] = beta * dw + sum_(n, o)
+ *   dy[n * y_img + m * L + o] col[k][(n, o)]  (w is dw, y is dy).
+ * flags as tpurt__sgemm_own. */
+TPURT_INTERNAL void tpurt__sgemm_conv(int kind, const tpurt_conv_cols *g, int64_t M, float *w, int64_t ldw,
+                                      float *y, int64_t y_img, float beta, int flags);
 /* TORCH_TPU_SGEMM: 0 auto (by shape), 1 own kernel, 2 OpenBLAS tiles,
  * 3 own kernel with the portable micro-kernel, 4 own kernel without its
  * packing buffers. */

@@ -35,6 +35,16 @@
  * Batched products: small products (or many of them) run one whole
  * product per pool task with thread-local buffers; large ones run one
  * after the other, each split over the pool as above.
+ *
+ * One A block (M <= MC): every B sliver meets A once, so no panel is
+ * shared: the pool's tasks are column ranges, each packs A once and its B
+ * slivers into a stack buffer right where it uses them (16 KiB in L1
+ * instead of a 1 MiB panel through L3). Same products in the same order.
+ *
+ * Implicit convolution (tpurt__sgemm_conv, for conv.c): op(B) is the
+ * column matrix of a 2-D convolution (or its transpose), gathered from the
+ * images by the B packing itself, and the image dimension of A or C is
+ * spread over the images' own memory; nothing else changes.
  */
 #include <immintrin.h>
 #include <sched.h>
@@ -205,6 +215,14 @@ typedef struct {
   int64_t lda, ldb, ldc;
   int avx;   /* AVX2 micro-kernel and packing (else the portable code) */
   int nobuf; /* act as if the packing buffers could not be allocated (tests) */
+  /* Implicit convolution (tpurt__sgemm_conv): op(B) is gathered from the
+   * images of `cv` (bconv 1: the column matrix, rows (c, r, s), columns
+   * (image, oh, ow); 2: its transpose), and a dimension that runs over
+   * images is spread: A's columns (a_L > 0) or C's columns (c_L > 0)
+   * index (image, o), element at image * a_img / c_img + o. */
+  const tpurt_conv_cols *cv;
+  int bconv, g32; /* g32: every image offset fits in 32 bits (AVX2 gathers) */
+  int64_t a_L, a_img, c_L, c_img;
 } prod;
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -309,12 +327,340 @@ static inline void pack_sliver(float *restrict d, int w, const float *src, int64
   }
 }
 
-/* op(A)[i0:i0+mc, p0:p0+kc] -> dst, MR-tall slivers, rows past mc zero. */
+/* op(A)[i0:i0+mc, p0:p0+kc] -> dst, MR-tall slivers, rows past mc zero.
+ * A spread over images (a_L > 0, plain A) is packed one image's run of
+ * columns at a time (in increasing order: pack_a_rows_avx2's spill into
+ * the next run is overwritten by it). */
 static void pack_a(float *restrict dst, const prod *x, int64_t i0, int64_t mc, int64_t p0, int64_t kc) {
   for (int64_t s = 0; s < mc; s += MR) {
     int64_t m = mc - s < MR ? mc - s : MR, i = i0 + s;
+    if (x->a_L) {
+      for (int64_t q = p0; q < p0 + kc;) {
+        int64_t im = q / x->a_L, o = q - im * x->a_L;
+        int64_t len = x->a_L - o < p0 + kc - q ? x->a_L - o : p0 + kc - q;
+        pack_sliver(dst + s * kc + (q - p0) * MR, MR, x->A + im * x->a_img + i * x->lda + o, x->lda, 1, m, len,
+                    x->avx);
+        q += len;
+      }
+      continue;
+    }
     const float *src = x->ta ? x->A + p0 * x->lda + i : x->A + i * x->lda + p0;
     pack_sliver(dst + s * kc, MR, src, x->lda, !x->ta, m, kc, x->avx);
+  }
+}
+
+/* ------------------------------------------- implicit convolution: B */
+
+/* Lane sentinel: a row (or tap) offset that puts every lane past the
+ * operand's width out of range, whatever tap or position is added. */
+#define OUT_LANE (-(1 << 30))
+
+#if defined(__x86_64__) || defined(__i386__)
+/* d[0..15] = lane valid ? x[index] : 0 (lanes 0-7 in the *0 vectors, 8-15
+ * in *1), valid when 0 <= h < H and 0 <= w < W; invalid lanes are not read. */
+__attribute__((target("avx2,fma"))) static inline void gather16(float *d, const float *x, __m256i h0, __m256i h1,
+                                                                __m256i w0, __m256i w1, __m256i i0, __m256i i1,
+                                                                __m256i vH, __m256i vW) {
+  const __m256i m1 = _mm256_set1_epi32(-1);
+  __m256i k0 = _mm256_and_si256(_mm256_and_si256(_mm256_cmpgt_epi32(h0, m1), _mm256_cmpgt_epi32(vH, h0)),
+                                _mm256_and_si256(_mm256_cmpgt_epi32(w0, m1), _mm256_cmpgt_epi32(vW, w0)));
+  __m256i k1 = _mm256_and_si256(_mm256_and_si256(_mm256_cmpgt_epi32(h1, m1), _mm256_cmpgt_epi32(vH, h1)),
+                                _mm256_and_si256(_mm256_cmpgt_epi32(w1, m1), _mm256_cmpgt_epi32(vW, w1)));
+  _mm256_storeu_ps(d, _mm256_mask_i32gather_ps(_mm256_setzero_ps(), x, i0, _mm256_castsi256_ps(k0), 4));
+  _mm256_storeu_ps(d + 8, _mm256_mask_i32gather_ps(_mm256_setzero_ps(), x, i1, _mm256_castsi256_ps(k1), 4));
+}
+
+/* d[p*NR + q] = lane q valid ? x[off[q] + roff_p] : 0, valid when
+ * 0 <= hb[q] + rh_p < H and 0 <= wb[q] + sd_p < W; rows advance over the
+ * taps (c, r, s) of the column matrix (hb, wb, off per column). */
+__attribute__((target("avx2,fma"))) static void gather_cols_avx2(float *restrict d, const tpurt_conv_cols *g,
+                                                                 const int32_t *hb, const int32_t *wb,
+                                                                 const int32_t *off, int64_t k0, int64_t kc) {
+  int64_t kk = g->kh * g->kw, ci = k0 / kk, r = k0 % kk / g->kw, s = k0 % g->kw;
+  __m256i h0 = _mm256_loadu_si256((const __m256i *)hb), h1 = _mm256_loadu_si256((const __m256i *)(hb + 8));
+  __m256i w0 = _mm256_loadu_si256((const __m256i *)wb), w1 = _mm256_loadu_si256((const __m256i *)(wb + 8));
+  __m256i o0 = _mm256_loadu_si256((const __m256i *)off), o1 = _mm256_loadu_si256((const __m256i *)(off + 8));
+  __m256i vH = _mm256_set1_epi32((int)g->H), vW = _mm256_set1_epi32((int)g->W);
+  for (int64_t p = 0; p < kc; p++) {
+    __m256i rh = _mm256_set1_epi32((int)(r * g->dh)), sd = _mm256_set1_epi32((int)(s * g->dw));
+    __m256i ro = _mm256_set1_epi32((int)(ci * g->H * g->W + r * g->dh * g->W + s * g->dw));
+    __m256i a0 = _mm256_add_epi32(h0, rh), a1 = _mm256_add_epi32(h1, rh);
+    __m256i b0 = _mm256_add_epi32(w0, sd), b1 = _mm256_add_epi32(w1, sd);
+    gather16(d + p * NR, g->x, a0, a1, b0, b1, _mm256_add_epi32(o0, ro), _mm256_add_epi32(o1, ro), vH, vW);
+    if (++s == g->kw) {
+      s = 0;
+      if (++r == g->kh) r = 0, ci++;
+    }
+  }
+}
+
+/* Transposed column matrix: d[p*NR + q] = lane q valid ? x[base_p +
+ * koff[q]] : 0, valid when 0 <= hb_p + rh[q] < H and 0 <= wb_p + sd[q] <
+ * W; rows advance over the positions (image, oh, ow). */
+__attribute__((target("avx2,fma"))) static void gather_cols_t_avx2(float *restrict d, const tpurt_conv_cols *g,
+                                                                   const int32_t *rh, const int32_t *sd,
+                                                                   const int32_t *koff, int64_t q0, int64_t kc) {
+  int64_t L = g->Ho * g->Wo, im = q0 / L, oh = q0 % L / g->Wo, ow = q0 % g->Wo;
+  __m256i r0 = _mm256_loadu_si256((const __m256i *)rh), r1 = _mm256_loadu_si256((const __m256i *)(rh + 8));
+  __m256i s0 = _mm256_loadu_si256((const __m256i *)sd), s1 = _mm256_loadu_si256((const __m256i *)(sd + 8));
+  __m256i o0 = _mm256_loadu_si256((const __m256i *)koff), o1 = _mm256_loadu_si256((const __m256i *)(koff + 8));
+  __m256i vH = _mm256_set1_epi32((int)g->H), vW = _mm256_set1_epi32((int)g->W);
+  for (int64_t p = 0; p < kc; p++) {
+    int64_t hb = oh * g->sh - g->ph, wb = ow * g->sw - g->pw;
+    __m256i vh = _mm256_set1_epi32((int)hb), vw = _mm256_set1_epi32((int)wb);
+    __m256i base = _mm256_set1_epi32((int)(im * g->img + hb * g->W + wb));
+    __m256i a0 = _mm256_add_epi32(r0, vh), a1 = _mm256_add_epi32(r1, vh);
+    __m256i b0 = _mm256_add_epi32(s0, vw), b1 = _mm256_add_epi32(s1, vw);
+    gather16(d + p * NR, g->x, a0, a1, b0, b1, _mm256_add_epi32(o0, base), _mm256_add_epi32(o1, base), vH, vW);
+    if (++ow == g->Wo) {
+      ow = 0;
+      if (++oh == g->Ho) oh = 0, im++;
+    }
+  }
+}
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
+/* 8 input elements from column w on (src points at column w), masked to
+ * [0, W) (masked lanes are not read); stride 2 keeps the even ones of 16. */
+__attribute__((target("avx2,fma"))) static inline __m256 load8_in(const float *src, int64_t w, int64_t W) {
+  if (w >= 0 && w + 8 <= W) return _mm256_loadu_ps(src);
+  __m256i c = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)w));
+  __m256i m = _mm256_and_si256(_mm256_cmpgt_epi32(c, _mm256_set1_epi32(-1)),
+                               _mm256_cmpgt_epi32(_mm256_set1_epi32((int)W), c));
+  return _mm256_maskload_ps(src, m);
+}
+
+__attribute__((target("avx2,fma"))) static inline __m256 load8_s2_in(const float *src, int64_t w, int64_t W) {
+  __m256 a = load8_in(src, w, W), b = load8_in(src + 8, w + 8, W);
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+}
+
+/* Transposed column sliver over positions in runs of 8 along output rows
+ * (Wo and the row range multiples of 8) at stride 1 or 2: for each run
+ * and tap lane, the 8 input elements are one (masked) load; two 8 x 8
+ * transposes turn the 16 lane vectors into 8 rows. */
+__attribute__((target("avx2,fma"))) static void cols_t_runs_avx2(float *restrict d, const tpurt_conv_cols *g,
+                                                                 const int64_t *rh, const int64_t *sd,
+                                                                 const int64_t *koff, int64_t q0, int64_t kc) {
+  int64_t L = g->Ho * g->Wo, im = q0 / L, oh = q0 % L / g->Wo, ow = q0 % g->Wo, W = g->W;
+  int two = g->sw == 2;
+  _Alignas(32) float v[NR][8];
+  for (int64_t p = 0; p < kc; p += 8) {
+    int64_t hb = oh * g->sh - g->ph, wb = ow * g->sw - g->pw;
+    const float *base = g->x + im * g->img + hb * W + wb;
+    for (int l = 0; l < NR; l++) {
+      int64_t h = hb + rh[l], w = wb + sd[l];
+      __m256 e = _mm256_setzero_ps();
+      if ((uint64_t)h < (uint64_t)g->H) e = two ? load8_s2_in(base + koff[l], w, W) : load8_in(base + koff[l], w, W);
+      _mm256_store_ps(v[l], e);
+    }
+    const float *r0[8] = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
+    const float *r1[8] = {v[8], v[9], v[10], v[11], v[12], v[13], v[14], v[15]};
+    __m256 c[8];
+    tr8(r0, 0, c);
+    for (int q = 0; q < 8; q++) _mm256_storeu_ps(d + (p + q) * NR, c[q]);
+    tr8(r1, 0, c);
+    for (int q = 0; q < 8; q++) _mm256_storeu_ps(d + (p + q) * NR + 8, c[q]);
+    if ((ow += 8) == g->Wo) {
+      ow = 0;
+      if (++oh == g->Ho) oh = 0, im++;
+    }
+  }
+}
+
+/* Tap table of a sliver whose lanes fall in runs of `seg` (8 or 4)
+ * lanes, each in one output row, at input stride 1 or 2: for tap t and
+ * run i, the input offset of the run's first element (before the
+ * channel) and the masks of the input elements it reads (seg elements at
+ * stride 1, 2 * seg at stride 2: lanes in the padding or past the
+ * matrix are masked, and masked lanes are not read). */
+#define RUN_TAPS 49
+typedef struct {
+  int64_t off[RUN_TAPS][NR / 4];
+  int32_t mask[RUN_TAPS][2 * NR];
+} run_table;
+
+/* Every row of the sliver: channel-major over the taps, one masked load
+ * per run (two and an even-element shuffle at stride 2). Inlined with
+ * constant seg and stride. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void copy_runs(float *restrict d, const float *x,
+                                                                               const run_table *t, int64_t kk,
+                                                                               int64_t HW, int seg, int two,
+                                                                               int64_t k0, int64_t kc) {
+  int64_t ci = k0 / kk, tap = k0 % kk;
+  for (int64_t p = 0; p < kc; p++) {
+    const float *xc = x + ci * HW;
+    const int64_t *off = t->off[tap];
+    const int32_t *m = t->mask[tap];
+    float *dd = d + p * NR;
+    if (seg == 8) {
+      for (int i = 0; i < 2; i++) {
+        __m256 v;
+        if (!two) {
+          v = _mm256_maskload_ps(xc + off[i], _mm256_loadu_si256((const __m256i *)(m + 8 * i)));
+        } else {
+          __m256 a = _mm256_maskload_ps(xc + off[i], _mm256_loadu_si256((const __m256i *)(m + 16 * i)));
+          __m256 b = _mm256_maskload_ps(xc + off[i] + 8, _mm256_loadu_si256((const __m256i *)(m + 16 * i + 8)));
+          v = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+        }
+        _mm256_storeu_ps(dd + 8 * i, v);
+      }
+    } else {
+      for (int i = 0; i < 4; i++) {
+        __m128 v;
+        if (!two) {
+          v = _mm_maskload_ps(xc + off[i], _mm_loadu_si128((const __m128i *)(m + 4 * i)));
+        } else {
+          __m256 a = _mm256_maskload_ps(xc + off[i], _mm256_loadu_si256((const __m256i *)(m + 8 * i)));
+          v = _mm256_castps256_ps128(
+              _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, a, 0x88)), 0xD8)));
+        }
+        _mm_storeu_ps(dd + 4 * i, v);
+      }
+    }
+    if (++tap == kk) tap = 0, ci++;
+  }
+}
+
+__attribute__((target("avx2,fma"))) static void copy_runs_avx2(float *restrict d, const float *x, const run_table *t,
+                                                               int64_t kk, int64_t HW, int seg, int two, int64_t k0,
+                                                               int64_t kc) {
+  if (seg == 8 && !two)
+    copy_runs(d, x, t, kk, HW, 8, 0, k0, kc);
+  else if (seg == 8)
+    copy_runs(d, x, t, kk, HW, 8, 1, k0, kc);
+  else if (!two)
+    copy_runs(d, x, t, kk, HW, 4, 0, k0, kc);
+  else
+    copy_runs(d, x, t, kk, HW, 4, 1, k0, kc);
+}
+#endif
+
+/* One sliver of the column matrix: columns j..j+n-1 (positions (image,
+ * oh, ow)), rows k0..k0+kc-1 (taps (c, r, s)). At stride 1 or 2, when
+ * the sixteen positions are runs of 8 (or 4) in single output rows, every
+ * tap reads each run as consecutive (or every other) input elements
+ * (lanes in the padding zero); other slivers gather. */
+static void pack_b_cols(float *restrict d, const prod *x, int64_t j, int64_t n, int64_t k0, int64_t kc) {
+  const tpurt_conv_cols *g = x->cv;
+  int64_t L = g->Ho * g->Wo, kk = g->kh * g->kw, HW = g->H * g->W;
+#if defined(__x86_64__) || defined(__i386__)
+  for (int seg = 8; x->avx && (g->sw == 1 || g->sw == 2) && kk <= RUN_TAPS && seg >= 4; seg -= 4) {
+    int64_t shb[NR / 4], swb[NR / 4], soff[NR / 4];
+    int ok = 1, nrun = NR / seg, two = g->sw == 2;
+    for (int i = 0; i < nrun && ok; i++) {
+      int64_t c0 = j + i * seg, o = c0 % L, ow = o % g->Wo;
+      shb[i] = OUT_LANE, swb[i] = 0, soff[i] = 0;
+      if (i * seg >= n) continue; /* past the matrix: zero */
+      ok = i * seg + seg <= n && ow + seg <= g->Wo;
+      shb[i] = o / g->Wo * g->sh - g->ph;
+      swb[i] = ow * g->sw - g->pw;
+      soff[i] = c0 / L * g->img + shb[i] * g->W + swb[i];
+    }
+    if (!ok) continue;
+    run_table t;
+    int e = seg << two; /* input elements a run reads */
+    for (int64_t tap = 0; tap < kk; tap++) {
+      int64_t rh = tap / g->kw * g->dh, sd = tap % g->kw * g->dw;
+      for (int i = 0; i < nrun; i++) {
+        int64_t h = shb[i] + rh, w = swb[i] + sd;
+        int hin = (uint64_t)h < (uint64_t)g->H;
+        t.off[tap][i] = soff[i] + rh * g->W + sd;
+        for (int q = 0; q < e; q++)
+          t.mask[tap][i * e + q] = hin && (uint64_t)(w + q) < (uint64_t)g->W ? -1 : 0;
+      }
+    }
+    copy_runs_avx2(d, g->x, &t, kk, HW, seg, two, k0, kc);
+    return;
+  }
+#endif
+  int64_t hb[NR], wb[NR], im[NR];
+  for (int q = 0; q < NR; q++) {
+    int64_t col = j + (q < n ? q : 0), o = col % L;
+    im[q] = col / L;
+    hb[q] = q < n ? o / g->Wo * g->sh - g->ph : OUT_LANE;
+    wb[q] = o % g->Wo * g->sw - g->pw;
+  }
+  int run = n == NR && g->sw == 1 && im[0] == im[NR - 1] && hb[0] == hb[NR - 1];
+#if defined(__x86_64__) || defined(__i386__)
+  if (!run && x->avx && x->g32) {
+    int32_t h32[NR], w32[NR], o32[NR];
+    for (int q = 0; q < NR; q++) {
+      h32[q] = (int32_t)hb[q];
+      w32[q] = (int32_t)wb[q];
+      o32[q] = (int32_t)(im[q] * g->img + (q < n ? hb[q] * g->W : 0) + wb[q]);
+    }
+    gather_cols_avx2(d, g, h32, w32, o32, k0, kc);
+    return;
+  }
+#endif
+  int64_t ci = k0 / kk, r = k0 % kk / g->kw, s = k0 % g->kw;
+  for (int64_t p = 0; p < kc; p++) {
+    float *dd = d + p * NR;
+    const float *plane = g->x + im[0] * g->img + ci * HW;
+    if (run) {
+      int64_t h = hb[0] + r * g->dh, w0 = wb[0] + s * g->dw;
+      if ((uint64_t)h >= (uint64_t)g->H) {
+        memset(dd, 0, NR * sizeof(float));
+      } else if (w0 >= 0 && w0 + NR <= g->W) {
+        memcpy(dd, plane + h * g->W + w0, NR * sizeof(float));
+      } else {
+        for (int q = 0; q < NR; q++)
+          dd[q] = (uint64_t)(w0 + q) < (uint64_t)g->W ? plane[h * g->W + w0 + q] : 0.0f;
+      }
+    } else {
+      for (int q = 0; q < NR; q++) {
+        int64_t h = hb[q] + r * g->dh, w = wb[q] + s * g->dw;
+        dd[q] = (uint64_t)h < (uint64_t)g->H && (uint64_t)w < (uint64_t)g->W
+                    ? g->x[im[q] * g->img + ci * HW + h * g->W + w]
+                    : 0.0f;
+      }
+    }
+    if (++s == g->kw) {
+      s = 0;
+      if (++r == g->kh) r = 0, ci++;
+    }
+  }
+}
+
+/* One sliver of the transposed column matrix: columns j..j+n-1 (taps
+ * (c, r, s)), rows q0..q0+kc-1 (positions (image, oh, ow)). Positions in
+ * runs of 8 along output rows at stride 1 or 2 are loaded per tap and
+ * transposed; other slivers gather. */
+static void pack_b_cols_t(float *restrict d, const prod *x, int64_t j, int64_t n, int64_t q0, int64_t kc) {
+  const tpurt_conv_cols *g = x->cv;
+  int64_t L = g->Ho * g->Wo, kk = g->kh * g->kw, HW = g->H * g->W;
+  int64_t rh[NR], sd[NR], koff[NR];
+  for (int q = 0; q < NR; q++) {
+    int64_t k = j + (q < n ? q : 0), ci = k / kk, r = k % kk / g->kw, s = k % g->kw;
+    rh[q] = q < n ? r * g->dh : OUT_LANE;
+    sd[q] = s * g->dw;
+    koff[q] = ci * HW + r * g->dh * g->W + s * g->dw;
+  }
+#if defined(__x86_64__) || defined(__i386__)
+  if (x->avx && (g->sw == 1 || g->sw == 2) && g->Wo % 8 == 0 && q0 % 8 == 0 && kc % 8 == 0) {
+    cols_t_runs_avx2(d, g, rh, sd, koff, q0, kc);
+    return;
+  }
+  if (x->avx && x->g32) {
+    int32_t r32[NR], s32[NR], o32[NR];
+    for (int q = 0; q < NR; q++) r32[q] = (int32_t)rh[q], s32[q] = (int32_t)sd[q], o32[q] = (int32_t)koff[q];
+    gather_cols_t_avx2(d, g, r32, s32, o32, q0, kc);
+    return;
+  }
+#endif
+  int64_t im = q0 / L, oh = q0 % L / g->Wo, ow = q0 % g->Wo;
+  for (int64_t p = 0; p < kc; p++) {
+    int64_t hb = oh * g->sh - g->ph, wb = ow * g->sw - g->pw, base = im * g->img + hb * g->W + wb;
+    for (int q = 0; q < NR; q++) {
+      int64_t h = hb + rh[q], w = wb + sd[q];
+      d[p * NR + q] = (uint64_t)h < (uint64_t)g->H && (uint64_t)w < (uint64_t)g->W ? g->x[base + koff[q]] : 0.0f;
+    }
+    if (++ow == g->Wo) {
+      ow = 0;
+      if (++oh == g->Ho) oh = 0, im++;
+    }
   }
 }
 
@@ -324,8 +670,17 @@ static void pack_b(float *restrict dst, const prod *x, int64_t j0, int64_t nc, i
                    int64_t t1) {
   for (int64_t t = t0; t < t1; t++) {
     int64_t s = t * NR, n = nc - s < NR ? nc - s : NR, j = j0 + s;
+    float *d = dst + (t - t0) * kc * NR;
+    if (x->bconv == 1) {
+      pack_b_cols(d, x, j, n, p0, kc);
+      continue;
+    }
+    if (x->bconv == 2) {
+      pack_b_cols_t(d, x, j, n, p0, kc);
+      continue;
+    }
     const float *src = x->tb ? x->B + j * x->ldb + p0 : x->B + p0 * x->ldb + j;
-    pack_sliver(dst + (t - t0) * kc * NR, NR, src, x->ldb, x->tb, n, kc, x->avx);
+    pack_sliver(d, NR, src, x->ldb, x->tb, n, kc, x->avx);
   }
 }
 
@@ -357,6 +712,7 @@ typedef struct {
   int64_t j0, nc, p0, kc, mc;
   float beta; /* beta of this K chunk */
   int64_t mu, ns, nsl; /* row slivers of M, column parts, slivers per panel */
+  int cols;            /* tasks are column parts over all rows (B slivers packed where used) */
   _Atomic int64_t pack_next, packed; /* B slivers claimed / finished */
 } panel_job;
 
@@ -401,20 +757,31 @@ static void macro(const panel_job *j, int64_t r0, int64_t r1, int64_t s0, int64_
       const float *bs = j->bp ? j->bp + t * kc * NR : b1;
       int64_t jj = j->j0 + t * NR, n = j->j0 + j->nc - jj < NR ? j->j0 + j->nc - jj : NR;
       if (!j->bp) pack_b(b1, x, j->j0, j->nc, j->p0, kc, t, t + 1);
+      /* C spread over images: the tile's columns in one image are one
+       * block of C; a tile across images is written column by column */
+      int64_t cim = x->c_L ? jj / x->c_L : 0, co = jj - cim * x->c_L;
+      int one_img = !x->c_L || co + n <= x->c_L;
+      float *cb = x->c_L ? x->C + cim * x->c_img + co : x->C + jj;
       for (int64_t s = 0; s < mc; s += MR) {
         int64_t m = mc - s < MR ? mc - s : MR;
-        float *c = x->C + (ic + s) * x->ldc + jj;
+        float *c = cb + (ic + s) * x->ldc;
         const float *as = ap ? ap + s * kc : a1;
         if (!ap) pack_a(a1, x, ic + s, m, j->p0, kc);
-        if (m == MR && n == NR) {
+        if (m == MR && n == NR && one_img) {
           j->ukr(kc, as, bs, c, x->ldc, x->alpha, j->beta);
         } else {
           j->ukr(kc, as, bs, tmp, NR, 1.0f, 0.0f);
-          for (int64_t i = 0; i < m; i++)
-            for (int64_t q = 0; q < n; q++) {
-              float v = x->alpha * tmp[i * NR + q];
-              c[i * x->ldc + q] = j->beta == 0.0f ? v : v + j->beta * c[i * x->ldc + q];
+          for (int64_t q = 0; q < n; q++) {
+            float *cq = c + q;
+            if (!one_img) {
+              int64_t qi = (jj + q) / x->c_L;
+              cq = x->C + qi * x->c_img + (ic + s) * x->ldc + (jj + q - qi * x->c_L);
             }
+            for (int64_t i = 0; i < m; i++) {
+              float v = x->alpha * tmp[i * NR + q];
+              cq[i * x->ldc] = j->beta == 0.0f ? v : v + j->beta * cq[i * x->ldc];
+            }
+          }
         }
       }
     }
@@ -423,6 +790,10 @@ static void macro(const panel_job *j, int64_t r0, int64_t r1, int64_t s0, int64_
 
 static void panel_tasks(void *p, int64_t b, int64_t e) {
   panel_job *j = p;
+  if (j->cols) {
+    macro(j, 0, j->mu * MR, j->nsl * b / j->ns, j->nsl * e / j->ns);
+    return;
+  }
   pack_panel(j);
   /* task t: column part t / mu, row sliver t % mu; a chunk is cut where
    * the column part changes */
@@ -447,8 +818,27 @@ static void run_product(const prod *x, ukr_fn ukr, blocks bl, int par) {
     int64_t nsl = (nc + NR - 1) / NR;
     for (int64_t p0 = 0; p0 < x->K; p0 += KC) {
       int64_t kc = x->K - p0 < KC ? x->K - p0 : KC;
-      float *bp = x->nobuf ? NULL : buf(0, (size_t)nsl * NR * kc);
-      panel_job j = {x, ukr, bp, j0, nc, p0, kc, bl.mc, p0 == 0 ? x->beta : 1.0f, (x->M + MR - 1) / MR, 1, nsl, 0, 0};
+      /* One A block (M <= MC): every B sliver meets A once, so no panel is
+       * shared; each task packs its own slivers where it uses them (a 16
+       * KiB sliver in L1 instead of a panel in L3). */
+      int cols = x->M <= bl.mc && nsl * NR >= 2 * x->M * nth;
+      float *bp = x->nobuf || cols ? NULL : buf(0, (size_t)nsl * NR * kc);
+      panel_job j = {x, ukr, bp, j0, nc, p0, kc, bl.mc, p0 == 0 ? x->beta : 1.0f, (x->M + MR - 1) / MR, 1, nsl, cols,
+                     0, 0};
+      if (cols) {
+        /* column parts of >= CHUNK_MACS, at most 4 per thread, and wide
+         * enough that packing A (M x kc) for each costs at most half of
+         * packing its B slivers (the condition above: >= 1 part per thread) */
+        int64_t sl_macs = j.mu * MR * kc * NR, per = CHUNK_MACS / sl_macs + 1;
+        if (per < (2 * x->M + NR - 1) / NR) per = (2 * x->M + NR - 1) / NR;
+        int64_t ns = (nsl + per - 1) / per;
+        j.ns = ns < 4 * nth ? ns : 4 * nth;
+        if (nth > 1 && j.ns > 1)
+          tpurt_parallel_for(j.ns, 1, panel_tasks, &j);
+        else
+          panel_tasks(&j, 0, j.ns);
+        continue;
+      }
       /* few row slivers: split the panel's columns too */
       if (nth > 1 && j.mu < 4 * nth) {
         int64_t ns = (4 * nth + j.mu - 1) / j.mu;
@@ -485,6 +875,15 @@ static void batch_tasks(void *p, int64_t b, int64_t e) {
   }
 }
 
+/* The micro-kernel for `flags` (1: portable); *avx: AVX2 packing too. */
+static ukr_fn pick_ukr(int flags, int *avx) {
+  *avx = !(flags & 1) && have_avx2();
+#if defined(__x86_64__) || defined(__i386__)
+  if (*avx) return ukr_avx2;
+#endif
+  return ukr_scalar;
+}
+
 /* Products below this many multiply-adds are not split over the pool
  * when a batch can be spread instead. */
 #define SPLIT_MIN_MACS ((double)(1 << 22))
@@ -493,13 +892,11 @@ void tpurt__sgemm_own(int ta, int tb, int64_t nb, int64_t M, int64_t N, int64_t 
                       int64_t lda, int64_t sa, const float *B, int64_t ldb, int64_t sb, float beta, float *C,
                       int64_t ldc, int64_t sc, int flags) {
   if (nb <= 0 || M <= 0 || N <= 0 || K <= 0) return;
-  ukr_fn ukr = ukr_scalar;
-  int avx = !(flags & 1) && have_avx2();
-#if defined(__x86_64__) || defined(__i386__)
-  if (avx) ukr = ukr_avx2;
-#endif
-  batch_job bj = {{ta, tb, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, avx, (flags & 2) != 0}, ukr, read_blocks(),
-                  sa, sb, sc};
+  int avx;
+  ukr_fn ukr = pick_ukr(flags, &avx);
+  batch_job bj = {{.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C,
+                   .lda = lda, .ldb = ldb, .ldc = ldc, .avx = avx, .nobuf = (flags & 2) != 0},
+                  ukr, read_blocks(), sa, sb, sc};
   int64_t nth = tpurt_num_threads();
   double macs = (double)M * (double)N * (double)K;
   if (nb > 1 && nth > 1 && !tpurt__pool_nested() && (nb >= 4 * nth || (macs < SPLIT_MIN_MACS && nb >= nth))) {
@@ -515,4 +912,34 @@ void tpurt__sgemm_own(int ta, int tb, int64_t nb, int64_t M, int64_t N, int64_t 
     x.C += i * sc;
     run_product(&x, ukr, bj.bl, par);
   }
+}
+
+/* ------------------------------------------- implicit convolution */
+
+void tpurt__sgemm_conv(int kind, const tpurt_conv_cols *g, int64_t M, float *w, int64_t ldw, float *y,
+                       int64_t y_img, float beta, int flags) {
+  int64_t L = g->Ho * g->Wo, P = g->N * L, Kd = g->C * g->kh * g->kw;
+  if (M <= 0 || P <= 0 || Kd <= 0) {
+    if (kind == 1) /* no positions: the gradient is beta * dw */
+      for (int64_t i = 0; i < M; i++)
+        for (int64_t k = 0; k < Kd; k++) w[i * ldw + k] = beta == 0.0f ? 0.0f : beta * w[i * ldw + k];
+    return;
+  }
+  int avx;
+  ukr_fn ukr = pick_ukr(flags, &avx);
+  /* 32-bit gather offsets: every element of the images, every padded
+   * offset and every lane sentinel stays inside +-2^30 */
+  int64_t span = g->N * g->img + g->C * g->H * g->W, reach = (g->ph + g->pw + 1) * (g->W + 1);
+  int g32 = span < ((int64_t)1 << 30) && reach < ((int64_t)1 << 28) && g->kh * g->dh < ((int64_t)1 << 28) &&
+            g->kw * g->dw < ((int64_t)1 << 28) && g->Ho * g->sh < ((int64_t)1 << 28) &&
+            g->Wo * g->sw < ((int64_t)1 << 28);
+  prod x = {.M = M, .alpha = 1.0f, .beta = beta, .avx = avx, .nobuf = (flags & 2) != 0, .cv = g, .g32 = g32};
+  if (kind == 0) { /* y (spread over images) = w @ col */
+    x.N = P, x.K = Kd, x.A = w, x.lda = ldw, x.bconv = 1;
+    x.C = y, x.ldc = L, x.c_L = L, x.c_img = y_img;
+  } else { /* dw = dy (spread over images) @ col^T */
+    x.N = Kd, x.K = P, x.A = y, x.lda = L, x.a_L = L, x.a_img = y_img, x.bconv = 2;
+    x.C = w, x.ldc = ldw;
+  }
+  run_product(&x, ukr, read_blocks(), tpurt_num_threads() > 1 && !tpurt__pool_nested());
 }
