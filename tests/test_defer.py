@@ -331,6 +331,16 @@ class _ConvBlock(torch.nn.Module):
         return F.relu(self.bn(self.conv(x)))
 
 
+class _GluBlock(torch.nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.w1, self.w3 = torch.nn.Linear(d, 2 * d, bias=False), torch.nn.Linear(d, 2 * d, bias=False)
+        self.w2 = torch.nn.Linear(2 * d, d, bias=False)
+
+    def forward(self, x):
+        return x + self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
 def _step(mode: str, block, width: int, shape):
     """Peak bytes, loss and gradients of one forward + backward of 4 blocks."""
     torch.manual_seed(0)
@@ -355,7 +365,10 @@ def _step(mode: str, block, width: int, shape):
     (_NormBlock, 256, (2048, 256), 2 << 20),
     # batch norm + ReLU output (2 MiB) per block, kept for the next convolution's weight gradient
     (_ConvBlock, 32, (8, 32, 32, 64), 2 << 20),
-], ids=["dropout", "layer_norm", "batch_norm_relu"])
+    # SiLU output and the SwiGLU product (2 MiB each) per block: the product
+    # is recomputed from the SiLU output's recomputed copy (a chain)
+    (_GluBlock, 128, (2048, 128), 4 << 20),
+], ids=["dropout", "layer_norm", "batch_norm_relu", "swiglu_chain"])
 def test_saved_activations_are_recomputed_for_the_backward_pass(monkeypatch, block, width, shape, saved):
     # a value the forward pass stores for the backward pass is released
     # after its forward readers and recomputed (from the activation's saved

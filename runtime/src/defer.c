@@ -721,6 +721,8 @@ typedef struct remat {
   int l, unit, group;
   int first, last;             /* units touching the copy */
   int early_last, late_last;   /* planning: last early touch, last touch */
+  int unit0;                   /* planning: the first late reader (unit may move before it) */
+  int dep[2];                  /* planning: recomputed values this one's recompute reads, or -1 */
 } remat;
 
 typedef struct vref {
@@ -1234,7 +1236,10 @@ static int assemble_group(const gstate *g, const int *outs, int nout, fgroup *F)
  * value they load is still in memory there and unchanged since. Loads are
  * cut at the group's own stores (bias + GELU written in place: the GELU is
  * recomputed from the stored sum). The copy gets memory of its own at
- * execution; the late readers' addresses are redirected to it. */
+ * execution; the late readers' addresses are redirected to it. A value
+ * may be recomputed from another recomputed value's copy (SwiGLU: the
+ * product silu(a) * b from the copy of silu(a)); that copy's recompute
+ * then moves up to run first, and it is kept while a kept one reads it. */
 
 #define REMAT_GAP 16                          /* units between an early and a late touch */
 #define REMAT_MIN_BYTES ((uint64_t)1 << 16)   /* smaller values are not worth a kernel */
@@ -1404,12 +1409,23 @@ static int try_remat(plan *P, const dgraph *G, const gstate *gl, const touches *
   fgroup *F = &P->groups[P->ngroups];
   memset(F, 0, sizeof *F);
   int out = g->w[wk].vreg, ok = assemble_group(h, &out, 1, F) == 0 && F->prog.ninst <= REMAT_MAX_INST;
+  int dep[2] = {-1, -1}, ndep = 0;
   for (int k = 0; k < F->nin && ok; k++) {
     const tpurt_view *v = &G->nodes[F->in[k].node].views[F->in[k].idx];
     int cut = 0; /* a load of one of the producer's stores (checked when cut), or of one of its inputs? */
     for (int j = 0; j < g->nw; j++)
       if (g->w[j].ref.node == F->in[k].node && g->w[j].ref.idx == F->in[k].idx) cut = 1;
-    ok = local_of(v->ptr) != l && (cut || stable_until(P, G, t, v, up, ru, 0));
+    int li = local_of(v->ptr);
+    if (!cut && li >= 0 && li != l && P->remat_of[li] >= 0) {
+      /* an input that is recomputed itself (a SiLU output read by the
+       * SwiGLU product): read from its copy, whose recompute then runs no
+       * later than this one (its one writer ran before up, and its own
+       * inputs stay stable up to its first late reader, after ru) */
+      ok = ndep < 2;
+      if (ok) dep[ndep++] = P->remat_of[li];
+      continue;
+    }
+    ok = li != l && (cut || stable_until(P, G, t, v, up, ru, 0));
   }
   free(h);
   if (!ok) return 0;
@@ -1429,10 +1445,28 @@ static int try_remat(plan *P, const dgraph *G, const gstate *gl, const touches *
   }
   pinned[l] = 1;
   P->remat_of[l] = *nr;
-  rm[*nr] = (remat){l, ru, P->ngroups, -1, -1, tu[split - 1], tu[n - 1]};
+  rm[*nr] = (remat){l, ru, P->ngroups, -1, -1, tu[split - 1], tu[n - 1], ru, {dep[0], dep[1]}};
   P->ngroups++;
   (*nr)++;
   return 1;
+}
+
+/* Each enabled slot's recompute unit: its first late reader, or earlier
+ * when an enabled later slot reads its copy (that one's unit, settled
+ * first: dependents have higher slot numbers). */
+static void settle_units(remat *rm, int nr, const uint8_t *on) {
+  for (int r = nr - 1; r >= 0; r--) {
+    rm[r].unit = rm[r].unit0;
+    for (int s = r + 1; s < nr; s++)
+      if (on[s] && (rm[s].dep[0] == r || rm[s].dep[1] == r) && rm[s].unit < rm[r].unit) rm[r].unit = rm[s].unit;
+  }
+}
+
+/* Is slot r read by an enabled later slot? */
+static int needed_by_later(const remat *rm, int nr, const uint8_t *on, int r) {
+  for (int s = r + 1; s < nr; s++)
+    if (on[s] && (rm[s].dep[0] == r || rm[s].dep[1] == r)) return 1;
+  return 0;
 }
 
 /* Peak bytes of the graph's promises when the slots with on[r] are
@@ -1440,10 +1474,11 @@ static int try_remat(plan *P, const dgraph *G, const gstate *gl, const touches *
  * promise lives from its first to its last touch (to the end if live), a
  * recomputed one until its last early touch and its copy from its first
  * late reader to its last touch. d: scratch of nunits + 2. */
-static int64_t sim_peak(const plan *P, const dgraph *G, const touches *t, const remat *rm, int nr, const uint8_t *on,
+static int64_t sim_peak(const plan *P, const dgraph *G, const touches *t, remat *rm, int nr, const uint8_t *on,
                         int64_t *d) {
   int nu = P->nunits;
   memset(d, 0, sizeof(int64_t) * (size_t)(nu + 2));
+  settle_units(rm, nr, on);
   for (int l = 0; l < G->np; l++) {
     int b = t->start[l], e = t->start[l + 1];
     if (!P->materialize[l] || b == e) continue;
@@ -1481,6 +1516,7 @@ static int prune_remats(plan *P, const dgraph *G, const touches *t, remat *rm, i
   memset(on, 1, (size_t)*nr);
   int64_t best = sim_peak(P, G, t, rm, *nr, on, d);
   for (int r = *nr - 1; r >= 0; r--) {
+    if (needed_by_later(rm, *nr, on, r)) continue;
     on[r] = 0;
     int64_t pk = sim_peak(P, G, t, rm, *nr, on, d);
     if (pk <= best)
@@ -1488,11 +1524,24 @@ static int prune_remats(plan *P, const dgraph *G, const touches *t, remat *rm, i
     else
       on[r] = 1;
   }
-  int k = 0;
-  for (int r = 0; r < *nr; r++) {
-    P->remat_of[rm[r].l] = on[r] ? k : -1;
-    if (on[r]) rm[k++] = rm[r];
+  settle_units(rm, *nr, on);
+  int k = 0, *slot = malloc(sizeof(int) * (size_t)*nr);
+  if (!slot) {
+    free(on);
+    free(d);
+    return -1;
   }
+  for (int r = 0; r < *nr; r++) {
+    slot[r] = on[r] ? k : -1;
+    P->remat_of[rm[r].l] = slot[r];
+    if (on[r]) {
+      rm[k] = rm[r];
+      for (int i = 0; i < 2; i++)
+        if (rm[k].dep[i] >= 0) rm[k].dep[i] = slot[rm[k].dep[i]]; /* enabled: needed_by_later kept it */
+      k++;
+    }
+  }
+  free(slot);
   *nr = k;
   free(on);
   free(d);
