@@ -456,6 +456,7 @@ static void test_implicit(void) {
   implicit_case(3, 12, 16, 17, 8, 1, 1, 2, 2, 0, 0, 1, 1, 1);  /* 1x1 stride 2 */
   implicit_case(2, 130, 4, 8, 20, 3, 3, 1, 1, 1, 1, 1, 1, 1);  /* K 1170: several K chunks */
   implicit_case(1, 8, 16, 16, 200, 3, 3, 1, 1, 1, 1, 1, 1, 1); /* M 200: shared B panel */
+  implicit_case(2, 8, 8, 8, 120, 3, 3, 1, 1, 1, 1, 1, 1, 1);   /* M 120: one A block of 120 rows */
   implicit_case(2, 6, 12, 16, 8, 5, 5, 1, 1, 2, 2, 1, 1, 1);   /* 5x5 */
   implicit_case(1, 5, 20, 24, 4, 9, 9, 1, 1, 4, 4, 1, 1, 1);   /* 81 taps: gathers */
   implicit_case(1, 6, 13, 14, 5, 3, 3, 3, 3, 1, 1, 1, 1, 1);   /* stride 3: gathers */

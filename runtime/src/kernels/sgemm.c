@@ -941,5 +941,9 @@ void tpurt__sgemm_conv(int kind, const tpurt_conv_cols *g, int64_t M, float *w, 
     x.N = Kd, x.K = P, x.A = y, x.lda = L, x.a_L = L, x.a_img = y_img, x.bconv = 2;
     x.C = w, x.ldc = ldw;
   }
-  run_product(&x, ukr, read_blocks(), tpurt_num_threads() > 1 && !tpurt__pool_nested());
+  /* up to 192 output channels in one A block (<= 192 KiB at KC 256, in
+   * L2): every gathered B sliver is used once, where it is packed */
+  blocks bl = read_blocks();
+  if (M > bl.mc && M <= 192) bl.mc = (M + MR - 1) / MR * MR;
+  run_product(&x, ukr, bl, tpurt_num_threads() > 1 && !tpurt__pool_nested());
 }
