@@ -481,45 +481,54 @@ typedef struct {
   int32_t mask[RUN_TAPS][2 * NR];
 } run_table;
 
-/* Every row of the sliver: channel-major over the taps, one masked load
+/* Every row of the sliver, tap by tap (the tap's masks and offsets in
+ * registers), then channel by channel (rows kk apart): one masked load
  * per run (two and an even-element shuffle at stride 2). Inlined with
  * constant seg and stride. */
 __attribute__((target("avx2,fma"), always_inline)) static inline void copy_runs(float *restrict d, const float *x,
                                                                                const run_table *t, int64_t kk,
                                                                                int64_t HW, int seg, int two,
                                                                                int64_t k0, int64_t kc) {
-  int64_t ci = k0 / kk, tap = k0 % kk;
-  for (int64_t p = 0; p < kc; p++) {
-    const float *xc = x + ci * HW;
+  int64_t c_lo = k0 / kk, c_hi = (k0 + kc - 1) / kk;
+  for (int64_t tap = 0; tap < kk; tap++) {
+    int64_t ca = c_lo + (c_lo * kk + tap < k0), cb = c_hi - (c_hi * kk + tap >= k0 + kc);
+    if (ca > cb) continue;
     const int64_t *off = t->off[tap];
     const int32_t *m = t->mask[tap];
-    float *dd = d + p * NR;
-    if (seg == 8) {
-      for (int i = 0; i < 2; i++) {
-        __m256 v;
-        if (!two) {
-          v = _mm256_maskload_ps(xc + off[i], _mm256_loadu_si256((const __m256i *)(m + 8 * i)));
-        } else {
-          __m256 a = _mm256_maskload_ps(xc + off[i], _mm256_loadu_si256((const __m256i *)(m + 16 * i)));
-          __m256 b = _mm256_maskload_ps(xc + off[i] + 8, _mm256_loadu_si256((const __m256i *)(m + 16 * i + 8)));
-          v = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
-        }
-        _mm256_storeu_ps(dd + 8 * i, v);
+    const float *xc = x + ca * HW;
+    float *dd = d + (ca * kk + tap - k0) * NR;
+    if (seg == 8 && !two) {
+      __m256i m0 = _mm256_loadu_si256((const __m256i *)m), m1 = _mm256_loadu_si256((const __m256i *)(m + 8));
+      for (int64_t ci = ca; ci <= cb; ci++, xc += HW, dd += kk * NR) {
+        _mm256_storeu_ps(dd, _mm256_maskload_ps(xc + off[0], m0));
+        _mm256_storeu_ps(dd + 8, _mm256_maskload_ps(xc + off[1], m1));
       }
+    } else if (seg == 8) {
+      __m256i m0 = _mm256_loadu_si256((const __m256i *)m), m1 = _mm256_loadu_si256((const __m256i *)(m + 8));
+      __m256i m2 = _mm256_loadu_si256((const __m256i *)(m + 16)), m3 = _mm256_loadu_si256((const __m256i *)(m + 24));
+      for (int64_t ci = ca; ci <= cb; ci++, xc += HW, dd += kk * NR) {
+        __m256 a0 = _mm256_maskload_ps(xc + off[0], m0), b0 = _mm256_maskload_ps(xc + off[0] + 8, m1);
+        __m256 a1 = _mm256_maskload_ps(xc + off[1], m2), b1 = _mm256_maskload_ps(xc + off[1] + 8, m3);
+        _mm256_storeu_ps(dd, _mm256_castpd_ps(_mm256_permute4x64_pd(
+                                 _mm256_castps_pd(_mm256_shuffle_ps(a0, b0, 0x88)), 0xD8)));
+        _mm256_storeu_ps(dd + 8, _mm256_castpd_ps(_mm256_permute4x64_pd(
+                                     _mm256_castps_pd(_mm256_shuffle_ps(a1, b1, 0x88)), 0xD8)));
+      }
+    } else if (!two) {
+      __m128i q[4];
+      for (int i = 0; i < 4; i++) q[i] = _mm_loadu_si128((const __m128i *)(m + 4 * i));
+      for (int64_t ci = ca; ci <= cb; ci++, xc += HW, dd += kk * NR)
+        for (int i = 0; i < 4; i++) _mm_storeu_ps(dd + 4 * i, _mm_maskload_ps(xc + off[i], q[i]));
     } else {
-      for (int i = 0; i < 4; i++) {
-        __m128 v;
-        if (!two) {
-          v = _mm_maskload_ps(xc + off[i], _mm_loadu_si128((const __m128i *)(m + 4 * i)));
-        } else {
-          __m256 a = _mm256_maskload_ps(xc + off[i], _mm256_loadu_si256((const __m256i *)(m + 8 * i)));
-          v = _mm256_castps256_ps128(
-              _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, a, 0x88)), 0xD8)));
+      __m256i q[4];
+      for (int i = 0; i < 4; i++) q[i] = _mm256_loadu_si256((const __m256i *)(m + 8 * i));
+      for (int64_t ci = ca; ci <= cb; ci++, xc += HW, dd += kk * NR)
+        for (int i = 0; i < 4; i++) {
+          __m256 a = _mm256_maskload_ps(xc + off[i], q[i]);
+          _mm_storeu_ps(dd + 4 * i, _mm256_castps256_ps128(_mm256_castpd_ps(
+                                        _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, a, 0x88)), 0xD8))));
         }
-        _mm_storeu_ps(dd + 4 * i, v);
-      }
     }
-    if (++tap == kk) tap = 0, ci++;
   }
 }
 
