@@ -46,18 +46,25 @@ def machine() -> dict[str, str]:
 
 
 def interleaved(configs: dict[str, Callable[[], None]], repeats: int, inner: int = 1,
-                warmup: int = 2) -> dict[str, float]:
+                warmup: int = 2, finish: dict[str, Callable[[], None]] | None = None) -> dict[str, float]:
     """Median seconds per call of each config; configs alternate within every
-    repeat so that machine noise hits them alike."""
-    for fn in configs.values():
+    repeat so that machine noise hits them alike. finish[name], when given,
+    runs once after a config's `inner` calls, inside the timing (a device
+    synchronize: `inner` launches back to back, then one wait — throughput)."""
+    finish = finish or {}
+    for name, fn in configs.items():
         for _ in range(warmup):
             fn()
+        if name in finish:
+            finish[name]()
     samples: dict[str, list[float]] = {k: [] for k in configs}
     for _ in range(repeats):
         for name, fn in configs.items():
             t0 = time.perf_counter()
             for _ in range(inner):
                 fn()
+            if name in finish:
+                finish[name]()
             samples[name].append((time.perf_counter() - t0) / inner)
     return {k: statistics.median(v) for k, v in samples.items()}
 

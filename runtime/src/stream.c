@@ -219,8 +219,12 @@ tpurt_status tpurt__enqueue(tpurt_stream *s, const char *name, tpurt_kernel_fn f
   pthread_mutex_lock(&s->mu);
   uint64_t t = atomic_load_explicit(&s->tail, memory_order_relaxed);
   if (t - atomic_load_explicit(&s->head, memory_order_acquire) >= s->cap) {
-    seq_ctx c = {s, t + 1 - s->cap};
-    tpurt__wait(&s->done_w, pred_reached, &c, TPURT_SPIN_NS);
+    /* Full: sleep (no spinning: the producer would take a core from the
+     * kernels it waits for) until half the ring has drained, so that a
+     * host far ahead of the device wakes once per cap / 2 launches, not
+     * once per kernel. */
+    seq_ctx c = {s, t - s->cap / 2};
+    tpurt__wait(&s->done_w, pred_reached, &c, 0);
   }
   tpurt__slot *sl = &s->ring[t % s->cap];
   sl->fn = fn;
