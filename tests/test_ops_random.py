@@ -75,6 +75,39 @@ def test_normal(dtype):
     assert y.shape == (3, 5)
 
 
+def test_normal_with_tensor_mean_and_std():
+    # torch.normal(mean, std) with tensors: N(0, 1) draws scaled and shifted,
+    # broadcast over mean and std; the same draws as randn under one seed
+    mean = torch.linspace(-3, 3, 4).reshape(4, 1)
+    std = torch.tensor([0.5, 1.0, 2.0])
+    dm, ds = mean.to(DT), std.to(DT)
+    torch.manual_seed(11)
+    got = torch.normal(dm, ds)
+    torch.manual_seed(11)
+    want = host(torch.randn(4, 3, device=DT)) * std + mean
+    assert got.device.type == DT and got.shape == (4, 3) and got.dtype == torch.float32
+    torch.testing.assert_close(host(got), want, rtol=0, atol=0)
+    for fn, like in ((lambda: torch.normal(dm, 2.0), lambda z: z * 2.0 + mean),
+                     (lambda: torch.normal(1.5, ds), lambda z: z * std + 1.5)):
+        torch.manual_seed(11)
+        got = host(fn())
+        torch.manual_seed(11)
+        assert torch.equal(got, like(host(torch.randn(got.shape, device=DT))))
+    out = torch.empty(0, device=DT)
+    torch.normal(dm, ds, out=out)
+    assert out.shape == (4, 3)
+    # statistics of a large sample
+    torch.manual_seed(3)
+    x = host(torch.normal(torch.full((N,), 2.0, device=DT), torch.full((N,), 3.0, device=DT))).double()
+    assert abs(x.mean().item() - 2.0) < 0.02 and abs(x.std().item() - 3.0) < 0.02
+    # a negative std is refused like on the CPU; the device stays usable
+    with pytest.raises(RuntimeError, match="normal expects all elements of std >= 0.0"):
+        torch.normal(dm, -ds)
+    with pytest.raises(RuntimeError, match="normal expects std >= 0.0"):
+        torch.normal(dm, -1.0)
+    assert host(torch.normal(dm, ds)).isfinite().all()
+
+
 def test_bernoulli():
     torch.manual_seed(2)
     x = host(torch.empty(N, device=DT).bernoulli_(0.3))

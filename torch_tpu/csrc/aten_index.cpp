@@ -826,6 +826,43 @@ at::Tensor& normal_(at::Tensor& self, double mean, double std, std::optional<at:
   TORCH_CHECK(at::isFloatingType(self.scalar_type()), "normal_ only supports floating-point dtypes");
   return launch_random(self, TPURT_RNG_NORMAL, mean, std, 0, 0, gen, "normal_");
 }
+// normal with tensor mean and/or std (PyTorch's composition: draws of
+// N(0, 1) (or N(0, std)) scaled by std and shifted by mean, broadcast)
+void check_normal_std(const at::Tensor& std) {
+  TORCH_CHECK(!std.is_complex(), "normal expects standard deviation to be non-complex");
+  TORCH_CHECK(std.numel() == 0 || std.min().ge(0).item<bool>(), "normal expects all elements of std >= 0.0");
+}
+at::Tensor& normal_tt_out(const at::Tensor& mean, const at::Tensor& std, std::optional<at::Generator> gen,
+                          at::Tensor& out) {
+  check_normal_std(std);
+  at::native::resize_output(out, at::infer_size(mean.sizes(), std.sizes()));
+  normal_(out, 0.0, 1.0, gen);
+  return out.mul_(std).add_(mean);
+}
+at::Tensor normal_tt(const at::Tensor& mean, const at::Tensor& std, std::optional<at::Generator> gen) {
+  at::Tensor out = at::empty({0}, mean.options());
+  return normal_tt_out(mean, std, gen, out);
+}
+at::Tensor& normal_tf_out(const at::Tensor& mean, double std, std::optional<at::Generator> gen, at::Tensor& out) {
+  TORCH_CHECK(std >= 0.0, "normal expects std >= 0.0, but found std ", std);
+  at::native::resize_output(out, mean.sizes());
+  normal_(out, 0.0, std, gen);
+  return out.add_(mean);
+}
+at::Tensor normal_tf(const at::Tensor& mean, double std, std::optional<at::Generator> gen) {
+  at::Tensor out = at::empty({0}, mean.options());
+  return normal_tf_out(mean, std, gen, out);
+}
+at::Tensor& normal_ft_out(double mean, const at::Tensor& std, std::optional<at::Generator> gen, at::Tensor& out) {
+  check_normal_std(std);
+  at::native::resize_output(out, std.sizes());
+  normal_(out, 0.0, 1.0, gen);
+  return out.mul_(std).add_(mean);
+}
+at::Tensor normal_ft(double mean, const at::Tensor& std, std::optional<at::Generator> gen) {
+  at::Tensor out = at::empty({0}, std.options());
+  return normal_ft_out(mean, std, gen, out);
+}
 at::Tensor& exponential_(at::Tensor& self, double lambd, std::optional<at::Generator> gen) {
   TORCH_CHECK(lambd > 0.0, "exponential_ expects lambda > 0.0, but found lambda=", lambd);
   return launch_random(self, TPURT_RNG_EXPONENTIAL, lambd, 0, 0, 0, gen, "exponential_");
@@ -1318,6 +1355,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_unique2", TORCH_FN(unique2));
   m.impl("uniform_", TORCH_FN(uniform_));
   m.impl("normal_", TORCH_FN(normal_));
+  m.impl("normal.Tensor_Tensor", TORCH_FN(normal_tt));
+  m.impl("normal.Tensor_Tensor_out", TORCH_FN(normal_tt_out));
+  m.impl("normal.Tensor_float", TORCH_FN(normal_tf));
+  m.impl("normal.Tensor_float_out", TORCH_FN(normal_tf_out));
+  m.impl("normal.float_Tensor", TORCH_FN(normal_ft));
+  m.impl("normal.float_Tensor_out", TORCH_FN(normal_ft_out));
   m.impl("exponential_", TORCH_FN(exponential_));
   m.impl("geometric_", TORCH_FN(geometric_));
   m.impl("log_normal_", TORCH_FN(log_normal_));
