@@ -47,7 +47,7 @@ SLICE = [
     "index_select", "gather", "scatter", "index_add", "masked_fill", "__getitem__", "index_put",
     "nn.functional.embedding",
     # random (shapes and dtypes only)
-    "nn.functional.dropout", "bernoulli", "rand_like", "normal", "normal.number_mean",
+    "nn.functional.dropout", "bernoulli", "rand_like", "normal", "normal.number_mean", "logit",
     # losses / norms
     "nn.functional.cross_entropy", "nn.functional.mse_loss", "nn.functional.nll_loss",
     "nn.functional.layer_norm",
@@ -75,7 +75,7 @@ EXPECTED_PASS: list[str] = [
     "index_select", "gather", "scatter", "index_add", "masked_fill", "__getitem__", "index_put",
     "nn.functional.embedding",
     # random (shapes and dtypes)
-    "nn.functional.dropout", "bernoulli", "rand_like:fwd", "normal", "normal.number_mean",
+    "nn.functional.dropout", "bernoulli", "rand_like:fwd", "normal", "normal.number_mean", "logit",
     # losses / norms
     "nn.functional.cross_entropy", "nn.functional.mse_loss", "nn.functional.nll_loss",
     "nn.functional.layer_norm:fwd",

@@ -706,3 +706,18 @@ def test_special_ops_do_not_fall_back():
         assert dict(torch_tpu._C._fallback_counts()) == {}
     finally:
         torch_tpu._C._set_cpu_fallback(False)
+
+
+@pytest.mark.parametrize("eps", [None, 0.1, 0.0])
+def test_logit_backward_like_cpu(eps):
+    # out of [0, 1] (NaN gradient without eps, 0 outside [eps, 1 - eps]),
+    # at 0 and 1 (infinite), inside (grad / (x (1 - x)))
+    x = torch.tensor([-0.5, 0.0, 0.05, 0.3, 0.5, 0.97, 1.0, 1.5], requires_grad=True)
+    g = torch.arange(8.0) - 3
+    torch.logit(x, eps).backward(g)
+    xt = x.detach().to("tpu").requires_grad_()
+    torch.logit(xt, eps).backward(g.to("tpu"))
+    torch.testing.assert_close(xt.grad.cpu(), x.grad, equal_nan=True)
+    out = torch.empty(8, device="tpu")
+    torch.ops.aten.logit_backward.grad_input(g.to("tpu"), x.detach().to("tpu"), eps, grad_input=out)
+    torch.testing.assert_close(out.cpu(), x.grad, equal_nan=True)

@@ -473,6 +473,8 @@ typedef enum tpurt_ew_op {
   TPURT_EW_SHIFTED_CHEBYSHEV_W, TPURT_EW_HERMITE_H, TPURT_EW_HERMITE_HE, TPURT_EW_LAGUERRE_L,
   TPURT_EW_LEGENDRE_P,
   TPURT_EW_SHRINK_BACKWARD,           /* |src1| <= p0 ? 0 : src0 (hardshrink and softshrink backward) */
+  TPURT_EW_LOGIT_BACKWARD,            /* src0 / (src1 (1 - src1)); p0 = eps: src1 outside [eps, 1 - eps] gives 0,
+                                         or with p0 < 0 (no eps) outside [0, 1] NaN */
   TPURT_EW_COMPLEX,                   /* complex compute: re(src0) + i re(src1) */
   TPURT_EW_POLAR,                     /* complex compute: re(src0) * (cos re(src1) + i sin re(src1)) */
   /* random source (no register read): dst = a uniform [0, 1) float drawn for

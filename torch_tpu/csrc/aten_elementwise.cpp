@@ -1068,6 +1068,21 @@ at::Tensor& k_shrink_backward_out(const at::Tensor& grad, const at::Tensor& self
   return grad_input;
 }
 
+at::Tensor& k_logit_backward_out(const at::Tensor& grad, const at::Tensor& self, std::optional<double> eps,
+                                 at::Tensor& grad_input) {
+  auto iter = at::TensorIterator::binary_op(grad_input, grad, self);
+  float_only(iter, "logit_backward");
+  run_op(iter, TPURT_EW_LOGIT_BACKWARD, "logit_backward", iter.common_dtype(), eps ? *eps : -1.0);
+  return grad_input;
+}
+at::Tensor k_logit_backward(const at::Tensor& grad, const at::Tensor& self, std::optional<double> eps) {
+  at::Tensor out;
+  auto iter = at::TensorIterator::binary_op(out, grad, self);
+  float_only(iter, "logit_backward");
+  run_op(iter, TPURT_EW_LOGIT_BACKWARD, "logit_backward", iter.common_dtype(), eps ? *eps : -1.0);
+  return iter.output();
+}
+
 // glu: a * sigmoid(b) over the two halves of dim
 std::pair<at::Tensor, at::Tensor> glu_halves(const at::Tensor& self, int64_t dim) {
   TORCH_CHECK(self.dim() > 0, "glu does not support scalars because halving size must be even");
@@ -1277,6 +1292,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("logit.out", TORCH_FN(k_logit_out));
   m.impl("logit", TORCH_FN(k_logit));
   m.impl("logit_", TORCH_FN(k_logit_));
+  m.impl("logit_backward", TORCH_FN(k_logit_backward));
+  m.impl("logit_backward.grad_input", TORCH_FN(k_logit_backward_out));
   m.impl("sign.out", TORCH_FN(k_sign_out));
   m.impl("sgn.out", TORCH_FN(unary_out<TPURT_EW_SGN>));
   m.impl("floor.out", TORCH_FN(unary_out<TPURT_EW_FLOOR>));

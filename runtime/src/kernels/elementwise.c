@@ -210,6 +210,7 @@ static const ew_opinfo k_ops[TPURT_EW_NUM_OPS] = {
     [TPURT_EW_LAGUERRE_L] = {"special_laguerre_polynomial_l", 2, K_F},
     [TPURT_EW_LEGENDRE_P] = {"special_legendre_polynomial_p", 2, K_F},
     [TPURT_EW_SHRINK_BACKWARD] = {"shrink_backward", 2, K_F},
+    [TPURT_EW_LOGIT_BACKWARD] = {"logit_backward", 2, K_F},
     [TPURT_EW_COMPLEX] = {"complex", 2, K_C},
     [TPURT_EW_POLAR] = {"polar", 2, K_C},
 };

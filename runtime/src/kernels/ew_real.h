@@ -361,6 +361,9 @@ static void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict
     case TPURT_EW_LAGUERRE_L: B((T)ews_orthopoly((double)x, (double)y, 2));
     case TPURT_EW_LEGENDRE_P: B((T)ews_orthopoly((double)x, (double)y, 3));
     case TPURT_EW_SHRINK_BACKWARD: B((y >= -p0 && y <= p0) ? (T)0 : x);
+    case TPURT_EW_LOGIT_BACKWARD:
+      B(p0 < 0 ? ((y < (T)0 || y > (T)1) ? (T)NAN : x / (y * ((T)1 - y)))
+               : ((y < (T)p0 || y > (T)1 - (T)p0) ? (T)0 : x / (y * ((T)1 - y))));
     default: break;
   }
 #undef U
