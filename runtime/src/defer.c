@@ -1451,6 +1451,11 @@ static int try_remat(plan *P, const dgraph *G, const gstate *gl, const touches *
   return 1;
 }
 
+/* Does enabled slot s's recompute read slot r's copy? */
+static int reads_copy(const remat *rm, const uint8_t *on, int s, int r) {
+  return on[s] && (rm[s].dep[0] == r || rm[s].dep[1] == r);
+}
+
 /* Each enabled slot's recompute unit: its first late reader, or earlier
  * when an enabled later slot reads its copy (that one's unit, settled
  * first: dependents have higher slot numbers). */
@@ -1458,14 +1463,14 @@ static void settle_units(remat *rm, int nr, const uint8_t *on) {
   for (int r = nr - 1; r >= 0; r--) {
     rm[r].unit = rm[r].unit0;
     for (int s = r + 1; s < nr; s++)
-      if (on[s] && (rm[s].dep[0] == r || rm[s].dep[1] == r) && rm[s].unit < rm[r].unit) rm[r].unit = rm[s].unit;
+      if (reads_copy(rm, on, s, r) && rm[s].unit < rm[r].unit) rm[r].unit = rm[s].unit;
   }
 }
 
 /* Is slot r read by an enabled later slot? */
 static int needed_by_later(const remat *rm, int nr, const uint8_t *on, int r) {
   for (int s = r + 1; s < nr; s++)
-    if (on[s] && (rm[s].dep[0] == r || rm[s].dep[1] == r)) return 1;
+    if (reads_copy(rm, on, s, r)) return 1;
   return 0;
 }
 
@@ -1508,9 +1513,11 @@ static int64_t sim_peak(const plan *P, const dgraph *G, const touches *t, remat 
 static int prune_remats(plan *P, const dgraph *G, const touches *t, remat *rm, int *nr) {
   uint8_t *on = malloc((size_t)*nr);
   int64_t *d = malloc(sizeof(int64_t) * (size_t)(P->nunits + 2));
-  if (!on || !d) {
+  int *slot = malloc(sizeof(int) * (size_t)*nr); /* new slot number of each kept one */
+  if (!on || !d || !slot) {
     free(on);
     free(d);
+    free(slot);
     return -1;
   }
   memset(on, 1, (size_t)*nr);
@@ -1525,12 +1532,7 @@ static int prune_remats(plan *P, const dgraph *G, const touches *t, remat *rm, i
       on[r] = 1;
   }
   settle_units(rm, *nr, on);
-  int k = 0, *slot = malloc(sizeof(int) * (size_t)*nr);
-  if (!slot) {
-    free(on);
-    free(d);
-    return -1;
-  }
+  int k = 0;
   for (int r = 0; r < *nr; r++) {
     slot[r] = on[r] ? k : -1;
     P->remat_of[rm[r].l] = slot[r];

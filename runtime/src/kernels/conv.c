@@ -415,7 +415,8 @@ static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
     /* unit stride: dx is the convolution of dy with the weights
      * transposed (in/out channels) and flipped, padded by dil * (k - 1) -
      * pad (an implicit GEMM; no col2im) */
-    if (implicit && p->stride[1] == 1 && p->stride[2] == 1) {
+    int flipped = implicit && p->stride[1] == 1 && p->stride[2] == 1;
+    if (flipped) {
       float *wt = tpurt__scratch(3, sizeof(float) * (size_t)(Cig * Cog * kk));
       int64_t pad[3] = {0, p->dilation[1] * (kh - 1) - p->padding[1], p->dilation[2] * (kw - 1) - p->padding[2]};
       for (int64_t g = 0; g < G && wt; g++) {
@@ -429,11 +430,10 @@ static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
       }
       if (!wt) return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "conv: no host memory for %" PRId64 " weights",
                                  Cig * Cog * kk);
-      G = 0; /* done: skip the loop below */
     }
-    char *col = one || !G ? NULL : tpurt__scratch(3, (size_t)(Kd * L * nb) * es);
-    char *dyp = one || !G ? NULL : tpurt__scratch(5, (size_t)(Cog * L * nb) * es);
-    for (int64_t g = 0; g < G; g++) {
+    char *col = one || flipped ? NULL : tpurt__scratch(3, (size_t)(Kd * L * nb) * es);
+    char *dyp = one || flipped ? NULL : tpurt__scratch(5, (size_t)(Cog * L * nb) * es);
+    for (int64_t g = 0; g < G && !flipped; g++) {
       const char *wg = w + (size_t)(g * Cog * Kd) * es;
       if (one && batched) {
         tpurt__sgemm_batched(1, 0, N, Cig, L, Cog, 1.0f, (const float *)wg, Kd, 0, (const float *)dy + g * Cog * L,

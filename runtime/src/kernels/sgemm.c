@@ -327,6 +327,10 @@ static inline void pack_sliver(float *restrict d, int w, const float *src, int64
   }
 }
 
+/* Element offset of index q of a dimension spread over images of L
+ * elements, img apart (prod's a_L / c_L). */
+static inline int64_t spread(int64_t q, int64_t L, int64_t img) { return q / L * img + q % L; }
+
 /* op(A)[i0:i0+mc, p0:p0+kc] -> dst, MR-tall slivers, rows past mc zero.
  * A spread over images (a_L > 0, plain A) is packed one image's run of
  * columns at a time (in increasing order: pack_a_rows_avx2's spill into
@@ -336,10 +340,9 @@ static void pack_a(float *restrict dst, const prod *x, int64_t i0, int64_t mc, i
     int64_t m = mc - s < MR ? mc - s : MR, i = i0 + s;
     if (x->a_L) {
       for (int64_t q = p0; q < p0 + kc;) {
-        int64_t im = q / x->a_L, o = q - im * x->a_L;
-        int64_t len = x->a_L - o < p0 + kc - q ? x->a_L - o : p0 + kc - q;
-        pack_sliver(dst + s * kc + (q - p0) * MR, MR, x->A + im * x->a_img + i * x->lda + o, x->lda, 1, m, len,
-                    x->avx);
+        int64_t o = q % x->a_L, len = x->a_L - o < p0 + kc - q ? x->a_L - o : p0 + kc - q;
+        pack_sliver(dst + s * kc + (q - p0) * MR, MR, x->A + spread(q, x->a_L, x->a_img) + i * x->lda, x->lda, 1,
+                    m, len, x->avx);
         q += len;
       }
       continue;
@@ -421,6 +424,11 @@ __attribute__((target("avx2,fma"))) static void gather_cols_t_avx2(float *restri
 #endif
 
 #if defined(__x86_64__) || defined(__i386__)
+/* Elements 0, 2, .., 14 of the 16 in a (0-7) and b (8-15): a stride-2 run. */
+__attribute__((target("avx2,fma"))) static inline __m256 evens(__m256 a, __m256 b) {
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+}
+
 /* 8 input elements from column w on (src points at column w), masked to
  * [0, W) (masked lanes are not read); stride 2 keeps the even ones of 16. */
 __attribute__((target("avx2,fma"))) static inline __m256 load8_in(const float *src, int64_t w, int64_t W) {
@@ -432,8 +440,7 @@ __attribute__((target("avx2,fma"))) static inline __m256 load8_in(const float *s
 }
 
 __attribute__((target("avx2,fma"))) static inline __m256 load8_s2_in(const float *src, int64_t w, int64_t W) {
-  __m256 a = load8_in(src, w, W), b = load8_in(src + 8, w + 8, W);
-  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+  return evens(load8_in(src, w, W), load8_in(src + 8, w + 8, W));
 }
 
 /* Transposed column sliver over positions in runs of 8 along output rows
@@ -509,10 +516,8 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void copy_runs(
       for (int64_t ci = ca; ci <= cb; ci++, xc += HW, dd += kk * NR) {
         __m256 a0 = _mm256_maskload_ps(xc + off[0], m0), b0 = _mm256_maskload_ps(xc + off[0] + 8, m1);
         __m256 a1 = _mm256_maskload_ps(xc + off[1], m2), b1 = _mm256_maskload_ps(xc + off[1] + 8, m3);
-        _mm256_storeu_ps(dd, _mm256_castpd_ps(_mm256_permute4x64_pd(
-                                 _mm256_castps_pd(_mm256_shuffle_ps(a0, b0, 0x88)), 0xD8)));
-        _mm256_storeu_ps(dd + 8, _mm256_castpd_ps(_mm256_permute4x64_pd(
-                                     _mm256_castps_pd(_mm256_shuffle_ps(a1, b1, 0x88)), 0xD8)));
+        _mm256_storeu_ps(dd, evens(a0, b0));
+        _mm256_storeu_ps(dd + 8, evens(a1, b1));
       }
     } else if (!two) {
       __m128i q[4];
@@ -525,8 +530,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void copy_runs(
       for (int64_t ci = ca; ci <= cb; ci++, xc += HW, dd += kk * NR)
         for (int i = 0; i < 4; i++) {
           __m256 a = _mm256_maskload_ps(xc + off[i], q[i]);
-          _mm_storeu_ps(dd + 4 * i, _mm256_castps256_ps128(_mm256_castpd_ps(
-                                        _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, a, 0x88)), 0xD8))));
+          _mm_storeu_ps(dd + 4 * i, _mm256_castps256_ps128(evens(a, a)));
         }
     }
   }
@@ -768,9 +772,8 @@ static void macro(const panel_job *j, int64_t r0, int64_t r1, int64_t s0, int64_
       if (!j->bp) pack_b(b1, x, j->j0, j->nc, j->p0, kc, t, t + 1);
       /* C spread over images: the tile's columns in one image are one
        * block of C; a tile across images is written column by column */
-      int64_t cim = x->c_L ? jj / x->c_L : 0, co = jj - cim * x->c_L;
-      int one_img = !x->c_L || co + n <= x->c_L;
-      float *cb = x->c_L ? x->C + cim * x->c_img + co : x->C + jj;
+      int one_img = !x->c_L || jj % x->c_L + n <= x->c_L;
+      float *cb = x->C + (x->c_L ? spread(jj, x->c_L, x->c_img) : jj);
       for (int64_t s = 0; s < mc; s += MR) {
         int64_t m = mc - s < MR ? mc - s : MR;
         float *c = cb + (ic + s) * x->ldc;
@@ -781,11 +784,7 @@ static void macro(const panel_job *j, int64_t r0, int64_t r1, int64_t s0, int64_
         } else {
           j->ukr(kc, as, bs, tmp, NR, 1.0f, 0.0f);
           for (int64_t q = 0; q < n; q++) {
-            float *cq = c + q;
-            if (!one_img) {
-              int64_t qi = (jj + q) / x->c_L;
-              cq = x->C + qi * x->c_img + (ic + s) * x->ldc + (jj + q - qi * x->c_L);
-            }
+            float *cq = one_img ? c + q : x->C + spread(jj + q, x->c_L, x->c_img) + (ic + s) * x->ldc;
             for (int64_t i = 0; i < m; i++) {
               float v = x->alpha * tmp[i * NR + q];
               cq[i * x->ldc] = j->beta == 0.0f ? v : v + j->beta * cq[i * x->ldc];
@@ -929,9 +928,8 @@ void tpurt__sgemm_conv(int kind, const tpurt_conv_cols *g, int64_t M, float *w, 
                        int64_t y_img, float beta, int flags) {
   int64_t L = g->Ho * g->Wo, P = g->N * L, Kd = g->C * g->kh * g->kw;
   if (M <= 0 || P <= 0 || Kd <= 0) {
-    if (kind == 1) /* no positions: the gradient is beta * dw */
-      for (int64_t i = 0; i < M; i++)
-        for (int64_t k = 0; k < Kd; k++) w[i * ldw + k] = beta == 0.0f ? 0.0f : beta * w[i * ldw + k];
+    if (kind == 1) /* no positions: an empty sum, dw = beta * dw */
+      tpurt__sgemm(0, 0, M, Kd, 0, 1.0f, NULL, 1, NULL, 1, beta, w, ldw, TPURT_PRECISION_HIGHEST);
     return;
   }
   int avx;
