@@ -411,6 +411,49 @@ def test_batch_norm_and_relu_are_one_kernel_after_the_statistics(defer):
                                                         training=True)))
 
 
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm", "batch_norm"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("affine", ["none", "weight", "weight_bias"])
+def test_norm_outputs_have_the_same_bits_in_strict_and_defer(kind, dtype, affine):
+    # strict eager computes y = (x - mean) * rstd * w + b inside the
+    # statistics kernel, DeferAndFuse records it as an elementwise program
+    # (fused with the ReLU after it): the same arithmetic, bit for bit,
+    # signed zeros included (rows whose mean is exactly 0 and a zero element,
+    # times a negative weight, give -0.0, which a bias of +0.0 would turn)
+    g = torch.Generator().manual_seed(5)
+    half = torch.randn(6, 3, 5, 4, generator=g, dtype=dtype)
+    half[..., 1] = 0
+    x = torch.cat([half, -half], -1)  # x[..., j] + x[..., j + 4] == 0
+    C, L = x.shape[1], x.shape[-1]
+    n = L if kind != "batch_norm" else C
+    w = (torch.rand(n, generator=g, dtype=dtype) + 0.5) * torch.tensor([-1.0, 1.0], dtype=dtype).repeat(n // 2 + 1)[:n]
+    b = torch.randn(n, generator=g, dtype=dtype)
+    w = w if affine != "none" else None
+    b = b if affine == "weight_bias" else None
+
+    def run(mode):
+        with torch_tpu.execution_mode(mode):
+            t = x.to("tpu")
+            wt, bt = (v.to("tpu") if v is not None else None for v in (w, b))
+            if kind == "layer_norm":
+                y = F.layer_norm(t, [L], wt, bt)
+            elif kind == "rms_norm":
+                y = F.rms_norm(t, [L], wt)
+            else:
+                y = F.batch_norm(t, None, None, wt, bt, training=True)
+            return y.cpu(), F.relu(y).cpu()
+
+    strict, defer = run("strict"), run("defer")
+    ints = torch.int32 if dtype == torch.float32 else torch.int64
+    for a, c in zip(strict, defer):
+        assert torch.equal(a.view(ints), c.view(ints))
+    ref = {"layer_norm": lambda: F.layer_norm(x, [L], w, b), "rms_norm": lambda: F.rms_norm(x, [L], w),
+           "batch_norm": lambda: F.batch_norm(x, None, None, w, b, training=True)}[kind]()
+    torch.testing.assert_close(strict[0], ref)
+    if kind == "layer_norm" and affine == "weight":
+        assert (strict[0] == 0).any() and torch.signbit(strict[0][strict[0] == 0]).any()
+
+
 @pytest.mark.parametrize("change", ["none", "gemm_out", "inplace_add"])
 def test_value_is_not_recomputed_from_inputs_changed_in_between(defer, monkeypatch, change):
     # a = gelu(h * 2) is read by a product now and by another after 20

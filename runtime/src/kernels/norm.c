@@ -88,10 +88,50 @@ static inline char *mrow(const mat *m, char *base, int64_t r) {
   return base + r * m->rs * (int64_t)tpurt_dtype_size(m->dt);
 }
 
+/* y = (x - mean) * inv * w + b over one row in the data's own type (f32 or
+ * f64), one rounding per operation in this order and no contraction into
+ * fma: bitwise what norm_apply's elementwise program computes. Strict eager
+ * runs this inside the statistics kernel; DeferAndFuse records the program
+ * (to fuse and recompute it), and both modes agree to the bit. An absent
+ * mean, w or b is 0, 1 or -0.0 here: x - 0, x * 1 and x + -0.0 are x for
+ * every x (signed zeros included), so they stand for the skipped
+ * instruction. w and b hold same-typed values as f64, per element
+ * (wst 1) or one for the row (wst 0). */
+typedef struct {
+  double mean, inv;
+  const double *w, *b;
+  int64_t wst;
+} apply_k;
+#define APPLY_ROW(NAME, T)                                                                                   \
+  __attribute__((optimize("fp-contract=off"))) static void NAME(char *yr, int64_t ys, const char *xr,       \
+                                                                  int64_t xs, int64_t n, const apply_k *k) { \
+    T *restrict y = (T *)yr;                                                                                 \
+    const T *restrict x = (const T *)xr;                                                                     \
+    const T m = (T)k->mean, r = (T)k->inv;                                                                   \
+    const double *restrict w = k->w, *restrict b = k->b;                                                     \
+    if (xs == 1 && ys == 1 && k->wst == 1) {                                                                 \
+      for (int64_t i = 0; i < n; i++) y[i] = ((x[i] - m) * r) * (T)w[i] + (T)b[i];                          \
+    } else if (xs == 1 && ys == 1) {                                                                         \
+      const T w0 = (T)w[0], b0 = (T)b[0];                                                                    \
+      for (int64_t i = 0; i < n; i++) y[i] = ((x[i] - m) * r) * w0 + b0;                                     \
+    } else {                                                                                                 \
+      for (int64_t i = 0; i < n; i++) y[i * ys] = ((x[i * xs] - m) * r) * (T)w[i * k->wst] + (T)b[i * k->wst]; \
+    }                                                                                                        \
+  }
+APPLY_ROW(apply_row_f32, float)
+APPLY_ROW(apply_row_f64, double)
+static void apply_row(tpurt_dtype dt, char *yr, int64_t ys, const char *xr, int64_t xs, int64_t n, const apply_k *k) {
+  if (dt == TPURT_F32)
+    apply_row_f32(yr, ys, xr, xs, n, k);
+  else
+    apply_row_f64(yr, ys, xr, xs, n, k);
+}
+
 /* =========================================================== layer norm */
 
 typedef struct {
   int rms, fwd; /* fwd: statistics (and y when given) */
+  int ew_apply; /* y by apply_row (the split form's arithmetic), not in f64 */
   double eps;
   int64_t rows, cols;
   mat x, y, dy, dx;
@@ -102,6 +142,8 @@ typedef struct {
   const lnplan *p;
   char *x, *y, *dy, *dx, *w, *b, *mean, *rstd, *dw, *db;
   int failed;
+  int64_t parts; /* row parts of the weight / bias gradient sums */
+  double *part;  /* their partial sums: [parts][dw cols, db cols] */
 } lnctx;
 
 static void ln_fwd_rows(void *c, int64_t rb, int64_t re) {
@@ -115,26 +157,23 @@ static void ln_fwd_rows(void *c, int64_t rb, int64_t re) {
   }
   double *w = buf + n, *b = buf + 2 * n;
   vload(&p->w, x->w, n, w, 1.0);
-  vload(&p->b, x->b, n, b, 0.0);
+  vload(&p->b, x->b, n, b, -0.0); /* x + -0.0 is x, signed zeros too */
   int64_t xes = (int64_t)tpurt_dtype_size(p->x.dt), yes = (int64_t)tpurt_dtype_size(p->y.dt);
   for (int64_t r = rb; r < re; r++) {
     rk_load_f64(buf, x->x + r * p->x.rs * xes, p->x.dt, p->x.cs, n);
-    double mean = 0, var = 0;
-    if (!p->rms) {
-      for (int64_t i = 0; i < n; i++) mean += buf[i];
-      mean /= (double)n;
-      for (int64_t i = 0; i < n; i++) var += (buf[i] - mean) * (buf[i] - mean);
-    } else {
-      for (int64_t i = 0; i < n; i++) var += buf[i] * buf[i];
-    }
+    double mean = p->rms ? 0.0 : rk_sum_lanes(buf, n) / (double)n, dsum, var;
+    rk_moments_lanes(buf, mean, n, &dsum, &var);
     var /= (double)n;
     double rstd = 1.0 / sqrt(var + p->eps);
-    if (x->y) {
+    vset(&p->mean, x->mean, r, mean);
+    vset(&p->rstd, x->rstd, r, rstd);
+    if (x->y && p->ew_apply) {
+      apply_k k = {mean, rstd, w, b, 1};
+      apply_row(p->x.dt, x->y + r * p->y.rs * yes, p->y.cs, x->x + r * p->x.rs * xes, p->x.cs, n, &k);
+    } else if (x->y) {
       for (int64_t i = 0; i < n; i++) buf[i] = (buf[i] - mean) * rstd * w[i] + b[i];
       rk_store_row_f64(x->y + r * p->y.rs * yes, p->y.dt, p->y.cs, buf, n);
     }
-    vset(&p->mean, x->mean, r, mean);
-    vset(&p->rstd, x->rstd, r, rstd);
   }
   free(buf);
 }
@@ -156,13 +195,12 @@ static void ln_bwd_rows(void *c, int64_t rb, int64_t re) {
     double mean = p->rms ? 0.0 : vget(&p->mean, x->mean, r, 0.0), rstd = vget(&p->rstd, x->rstd, r, 1.0);
     rk_load_f64(buf, x->x + r * p->x.rs * xes, p->x.dt, p->x.cs, n);
     rk_load_f64(g, x->dy + r * p->dy.rs * des, p->dy.dt, p->dy.cs, n);
-    double sg = 0, sgx = 0;
+    double sg, sgx;
     for (int64_t i = 0; i < n; i++) {
       buf[i] = (buf[i] - mean) * rstd; /* xhat */
       g[i] *= w[i];
-      sg += g[i];
-      sgx += g[i] * buf[i];
     }
+    rk_gdot_lanes(g, buf, 0.0, n, &sg, &sgx);
     sg /= (double)n;
     sgx /= (double)n;
     if (p->rms) sg = 0;
@@ -173,15 +211,23 @@ static void ln_bwd_rows(void *c, int64_t rb, int64_t re) {
 }
 
 #define LN_CB 256
-static void ln_bwd_cols(void *c, int64_t bb, int64_t be) {
+/* Weight / bias gradients: sums over rows per column. Work items are
+ * (column block, row part): with few column blocks the rows are cut into
+ * parts whose partial sums land in x->part and are added in part order
+ * afterwards (a function of the shape only, so the result is the same on
+ * every run); with one part the sums go straight to dw / db. */
+static void ln_bwd_cols(void *c, int64_t tb, int64_t te) {
   lnctx *x = c;
   const lnplan *p = x->p;
   int64_t xes = (int64_t)tpurt_dtype_size(p->x.dt), des = (int64_t)tpurt_dtype_size(p->dy.dt);
+  int64_t nblk = (p->cols + LN_CB - 1) / LN_CB, parts = x->parts;
   double xv[LN_CB], dv[LN_CB], aw[LN_CB], ab[LN_CB];
-  for (int64_t blk = bb; blk < be; blk++) {
+  for (int64_t t = tb; t < te; t++) {
+    int64_t blk = t % nblk, part = t / nblk;
     int64_t j0 = blk * LN_CB, n = p->cols - j0 < LN_CB ? p->cols - j0 : LN_CB;
+    int64_t r0 = p->rows * part / parts, r1 = p->rows * (part + 1) / parts;
     for (int64_t j = 0; j < n; j++) aw[j] = ab[j] = 0;
-    for (int64_t r = 0; r < p->rows; r++) {
+    for (int64_t r = r0; r < r1; r++) {
       rk_load_f64(dv, x->dy + (r * p->dy.rs + j0 * p->dy.cs) * des, p->dy.dt, p->dy.cs, n);
       for (int64_t j = 0; j < n; j++) ab[j] += dv[j];
       if (x->dw) {
@@ -189,6 +235,12 @@ static void ln_bwd_cols(void *c, int64_t bb, int64_t be) {
         rk_load_f64(xv, x->x + (r * p->x.rs + j0 * p->x.cs) * xes, p->x.dt, p->x.cs, n);
         for (int64_t j = 0; j < n; j++) aw[j] += dv[j] * (xv[j] - mean) * rstd;
       }
+    }
+    if (parts > 1) {
+      double *pw = x->part + 2 * part * p->cols;
+      memcpy(pw + j0, aw, sizeof(double) * (size_t)n);
+      memcpy(pw + p->cols + j0, ab, sizeof(double) * (size_t)n);
+      continue;
     }
     for (int64_t j = 0; j < n; j++) {
       vset(&p->dw, x->dw, j0 + j, aw[j]);
@@ -201,13 +253,33 @@ static tpurt_status k_ln(void *a, char *err, size_t errlen) {
   const lnplan *p = a;
   lnctx x = {p, rk_hv(p->x.ptr), p->y.on ? rk_hv(p->y.ptr) : NULL,
              p->dy.on ? rk_hv(p->dy.ptr) : NULL, p->dx.on ? rk_hv(p->dx.ptr) : NULL,
-             vptr(&p->w), vptr(&p->b), vptr(&p->mean), vptr(&p->rstd), vptr(&p->dw), vptr(&p->db), 0};
+             vptr(&p->w), vptr(&p->b), vptr(&p->mean), vptr(&p->rstd), vptr(&p->dw), vptr(&p->db), 0, 1, NULL};
   int64_t grain = 16384 / (p->cols + 1) + 1;
   if (p->fwd) {
     tpurt_parallel_for(p->rows, grain, ln_fwd_rows, &x);
   } else {
     if (x.dx) tpurt_parallel_for(p->rows, grain, ln_bwd_rows, &x);
-    if (x.dw || x.db) tpurt_parallel_for((p->cols + LN_CB - 1) / LN_CB, 1, ln_bwd_cols, &x);
+    if (x.dw || x.db) {
+      int64_t nblk = (p->cols + LN_CB - 1) / LN_CB;
+      if (nblk < 4) { /* too few column blocks to share: cut the rows too */
+        x.parts = p->rows / 64 < 16 ? p->rows / 64 : 16;
+        if (x.parts < 1) x.parts = 1;
+      }
+      if (x.parts > 1 && !(x.part = malloc(sizeof(double) * 2 * (size_t)(x.parts * p->cols)))) x.parts = 1;
+      tpurt_parallel_for(nblk * x.parts, 1, ln_bwd_cols, &x);
+      if (x.parts > 1) {
+        for (int64_t j = 0; j < p->cols; j++) {
+          double sw = 0, sb = 0;
+          for (int64_t q = 0; q < x.parts; q++) {
+            sw += x.part[2 * q * p->cols + j];
+            sb += x.part[2 * q * p->cols + p->cols + j];
+          }
+          vset(&p->dw, x.dw, j, sw);
+          vset(&p->db, x.db, j, sb);
+        }
+        free(x.part);
+      }
+    }
   }
   if (x.failed) {
     snprintf(err, errlen, "out of host memory for rows of %" PRId64 " elements", p->cols);
@@ -332,11 +404,15 @@ tpurt_status tpurt_layer_norm(tpurt_stream *s, const tpurt_view *y, const tpurt_
   int split = (dt == TPURT_F32 || dt == TPURT_F64) && p.y.dt == dt && p.rows * p.cols > 0 && p.rstd.on &&
               p.rstd.dt == dt && (rms || (p.mean.on && p.mean.dt == dt)) && (!p.w.on || p.w.dt == dt) &&
               (!p.b.on || p.b.dt == dt);
-  if (!split) return (st = rk_check_range(dev, y, nm)) ? st : tpurt_launch(s, nm, k_ln, &p, sizeof p);
-  /* f32 / f64: the statistics kernel, then y = (x - mean) * rstd * w + b as
-   * an elementwise program, so that DeferAndFuse fuses it with its
-   * neighbours and can recompute y from x and the statistics instead of
-   * keeping it for the backward pass */
+  if (!split || !tpurt__deferring()) {
+    p.ew_apply = split;
+    return (st = rk_check_range(dev, y, nm)) ? st : tpurt_launch(s, nm, k_ln, &p, sizeof p);
+  }
+  /* f32 / f64 while deferring: the statistics kernel, then y = (x - mean) *
+   * rstd * w + b as an elementwise program, so that DeferAndFuse fuses it
+   * with its neighbours and can recompute y from x and the statistics
+   * instead of keeping it for the backward pass (strict eager computes the
+   * same program's arithmetic in the statistics kernel: one pass less) */
   lnplan ps = p;
   memset(&ps.y, 0, sizeof ps.y);
   if ((st = tpurt_launch(s, nm, k_ln, &ps, sizeof ps))) return st;
@@ -391,6 +467,7 @@ typedef struct {
 
 typedef struct {
   int training, groups, fwd; /* fwd: batch norm statistics (and y when given) */
+  int ew_apply;                /* y by apply_row (the split form's arithmetic) */
   double momentum, eps;
   int64_t N, C, S;
   t3 x, y, dy, dx;
@@ -417,11 +494,10 @@ static void t3_moments(const t3 *t, const char *base, int64_t n0, int64_t n1, in
       for (int64_t o = 0; o < S; o += NCH) {
         int64_t cnt = S - o < NCH ? S - o : NCH;
         rk_load_f64(buf, row + o * t->ss * es, t->dt, t->ss, cnt);
-        for (int64_t i = 0; i < cnt; i++) {
-          double d = buf[i] - center;
-          s += d;
-          q += d * d;
-        }
+        double cs, cq;
+        rk_moments_lanes(buf, center, cnt, &cs, &cq);
+        s += cs;
+        q += cq;
       }
     }
   *sum = s;
@@ -455,10 +531,10 @@ static void t3_dsums(const bnplan *p, const bnctx *x, int64_t n0, int64_t n1, in
       int64_t cnt = p->S - o < NCH ? p->S - o : NCH;
       rk_load_f64(xb, xr + o * p->x.ss * xes, p->x.dt, p->x.ss, cnt);
       rk_load_f64(gb, gr + o * p->dy.ss * ges, p->dy.dt, p->dy.ss, cnt);
-      for (int64_t i = 0; i < cnt; i++) {
-        a += gb[i];
-        rb += gb[i] * (xb[i] - m);
-      }
+      double cs, cd;
+      rk_gdot_lanes(gb, xb, m, cnt, &cs, &cd);
+      a += cs;
+      rb += cd;
     }
     b += rb * sc;
   }
@@ -512,9 +588,15 @@ static void bn_fwd_ch(void *c, int64_t cb, int64_t ce) {
       invstd = 1.0 / sqrt(vget(&p->rv, x->rv, ch, 1.0) + p->eps);
     }
     double w = vget(&p->w, x->w, ch, 1.0), b = vget(&p->b, x->b, ch, 0.0);
-    double scale = invstd * w, shift = b - mean * scale;
-    if (x->y)
+    if (x->y && p->ew_apply) {
+      double bb = x->b ? b : -0.0; /* x + -0.0 is x, signed zeros too */
+      apply_k k = {mean, invstd, &w, &bb, 0};
+      for (int64_t n = 0; n < p->N; n++)
+        apply_row(p->x.dt, (char *)t3row(&p->y, x->y, n, ch), p->y.ss, t3row(&p->x, x->x, n, ch), p->x.ss, p->S, &k);
+    } else if (x->y) {
+      double scale = invstd * w, shift = b - mean * scale;
       for (int64_t n = 0; n < p->N; n++) t3_affine(&p->x, x->x, &p->y, x->y, n, ch, p->S, scale, shift);
+    }
   }
 }
 
@@ -714,10 +796,14 @@ tpurt_status tpurt_batch_norm(tpurt_stream *s, const tpurt_view *y, const tpurt_
   int split = training && (dt == TPURT_F32 || dt == TPURT_F64) && p.y.dt == dt && p.N * p.S > 0 && p.smean.on &&
               p.sinv.on && p.smean.dt == dt && p.sinv.dt == dt && (!p.w.on || p.w.dt == dt) &&
               (!p.b.on || p.b.dt == dt);
-  if (!split) return (st = rk_check_range(dev, y, nm)) ? st : tpurt_launch(s, nm, k_bn, &p, sizeof p);
-  /* training in f32 / f64: the statistics kernel, then the normalization as
-   * an elementwise program (with the ReLU after it one kernel in
-   * DeferAndFuse, and recomputable there from x and the statistics) */
+  if (!split || !tpurt__deferring()) {
+    p.ew_apply = split;
+    return (st = rk_check_range(dev, y, nm)) ? st : tpurt_launch(s, nm, k_bn, &p, sizeof p);
+  }
+  /* training in f32 / f64 while deferring: the statistics kernel, then the
+   * normalization as an elementwise program (with the ReLU after it one
+   * kernel, and recomputable from x and the statistics); strict eager
+   * computes the same arithmetic in the statistics kernel */
   bnplan ps = p;
   memset(&ps.y, 0, sizeof ps.y);
   if ((st = tpurt_launch(s, nm, k_bn, &ps, sizeof ps))) return st;

@@ -205,6 +205,55 @@ static inline void rk_store_i(char *p, tpurt_dtype dt, int64_t v) {
 RK_DEFINE_STORE(rk_store_row_f32, float)
 RK_DEFINE_STORE(rk_store_row_f64, double)
 
+/* Sums over eight independent lanes, combined in a fixed order (so results
+ * stay deterministic): a plain `s += a[i]` is one dependent chain of double
+ * adds (~4 cycles an element), the lanes are vector adds. */
+#define RK_LANES 8
+#define RK_FOLD(acc) \
+  (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])))
+static inline double rk_sum_lanes(const double *a, int64_t n) {
+  double acc[RK_LANES] = {0};
+  int64_t i = 0;
+  for (; i + RK_LANES <= n; i += RK_LANES)
+    for (int j = 0; j < RK_LANES; j++) acc[j] += a[i + j];
+  for (; i < n; i++) acc[i & 7] += a[i];
+  return RK_FOLD(acc);
+}
+/* sum of (a - c) and of (a - c)^2 */
+static inline void rk_moments_lanes(const double *a, double c, int64_t n, double *sum, double *sq) {
+  double s[RK_LANES] = {0}, q[RK_LANES] = {0};
+  int64_t i = 0;
+  for (; i + RK_LANES <= n; i += RK_LANES)
+    for (int j = 0; j < RK_LANES; j++) {
+      double d = a[i + j] - c;
+      s[j] += d;
+      q[j] += d * d;
+    }
+  for (; i < n; i++) {
+    double d = a[i] - c;
+    s[i & 7] += d;
+    q[i & 7] += d * d;
+  }
+  *sum = RK_FOLD(s);
+  *sq = RK_FOLD(q);
+}
+/* sum of g and of g * (x - c) */
+static inline void rk_gdot_lanes(const double *g, const double *x, double c, int64_t n, double *sum, double *dot) {
+  double s[RK_LANES] = {0}, d[RK_LANES] = {0};
+  int64_t i = 0;
+  for (; i + RK_LANES <= n; i += RK_LANES)
+    for (int j = 0; j < RK_LANES; j++) {
+      s[j] += g[i + j];
+      d[j] += g[i + j] * (x[i + j] - c);
+    }
+  for (; i < n; i++) {
+    s[i & 7] += g[i];
+    d[i & 7] += g[i] * (x[i] - c);
+  }
+  *sum = RK_FOLD(s);
+  *dot = RK_FOLD(d);
+}
+
 /* NaN-propagating max / min */
 static inline double rk_maxnan(double a, double b) { return a != a ? a : (b != b || b > a) ? b : a; }
 static inline double rk_minnan(double a, double b) { return a != a ? a : (b != b || b < a) ? b : a; }

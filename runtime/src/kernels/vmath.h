@@ -10,6 +10,9 @@
 
 #include <math.h>
 #include <stdint.h>
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
 
 #include "../internal.h"
 
@@ -62,16 +65,35 @@ static inline float tpurt__vdotf(const float *a, const float *b, int64_t n) {
   return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
-/* max over n >= 1 values; NaN if any value is NaN */
+/* max over n >= 1 values; NaN if any value is NaN (the first one). The
+ * vector loop keeps a running max and an unordered-compare flag (gcc left
+ * the plain-C form of a NaN-propagating max scalar). */
 static inline float tpurt__vmaxf(const float *a, int64_t n) {
-  float acc[8];
-  for (int j = 0; j < 8; j++) acc[j] = a[0];
+  float m = a[0];
+  int bad = 0;
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; j++) acc[j] = (a[i + j] > acc[j] || a[i + j] != a[i + j]) ? a[i + j] : acc[j];
-  for (; i < n; i++) acc[i & 7] = (a[i] > acc[i & 7] || a[i] != a[i]) ? a[i] : acc[i & 7];
-  float m = acc[0];
-  for (int j = 1; j < 8; j++) m = (acc[j] > m || acc[j] != acc[j]) ? acc[j] : m;
+#ifdef __AVX__
+  if (n >= 8) {
+    __m256 vm = _mm256_set1_ps(a[0]), vb = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+      __m256 v = _mm256_loadu_ps(a + i);
+      vm = _mm256_max_ps(v, vm);
+      vb = _mm256_or_ps(vb, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    m = _mm_cvtss_f32(h);
+    bad = _mm256_movemask_ps(vb);
+  }
+#endif
+  for (; i < n; i++) {
+    m = a[i] > m ? a[i] : m;
+    bad |= a[i] != a[i];
+  }
+  if (bad)
+    for (i = 0; i < n; i++)
+      if (a[i] != a[i]) return a[i];
   return m;
 }
 
