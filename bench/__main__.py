@@ -71,8 +71,12 @@ def main(argv: list[str] | None = None) -> int:
              "\n\nSmallest-op round trip:\n\n" + op_table)
     if "elementwise" in args.suites:
         ew, ew_table = elementwise.elementwise(args.repeats)
-        emit("elementwise", {"machine": common.machine(), **ew}, "Elementwise vs CPU and STREAM triad",
-             "Large elementwise ops (out= preallocated for add/mul; gelu allocates):\n\n" + ew_table)
+        sk, sk_table = elementwise.step_kernels(args.repeats)
+        emit("elementwise", {"machine": common.machine(), **ew, "step_kernels": sk},
+             "Elementwise vs CPU and STREAM triad",
+             "Large elementwise ops (out= preallocated for add/mul; gelu allocates):\n\n" + ew_table +
+             "\n\nKernels at a small training step's sizes (tpu: back-to-back launches, one synchronize per "
+             "sample; includes the host's per-op dispatch):\n\n" + sk_table)
     if "gemm" in args.suites:
         reps = max(3, args.repeats // 3)
         lib, lib_table = gemm.library_choice(reps)

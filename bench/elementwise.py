@@ -67,3 +67,49 @@ def elementwise(repeats: int, n: int = 1 << 24) -> tuple[dict, str]:
     table = markdown_table(["op (16M float32)" if n == 1 << 24 else f"op ({n} float32)", "CPU ms", "tpu ms",
                             "tpu speed / CPU (goal ≥ 0.8×)", "tpu GB/s", "/ STREAM triad (goal ≥ 0.7×)"], rows)
     return results, f"STREAM triad (this machine, all cores): {triad:.1f} GB/s\n\n" + table
+
+
+def step_kernels(repeats: int, inner: int = 20) -> tuple[dict, str]:
+    """Kernels at the sizes a small training step runs them (the minGPT /
+    ResNet bench steps: 1024 tokens x 512 hidden, 16 x 4 heads x 64 x 64
+    attention scores, 1024 x 128 normalized rows, 16 x 32 x 32 x 32 feature
+    maps): tpu launches `inner` back to back and synchronizes once per
+    sample, like the GEMM bench; CPU eager on the same cores."""
+    torch.manual_seed(0)
+    h, s, r = torch.randn(1024, 512), torch.randn(16, 4, 64, 64), torch.randn(1024, 128)
+    fm = torch.randn(16, 32, 32, 32)
+    w, b, c = torch.randn(128), torch.randn(128), torch.randn(32)
+    g = torch.randn(1024, 512)
+
+    def both(fn, *args):
+        dev = [a.to("tpu") for a in args]
+        return (lambda: fn(*args)), (lambda: fn(*dev))
+
+    def ln_grad(x, w, b):
+        x, w, b = (t.detach().requires_grad_() for t in (x, w, b))
+        y = F.layer_norm(x, (128,), w, b)
+        return lambda: torch.autograd.grad(y, (x, w, b), y, retain_graph=True)
+
+    ops = {
+        "softmax (16×4×64×64, last dim)": both(lambda a: F.softmax(a, -1), s),
+        "layer_norm (1024×128)": both(lambda a, w, b: F.layer_norm(a, (128,), w, b), r, w, b),
+        "layer_norm backward (1024×128)": (ln_grad(r, w, b), ln_grad(r.to("tpu"), w.to("tpu"), b.to("tpu"))),
+        "batch_norm train (16×32×32×32)": both(lambda a, c: F.batch_norm(a, None, None, c, c, training=True), fm, c),
+        "gelu (1024×512)": both(F.gelu, h),
+        "gelu backward (1024×512)": both(lambda a, g: torch.ops.aten.gelu_backward(g, a), h, g),
+        "tanh (1024×512)": both(torch.tanh, h),
+        "erf (1024×512)": both(torch.erf, h),
+        "sum over rows (1024×512 → 512)": both(lambda a: a.sum(0), h),
+    }
+    configs, finish = {}, {}
+    for name, (c_fn, t_fn) in ops.items():
+        configs[f"cpu {name}"] = c_fn
+        configs[f"tpu {name}"] = t_fn
+        finish[f"tpu {name}"] = torch.tpu.synchronize
+    times = interleaved(configs, repeats=repeats, inner=inner, finish=finish)
+    results, rows = {}, []
+    for name in ops:
+        tc, tt = times[f"cpu {name}"], times[f"tpu {name}"]
+        results[name] = {"cpu_s": tc, "tpu_s": tt}
+        rows.append([name, f"{tc * 1e6:.0f}", f"{tt * 1e6:.0f}", f"{tc / tt:.2f}×"])
+    return results, markdown_table(["kernel", "CPU µs", "tpu µs", "tpu speed / CPU"], rows)

@@ -721,3 +721,26 @@ def test_logit_backward_like_cpu(eps):
     out = torch.empty(8, device="tpu")
     torch.ops.aten.logit_backward.grad_input(g.to("tpu"), x.detach().to("tpu"), eps, grad_input=out)
     torch.testing.assert_close(out.cpu(), x.grad, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", ["tanh", "erf", "erfc"])
+def test_vector_tanh_erf_erfc_over_the_whole_range(name):
+    # float32 tanh / erf / erfc are branch-free vector formulas (series near
+    # 0, exp-based beyond): within 5e-7 relative of the float64 function
+    # everywhere the result is normal, at and across the switch points
+    # (0.4, 0.75), in the tails, and exact at signed zeros, infinities, NaN
+    fn = getattr(torch, name)
+    pts = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 1e-8, -1e-8, 0.39999, 0.4, 0.40001, -0.4, 0.74999, 0.75, 0.75001,
+                        -0.75, 3.0, -3.0, 9.0, 9.5, 10.0, 10.5, 11.0, 30.0, -30.0, 1e30, -1e30])
+    x = torch.cat([torch.linspace(-12, 12, 240001), pts, torch.tensor([float("inf"), float("-inf"), float("nan")])])
+    got = fn(x.to("tpu")).cpu()
+    ref = fn(x.double())
+    normal = ref.abs() >= torch.finfo(torch.float32).tiny
+    err = (got.double() - ref)[normal].abs() / ref[normal].abs()
+    assert err.max() <= 5e-7, (err.max(), x[normal][err.argmax()])
+    assert (got[~normal & ~torch.isnan(ref)].abs() <= 2 * torch.finfo(torch.float32).tiny).all()
+    assert torch.equal(torch.isnan(got), torch.isnan(ref))
+    finite = ~torch.isnan(ref)
+    assert torch.equal(torch.signbit(got[finite]), torch.signbit(ref[finite].float()))
+    inf = torch.tensor([float("inf"), float("-inf")])
+    assert torch.equal(fn(inf.to("tpu")).cpu(), fn(inf))

@@ -292,33 +292,82 @@ static double ew_erfinv(double y) {
 
 #include "vmath.h"
 
-/* Phi(x), the standard normal CDF, through erfc with a Chebyshev fit of
- * relative error < 1.2e-7 (Press et al., Numerical Recipes, erfcc), so
- * both tails keep their relative accuracy; z*z is split with an fma to
- * keep exp's argument. Branch-free, so gelu and its backward vectorize. */
+/* c[0] + x (c[1] + x (c[2] + ...)): Horner over n coefficients, lowest
+ * first (inlined with constant coefficients, it stays a chain of fmas) */
+static inline float ew_horner_f(float x, const float *c, int n) {
+  float p = c[n - 1];
+  for (int i = n - 2; i >= 0; i--) p = fmaf(p, x, c[i]);
+  return p;
+}
+
+/* erfc(z) for 0 <= z <= ~14 given z*z as zz + zl (hi + lo), through a
+ * Chebyshev fit of relative error < 1.2e-7 (Press et al., Numerical Recipes,
+ * erfcc), so the tail keeps its relative accuracy; exp's argument q - z*z
+ * is carried as hi + lo (two-sum). Branch-free, so callers vectorize. */
+static inline float ew_erfc_pos_f(float z, float zz, float zl) {
+  static const float c[10] = {-1.26551223f, 1.00002368f, 0.37409196f,  0.09678418f, -0.18628806f,
+                              0.27886807f,  -1.13520398f, 1.48851587f, -0.82215223f, 0.17087277f};
+  float t = 1.0f / fmaf(0.5f, z, 1.0f);
+  float q = ew_horner_f(t, c, 10);
+  float s = q - zz, bb = s - q;
+  float lo = (q - (s - bb)) + (-zz - bb) - zl;
+  return t * tpurt__vexpf(s) * (1.0f + lo);
+}
+
+/* Phi(x), the standard normal CDF: erfc(|x| / sqrt 2) / 2 (or 1 minus it),
+ * z*z = x*x/2 split exactly from x with an fma. */
 static inline float ew_phi_f(float x) {
   float z = fabsf(x) * 0.70710678118654752f;
   z = z > 14.0f ? 14.0f : z; /* erfc(14) underflows float; keeps NaN out */
-  float t = 1.0f / fmaf(0.5f, z, 1.0f);
-  float q = 0.17087277f;
-  q = fmaf(q, t, -0.82215223f);
-  q = fmaf(q, t, 1.48851587f);
-  q = fmaf(q, t, -1.13520398f);
-  q = fmaf(q, t, 0.27886807f);
-  q = fmaf(q, t, -0.18628806f);
-  q = fmaf(q, t, 0.09678418f);
-  q = fmaf(q, t, 0.37409196f);
-  q = fmaf(q, t, 1.00002368f);
-  q = fmaf(q, t, -1.26551223f);
-  /* exp(q - z*z) with the argument carried as hi + lo (two-sum, fma split) */
   float xc = fabsf(x) > 19.8f ? 19.8f : x; /* z*z = x*x/2 exactly from x */
   float xx = xc * xc, xl = fmaf(xc, xc, -xx);
-  float zz = 0.5f * xx, zl = 0.5f * xl;
-  float s = q - zz, bb = s - q;
-  float lo = (q - (s - bb)) + (-zz - bb) - zl;
-  float ec = t * tpurt__vexpf(s) * (1.0f + lo); /* erfc(|x| / sqrt 2) */
+  float ec = ew_erfc_pos_f(z, 0.5f * xx, 0.5f * xl); /* erfc(|x| / sqrt 2) */
   float p = x >= 0 ? fmaf(-0.5f, ec, 1.0f) : 0.5f * ec;
   return x != x ? x : p;
+}
+
+/* erfc(|x|); 0 where it underflows float (the formula's infinities beyond
+ * are dropped by a select after it: a clamp of the argument before exp
+ * keeps gcc from vectorizing the loop) */
+static inline float ew_erfc_abs_f(float x) {
+  float a = fabsf(x), aa = a * a;
+  float e = ew_erfc_pos_f(a, aa, fmaf(a, a, -aa));
+  return a > 10.5f ? 0.0f : e;
+}
+
+/* erf: an odd Taylor series below |x| = 0.75 (ten terms: truncation
+ * < 4e-11; 1 - erfc would cancel there), 1 - erfc(|x|) with x's sign above */
+static inline float ew_erf_f(float x) {
+  /* (2 / sqrt pi) (-1)^n / (n! (2n + 1)), n = 0..9 */
+  static const float c[10] = {1.1283791670955126f,     -0.37612638903183754f,  0.11283791670955126f,
+                              -0.026866170645131252f,  0.005223977625442188f,  -0.0008548327023450852f,
+                              0.00012055332981789664f, -1.492565035840625e-05f, 1.6462114365889246e-06f,
+                              -1.6365844691234924e-07f};
+  float p = ew_horner_f(x * x, c, 10);
+  float tail = 1.0f - ew_erfc_abs_f(x);
+  float r = fabsf(x) < 0.75f ? x * p : (x < 0 ? -tail : tail);
+  return x != x ? x : r;
+}
+
+/* erfc: erfc(|x|) for x >= 0 (relative accuracy in the tail), 2 - it below */
+static inline float ew_erfc_f(float x) {
+  float e = ew_erfc_abs_f(x);
+  float r = x >= 0 ? e : 2.0f - e;
+  return x != x ? x : r;
+}
+
+/* tanh: an odd Taylor series below |x| = 0.4 (eight terms: truncation
+ * < 2e-10), 1 - 2 / (exp(2|x|) + 1) with x's sign above (exp's overflow to
+ * infinity gives 1) */
+static inline float ew_tanh_f(float x) {
+  /* tanh x = x + x^3 (-1/3 + x^2 (2/15 + ...)) */
+  static const float c[7] = {-1.0f / 3.0f,        2.0f / 15.0f,          -17.0f / 315.0f,          62.0f / 2835.0f,
+                             -1382.0f / 155925.0f, 21844.0f / 6081075.0f, -929569.0f / 638512875.0f};
+  float s = x * x;
+  float small = x * fmaf(s, ew_horner_f(s, c, 7), 1.0f); /* x (1 + ...): -0.0 stays -0.0 */
+  float big = 1.0f - 2.0f / (tpurt__vexpf(2.0f * fabsf(x)) + 1.0f);
+  float r = fabsf(x) < 0.4f ? small : (x < 0 ? -big : big);
+  return x != x ? x : r;
 }
 
 /* gelu(x) = x * Phi(x) */
@@ -335,24 +384,28 @@ static inline float ew_gelu_backward_f(float g, float y) {
 #define EW_FN exec_f32
 #define EW_M(fn) fn##f
 #define EW_EXP(x) tpurt__vexpf(x)
+#define EW_TANH(x) ew_tanh_f(x)
 #define EW_FAST 1
 #include "ew_real.h"
 #undef EW_T
 #undef EW_FN
 #undef EW_M
 #undef EW_EXP
+#undef EW_TANH
 #undef EW_FAST
 
 #define EW_T double
 #define EW_FN exec_f64
 #define EW_M(f) f
 #define EW_EXP(x) exp(x)
+#define EW_TANH(x) tanh(x)
 #define EW_FAST 0
 #include "ew_real.h"
 #undef EW_T
 #undef EW_FN
 #undef EW_M
 #undef EW_EXP
+#undef EW_TANH
 #undef EW_FAST
 
 #define EW_T float _Complex

@@ -5,7 +5,8 @@
  *   EW_FN       name of the generated function
  *   EW_M(f)     libm function of the type (expf / exp)
  *   EW_EXP(x)   exp to use in activations (a vectorizable one for float)
- *   EW_FAST     1 for the float instantiation (vectorizable gelu paths)
+ *   EW_TANH(x)  tanh to use (a vectorizable one for float)
+ *   EW_FAST     1 for the float instantiation (vectorizable gelu / erf paths)
  * Every loop is a plain `for (i) d[i] = f(a[i], b[i], c[i])` over one block;
  * d never aliases a source (the interpreter writes into a spare buffer).
  */
@@ -38,7 +39,7 @@ static void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict
     case TPURT_EW_ATAN: U(EW_M(atan)(x));
     case TPURT_EW_SINH: U(EW_M(sinh)(x));
     case TPURT_EW_COSH: U(EW_M(cosh)(x));
-    case TPURT_EW_TANH: U(EW_M(tanh)(x));
+    case TPURT_EW_TANH: U(EW_TANH(x));
     case TPURT_EW_ASINH: U(EW_M(asinh)(x));
     case TPURT_EW_ACOSH: U(EW_M(acosh)(x));
     case TPURT_EW_ATANH: U(EW_M(atanh)(x));
@@ -50,8 +51,13 @@ static void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict
       } else {
         U(EW_M(log)(x / ((T)1 - x)));
       }
+#if EW_FAST
+    case TPURT_EW_ERF: U(ew_erf_f(x));
+    case TPURT_EW_ERFC: U(ew_erfc_f(x));
+#else
     case TPURT_EW_ERF: U(EW_M(erf)(x));
     case TPURT_EW_ERFC: U(EW_M(erfc)(x));
+#endif
     case TPURT_EW_ERFINV: U((T)ew_erfinv((double)x));
     case TPURT_EW_LGAMMA: U((T)ew_lgamma((double)x));
     case TPURT_EW_DIGAMMA: U((T)ew_digamma((double)x));
@@ -209,7 +215,7 @@ static void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict
       for (int i = 0; i < n; i++) {
         T x = a[i], y = b[i];
         T inner = kb * (y + kk * y * y * y);
-        T t = EW_M(tanh)(inner);
+        T t = EW_TANH(inner);
         T left = (T)0.5 * y, right = (T)1 + t;
         T left_d = (T)0.5 * right;
         T tanh_d = (T)1 - t * t;
