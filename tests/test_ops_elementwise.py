@@ -726,7 +726,8 @@ def test_logit_backward_like_cpu(eps):
 @pytest.mark.parametrize("name", ["tanh", "erf", "erfc"])
 def test_vector_tanh_erf_erfc_over_the_whole_range(name):
     # float32 tanh / erf / erfc are branch-free vector formulas (series near
-    # 0, exp-based beyond): within 5e-7 relative of the float64 function
+    # 0, exp-based beyond): within 1e-6 relative (8 float32 ulps; OpInfo's
+    # float32 rtol is 1.3e-6) of the float64 function
     # everywhere the result is normal, at and across the switch points
     # (0.4, 0.75), in the tails, and exact at signed zeros, infinities, NaN
     fn = getattr(torch, name)
@@ -737,7 +738,7 @@ def test_vector_tanh_erf_erfc_over_the_whole_range(name):
     ref = fn(x.double())
     normal = ref.abs() >= torch.finfo(torch.float32).tiny
     err = (got.double() - ref)[normal].abs() / ref[normal].abs()
-    assert err.max() <= 5e-7, (err.max(), x[normal][err.argmax()])
+    assert err.max() <= 1e-6, (err.max(), x[normal][err.argmax()])
     assert (got[~normal & ~torch.isnan(ref)].abs() <= 2 * torch.finfo(torch.float32).tiny).all()
     assert torch.equal(torch.isnan(got), torch.isnan(ref))
     finite = ~torch.isnan(ref)

@@ -29,7 +29,10 @@ static inline float tpurt__vbits(uint32_t u) {
 }
 
 static inline float tpurt__vexpf(float x) {
-  float xc = x != x ? 0.0f : (x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x));
+  /* two plain clamps (a NaN passes both and is returned below): gcc turns a
+   * nested NaN / range select into duplicated blends of everything after it */
+  float xc = x > 89.0f ? 89.0f : x;
+  xc = xc < -104.0f ? -104.0f : xc;
   float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   float r = fmaf(n, -0.693145751953125f, xc);
   r = fmaf(n, -1.428606765330187e-06f, r);
