@@ -185,6 +185,22 @@ def test_runner_pass_and_deliberate_mismatch_forward():
         run_forward_sample(lambda x: x.view(7), torch.clone, s, "tpu")
 
 
+def test_runner_float64_reference_decides_when_the_cpu_float32_result_is_inexact():
+    # (x + 1e4) - 1e4 loses x's low bits in float32 (~5e-4 off), not in
+    # float64: an exact device result passes against the float64 run
+    s = _sample(3, 5)
+    inexact = lambda x: (x + 1e4) - 1e4  # noqa: E731
+    assert run_forward_sample(inexact, torch.clone, s, "tpu") == "arbitrated"
+    assert run_forward_sample(torch.clone, torch.clone, s, "tpu") is None
+    with pytest.raises(SampleFailure) as info:  # wrong against both references
+        run_forward_sample(inexact, lambda x: x.clone().fill_(0.5), s, "tpu")
+    assert info.value.status == "mismatch"
+    g = _sample(3, 4, requires_grad=True)
+    assert run_backward_sample(lambda x: inexact(x) * x, lambda x: x * x, g, "tpu") == "arbitrated"
+    with pytest.raises(SampleFailure):
+        run_backward_sample(lambda x: inexact(x) * x, lambda x: x * x * 1.001, g, "tpu")
+
+
 def test_runner_missing_kernel_is_not_implemented():
     # hash_tensor has no TPU kernel (see FALLBACK_SLICE)
     s = _sample(4)

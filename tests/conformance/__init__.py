@@ -8,7 +8,10 @@ then compares results (structure, dtype, shape, values with assert_close's
 default tolerances, NaN equal) and, for differentiable ops in float32 and
 float64, gradients. Each (op, dtype, direction) is classified as pass,
 mismatch, not_implemented (with the missing aten operator), error, crash,
-timeout or skipped. Ops run in worker subprocesses so that a crash or hang is
+timeout or skipped. A float32 sample whose values differ from the CPU's is
+checked against the CPU run in float64 (inputs widened, result rounded
+back): within float32's tolerances of that, it passes and is counted as
+*arbitrated* in the report (the CPU's float32 kernel was the inexact one). Ops run in worker subprocesses so that a crash or hang is
 recorded against the op that caused it and the run goes on.
 
     python -m tests.conformance --help

@@ -54,6 +54,8 @@ def summarize(items: list[dict]) -> dict:
                           if any(r["dtype"] == dt and r["direction"] == direction for r in items)}
     out["crashes"] = [f"{r['op']} {r['dtype']} {r['direction']}" for r in items if r["status"] == "crash"]
     out["timeouts"] = [f"{r['op']} {r['dtype']} {r['direction']}" for r in items if r["status"] == "timeout"]
+    out["arbitrated"] = [f"{r['op']} {r['dtype']} {r['direction']} ({r['arbitrated']})" for r in items
+                         if r["status"] == "pass" and r.get("arbitrated")]
     return out
 
 
@@ -110,6 +112,9 @@ def summary_lines(report: dict) -> list[str]:
         lines.append(f"CRASHES ({len(s['crashes'])}): " + "; ".join(s["crashes"][:20]))
     if s["timeouts"]:
         lines.append(f"TIMEOUTS ({len(s['timeouts'])}): " + "; ".join(s["timeouts"][:20]))
+    if s.get("arbitrated"):
+        lines.append(f"passed against the float64 reference where the CPU's own result differs "
+                     f"({len(s['arbitrated'])} items, samples in brackets): " + "; ".join(s["arbitrated"][:40]))
     if report.get("process_errors"):
         lines.append(f"process errors: {len(report['process_errors'])}")
     top = report["missing_operators"][:10]
