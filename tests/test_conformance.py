@@ -37,7 +37,7 @@ SLICE = [
     "zeros_like", "ones_like", "full_like", "empty_like",
     # elementwise
     "abs", "neg", "exp", "log", "sin", "sqrt", "sigmoid", "tanh", "nn.functional.relu", "nn.functional.gelu",
-    "add", "sub", "mul", "div.no_rounding_mode", "pow", "maximum", "where", "clamp", "eq", "lt",
+    "add", "sub", "mul", "div.no_rounding_mode", "pow", "maximum", "where", "clamp", "eq", "lt", "sgn", "erf",
     # reductions / scans / softmax / sort
     "sum", "mean", "amax", "argmax", "prod", "var", "softmax", "log_softmax", "cumsum", "linalg.vector_norm",
     "topk", "cat", "stack",
@@ -66,6 +66,7 @@ EXPECTED_PASS: list[str] = [
     # elementwise
     "abs", "neg", "exp", "log", "sin", "sqrt", "sigmoid", "tanh", "nn.functional.relu", "nn.functional.gelu",
     "add", "sub", "mul", "div.no_rounding_mode", "pow:fwd", "maximum", "where", "clamp", "eq:fwd", "lt:fwd",
+    "sgn", "erf",
     # reductions / scans / softmax / sort
     "sum", "mean", "amax", "argmax:fwd", "prod", "var", "softmax", "log_softmax", "cumsum", "linalg.vector_norm",
     "topk", "cat", "stack",
@@ -78,7 +79,7 @@ EXPECTED_PASS: list[str] = [
     "nn.functional.dropout", "bernoulli", "rand_like:fwd", "normal", "normal.number_mean", "logit",
     # losses / norms
     "nn.functional.cross_entropy", "nn.functional.mse_loss", "nn.functional.nll_loss",
-    "nn.functional.layer_norm:fwd",
+    "nn.functional.layer_norm",
     # linear algebra, FFT, special functions, pooling/sampling, more indexing
     "linalg.solve", "linalg.inv", "cholesky", "linalg.qr", "fft.fft", "fft.rfft", "fft.irfft", "special.i0e",
     "logaddexp", "nn.functional.embedding_bag", "nn.functional.avg_pool3d", "nn.functional.interpolate.bilinear",

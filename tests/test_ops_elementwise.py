@@ -745,3 +745,13 @@ def test_vector_tanh_erf_erfc_over_the_whole_range(name):
     assert torch.equal(torch.signbit(got[finite]), torch.signbit(ref[finite].float()))
     inf = torch.tensor([float("inf"), float("-inf")])
     assert torch.equal(fn(inf.to("tpu")).cpu(), fn(inf))
+
+
+def test_sgn_backward_and_efficient_zero_tensor():
+    # sgn's backward for real inputs is an "efficient" zero tensor: a dense
+    # tensor of zeros on the device
+    x = torch.randn(5, 4, device="tpu", requires_grad=True)
+    x.sgn().backward(torch.ones(5, 4, device="tpu"))
+    assert x.grad.device.type == "tpu" and torch.equal(x.grad.cpu(), torch.zeros(5, 4))
+    z = torch.ops.aten._efficientzerotensor([2, 3], dtype=torch.float64, device="tpu")
+    assert z.device.type == "tpu" and z.dtype == torch.float64 and torch.equal(z.cpu(), torch.zeros(2, 3, dtype=torch.float64))

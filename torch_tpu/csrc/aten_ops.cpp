@@ -44,6 +44,18 @@ at::Tensor tpu_empty(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
                                    c10::dtype_or_default(dtype), memory_format);
 }
 
+// An "efficient" zero tensor (autograd's zero gradients, e.g. sgn's
+// backward for real inputs). The device has no storage-less zero tensors: it
+// is a dense tensor of zeros (the same values; _is_zerotensor() is false).
+at::Tensor& tpu_zero(at::Tensor& self);
+
+at::Tensor tpu_efficientzerotensor(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                                   std::optional<at::Layout> layout, std::optional<c10::Device> device,
+                                   std::optional<bool> pin_memory) {
+  at::Tensor t = tpu_empty(size, dtype, layout, device, pin_memory, std::nullopt);
+  return tpu_zero(t);
+}
+
 at::Tensor tpu_empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
                              std::optional<at::Layout> layout, std::optional<c10::Device> device,
                              std::optional<bool> pin_memory) {
@@ -364,6 +376,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("fill_.Scalar", TORCH_FN(tpu_fill_scalar));
   m.impl("fill_.Tensor", TORCH_FN(tpu_fill_tensor));
   m.impl("zero_", TORCH_FN(tpu_zero));
+  m.impl("_efficientzerotensor", TORCH_FN(tpu_efficientzerotensor));
   m.impl("set_.source_Storage", TORCH_FN(static_cast<at::Tensor& (*)(at::Tensor&, at::Storage)>(&at::native::set_)));
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(tpu_set_storage));
   m.impl("set_.source_Tensor", TORCH_FN(at::native::set_tensor_));
