@@ -454,6 +454,12 @@ static void col_op(const rplan *p, const void *xv, int64_t n, int64_t lin, int64
   }
   const float *xf = xv;
   const double *xd = xv;
+  if (p->cls == RK_F32 && (op == TPURT_RED_SUM || op == TPURT_RED_MEAN)) {
+    /* widen and add in one pass (the common column sum: bias gradients) */
+    double *a = c->ad;
+    for (int64_t j = 0; j < n; j++) a[j] += (double)xf[j];
+    return;
+  }
   if (p->cls == RK_F32) {
     /* widen once; the loops below then run on doubles */
     static _Thread_local double wide[CB];
