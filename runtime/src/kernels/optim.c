@@ -11,8 +11,6 @@
  * Device scalars (lr, grad_scale, found_inf, steps ...) are read when the
  * kernel runs, never on the host.
  */
-/* errno is never read by these kernels: let sqrt / max vectorize */
-#pragma GCC optimize("no-math-errno")
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
