@@ -723,28 +723,32 @@ def test_logit_backward_like_cpu(eps):
     torch.testing.assert_close(out.cpu(), x.grad, equal_nan=True)
 
 
-@pytest.mark.parametrize("name", ["tanh", "erf", "erfc"])
-def test_vector_tanh_erf_erfc_over_the_whole_range(name):
-    # float32 tanh / erf / erfc are branch-free vector formulas (series near
-    # 0, exp-based beyond): within 1e-6 relative (8 float32 ulps; OpInfo's
-    # float32 rtol is 1.3e-6) of the float64 function
+@pytest.mark.parametrize("name", ["tanh", "erf", "erfc", "log", "log1p"])
+def test_vector_special_functions_over_the_whole_range(name):
+    # float32 tanh / erf / erfc / log / log1p are branch-free vector formulas
+    # (series near 0, exp-based beyond; log from the exponent bits and an
+    # atanh series): within 1e-6 relative (8 float32 ulps; OpInfo's float32
+    # rtol is 1.3e-6) of the float64 function
     # everywhere the result is normal, at and across the switch points
     # (0.4, 0.75), in the tails, and exact at signed zeros, infinities, NaN
     fn = getattr(torch, name)
     pts = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 1e-8, -1e-8, 0.39999, 0.4, 0.40001, -0.4, 0.74999, 0.75, 0.75001,
                         -0.75, 3.0, -3.0, 9.0, 9.5, 10.0, 10.5, 11.0, 30.0, -30.0, 1e30, -1e30])
-    x = torch.cat([torch.linspace(-12, 12, 240001), pts, torch.tensor([float("inf"), float("-inf"), float("nan")])])
+    x = torch.cat([torch.linspace(-12, 12, 240001), torch.logspace(-44, 38, 20001), pts,
+                   torch.tensor([float("inf"), float("-inf"), float("nan"), -1.0, 1.0, 2.0, 1.1754942e-38])])
     got = fn(x.to("tpu")).cpu()
     ref = fn(x.double())
-    normal = ref.abs() >= torch.finfo(torch.float32).tiny
+    normal = torch.isfinite(ref) & (ref.abs() >= torch.finfo(torch.float32).tiny)
     err = (got.double() - ref)[normal].abs() / ref[normal].abs()
+    assert torch.equal(got[torch.isinf(ref)].double(), ref[torch.isinf(ref)])  # log(0), log1p(-1), ...
     assert err.max() <= 1e-6, (err.max(), x[normal][err.argmax()])
-    assert (got[~normal & ~torch.isnan(ref)].abs() <= 2 * torch.finfo(torch.float32).tiny).all()
+    tiny = torch.isfinite(ref) & ~normal
+    assert (got[tiny].abs() <= 2 * torch.finfo(torch.float32).tiny).all()
     assert torch.equal(torch.isnan(got), torch.isnan(ref))
     finite = ~torch.isnan(ref)
     assert torch.equal(torch.signbit(got[finite]), torch.signbit(ref[finite].float()))
     inf = torch.tensor([float("inf"), float("-inf")])
-    assert torch.equal(fn(inf.to("tpu")).cpu(), fn(inf))
+    torch.testing.assert_close(fn(inf.to("tpu")).cpu(), fn(inf), rtol=0, atol=0, equal_nan=True)
 
 
 def test_sgn_backward_and_efficient_zero_tensor():

@@ -371,6 +371,47 @@ static inline float ew_tanh_f(float x) {
   return x != x ? x : r;
 }
 
+static inline uint32_t ew_ubits(float f) {
+  union {
+    float f;
+    uint32_t u;
+  } c;
+  c.f = f;
+  return c.u;
+}
+
+/* natural log: x = 2^e m with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(s)
+ * for s = (m - 1) / (m + 1) (|s| <= 0.1716: odd series to s^9, truncation
+ * < 1e-9 relative), e ln2 added in two parts. Subnormals are scaled by 2^23
+ * first; x < 0 gives NaN, 0 -inf, inf inf; NaN is kept. Branch-free. */
+static inline float ew_log_f(float x) {
+  static const float c[5] = {2.0f, 2.0f / 3.0f, 2.0f / 5.0f, 2.0f / 7.0f, 2.0f / 9.0f};
+  int sub = x < 1.17549435e-38f;
+  float xs = sub ? x * 8388608.0f : x;
+  uint32_t u = ew_ubits(xs);
+  float e = (float)((int32_t)((u >> 23) & 0xff) - 127) - (sub ? 23.0f : 0.0f);
+  float m = tpurt__vbits((u & 0x007fffffu) | 0x3f800000u); /* [1, 2) */
+  int big = m > 1.41421356f;
+  m = big ? 0.5f * m : m;
+  e = big ? e + 1.0f : e;
+  float sv = (m - 1.0f) / (m + 1.0f);
+  float lm = sv * ew_horner_f(sv * sv, c, 5);
+  float r = fmaf(e, 0.693145751953125f, fmaf(e, 1.428606765330187e-06f, lm));
+  r = x == 0 ? -INFINITY : r;
+  r = x < 0 ? NAN : r;
+  r = x == INFINITY ? x : r;
+  return x != x ? x : r;
+}
+
+/* log1p: log(u) x / (u - 1) with u = 1 + x (the quotient corrects u's
+ * rounding), x itself where u rounds to 1 */
+static inline float ew_log1p_f(float x) {
+  float u = 1.0f + x;
+  float r = ew_log_f(u) * (x / (u - 1.0f));
+  r = u == 1.0f ? x : r;
+  return x == INFINITY ? x : r;
+}
+
 /* gelu(x) = x * Phi(x) */
 static inline float ew_gelu_f(float x) { return x * ew_phi_f(x); }
 
@@ -386,6 +427,8 @@ static inline float ew_gelu_backward_f(float g, float y) {
 #define EW_M(fn) fn##f
 #define EW_EXP(x) tpurt__vexpf(x)
 #define EW_TANH(x) ew_tanh_f(x)
+#define EW_LOG(x) ew_log_f(x)
+#define EW_LOG1P(x) ew_log1p_f(x)
 #define EW_FAST 1
 #include "ew_real.h"
 #undef EW_T
@@ -393,6 +436,8 @@ static inline float ew_gelu_backward_f(float g, float y) {
 #undef EW_M
 #undef EW_EXP
 #undef EW_TANH
+#undef EW_LOG
+#undef EW_LOG1P
 #undef EW_FAST
 
 #define EW_T double
@@ -400,6 +445,8 @@ static inline float ew_gelu_backward_f(float g, float y) {
 #define EW_M(f) f
 #define EW_EXP(x) exp(x)
 #define EW_TANH(x) tanh(x)
+#define EW_LOG(x) log(x)
+#define EW_LOG1P(x) log1p(x)
 #define EW_FAST 0
 #include "ew_real.h"
 #undef EW_T
@@ -407,6 +454,8 @@ static inline float ew_gelu_backward_f(float g, float y) {
 #undef EW_M
 #undef EW_EXP
 #undef EW_TANH
+#undef EW_LOG
+#undef EW_LOG1P
 #undef EW_FAST
 
 #define EW_T float _Complex

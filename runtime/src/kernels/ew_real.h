@@ -5,7 +5,8 @@
  *   EW_FN       name of the generated function
  *   EW_M(f)     libm function of the type (expf / exp)
  *   EW_EXP(x)   exp to use in activations (a vectorizable one for float)
- *   EW_TANH(x)  tanh to use (a vectorizable one for float)
+ *   EW_TANH(x), EW_LOG(x), EW_LOG1P(x)  tanh / log / log1p to use
+ *               (vectorizable ones for float)
  *   EW_FAST     1 for the float instantiation (vectorizable gelu / erf paths)
  * Every loop is a plain `for (i) d[i] = f(a[i], b[i], c[i])` over one block;
  * d never aliases a source (the interpreter writes into a spare buffer).
@@ -27,10 +28,10 @@ static void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict
     case TPURT_EW_EXP: U(EW_EXP(x));
     case TPURT_EW_EXP2: U(EW_M(exp2)(x));
     case TPURT_EW_EXPM1: U(EW_M(expm1)(x));
-    case TPURT_EW_LOG: U(EW_M(log)(x));
+    case TPURT_EW_LOG: U(EW_LOG(x));
     case TPURT_EW_LOG2: U(EW_M(log2)(x));
     case TPURT_EW_LOG10: U(EW_M(log10)(x));
-    case TPURT_EW_LOG1P: U(EW_M(log1p)(x));
+    case TPURT_EW_LOG1P: U(EW_LOG1P(x));
     case TPURT_EW_SIN: U(EW_M(sin)(x));
     case TPURT_EW_COS: U(EW_M(cos)(x));
     case TPURT_EW_TAN: U(EW_M(tan)(x));
@@ -46,10 +47,10 @@ static void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict
     case TPURT_EW_SIGMOID: U((T)1 / ((T)1 + EW_EXP(-x)));
     case TPURT_EW_LOGIT:
       if (I->p[1] != 0) {
-        U(EW_M(log)((x < p0 ? p0 : (x > (T)1 - p0 ? (T)1 - p0 : x)) /
+        U(EW_LOG((x < p0 ? p0 : (x > (T)1 - p0 ? (T)1 - p0 : x)) /
                     ((T)1 - (x < p0 ? p0 : (x > (T)1 - p0 ? (T)1 - p0 : x)))));
       } else {
-        U(EW_M(log)(x / ((T)1 - x)));
+        U(EW_LOG(x / ((T)1 - x)));
       }
 #if EW_FAST
     case TPURT_EW_ERF: U(ew_erf_f(x));
@@ -87,8 +88,8 @@ static void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict
       U((T)0.5 * x * ((T)1 + EW_M(tanh)((T)0.7978845608028654 * (x + (T)0.044715 * x * x * x))));
 #endif
     case TPURT_EW_SILU: U(x / ((T)1 + EW_EXP(-x)));
-    case TPURT_EW_MISH: U(x * EW_M(tanh)(EW_M(log1p)(EW_EXP(x))));
-    case TPURT_EW_SOFTPLUS: U(x * p0 > p1 ? x : EW_M(log1p)(EW_EXP(x * p0)) / p0);
+    case TPURT_EW_MISH: U(x * EW_TANH(EW_LOG1P(EW_EXP(x))));
+    case TPURT_EW_SOFTPLUS: U(x * p0 > p1 ? x : EW_LOG1P(EW_EXP(x * p0)) / p0);
     case TPURT_EW_LEAKY_RELU: U(x > 0 ? x : x * p0);
     case TPURT_EW_HARDTANH: {
       U(x != x ? x : (x < p0 ? p0 : (x > p1 ? p1 : x)));
@@ -181,7 +182,7 @@ static void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict
     case TPURT_EW_ATAN2: B(EW_M(atan2)(x, y));
     case TPURT_EW_HYPOT: B(EW_M(hypot)(x, y));
     case TPURT_EW_COPYSIGN: B(EW_M(copysign)(x, y));
-    case TPURT_EW_XLOGY: B(y != y ? y : (x == 0 ? (T)0 : x * EW_M(log)(y)));
+    case TPURT_EW_XLOGY: B(y != y ? y : (x == 0 ? (T)0 : x * EW_LOG(y)));
     case TPURT_EW_MAXIMUM: B((x != x || x >= y) ? x : y);
     case TPURT_EW_MINIMUM: B((x != x || x <= y) ? x : y);
     case TPURT_EW_FMAX: B(y != y ? x : (x != x ? y : (x >= y ? x : y)));
@@ -258,7 +259,7 @@ static void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict
       for (int i = 0; i < n; i++) {
         T x = a[i], y = b[i];
         T s = (T)1 / ((T)1 + EW_EXP(-y));
-        T t = EW_M(tanh)(EW_M(log1p)(EW_EXP(y)));
+        T t = EW_TANH(EW_LOG1P(EW_EXP(y)));
         d[i] = x * (t + y * s * ((T)1 - t * t));
       }
       break;
@@ -326,7 +327,7 @@ static void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict
     case TPURT_EW_ZETA: B((T)ews_zeta((double)x, (double)y));
     case TPURT_EW_IGAMMA: B((T)ews_igamma((double)x, (double)y, 0));
     case TPURT_EW_IGAMMAC: B((T)ews_igamma((double)x, (double)y, 1));
-    case TPURT_EW_XLOG1PY: B(y != y ? y : (x == 0 ? (T)0 : x * EW_M(log1p)(y)));
+    case TPURT_EW_XLOG1PY: B(y != y ? y : (x == 0 ? (T)0 : x * EW_LOG1P(y)));
     case TPURT_EW_LOGADDEXP:
     case TPURT_EW_LOGADDEXP2: { /* m + log(1 + e^-|x-y|), in base 2 for LOGADDEXP2 */
       const int base2 = I->op == TPURT_EW_LOGADDEXP2;
@@ -340,7 +341,7 @@ static void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict
           d[i] = x;
         } else {
           T t = -EW_M(fabs)(x - y);
-          d[i] = base2 ? m + EW_M(log1p)(EW_M(exp2)(t)) * inv_ln2 : m + EW_M(log1p)(EW_M(exp)(t));
+          d[i] = base2 ? m + EW_LOG1P(EW_M(exp2)(t)) * inv_ln2 : m + EW_LOG1P(EW_M(exp)(t));
         }
       }
       break;
