@@ -371,15 +371,6 @@ static inline float ew_tanh_f(float x) {
   return x != x ? x : r;
 }
 
-static inline uint32_t ew_ubits(float f) {
-  union {
-    float f;
-    uint32_t u;
-  } c;
-  c.f = f;
-  return c.u;
-}
-
 /* natural log: x = 2^e m with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(s)
  * for s = (m - 1) / (m + 1) (|s| <= 0.1716: odd series to s^9, truncation
  * < 1e-9 relative), e ln2 added in two parts. Subnormals are scaled by 2^23
@@ -388,7 +379,7 @@ static inline float ew_log_f(float x) {
   static const float c[5] = {2.0f, 2.0f / 3.0f, 2.0f / 5.0f, 2.0f / 7.0f, 2.0f / 9.0f};
   int sub = x < 1.17549435e-38f;
   float xs = sub ? x * 8388608.0f : x;
-  uint32_t u = ew_ubits(xs);
+  uint32_t u = tpurt__vubits(xs);
   float e = (float)((int32_t)((u >> 23) & 0xff) - 127) - (sub ? 23.0f : 0.0f);
   float m = tpurt__vbits((u & 0x007fffffu) | 0x3f800000u); /* [1, 2) */
   int big = m > 1.41421356f;

@@ -18,14 +18,20 @@
 
 /* Vectorizable float exp: 2^n * e^r with |r| <= ln2/2, degree-6 polynomial,
  * scale applied in two halves so results down to the subnormals are right. */
-/* bit cast through a union: gcc vectorizes it where a memcpy pun is not */
+/* bit casts through a union: gcc vectorizes them where a memcpy pun is not */
+typedef union {
+  uint32_t u;
+  float f;
+} tpurt__fbits;
 static inline float tpurt__vbits(uint32_t u) {
-  union {
-    uint32_t u;
-    float f;
-  } c;
+  tpurt__fbits c;
   c.u = u;
   return c.f;
+}
+static inline uint32_t tpurt__vubits(float f) {
+  tpurt__fbits c;
+  c.f = f;
+  return c.u;
 }
 
 static inline float tpurt__vexpf(float x) {
