@@ -2,7 +2,7 @@
 
 device   host<->device copy bandwidth vs memcpy, empty-op round trip
 elementwise  large add/mul/gelu vs CPU and vs the machine's STREAM triad; softmax, norms,
-         gelu, tanh, erf, column sum at a small training step's sizes vs CPU
+         gelu, tanh, erf, log, sqrt, column sum at a small training step's sizes vs CPU
 defer    DeferAndFuse vs strict eager vs CPU eager on minGPT / Llama / ResNet train steps
 gemm     GEMM library choice (OpenBLAS / oneDNN / torch CPU, FMA peak),
          tpu fp32/bf16 GEMM vs CPU, conv2d on ResNet-18 shapes vs CPU

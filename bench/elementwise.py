@@ -99,6 +99,8 @@ def step_kernels(repeats: int, inner: int = 20) -> tuple[dict, str]:
         "gelu backward (1024×512)": both(lambda a, g: torch.ops.aten.gelu_backward(g, a), h, g),
         "tanh (1024×512)": both(torch.tanh, h),
         "erf (1024×512)": both(torch.erf, h),
+        "log (1024×512)": both(lambda a: torch.log(a.abs() + 0.1), h),
+        "sqrt (1024×512)": both(lambda a: torch.sqrt(a.abs()), h),
         "sum over rows (1024×512 → 512)": both(lambda a: a.sum(0), h),
     }
     configs, finish = {}, {}
