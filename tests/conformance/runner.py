@@ -103,23 +103,36 @@ def to_device(obj: Any, device: str, memo: dict[int, torch.Tensor] | None = None
     ``device`` (except those ``keep_cpu`` selects); a tensor appearing twice
     maps to the same device tensor; device arguments naming the CPU are
     redirected to ``device``."""
-    memo = {} if memo is None else memo
+    def tensor(t: torch.Tensor) -> torch.Tensor:
+        return t if keep_cpu is not None and keep_cpu(t) else _move_tensor(t, device, keep_grad)
+
+    def leaf(x: Any) -> Any:
+        if isinstance(x, torch.device):
+            return torch.device(device) if x.type == "cpu" else x
+        if isinstance(x, str) and x in ("cpu", "cpu:0"):  # a device argument (no other op argument is "cpu")
+            return device
+        return x
+
+    return _map_tensors(obj, tensor, {} if memo is None else memo, leaf)
+
+
+def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor], memo: dict[int, torch.Tensor],
+                 leaf: Callable[[Any], Any] = lambda x: x) -> Any:
+    """Copy of ``obj`` (nested lists/tuples/namedtuples/dicts) with every
+    tensor t replaced by fn(t), once per tensor (``memo``: id -> result, so
+    a tensor appearing twice maps to the same result) and every other leaf
+    by leaf(x)."""
     if isinstance(obj, torch.Tensor):
-        key = id(obj)
-        if key not in memo:
-            memo[key] = obj if keep_cpu is not None and keep_cpu(obj) else _move_tensor(obj, device, keep_grad)
-        return memo[key]
-    if isinstance(obj, torch.device):
-        return torch.device(device) if obj.type == "cpu" else obj
-    if isinstance(obj, str) and obj in ("cpu", "cpu:0"):  # a device argument (no other op argument is "cpu")
-        return device
+        if id(obj) not in memo:
+            memo[id(obj)] = fn(obj)
+        return memo[id(obj)]
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
-        return type(obj)(*(to_device(x, device, memo, keep_grad, keep_cpu) for x in obj))
+        return type(obj)(*(_map_tensors(x, fn, memo, leaf) for x in obj))
     if isinstance(obj, (list, tuple)):
-        return type(obj)(to_device(x, device, memo, keep_grad, keep_cpu) for x in obj)
+        return type(obj)(_map_tensors(x, fn, memo, leaf) for x in obj)
     if isinstance(obj, dict):
-        return {k: to_device(v, device, memo, keep_grad, keep_cpu) for k, v in obj.items()}
-    return obj
+        return {k: _map_tensors(v, fn, memo, leaf) for k, v in obj.items()}
+    return leaf(obj)
 
 
 def _tensors(obj: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -227,23 +240,15 @@ _WIDE = {torch.float32: torch.float64, torch.float16: torch.float64, torch.bfloa
 
 
 def _widen(obj: Any, memo: dict[int, torch.Tensor]) -> Any:
-    if isinstance(obj, torch.Tensor):
-        if id(obj) not in memo:
-            wide = _WIDE.get(obj.dtype)
-            t = obj.detach()
-            if wide is not None and t.layout == torch.strided:
-                t = t.to(wide)
-                if obj.requires_grad:
-                    t.requires_grad_(True)
-            memo[id(obj)] = t
-        return memo[id(obj)]
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(_widen(x, memo) for x in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_widen(x, memo) for x in obj)
-    if isinstance(obj, dict):
-        return {k: _widen(v, memo) for k, v in obj.items()}
-    return obj
+    """Copy of ``obj`` with floating tensors in float64 (complex128), grad
+    inputs still requiring grad."""
+    def tensor(t: torch.Tensor) -> torch.Tensor:
+        wide, d = _WIDE.get(t.dtype), t.detach()
+        if wide is None or d.layout != torch.strided:
+            return d
+        return d.to(wide).requires_grad_(t.requires_grad)
+
+    return _map_tensors(obj, tensor, memo)
 
 
 def _round_like(wide: Any, like: Any) -> Any:

@@ -44,18 +44,6 @@ at::Tensor tpu_empty(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
                                    c10::dtype_or_default(dtype), memory_format);
 }
 
-// An "efficient" zero tensor (autograd's zero gradients, e.g. sgn's
-// backward for real inputs). The device has no storage-less zero tensors: it
-// is a dense tensor of zeros (the same values; _is_zerotensor() is false).
-at::Tensor& tpu_zero(at::Tensor& self);
-
-at::Tensor tpu_efficientzerotensor(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
-                                   std::optional<at::Layout> layout, std::optional<c10::Device> device,
-                                   std::optional<bool> pin_memory) {
-  at::Tensor t = tpu_empty(size, dtype, layout, device, pin_memory, std::nullopt);
-  return tpu_zero(t);
-}
-
 at::Tensor tpu_empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
                              std::optional<at::Layout> layout, std::optional<c10::Device> device,
                              std::optional<bool> pin_memory) {
@@ -215,6 +203,16 @@ at::Tensor& tpu_fill_tensor(at::Tensor& self, const at::Tensor& value) {
 }
 
 at::Tensor& tpu_zero(at::Tensor& self) { return tpu_fill_scalar(self, 0); }
+
+// An "efficient" zero tensor (autograd's zero gradients, e.g. sgn's
+// backward for real inputs). The device has no storage-less zero tensors: it
+// is a dense tensor of zeros (the same values; _is_zerotensor() is false).
+at::Tensor tpu_efficientzerotensor(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                                   std::optional<at::Layout> layout, std::optional<c10::Device> device,
+                                   std::optional<bool> pin_memory) {
+  at::Tensor t = tpu_empty(size, dtype, layout, device, pin_memory, std::nullopt);
+  return tpu_zero(t);
+}
 
 c10::Scalar tpu_local_scalar_dense(const at::Tensor& self) {
   TORCH_CHECK(self.numel() == 1, "a Tensor with ", self.numel(), " elements cannot be converted to Scalar");

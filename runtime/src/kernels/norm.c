@@ -161,8 +161,14 @@ static void ln_fwd_rows(void *c, int64_t rb, int64_t re) {
   int64_t xes = (int64_t)tpurt_dtype_size(p->x.dt), yes = (int64_t)tpurt_dtype_size(p->y.dt);
   for (int64_t r = rb; r < re; r++) {
     rk_load_f64(buf, x->x + r * p->x.rs * xes, p->x.dt, p->x.cs, n);
-    double mean = p->rms ? 0.0 : rk_sum_lanes(buf, n) / (double)n, dsum, var;
-    rk_moments_lanes(buf, mean, n, &dsum, &var);
+    /* sum and sum of squares; layer norm then sums squared deviations from
+     * the mean, RMS norm's mean square is the first pass's */
+    double sum, var, mean = 0.0;
+    rk_moments_lanes(buf, 0.0, n, &sum, &var);
+    if (!p->rms) {
+      mean = sum / (double)n;
+      rk_moments_lanes(buf, mean, n, &sum, &var);
+    }
     var /= (double)n;
     double rstd = 1.0 / sqrt(var + p->eps);
     vset(&p->mean, x->mean, r, mean);

@@ -221,23 +221,6 @@ static inline void rk_lanes_out(__m256d lo, __m256d hi, double *acc) {
   _mm256_storeu_pd(acc + 4, hi);
 }
 #endif
-static inline double rk_sum_lanes(const double *a, int64_t n) {
-  double acc[RK_LANES] = {0};
-  int64_t i = 0;
-#ifdef __AVX__
-  __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
-  for (; i + RK_LANES <= n; i += RK_LANES) {
-    s0 = _mm256_add_pd(s0, _mm256_loadu_pd(a + i));
-    s1 = _mm256_add_pd(s1, _mm256_loadu_pd(a + i + 4));
-  }
-  rk_lanes_out(s0, s1, acc);
-#else
-  for (; i + RK_LANES <= n; i += RK_LANES)
-    for (int j = 0; j < RK_LANES; j++) acc[j] += a[i + j];
-#endif
-  for (; i < n; i++) acc[i & 7] += a[i];
-  return RK_FOLD(acc);
-}
 /* sum of (a - c) and of (a - c)^2 */
 static inline void rk_moments_lanes(const double *a, double c, int64_t n, double *sum, double *sq) {
   double s[RK_LANES] = {0}, q[RK_LANES] = {0};

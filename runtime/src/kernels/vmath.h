@@ -16,8 +16,6 @@
 
 #include "../internal.h"
 
-/* Vectorizable float exp: 2^n * e^r with |r| <= ln2/2, degree-6 polynomial,
- * scale applied in two halves so results down to the subnormals are right. */
 /* bit casts through a union: gcc vectorizes them where a memcpy pun is not */
 typedef union {
   uint32_t u;
@@ -34,6 +32,8 @@ static inline uint32_t tpurt__vubits(float f) {
   return c.u;
 }
 
+/* Vectorizable float exp: 2^n * e^r with |r| <= ln2/2, degree-6 polynomial,
+ * scale applied in two halves so results down to the subnormals are right. */
 static inline float tpurt__vexpf(float x) {
   /* two plain clamps (a NaN passes both and is returned below): gcc turns a
    * nested NaN / range select into duplicated blends of everything after it */
