@@ -751,6 +751,37 @@ def test_vector_special_functions_over_the_whole_range(name):
     torch.testing.assert_close(fn(inf.to("tpu")).cpu(), fn(inf), rtol=0, atol=0, equal_nan=True)
 
 
+def test_gelu_and_its_backward_over_the_whole_range():
+    # float32 GELU (erf form) is x Phi(x) with Phi from exp(-x^2/2) erfcx(|x|
+    # / sqrt 2) (a polynomial in 1 / (1 + 0.4 z)); its backward shares the
+    # exp: within 1e-6 relative of float64 wherever the result is normal
+    # (the backward's two terms, Phi(y) and y phi(y), cancel near y = -0.75:
+    # there the bound is relative to their magnitudes)
+    pts = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 19.4, 19.6, -19.4, -19.6, 30.0, -30.0, 1e30, -1e30])
+    x = torch.cat([torch.linspace(-14, 14, 280001), pts, torch.tensor([float("inf"), float("-inf"), float("nan")])])
+    xt = x.to("tpu")
+    got = F.gelu(xt).cpu()
+    ref = 0.5 * x.double() * torch.special.erfc(-x.double() / 2 ** 0.5)  # the CPU's 1 + erf cancels in the tail
+    # where Phi(x) itself is normal (below, x Phi(x) is rounded from a subnormal)
+    normal = torch.isfinite(ref) & ((ref / x.double()).abs() >= torch.finfo(torch.float32).tiny)
+    err = (got.double() - ref)[normal].abs() / ref[normal].abs()
+    assert err.max() <= 1e-6, (err.max(), x[normal][err.argmax()])
+    assert torch.equal(torch.isnan(got), torch.isnan(ref))
+    finite = ~torch.isnan(ref)
+    assert torch.equal(torch.signbit(got[finite]), torch.signbit(ref[finite].float()))
+    g = torch.full_like(x, 0.75)
+    gb = torch.ops.aten.gelu_backward(g.to("tpu"), xt).cpu().double()
+    xd = x.double()
+    phi = torch.exp(-xd * xd / 2) / (2 * torch.pi) ** 0.5
+    cdf = 0.5 * torch.special.erfc(-xd / 2 ** 0.5)
+    want = 0.75 * (cdf + xd * phi)
+    scale = 0.75 * (cdf.abs() + (xd * phi).abs())
+    ok = torch.isfinite(want) & (scale >= torch.finfo(torch.float32).tiny)
+    berr = (gb - want)[ok].abs() / scale[ok]
+    assert berr.max() <= 1e-6, (berr.max(), x[ok][berr.argmax()])
+    assert torch.equal(torch.isnan(gb), torch.isnan(torch.ops.aten.gelu_backward(g, x)))
+
+
 def test_sgn_backward_and_efficient_zero_tensor():
     # sgn's backward for real inputs is an "efficient" zero tensor: a dense
     # tensor of zeros on the device

@@ -301,38 +301,57 @@ static inline float ew_horner_f(float x, const float *c, int n) {
   return p;
 }
 
-/* erfc(z) for 0 <= z <= ~14 given z*z as zz + zl (hi + lo), through a
- * Chebyshev fit of relative error < 1.2e-7 (Press et al., Numerical Recipes,
- * erfcc), so the tail keeps its relative accuracy; exp's argument q - z*z
- * is carried as hi + lo (two-sum). Branch-free, so callers vectorize. */
-static inline float ew_erfc_pos_f(float z, float zz, float zl) {
-  static const float c[10] = {-1.26551223f, 1.00002368f, 0.37409196f,  0.09678418f, -0.18628806f,
-                              0.27886807f,  -1.13520398f, 1.48851587f, -0.82215223f, 0.17087277f};
-  float t = 1.0f / fmaf(0.5f, z, 1.0f);
-  float q = ew_horner_f(t, c, 10);
-  float s = q - zz, bb = s - q;
-  float lo = (q - (s - bb)) + (-zz - bb) - zl;
-  return t * tpurt__vexpf(s) * (1.0f + lo);
+/* exp(x) for finite x <= 0, 0 where it underflows, relative error ~1.5e-7
+ * (degree-7 polynomial on |r| <= ln2 / 2). Nothing clamps x: the scale's
+ * exponent is clamped as an integer, and callers select their own result
+ * where x is out of range (-inf gives NaN). gcc specializes a clamp of the
+ * argument into blends of every value after it; without one, erfc and the
+ * GELUs below take half the instructions. */
+static inline float ew_expneg_f(float x) {
+  float n = fmaf(x, 1.44269504088896341f, 12582912.0f) - 12582912.0f;
+  float r = fmaf(n, -0.693145751953125f, x);
+  r = fmaf(n, -1.428606765330187e-06f, r);
+  static const float c[8] = {1.0f, 1.0f, 0.5f, 1.0f / 6.0f, 1.0f / 24.0f, 1.0f / 120.0f, 1.0f / 720.0f, 1.0f / 5040.0f};
+  float p = ew_horner_f(r, c, 8);
+  int32_t ni = (int32_t)n;
+  ni = ni > -151 ? ni : -151;
+  int32_t n1 = ni >> 1, n2 = ni - n1; /* two scales: results down to the subnormals */
+  return p * tpurt__vbits((uint32_t)(n1 + 127) << 23) * tpurt__vbits((uint32_t)(n2 + 127) << 23);
 }
 
-/* Phi(x), the standard normal CDF: erfc(|x| / sqrt 2) / 2 (or 1 minus it),
- * z*z = x*x/2 split exactly from x with an fma. */
-static inline float ew_phi_f(float x) {
-  float z = fabsf(x) * 0.70710678118654752f;
-  z = z > 14.0f ? 14.0f : z; /* erfc(14) underflows float; keeps NaN out */
-  float xc = fabsf(x) > 19.8f ? 19.8f : x; /* z*z = x*x/2 exactly from x */
-  float xx = xc * xc, xl = fmaf(xc, xc, -xx);
-  float ec = ew_erfc_pos_f(z, 0.5f * xx, 0.5f * xl); /* erfc(|x| / sqrt 2) */
+/* exp(-(zz + zl)) for zz >= 0 and |zl| <= ulp(zz): e^-zz (1 - zl) */
+static inline float ew_gauss_f(float zz, float zl) { return ew_expneg_f(-zz) * fmaf(-1.0f, zl, 1.0f); }
+
+/* erfcx(z) = exp(z^2) erfc(z) for 0 <= z <= 10.5 (erfc underflows float
+ * beyond) as t P(t), t = 1 / (1 + 0.4 z): a degree-9 polynomial fitted
+ * for relative error (< 1e-8 in exact arithmetic, 3e-8 with the float
+ * coefficients); erfc(z) = exp(-z^2) erfcx(z) keeps the tail's relative
+ * accuracy, and phi's exp(-x^2/2) is the same factor. */
+static inline float ew_erfcx_f(float z) {
+  static const float c[10] = {0.225703672f,  0.225015238f, 0.214390993f,  0.132155135f, 0.264877856f,
+                              -0.270931065f, 0.531236649f, -0.486636281f, 0.192825258f, -0.0286374614f};
+  float t = 1.0f / fmaf(0.4f, z, 1.0f);
+  return t * ew_horner_f(t, c, 10);
+}
+
+/* Phi(x), the standard normal CDF, from erfc(|x| / sqrt 2) = g erfcx(|x| /
+ * sqrt 2), where g = exp(-x^2 / 2) (x*x split exactly with an fma) is
+ * returned in *gauss for the GELU backward's density. */
+static inline float ew_phi_g_f(float x, float *gauss) {
+  float a = fabsf(x);
+  float xx = a * a, xl = fmaf(a, a, -xx);
+  float g = ew_gauss_f(0.5f * xx, 0.5f * xl);
+  float ec = g * ew_erfcx_f(a * 0.70710678118654752f);
+  ec = a > 19.5f ? 0.0f : ec; /* erfc underflowed long before; x*x may be inf */
   float p = x >= 0 ? fmaf(-0.5f, ec, 1.0f) : 0.5f * ec;
+  *gauss = a > 19.5f ? 0.0f : g;
   return x != x ? x : p;
 }
 
-/* erfc(|x|); 0 where it underflows float (the formula's infinities beyond
- * are dropped by a select after it: a clamp of the argument before exp
- * keeps gcc from vectorizing the loop) */
+/* erfc(|x|); 0 where it underflows float */
 static inline float ew_erfc_abs_f(float x) {
   float a = fabsf(x), aa = a * a;
-  float e = ew_erfc_pos_f(a, aa, fmaf(a, a, -aa));
+  float e = ew_gauss_f(aa, fmaf(a, a, -aa)) * ew_erfcx_f(a);
   return a > 10.5f ? 0.0f : e;
 }
 
@@ -404,11 +423,15 @@ static inline float ew_log1p_f(float x) {
 }
 
 /* gelu(x) = x * Phi(x) */
-static inline float ew_gelu_f(float x) { return x * ew_phi_f(x); }
+static inline float ew_gelu_f(float x) {
+  float gauss;
+  return x * ew_phi_g_f(x, &gauss);
+}
 
-/* d gelu(y) / dy * g = g * (Phi(y) + y * phi(y)) */
+/* d gelu(y) / dy * g = g * (Phi(y) + y * phi(y)), phi(y) = exp(-y^2 / 2) / sqrt(2 pi) */
 static inline float ew_gelu_backward_f(float g, float y) {
-  return g * fmaf(y, tpurt__vexpf(-0.5f * y * y) * 0.3989422804014327f, ew_phi_f(y));
+  float gauss, p = ew_phi_g_f(y, &gauss);
+  return g * fmaf(y, gauss * 0.3989422804014327f, p);
 }
 
 /* --------------------------------------------------- instruction loops */
@@ -803,6 +826,13 @@ static void uniform_block(float *d, const double *p, int64_t lin0, int n) {
   tpurt__philox_uniform(key, off, lin0, n, d);
 }
 
+/* [p, p + n) and [q, q + m) share a byte (q NULL: no) */
+static int overlaps(const void *p, size_t n, const void *q, size_t m) {
+  if (!q) return 0;
+  uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
+  return a < b + m && b < a + n;
+}
+
 static int run_block(ew_ctx *x, const int64_t *offs, int64_t (*goff)[EW_BLK], int n, char *scratch, int64_t lin0) {
   const ew_hdr *h = x->h;
   tpurt_dtype ct = (tpurt_dtype)h->compute;
@@ -813,7 +843,7 @@ static int run_block(ew_ctx *x, const int64_t *offs, int64_t (*goff)[EW_BLK], in
   char *spare = buf[h->nregs];
   for (int r = 0; r < h->nregs; r++) R[r] = buf[r];
   int inner = h->ndim - 1;
-  int bad = 0;
+  int bad = 0, direct = 0;
   for (int k = 0; k < h->ninst; k++) {
     const tpurt_ew_inst *I = &x->inst[k];
     int dr = I->dst;
@@ -864,6 +894,18 @@ static int run_block(ew_ctx *x, const int64_t *offs, int64_t (*goff)[EW_BLK], in
     const void *a = I->src[0] < h->nregs ? R[I->src[0]] : NULL;
     const void *b = I->src[1] < h->nregs ? R[I->src[1]] : NULL;
     const void *c = I->src[2] < h->nregs ? R[I->src[2]] : NULL;
+    if (k == h->ninst - 1 && h->nout == 1 && h->out_reg[0] == dr && !goff && h->dt[0] == ct &&
+        x->bstr[0][inner] == (int64_t)csize(ct)) {
+      /* the program's one result goes straight to a dense output of its
+       * type (not through a register and a copy) unless the output's
+       * memory overlaps what this instruction reads */
+      char *o = x->base[0] + offs[0];
+      size_t nb = (size_t)n * csize(ct);
+      if (!overlaps(o, nb, a, nb) && !overlaps(o, nb, b, nb) && !overlaps(o, nb, c, nb)) {
+        out = o;
+        direct = 1;
+      }
+    }
     switch (ct) {
       case TPURT_F32: exec_f32(I, (float *)out, a, b, c, n); break;
       case TPURT_F64: exec_f64(I, (double *)out, a, b, c, n); break;
@@ -871,12 +913,16 @@ static int run_block(ew_ctx *x, const int64_t *offs, int64_t (*goff)[EW_BLK], in
       case TPURT_C64: exec_c64(I, (c64_t *)out, a, b, c, n); break;
       default: exec_c128(I, (c128_t *)out, a, b, c, n); break;
     }
+    if (direct) {
+      R[dr] = out;
+      break;
+    }
     spare = buf[dr];
     buf[dr] = out;
     R[dr] = out;
   }
   if (bad) return 1;
-  for (int k = 0; k < h->nout; k++) {
+  for (int k = direct; k < h->nout; k++) {
     tpurt_dtype dt = (tpurt_dtype)h->dt[k];
     char *base = x->base[k] + offs[k];
     const int64_t *off = goff ? goff[k] : NULL;
