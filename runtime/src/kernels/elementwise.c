@@ -308,12 +308,13 @@ static inline float ew_horner_f(float x, const float *c, int n) {
  * argument into blends of every value after it; without one, erfc and the
  * GELUs below take half the instructions. */
 static inline float ew_expneg_f(float x) {
-  float n = fmaf(x, 1.44269504088896341f, 12582912.0f) - 12582912.0f;
+  float tb = fmaf(x, 1.44269504088896341f, 12582912.0f); /* 1.5 * 2^23 + n */
+  float n = tb - 12582912.0f;
   float r = fmaf(n, -0.693145751953125f, x);
   r = fmaf(n, -1.428606765330187e-06f, r);
   static const float c[8] = {1.0f, 1.0f, 0.5f, 1.0f / 6.0f, 1.0f / 24.0f, 1.0f / 120.0f, 1.0f / 720.0f, 1.0f / 5040.0f};
   float p = ew_horner_f(r, c, 8);
-  int32_t ni = (int32_t)n;
+  int32_t ni = (int32_t)(tpurt__vubits(tb) - 0x4b400000u);
   ni = ni > -151 ? ni : -151;
   int32_t n1 = ni >> 1, n2 = ni - n1; /* two scales: results down to the subnormals */
   return p * tpurt__vbits((uint32_t)(n1 + 127) << 23) * tpurt__vbits((uint32_t)(n2 + 127) << 23);

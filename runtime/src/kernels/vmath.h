@@ -33,14 +33,15 @@ static inline uint32_t tpurt__vubits(float f) {
 }
 
 /* Vectorizable float exp: 2^n * e^r with |r| <= ln2/2, degree-6 polynomial,
- * scale applied in two halves so results down to the subnormals are right. */
+ * scale applied in two halves so results down to the subnormals are right.
+ * Out of range arguments are handled by selects on the result, not by
+ * clamping x: gcc specializes a clamp of the argument into blends of every
+ * value computed after it (silu 0.97 -> 0.65 ns an element without). The
+ * scale's exponent is clamped as an integer so it stays a valid float. */
 static inline float tpurt__vexpf(float x) {
-  /* two plain clamps (a NaN passes both and is returned below): gcc turns a
-   * nested NaN / range select into duplicated blends of everything after it */
-  float xc = x > 89.0f ? 89.0f : x;
-  xc = xc < -104.0f ? -104.0f : xc;
-  float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  float r = fmaf(n, -0.693145751953125f, xc);
+  float tb = x * 1.44269504088896341f + 12582912.0f; /* 1.5 * 2^23 + n */
+  float n = tb - 12582912.0f;
+  float r = fmaf(n, -0.693145751953125f, x);
   r = fmaf(n, -1.428606765330187e-06f, r);
   float p = 1.0f / 720.0f;
   p = fmaf(p, r, 1.0f / 120.0f);
@@ -49,10 +50,14 @@ static inline float tpurt__vexpf(float x) {
   p = fmaf(p, r, 0.5f);
   p = fmaf(p, r, 1.0f);
   p = fmaf(p, r, 1.0f);
-  int32_t ni = (int32_t)n;
+  int32_t ni = (int32_t)(tpurt__vubits(tb) - 0x4b400000u); /* n from tb's bits: no float->int conversion */
+  ni = ni < 129 ? ni : 129;
+  ni = ni > -151 ? ni : -151;
   int32_t n1 = ni >> 1, n2 = ni - n1;
   float s1 = tpurt__vbits((uint32_t)(n1 + 127) << 23), s2 = tpurt__vbits((uint32_t)(n2 + 127) << 23);
   float res = p * s1 * s2;
+  res = x > 89.0f ? INFINITY : res;
+  res = x < -104.0f ? 0.0f : res;
   return x != x ? x : res;
 }
 
