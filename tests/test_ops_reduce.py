@@ -352,6 +352,30 @@ def test_layer_norm_module_autograd():
     no_family_fallback()
 
 
+@pytest.mark.parametrize("mask", [(True, True, True), (True, False, False), (False, True, True), (False, True, False),
+                                  (False, False, True), (True, False, True)])
+def test_layer_norm_backward_in_row_parts(mask):
+    # enough rows for the backward to cut them into parts (each part's rows
+    # give the input gradient and partial weight / bias sums, added in part
+    # order): every output-mask combination like CPU, and the same bits on
+    # a second run
+    x = sample((700, 96), torch.float32)
+    g = sample((700, 96), torch.float32, 3)
+    w = sample((96,), torch.float32, 1)
+    b = sample((96,), torch.float32, 2)
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x, [96], w, b, 1e-5)
+    want = torch.ops.aten.native_layer_norm_backward(g, x, [96], mean, rstd, w, b, list(mask))
+    args = [t.to(DEV) for t in (g, x)] + [[96], mean.to(DEV), rstd.to(DEV), w.to(DEV), b.to(DEV), list(mask)]
+    got = torch.ops.aten.native_layer_norm_backward(*args)
+    again = torch.ops.aten.native_layer_norm_backward(*args)
+    for k in range(3):
+        assert (got[k] is None or not got[k].numel()) == (want[k] is None or not want[k].numel()), k
+        if want[k] is not None and want[k].numel():
+            close(got[k], want[k], 1e-4)
+            assert torch.equal(got[k].cpu(), again[k].cpu())
+    no_family_fallback()
+
+
 @pytest.mark.parametrize("shape", [(4, 3, 5, 6), (6, 4), (2, 3, 7)])
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_batch_norm_module(shape, channels_last):

@@ -184,75 +184,53 @@ static void ln_fwd_rows(void *c, int64_t rb, int64_t re) {
   free(buf);
 }
 
-static void ln_bwd_rows(void *c, int64_t rb, int64_t re) {
+/* Backward over row parts: each part reads its rows of x and dy once,
+ * writes their input gradient and adds the rows' weight / bias gradient
+ * terms into the part's own partial sums (x->part[part]: dw cols, then db
+ * cols). The parts are a function of the shape only and their sums are
+ * added in part order afterwards, so the result is the same on every run. */
+static void ln_bwd_parts(void *c, int64_t tb, int64_t te) {
   lnctx *x = c;
   const lnplan *p = x->p;
   int64_t n = p->cols;
-  double *buf = malloc(sizeof(double) * (size_t)n * 3);
+  double *buf = malloc(sizeof(double) * (size_t)n * 5);
   if (!buf) {
     x->failed = 1;
     return;
   }
-  double *g = buf + n, *w = buf + 2 * n;
+  double *g = buf + n, *w = buf + 2 * n, *spare = buf + 3 * n; /* spare: sums nobody asked for */
   vload(&p->w, x->w, n, w, 1.0);
   int64_t xes = (int64_t)tpurt_dtype_size(p->x.dt), des = (int64_t)tpurt_dtype_size(p->dy.dt),
-          oes = (int64_t)tpurt_dtype_size(p->dx.dt);
-  for (int64_t r = rb; r < re; r++) {
-    double mean = p->rms ? 0.0 : vget(&p->mean, x->mean, r, 0.0), rstd = vget(&p->rstd, x->rstd, r, 1.0);
-    rk_load_f64(buf, x->x + r * p->x.rs * xes, p->x.dt, p->x.cs, n);
-    rk_load_f64(g, x->dy + r * p->dy.rs * des, p->dy.dt, p->dy.cs, n);
-    double sg, sgx;
-    for (int64_t i = 0; i < n; i++) {
-      buf[i] = (buf[i] - mean) * rstd; /* xhat */
-      g[i] *= w[i];
+          oes = x->dx ? (int64_t)tpurt_dtype_size(p->dx.dt) : 0;
+  for (int64_t t = tb; t < te; t++) {
+    int64_t r0 = p->rows * t / x->parts, r1 = p->rows * (t + 1) / x->parts;
+    double *restrict aw = x->dw ? x->part + 2 * t * n : spare, *restrict ab = x->db ? x->part + 2 * t * n + n : spare + n;
+    memset(aw, 0, sizeof(double) * (size_t)n);
+    memset(ab, 0, sizeof(double) * (size_t)n);
+    for (int64_t r = r0; r < r1; r++) {
+      double mean = p->rms ? 0.0 : vget(&p->mean, x->mean, r, 0.0), rstd = vget(&p->rstd, x->rstd, r, 1.0);
+      rk_load_f64(buf, x->x + r * p->x.rs * xes, p->x.dt, p->x.cs, n);
+      rk_load_f64(g, x->dy + r * p->dy.rs * des, p->dy.dt, p->dy.cs, n);
+      double *restrict xh = buf, *restrict gw = g;
+      const double *restrict wv = w;
+      for (int64_t i = 0; i < n; i++) { /* one pass: xhat, both sums, dy * w */
+        double h = (xh[i] - mean) * rstd, d = gw[i];
+        xh[i] = h;
+        ab[i] += d;
+        aw[i] += d * h;
+        gw[i] = d * wv[i];
+      }
+      if (!x->dx) continue;
+      double sg, sgx;
+      rk_gdot_lanes(g, buf, 0.0, n, &sg, &sgx);
+      sg /= (double)n;
+      sgx /= (double)n;
+      if (p->rms) sg = 0;
+      for (int64_t i = 0; i < n; i++) g[i] = rstd * (g[i] - sg - buf[i] * sgx);
+      rk_store_row_f64(x->dx + r * p->dx.rs * oes, p->dx.dt, p->dx.cs, g, n);
     }
-    rk_gdot_lanes(g, buf, 0.0, n, &sg, &sgx);
-    sg /= (double)n;
-    sgx /= (double)n;
-    if (p->rms) sg = 0;
-    for (int64_t i = 0; i < n; i++) g[i] = rstd * (g[i] - sg - buf[i] * sgx);
-    rk_store_row_f64(x->dx + r * p->dx.rs * oes, p->dx.dt, p->dx.cs, g, n);
   }
   free(buf);
-}
-
-#define LN_CB 256
-/* Weight / bias gradients: sums over rows per column. Work items are
- * (column block, row part): with few column blocks the rows are cut into
- * parts whose partial sums land in x->part and are added in part order
- * afterwards (a function of the shape only, so the result is the same on
- * every run); with one part the sums go straight to dw / db. */
-static void ln_bwd_cols(void *c, int64_t tb, int64_t te) {
-  lnctx *x = c;
-  const lnplan *p = x->p;
-  int64_t xes = (int64_t)tpurt_dtype_size(p->x.dt), des = (int64_t)tpurt_dtype_size(p->dy.dt);
-  int64_t nblk = (p->cols + LN_CB - 1) / LN_CB, parts = x->parts;
-  double xv[LN_CB], dv[LN_CB], aw[LN_CB], ab[LN_CB];
-  for (int64_t t = tb; t < te; t++) {
-    int64_t blk = t % nblk, part = t / nblk;
-    int64_t j0 = blk * LN_CB, n = p->cols - j0 < LN_CB ? p->cols - j0 : LN_CB;
-    int64_t r0 = p->rows * part / parts, r1 = p->rows * (part + 1) / parts;
-    for (int64_t j = 0; j < n; j++) aw[j] = ab[j] = 0;
-    for (int64_t r = r0; r < r1; r++) {
-      rk_load_f64(dv, x->dy + (r * p->dy.rs + j0 * p->dy.cs) * des, p->dy.dt, p->dy.cs, n);
-      for (int64_t j = 0; j < n; j++) ab[j] += dv[j];
-      if (x->dw) {
-        double mean = p->rms ? 0.0 : vget(&p->mean, x->mean, r, 0.0), rstd = vget(&p->rstd, x->rstd, r, 1.0);
-        rk_load_f64(xv, x->x + (r * p->x.rs + j0 * p->x.cs) * xes, p->x.dt, p->x.cs, n);
-        for (int64_t j = 0; j < n; j++) aw[j] += dv[j] * (xv[j] - mean) * rstd;
-      }
-    }
-    if (parts > 1) {
-      double *pw = x->part + 2 * part * p->cols;
-      memcpy(pw + j0, aw, sizeof(double) * (size_t)n);
-      memcpy(pw + p->cols + j0, ab, sizeof(double) * (size_t)n);
-      continue;
-    }
-    for (int64_t j = 0; j < n; j++) {
-      vset(&p->dw, x->dw, j0 + j, aw[j]);
-      vset(&p->db, x->db, j0 + j, ab[j]);
-    }
-  }
 }
 
 static tpurt_status k_ln(void *a, char *err, size_t errlen) {
@@ -264,28 +242,27 @@ static tpurt_status k_ln(void *a, char *err, size_t errlen) {
   if (p->fwd) {
     tpurt_parallel_for(p->rows, grain, ln_fwd_rows, &x);
   } else {
-    if (x.dx) tpurt_parallel_for(p->rows, grain, ln_bwd_rows, &x);
-    if (x.dw || x.db) {
-      int64_t nblk = (p->cols + LN_CB - 1) / LN_CB;
-      if (nblk < 4) { /* too few column blocks to share: cut the rows too */
-        x.parts = p->rows / 64 < 16 ? p->rows / 64 : 16;
-        if (x.parts < 1) x.parts = 1;
-      }
-      if (x.parts > 1 && !(x.part = malloc(sizeof(double) * 2 * (size_t)(x.parts * p->cols)))) x.parts = 1;
-      tpurt_parallel_for(nblk * x.parts, 1, ln_bwd_cols, &x);
-      if (x.parts > 1) {
-        for (int64_t j = 0; j < p->cols; j++) {
-          double sw = 0, sb = 0;
-          for (int64_t q = 0; q < x.parts; q++) {
-            sw += x.part[2 * q * p->cols + j];
-            sb += x.part[2 * q * p->cols + p->cols + j];
-          }
-          vset(&p->dw, x.dw, j, sw);
-          vset(&p->db, x.db, j, sb);
+    /* parts of at least ~8K elements (whole rows), at most 16 */
+    int64_t parts = p->rows * p->cols / 8192;
+    parts = parts < 1 ? 1 : parts > 16 ? 16 : parts > p->rows ? p->rows : parts;
+    x.parts = parts;
+    if ((x.dw || x.db) && !(x.part = malloc(sizeof(double) * 2 * (size_t)(parts * p->cols)))) {
+      snprintf(err, errlen, "out of host memory for %" PRId64 " partial sums of %" PRId64 " columns", parts, p->cols);
+      return TPURT_ERR_OUT_OF_MEMORY;
+    }
+    tpurt_parallel_for(parts, 1, ln_bwd_parts, &x);
+    if (x.part && !x.failed) {
+      for (int64_t j = 0; j < p->cols; j++) {
+        double sw = 0, sb = 0;
+        for (int64_t q = 0; q < parts; q++) {
+          sw += x.part[2 * q * p->cols + j];
+          sb += x.part[2 * q * p->cols + p->cols + j];
         }
-        free(x.part);
+        vset(&p->dw, x.dw, j, sw);
+        vset(&p->db, x.db, j, sb);
       }
     }
+    free(x.part);
   }
   if (x.failed) {
     snprintf(err, errlen, "out of host memory for rows of %" PRId64 " elements", p->cols);
