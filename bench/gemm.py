@@ -29,7 +29,12 @@ TRANSFORMER = [(4096, 1024, 256), (4096, 256, 1024), (4096, 768, 256), (4096, 25
 
 
 def _reps(flops: float) -> int:
-    return max(1, min(50, int(1.5e9 / flops)))
+    """Products per sample: ~8 GFLOP (~50 ms at this machine's speed). After
+    CPU torch.matmul its OpenMP threads keep spinning for milliseconds on the
+    same cores, so the next config's first milliseconds run on a shared
+    machine; with 10 ms samples that tail was half of a small product's
+    sample (256^3 read 36-40 % of peak interleaved vs 66 % with 50 ms)."""
+    return max(1, min(400, int(8e9 / flops)))
 
 
 _PEAK: dict[int, float] = {}
