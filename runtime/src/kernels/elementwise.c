@@ -292,32 +292,12 @@ static double ew_erfinv(double y) {
 
 #include "vmath.h"
 
-/* c[0] + x (c[1] + x (c[2] + ...)): Horner over n coefficients, lowest
- * first (inlined with constant coefficients, it stays a chain of fmas; a
- * split evaluation was faster but cost the erfc tail its last ulps) */
-static inline float ew_horner_f(float x, const float *c, int n) {
-  float p = c[n - 1];
-  for (int i = n - 2; i >= 0; i--) p = fmaf(p, x, c[i]);
-  return p;
-}
-
-/* exp(x) for finite x <= 0, 0 where it underflows, relative error ~1.5e-7
- * (degree-7 polynomial on |r| <= ln2 / 2). Nothing clamps x: the scale's
- * exponent is clamped as an integer, and callers select their own result
- * where x is out of range (-inf gives NaN). gcc specializes a clamp of the
- * argument into blends of every value after it; without one, erfc and the
- * GELUs below take half the instructions. */
+/* exp(x) for finite x <= 0 (degree-7 polynomial: relative error ~1.5e-7),
+ * 0 where it underflows; callers select their results where x is out of
+ * range (-inf gives NaN) */
 static inline float ew_expneg_f(float x) {
-  float tb = fmaf(x, 1.44269504088896341f, 12582912.0f); /* 1.5 * 2^23 + n */
-  float n = tb - 12582912.0f;
-  float r = fmaf(n, -0.693145751953125f, x);
-  r = fmaf(n, -1.428606765330187e-06f, r);
   static const float c[8] = {1.0f, 1.0f, 0.5f, 1.0f / 6.0f, 1.0f / 24.0f, 1.0f / 120.0f, 1.0f / 720.0f, 1.0f / 5040.0f};
-  float p = ew_horner_f(r, c, 8);
-  int32_t ni = (int32_t)(tpurt__vubits(tb) - 0x4b400000u);
-  ni = ni > -151 ? ni : -151;
-  int32_t n1 = ni >> 1, n2 = ni - n1; /* two scales: results down to the subnormals */
-  return p * tpurt__vbits((uint32_t)(n1 + 127) << 23) * tpurt__vbits((uint32_t)(n2 + 127) << 23);
+  return tpurt__vexpf_core(x, c, 8);
 }
 
 /* exp(-(zz + zl)) for zz >= 0 and |zl| <= ulp(zz): e^-zz (1 - zl) */
@@ -332,7 +312,7 @@ static inline float ew_erfcx_f(float z) {
   static const float c[10] = {0.225703672f,  0.225015238f, 0.214390993f,  0.132155135f, 0.264877856f,
                               -0.270931065f, 0.531236649f, -0.486636281f, 0.192825258f, -0.0286374614f};
   float t = 1.0f / fmaf(0.4f, z, 1.0f);
-  return t * ew_horner_f(t, c, 10);
+  return t * tpurt__vhornerf(t, c, 10);
 }
 
 /* Phi(x), the standard normal CDF, from erfc(|x| / sqrt 2) = g erfcx(|x| /
@@ -364,7 +344,7 @@ static inline float ew_erf_f(float x) {
                               -0.026866170645131252f,  0.005223977625442188f,  -0.0008548327023450852f,
                               0.00012055332981789664f, -1.492565035840625e-05f, 1.6462114365889246e-06f,
                               -1.6365844691234924e-07f};
-  float p = ew_horner_f(x * x, c, 10);
+  float p = tpurt__vhornerf(x * x, c, 10);
   float tail = 1.0f - ew_erfc_abs_f(x);
   float r = fabsf(x) < 0.75f ? x * p : (x < 0 ? -tail : tail);
   return x != x ? x : r;
@@ -385,7 +365,7 @@ static inline float ew_tanh_f(float x) {
   static const float c[7] = {-1.0f / 3.0f,        2.0f / 15.0f,          -17.0f / 315.0f,          62.0f / 2835.0f,
                              -1382.0f / 155925.0f, 21844.0f / 6081075.0f, -929569.0f / 638512875.0f};
   float s = x * x;
-  float small = x * fmaf(s, ew_horner_f(s, c, 7), 1.0f); /* x (1 + ...): -0.0 stays -0.0 */
+  float small = x * fmaf(s, tpurt__vhornerf(s, c, 7), 1.0f); /* x (1 + ...): -0.0 stays -0.0 */
   float big = 1.0f - 2.0f / (tpurt__vexpf(2.0f * fabsf(x)) + 1.0f);
   float r = fabsf(x) < 0.4f ? small : (x < 0 ? -big : big);
   return x != x ? x : r;
@@ -406,7 +386,7 @@ static inline float ew_log_f(float x) {
   m = big ? 0.5f * m : m;
   e = big ? e + 1.0f : e;
   float sv = (m - 1.0f) / (m + 1.0f);
-  float lm = sv * ew_horner_f(sv * sv, c, 5);
+  float lm = sv * tpurt__vhornerf(sv * sv, c, 5);
   float r = fmaf(e, 0.693145751953125f, fmaf(e, 1.428606765330187e-06f, lm));
   r = x == 0 ? -INFINITY : r;
   r = x < 0 ? NAN : r;
