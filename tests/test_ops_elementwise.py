@@ -782,6 +782,28 @@ def test_gelu_and_its_backward_over_the_whole_range():
     assert torch.equal(torch.isnan(gb), torch.isnan(torch.ops.aten.gelu_backward(g, x)))
 
 
+@pytest.mark.parametrize("name", ["exp", "sigmoid", "silu", "gelu", "gelu_tanh", "tanh", "softplus", "elu", "erf",
+                                  "erfc", "gelu_backward"])
+def test_exp_based_functions_at_huge_arguments(name):
+    # the vector exp takes no clamp of its argument (range handled by selects
+    # on the result; its integer exponent is clamped): arguments far outside
+    # [-104, 89], where the rounding-constant trick no longer gives the
+    # integer part, still give the CPU's limits, signs and NaN
+    x = torch.tensor([88.0, 88.8, 89.5, 100.0, 1e4, 4.2e6, 1e7, 1e20, 1e30, 3.4e38, float("inf"), float("nan"),
+                      -88.0, -103.5, -104.5, -150.0, -1e4, -4.2e6, -1e7, -1e20, -1e30, -3.4e38, float("-inf")])
+    fns = {"exp": torch.exp, "sigmoid": torch.sigmoid, "silu": F.silu, "gelu": F.gelu,
+           "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "tanh": torch.tanh, "softplus": F.softplus,
+           "elu": F.elu, "erf": torch.erf, "erfc": torch.erfc,
+           "gelu_backward": lambda t: torch.ops.aten.gelu_backward(torch.ones_like(t), t)}
+    fn = fns[name]
+    got = fn(x.to("tpu")).cpu()
+    ref = fn(x)
+    # atol: two float32 subnormal ulps (exp(-103.5) is one)
+    torch.testing.assert_close(got, ref, rtol=2e-6, atol=3e-45, equal_nan=True)
+    finite = ~torch.isnan(ref) & (ref != 0)
+    assert torch.equal(torch.signbit(got[finite]), torch.signbit(ref[finite]))
+
+
 def test_sgn_backward_and_efficient_zero_tensor():
     # sgn's backward for real inputs is an "efficient" zero tensor: a dense
     # tensor of zeros on the device
