@@ -11,8 +11,9 @@ mismatch, not_implemented (with the missing aten operator), error, crash,
 timeout or skipped. A float32 sample whose values differ from the CPU's is
 checked against the CPU run in float64 (inputs widened, result rounded
 back): within float32's tolerances of that, it passes and is counted as
-*arbitrated* in the report (the CPU's float32 kernel was the inexact one). Ops run in worker subprocesses so that a crash or hang is
-recorded against the op that caused it and the run goes on.
+*arbitrated* in the report (the CPU's float32 kernel was the inexact one).
+Ops run in worker subprocesses so that a crash or hang is recorded against
+the op that caused it and the run goes on.
 
     python -m tests.conformance --help
     python -m tests.conformance --ops add,mul --dtypes float32 --report /tmp/r.json

@@ -281,7 +281,7 @@ def _arbitrate(actual: Any, expected: Any, reference: Callable[[], Any], device:
 
 
 def run_forward_sample(cpu_fn: Callable, dev_fn: Callable, sample: Any, device: str, *, values: bool = True,
-                       override: tuple[float, float] | None = None) -> None:
+                       override: tuple[float, float] | None = None) -> str | None:
     """Raises CpuFailure (skip), SampleFailure (device failure), or returns
     (pass): None, or "arbitrated" when the float64 reference decided it."""
     dev_sample = to_device([sample.input, sample.args, sample.kwargs], device, keep_grad=False)
@@ -321,7 +321,7 @@ def _differentiable(outputs: Any) -> list[torch.Tensor]:
 
 
 def run_backward_sample(cpu_fn: Callable, dev_fn: Callable, sample: Any, device: str, *, values: bool = True,
-                        override: tuple[float, float] | None = None, seed: int = 0) -> None:
+                        override: tuple[float, float] | None = None, seed: int = 0) -> str | None:
     """Compares the gradients of sum_i (out_i * w_i).sum() w.r.t. the floating
     inputs (fixed random weights w_i). Raises CpuFailure / SampleFailure;
     returns None, or "arbitrated" (see run_forward_sample)."""
