@@ -392,6 +392,32 @@ def test_saved_activations_are_recomputed_for_the_backward_pass(monkeypatch, blo
     assert remat_peak <= kept_peak - 2 * saved, (remat_peak, kept_peak)
 
 
+def test_dropout_output_is_recomputed_from_its_mask_without_drawing_again():
+    # the forward pass keeps the dropout mask for the backward pass; the
+    # dropout output (read again by the weight gradient) is recomputed from
+    # that mask - no random numbers drawn a second time - and the step has
+    # strict's bits (TORCH_TPU_DEFER_DEBUG prints each kernel's instructions)
+    code = """
+import torch, torch.nn.functional as F, torch_tpu
+from tests.test_defer import _Block, _step
+_, s_loss, s_grads = _step("strict", _Block, 128, (1024, 128))
+_, d_loss, d_grads = _step("defer", _Block, 128, (1024, 128))
+assert d_loss == s_loss and all(torch.equal(a, b) for a, b in zip(d_grads, s_grads))
+print("same")
+"""
+    out = run_python(code, {"TORCH_TPU_DEFER_DEBUG": "1", "TORCH_TPU_DEFER_REMAT": "1"})
+    assert out.returncode == 0 and out.stdout.strip() == "same", out.stderr[-3000:]
+    groups = [ln for ln in out.stderr.splitlines() if "step group" in ln]
+    forward = [ln for ln in groups if "native_dropout" in ln and "recompute(" not in ln
+               and "native_dropout_backward" not in ln]
+    # recomputed dropout outputs (x * keep * scale): the mask may be recomputed
+    # first on its own (uniform, ge), the output only reads it
+    outputs = [ln for ln in groups if "recompute(" in ln and "native_dropout" in ln and " mul" in ln]
+    assert forward and all(" uniform" in ln for ln in forward), forward  # the forward draws the mask
+    assert outputs, groups
+    assert all(" uniform" not in ln for ln in outputs), outputs
+
+
 def test_batch_norm_and_relu_are_one_kernel_after_the_statistics(defer):
     x = torch.randn(4, 8, 6, 6, device="tpu")
     w, b = torch.rand(8, device="tpu") + 0.5, torch.randn(8, device="tpu")

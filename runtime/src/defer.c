@@ -1235,7 +1235,9 @@ static int assemble_group(const gstate *g, const int *outs, int nout, fgroup *F)
  * group's instructions can run again just before its late readers: every
  * value they load is still in memory there and unchanged since. Loads are
  * cut at the group's own stores (bias + GELU written in place: the GELU is
- * recomputed from the stored sum). The copy gets memory of its own at
+ * recomputed from the stored sum; a dropout output from its mask, kept or
+ * recomputed first, without drawing its random numbers again). The copy
+ * gets memory of its own at
  * execution; the late readers' addresses are redirected to it. A value
  * may be recomputed from another recomputed value's copy (SwiGLU: the
  * product silu(a) * b from the copy of silu(a)); that copy's recompute
@@ -1354,12 +1356,31 @@ static int stable_until(const plan *P, const dgraph *G, const touches *t, const 
   return 1;
 }
 
+/* Is vreg r of g always 0 or 1 (a comparison, a logical op, a class
+ * test)? Such a value comes back unchanged from a store of any dtype. */
+static int zero_one_valued(const gstate *g, int r) {
+  if (g->compute == TPURT_C64 || g->compute == TPURT_C128) return 0;
+  for (int i = 0; i < g->nvi; i++) {
+    if (g->vi[i].dst != r) continue;
+    switch (g->vi[i].op) {
+    case TPURT_EW_EQ: case TPURT_EW_NE: case TPURT_EW_LT: case TPURT_EW_LE: case TPURT_EW_GT: case TPURT_EW_GE:
+    case TPURT_EW_LOGICAL_AND: case TPURT_EW_LOGICAL_OR: case TPURT_EW_LOGICAL_XOR: case TPURT_EW_LOGICAL_NOT:
+    case TPURT_EW_ISNAN: case TPURT_EW_ISINF: case TPURT_EW_ISFINITE: case TPURT_EW_ISPOSINF:
+    case TPURT_EW_ISNEGINF: case TPURT_EW_SIGNBIT:
+      return 1;
+    default:
+      return 0;
+    }
+  }
+  return 0;
+}
+
 /* Tries to recompute promise l (see above); on success appends the
  * recompute group to P->groups (which has room) and slot `*nr` to rm
  * (unit = the index of the first late reader; plan_remat inserts the
  * recompute units). */
 static int try_remat(plan *P, const dgraph *G, const gstate *gl, const touches *t, uint8_t *pinned, int l, remat *rm,
-                     int *nr) {
+                     int *nr, int pass) {
   tpurt__promise *q = tpurt__promise_get(G->promises[l]);
   if (!P->materialize[l] || q->live || q->size < REMAT_MIN_BYTES || pinned[l]) return 0;
   const int *tu = t->u + t->start[l];
@@ -1381,19 +1402,24 @@ static int try_remat(plan *P, const dgraph *G, const gstate *gl, const touches *
     if (local_of(g->w[k].v->ptr) == l) wk = k;
   if (wk < 0) return 0;
   const tpurt_view *wv = g->w[wk].v;
+  if ((tpurt_dtype_size(wv->dtype) == 1) != (pass == 0)) return 0;
   uint64_t lo, hi;
   view_range(wv, &lo, &hi);
   if ((lo & TPURT_PROMISE_OFFMASK) != 0 || hi - lo != q->size ||
       (uint64_t)tpurt__view_numel(wv) * tpurt_dtype_size(wv->dtype) != q->size)
     return 0;
   /* the slice: stored values of the group that are still in memory at ru
-   * become loads of where they were stored */
+   * become loads of where they were stored — those of the compute type, and
+   * 0/1 values of any type (a dropout mask: the output is recomputed from
+   * the kept mask, not by drawing its random numbers again) */
   gstate *h = malloc(sizeof *h);
   if (!h) return 0;
   *h = *g;
   for (int k = 0; k < g->nw; k++) {
-    if (k == wk || g->w[k].v->dtype != g->compute || h->nin >= TPURT_EW_MAX_IO) continue;
-    if (!stable_until(P, G, t, g->w[k].v, up, ru, 1)) continue;
+    if (k == wk || h->nin >= TPURT_EW_MAX_IO) continue;
+    if (g->w[k].v->dtype != g->compute && !zero_one_valued(g, g->w[k].vreg)) continue;
+    int lk = local_of(g->w[k].v->ptr); /* recomputed itself (the mask): loaded from its copy, see below */
+    if (!(lk >= 0 && lk != l && P->remat_of[lk] >= 0) && !stable_until(P, G, t, g->w[k].v, up, ru, 1)) continue;
     for (int i = 0; i < h->nvi; i++)
       if (h->vi[i].dst == g->w[k].vreg) {
         memset(&h->vi[i], 0, sizeof h->vi[i]);
@@ -1416,11 +1442,12 @@ static int try_remat(plan *P, const dgraph *G, const gstate *gl, const touches *
     for (int j = 0; j < g->nw; j++)
       if (g->w[j].ref.node == F->in[k].node && g->w[j].ref.idx == F->in[k].idx) cut = 1;
     int li = local_of(v->ptr);
-    if (!cut && li >= 0 && li != l && P->remat_of[li] >= 0) {
+    if (li >= 0 && li != l && P->remat_of[li] >= 0) {
       /* an input that is recomputed itself (a SiLU output read by the
-       * SwiGLU product): read from its copy, whose recompute then runs no
-       * later than this one (its one writer ran before up, and its own
-       * inputs stay stable up to its first late reader, after ru) */
+       * SwiGLU product; the dropout mask the producer stored next to l):
+       * read from its copy, whose recompute then runs no later than this
+       * one (its one writer ran before up, or is up, and its own inputs
+       * stay stable up to its first late reader, after ru) */
       ok = ndep < 2;
       if (ok) dep[ndep++] = P->remat_of[li];
       continue;
@@ -1574,7 +1601,10 @@ static int plan_remat(plan *P, const dgraph *G, const gstate *gl) {
   int rc = -1, nr = 0;
   if (ng) P->groups = ng;
   if (!tok || !pinned || !rm || !ng) goto out;
-  for (int l = 0; l < np; l++) try_remat(P, G, gl, &t, pinned, l, rm, &nr);
+  /* one-byte values (masks) first: a dropout output is then recomputed
+   * from the mask's copy instead of keeping the mask or drawing twice */
+  for (int pass = 0; pass < 2; pass++)
+    for (int l = 0; l < np; l++) try_remat(P, G, gl, &t, pinned, l, rm, &nr, pass);
   if (nr > 0 && prune_remats(P, G, &t, rm, &nr) != 0) goto out;
   rc = 0;
   if (nr == 0) goto out;
@@ -2062,10 +2092,12 @@ static void debug_plan(const dgraph *G, const plan *P) {
     const pstep *S = &P->steps[i];
     if (S->kind == S_UNIT) {
       const unit *U = &P->units[S->a];
-      if (U->kind == U_GROUP)
-        fprintf(stderr, "[defer]   step group %s (%d in, %d out)\n", P->groups[U->idx].name, P->groups[U->idx].nin,
-                P->groups[U->idx].nout);
-      else
+      if (U->kind == U_GROUP) {
+        const fgroup *F = &P->groups[U->idx];
+        fprintf(stderr, "[defer]   step group %s (%d in, %d out):", F->name, F->nin, F->nout);
+        for (int k = 0; k < F->prog.ninst; k++) fprintf(stderr, " %s", tpurt_ew_op_name(F->prog.inst[k].op));
+        fprintf(stderr, "\n");
+      } else
         fprintf(stderr, "[defer]   step %s node %d\n", U->kind == U_NODE ? "kernel" : "free", U->idx);
     } else if (S->kind == S_RALLOC || S->kind == S_RRELEASE) {
       fprintf(stderr, "[defer]   step %s copy of promise %d\n", S->kind == S_RALLOC ? "alloc" : "release",
