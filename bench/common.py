@@ -45,13 +45,21 @@ def machine() -> dict[str, str]:
     }
 
 
-def interleaved(configs: dict[str, Callable[[], None]], repeats: int, inner: int = 1,
-                warmup: int = 2, finish: dict[str, Callable[[], None]] | None = None) -> dict[str, float]:
+def interleaved(configs: dict[str, Callable[[], None]], repeats: int, inner: int | dict[str, int] = 1,
+                warmup: int = 2, finish: dict[str, Callable[[], None]] | None = None,
+                gap_s: float = 0.0, raw: dict[str, list[float]] | None = None) -> dict[str, float]:
     """Median seconds per call of each config; configs alternate within every
-    repeat so that machine noise hits them alike. finish[name], when given,
-    runs once after a config's `inner` calls, inside the timing (a device
-    synchronize: `inner` launches back to back, then one wait — throughput)."""
+    repeat so that machine noise hits them alike. `inner` calls make a sample
+    (a dict gives it per config; absent configs take 1). finish[name], when
+    given, runs once after a config's `inner` calls, inside the timing (a
+    device synchronize: `inner` launches back to back, then one wait —
+    throughput). `gap_s` of idle time before every sample lets the previous
+    config's threads park (CPU torch's OpenMP workers spin for milliseconds
+    after each op and would otherwise take cores from the next sample).
+    `raw`, when given, receives every sample (seconds per call, in repeat
+    order: pairing the same repeat of two configs cancels slow drift)."""
     finish = finish or {}
+    counts = inner if isinstance(inner, dict) else dict.fromkeys(configs, inner)
     for name, fn in configs.items():
         for _ in range(warmup):
             fn()
@@ -60,12 +68,17 @@ def interleaved(configs: dict[str, Callable[[], None]], repeats: int, inner: int
     samples: dict[str, list[float]] = {k: [] for k in configs}
     for _ in range(repeats):
         for name, fn in configs.items():
+            if gap_s:
+                time.sleep(gap_s)
             t0 = time.perf_counter()
-            for _ in range(inner):
+            n = counts.get(name, 1)
+            for _ in range(n):
                 fn()
             if name in finish:
                 finish[name]()
-            samples[name].append((time.perf_counter() - t0) / inner)
+            samples[name].append((time.perf_counter() - t0) / n)
+    if raw is not None:
+        raw.update(samples)
     return {k: statistics.median(v) for k, v in samples.items()}
 
 

@@ -1,0 +1,12 @@
+/* fma_peak.h — f32 FMA peak loop (see fma_peak.c). */
+#ifndef TPURT_BENCH_FMA_PEAK_H
+#define TPURT_BENCH_FMA_PEAK_H
+#include <stdint.h>
+
+/* Floating-point operations one thread performs in `iters` iterations. */
+double tpurt_bench_fma_flops(int64_t iters);
+/* GFLOP/s of `iters` iterations of the FMA loop on each of `threads`
+ * threads, timed from the first thread's start to the last one's end. */
+double tpurt_bench_fma_gflops(int threads, int64_t iters);
+
+#endif

@@ -1,0 +1,56 @@
+"""The sampling helpers of bench/: `interleaved` (per-config call counts,
+finish hooks, raw samples in repeat order, the idle gap) and the FMA peak
+loop that bench/gemm.py samples between GEMM samples."""
+from __future__ import annotations
+
+import os
+import time
+
+from bench import common, gemm
+
+
+def test_interleaved_counts_calls_per_config_and_keeps_raw_samples():
+    calls = {"a": 0, "b": 0, "fin": 0}
+    order: list[str] = []
+
+    def a():
+        calls["a"] += 1
+        order.append("a")
+
+    def b():
+        calls["b"] += 1
+        order.append("b")
+
+    def fin():
+        calls["fin"] += 1
+
+    raw: dict[str, list[float]] = {}
+    t = common.interleaved({"a": a, "b": b}, repeats=3, inner={"a": 4}, warmup=1, finish={"a": fin}, raw=raw)
+    # warmup: 1 call each (+ a's finish); then 3 repeats of 4 calls of a (+ finish) and 1 call of b
+    assert calls == {"a": 1 + 3 * 4, "b": 1 + 3, "fin": 1 + 3}
+    assert order[2:] == (["a"] * 4 + ["b"]) * 3  # configs alternate inside every repeat
+    assert set(raw) == {"a", "b"} and len(raw["a"]) == len(raw["b"]) == 3
+    assert t["a"] == sorted(raw["a"])[1] and t["b"] == sorted(raw["b"])[1]  # medians of the raw samples
+
+
+def test_interleaved_gap_idles_before_every_sample_outside_the_timing():
+    raw: dict[str, list[float]] = {}
+    t0 = time.perf_counter()
+    common.interleaved({"x": lambda: None, "y": lambda: None}, repeats=2, warmup=0, gap_s=0.05, raw=raw)
+    elapsed = time.perf_counter() - t0
+    assert elapsed >= 4 * 0.05  # one gap before each of the 4 samples
+    assert max(raw["x"] + raw["y"]) < 0.05  # but the gap is not part of any sample
+
+
+def test_fma_loop_reports_the_flops_it_ran():
+    lib = gemm._fma_lib()
+    threads = len(os.sched_getaffinity(0))
+    fn, flops = gemm.fma_sampler(threads, 2e8)
+    assert flops == threads * max(100_000, int(2e8 / (threads * 192))) * 192
+    t0 = time.perf_counter()
+    gflops = fn()
+    wall = time.perf_counter() - t0
+    assert gflops > 0
+    # the loop's own figure is flops over its own timing, which lies inside the call
+    assert flops / gflops / 1e9 <= wall * 1.01
+    assert lib.tpurt_bench_fma_gflops(1, 0) >= 0.0
