@@ -584,6 +584,28 @@ def test_autograd_matches_strict():
 # ------------------------------------------------------------------- errors
 
 
+def test_error_line_is_right_when_the_lines_were_recorded_before(defer):
+    # op lines come from a cache keyed by code object and instruction: after
+    # both lines of this function were recorded twice, a failing op on the
+    # second names the second line, not the first (same function, same op)
+    src = torch.arange(10.0, device="tpu")
+
+    def two_gathers(i, j):
+        a = torch.gather(src, 0, i)
+        b = torch.gather(src, 0, j)
+        return (a + b).sum().item()
+
+    ok = torch.tensor([0, 3], device="tpu")
+    for _ in range(2):
+        assert two_gathers(ok, ok) == 6.0
+    first = two_gathers.__code__.co_firstlineno
+    with pytest.raises((IndexError, RuntimeError)) as info:
+        two_gathers(ok, torch.tensor([0, 12], device="tpu"))
+    msg = str(info.value)
+    assert "gather" in msg and f"{HERE}:{first + 2}" in msg and f"{HERE}:{first + 1}" not in msg, msg
+    assert two_gathers(ok, ok) == 6.0  # usable afterwards
+
+
 def test_error_names_op_and_source_line(defer):
     src = torch.arange(10.0, device="tpu")
     idx = torch.tensor([0, 3, 12], device="tpu")

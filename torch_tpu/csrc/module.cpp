@@ -90,6 +90,43 @@ bool ends_with(const char* s, const char* suffix) {
   return n >= m && std::strcmp(s + n - m, suffix) == 0;
 }
 
+// Per-op lines come from a direct-mapped cache keyed by (code object,
+// instruction offset): a recorded op costs a frame walk and one compare per
+// frame, not a line-table decode, a string and a map lookup. Entries hold a
+// reference to their code object, so a key never names a freed one. The GIL
+// guards the cache.
+struct SiteEntry {
+  PyCodeObject* code = nullptr;
+  int lasti = -1;
+  bool library = false;
+  const char* site = nullptr;
+};
+constexpr size_t kSiteCacheSize = 4096;
+SiteEntry g_site_cache[kSiteCacheSize];
+
+bool is_library(const char* file) {
+  return !file || starts_with(file, g_skip_prefix[0]) || starts_with(file, g_skip_prefix[1]);
+}
+
+const SiteEntry& frame_site(PyFrameObject* f, PyCodeObject* code) {
+  int lasti = PyFrame_GetLasti(f);
+  size_t h = ((reinterpret_cast<uintptr_t>(code) >> 4) ^ static_cast<size_t>(lasti) * 0x9E3779B97F4A7C15ull) %
+             kSiteCacheSize;
+  SiteEntry& e = g_site_cache[h];
+  if (e.code == code && e.lasti == lasti) return e;
+  const char* file = PyUnicode_AsUTF8(code->co_filename);
+  bool library = is_library(file);
+  const char* site =
+      library ? nullptr : intern_site(std::string(file) + ":" + std::to_string(PyFrame_GetLineNumber(f)));
+  Py_INCREF(code);
+  Py_XDECREF(e.code);
+  e.code = code;
+  e.lasti = lasti;
+  e.library = library;
+  e.site = site;
+  return e;
+}
+
 const char* site_fn(tpurt_flush_reason* reason) {
   if (!reason && !g_node_sites) return nullptr;
   if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return nullptr;
@@ -99,20 +136,19 @@ const char* site_fn(tpurt_flush_reason* reason) {
   Py_XINCREF(f);
   while (f) {
     PyCodeObject* code = PyFrame_GetCode(f);
-    const char* file = PyUnicode_AsUTF8(code->co_filename);
-    if (file && reason && (*reason == TPURT_FLUSH_TO_HOST || *reason == TPURT_FLUSH_ITEM)) {
-      if (ends_with(file, "torch/_tensor_str.py"))
+    if (reason && (*reason == TPURT_FLUSH_TO_HOST || *reason == TPURT_FLUSH_ITEM)) {
+      const char* file = PyUnicode_AsUTF8(code->co_filename);
+      if (file && ends_with(file, "torch/_tensor_str.py"))
         *reason = TPURT_FLUSH_PRINT;
-      else if (ends_with(file, "torch/serialization.py"))
+      else if (file && ends_with(file, "torch/serialization.py"))
         *reason = TPURT_FLUSH_SAVE;
     }
-    bool library = !file || starts_with(file, g_skip_prefix[0]) || starts_with(file, g_skip_prefix[1]);
-    if (!library) {
-      out = intern_site(std::string(file) + ":" + std::to_string(PyFrame_GetLineNumber(f)));
-      Py_DECREF(code);
+    const SiteEntry& e = frame_site(f, code);
+    Py_DECREF(code);
+    if (!e.library) {
+      out = e.site;
       break;
     }
-    Py_DECREF(code);
     PyFrameObject* back = PyFrame_GetBack(f);
     Py_DECREF(f);
     f = back;
@@ -124,6 +160,10 @@ const char* site_fn(tpurt_flush_reason* reason) {
 }
 
 void install_site_fn(const std::string& torch_dir, const std::string& tpu_dir, bool node_sites) {
+  for (SiteEntry& e : g_site_cache) {  // library flags depend on the prefixes
+    Py_XDECREF(e.code);
+    e = SiteEntry{};
+  }
   g_skip_prefix[0] = torch_dir;
   g_skip_prefix[1] = tpu_dir;
   g_node_sites = node_sites;
