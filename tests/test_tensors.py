@@ -84,6 +84,27 @@ def test_float_specials_survive_casts():
         assert torch.equal(torch.signbit(got)[1:], torch.signbit(ref)[1:])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(37, 29), (16, 16), (3, 8, 9), (2, 3, 64, 40), (8, 200)], ids=str)
+def test_transposing_copies_on_the_device(dtype, shape):
+    # a copy whose source is contiguous along the destination's second-last
+    # dim goes tile by tile (4-byte elements in 8 x 8 register blocks, any
+    # remainder row by row): sizes that are and are not multiples of 8 and
+    # 16, a reversed source column order, a slice with a row offset
+    x = make(shape, dtype)
+    d = x.to("tpu")
+    cases = [lambda t: t.transpose(-1, -2), lambda t: t.transpose(-1, -2).flip(-1),
+             lambda t: t[..., 1:, :].transpose(-1, -2), lambda t: t.transpose(-1, -2)[..., 3:]]
+    for f in cases:
+        got = f(d).contiguous()
+        assert got.is_contiguous()
+        assert torch.equal(got.cpu(), f(x).contiguous())
+    # and through a strided destination (copy_ into a transposed view)
+    out = torch.zeros(shape[:-2] + (shape[-1], shape[-2]), dtype=dtype, device="tpu")
+    out.transpose(-1, -2).copy_(d)
+    assert torch.equal(out.cpu(), x.transpose(-1, -2).contiguous())
+
+
 def test_views_alias():
     base = torch.zeros(4, 5).to("tpu")
     row = base[1]

@@ -335,6 +335,36 @@ typedef struct {
   int64_t tb0, tb1;
 } tile_ctx;
 
+/* A 4-byte 8 x 8 block: dst row i (8 contiguous elements from d + i * drs)
+ * from source column i (8 contiguous elements from s + k * scs, k = 0..7, at
+ * element i). Eight vector loads, 24 shuffles, eight stores. */
+typedef float tv8 __attribute__((vector_size(32)));
+static inline tv8 tv8_load(const char *p) {
+  tv8 v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+static void transpose8x8_4(char *d, int64_t drs, const char *s, int64_t scs) {
+  tv8 r[8], t[8], u[8];
+  for (int k = 0; k < 8; k++) r[k] = tv8_load(s + k * scs);
+  for (int k = 0; k < 8; k += 2) {
+    t[k] = __builtin_shufflevector(r[k], r[k + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[k + 1] = __builtin_shufflevector(r[k], r[k + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  for (int k = 0; k < 8; k += 4) {
+    u[k] = __builtin_shufflevector(t[k], t[k + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+    u[k + 1] = __builtin_shufflevector(t[k], t[k + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+    u[k + 2] = __builtin_shufflevector(t[k + 1], t[k + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+    u[k + 3] = __builtin_shufflevector(t[k + 1], t[k + 3], 2, 3, 10, 11, 6, 7, 14, 15);
+  }
+  for (int k = 0; k < 4; k++) {
+    tv8 lo = __builtin_shufflevector(u[k], u[k + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+    tv8 hi = __builtin_shufflevector(u[k], u[k + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+    memcpy(d + k * drs, &lo, sizeof lo);
+    memcpy(d + (k + 4) * drs, &hi, sizeof hi);
+  }
+}
+
 static void tile_chunk(void *c, int64_t b, int64_t e) {
   tile_ctx *x = c;
   const nd_shape *sh = x->sh;
@@ -354,9 +384,20 @@ static void tile_chunk(void *c, int64_t b, int64_t e) {
     int64_t i0 = t0 * TILE, i1 = t1 * TILE;
     int64_t n0 = sh->sizes[a0] - i0 < TILE ? sh->sizes[a0] - i0 : TILE;
     int64_t n1 = sh->sizes[a1] - i1 < TILE ? sh->sizes[a1] - i1 : TILE;
-    for (int64_t r = 0; r < n0; r++)
-      x->row(d + (i0 + r) * sh->dstr[a0] + i1 * sh->dstr[a1], sh->dstr[a1],
-             s + (i0 + r) * sh->sstr[a0] + i1 * sh->sstr[a1], sh->sstr[a1], n1, x->aux);
+    /* a plain 4-byte transpose (destination rows and source columns
+     * contiguous) goes 8 x 8 block by block */
+    int blocks = x->row == row_copy4 && sh->dstr[a1] == 4 && sh->sstr[a0] == 4;
+    for (int64_t r = 0; r < n0; r += blocks ? 8 : n0) {
+      int64_t nr = blocks && n0 - r >= 8 ? 8 : n0 - r, q = 0;
+      char *dr = d + (i0 + r) * sh->dstr[a0] + i1 * sh->dstr[a1];
+      const char *sr = s + (i0 + r) * sh->sstr[a0] + i1 * sh->sstr[a1];
+      if (blocks && nr == 8)
+        for (; q + 8 <= n1; q += 8) transpose8x8_4(dr + q * 4, sh->dstr[a0], sr + q * sh->sstr[a1], sh->sstr[a1]);
+      if (q < n1)
+        for (int64_t i = 0; i < nr; i++)
+          x->row(dr + i * sh->dstr[a0] + q * sh->dstr[a1], sh->dstr[a1],
+                 sr + i * sh->sstr[a0] + q * sh->sstr[a1], sh->sstr[a1], n1 - q, x->aux);
+    }
   }
 }
 
