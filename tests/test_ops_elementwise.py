@@ -811,3 +811,49 @@ def test_sgn_backward_and_efficient_zero_tensor():
     assert x.grad.device.type == "tpu" and torch.equal(x.grad.cpu(), torch.zeros(5, 4))
     z = torch.ops.aten._efficientzerotensor([2, 3], dtype=torch.float64, device="tpu")
     assert z.device.type == "tpu" and z.dtype == torch.float64 and torch.equal(z.cpu(), torch.zeros(2, 3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64], ids=str)
+def test_gcd_and_lcm(dtype):
+    # like CPU for every integer dtype: signs, zeros, broadcasting, in-place,
+    # out=; gcd of the most negative int64 keeps its bit pattern as on CPU
+    info = torch.iinfo(dtype)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(max(info.min, -1000), min(info.max, 1000), (40, 7), generator=g).to(dtype)
+    b = torch.randint(max(info.min, -1000), min(info.max, 1000), (7,), generator=g).to(dtype)
+    a[0, :3] = 0
+    b[:2] = 0
+    da, db = a.to("tpu"), b.to("tpu")
+    for f in (torch.gcd, torch.lcm):
+        assert torch.equal(f(da, db).cpu(), f(a, b)), f
+        out = torch.empty(40, 7, dtype=dtype, device="tpu")
+        f(da, db, out=out)
+        assert torch.equal(out.cpu(), f(a, b))
+    x = da.clone()
+    x.gcd_(db)
+    assert torch.equal(x.cpu(), a.gcd(b))
+    if dtype == torch.int64:
+        m = torch.tensor([-(2**63), -(2**63), 12, -12], dtype=torch.int64)
+        n = torch.tensor([0, -(2**63), -18, 0], dtype=torch.int64)
+        assert torch.equal(torch.gcd(m.to("tpu"), n.to("tpu")).cpu(), torch.gcd(m, n))
+
+
+@pytest.mark.parametrize("case", ["gcd float", "lcm bool", "bitwise_and float", "bitwise_not float", "lshift float",
+                                  "frac int", "round int decimals", "mm bool", "bmm bool", "dot bool"])
+def test_unsupported_dtypes_raise_like_cpu(case):
+    # the same exception class (NotImplementedError) and dtype name as CPU
+    name, kind = case.split(" ", 1)
+    dt = {"float": torch.float32, "bool": torch.bool, "int": torch.int32, "int decimals": torch.int32}[kind]
+    fns = {"gcd": lambda x: torch.gcd(x, x), "lcm": lambda x: torch.lcm(x, x),
+           "bitwise_and": lambda x: torch.bitwise_and(x, x), "bitwise_not": torch.bitwise_not,
+           "lshift": lambda x: x << x, "frac": torch.frac, "round": lambda x: torch.round(x, decimals=2),
+           "mm": lambda x: torch.mm(x.view(1, 3), x.view(3, 1)), "bmm": lambda x: torch.bmm(x.view(1, 1, 3), x.view(1, 3, 1)),
+           "dot": lambda x: torch.dot(x, x)}
+    f = fns[name]
+    with pytest.raises(NotImplementedError) as cpu:
+        f(torch.ones(3, dtype=dt))
+    with pytest.raises(NotImplementedError) as tpu:
+        f(torch.ones(3, dtype=dt, device="tpu"))
+    dtype_name = str(cpu.value).split("not implemented for ")[1][:8]
+    assert "not implemented for " + dtype_name in str(tpu.value), (str(cpu.value), str(tpu.value))
+    assert torch.gcd(torch.tensor([4], device="tpu"), torch.tensor([6], device="tpu")).item() == 2  # usable afterwards

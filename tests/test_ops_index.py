@@ -500,3 +500,28 @@ def test_gather_scatter_accept_int32_indices_like_cpu():
     assert torch.gather(x[0].to("tpu"), 0, torch.tensor([]).to("tpu")).numel() == 0
     assert torch.equal(torch.zeros(5, device="tpu").scatter(0, torch.tensor([]).to("tpu"),
                                                             torch.tensor([]).to("tpu")).cpu(), torch.zeros(5))
+
+
+@pytest.mark.parametrize("fn", [torch.tril_indices, torch.triu_indices], ids=lambda f: f.__name__)
+def test_tril_and_triu_indices(fn):
+    # every (rows, cols, offset) of a small grid, both index dtypes, like CPU;
+    # a large one (closed-form row starts, rows split over threads)
+    for r in (0, 1, 3, 4, 7):
+        for c in (0, 1, 3, 5, 9):
+            for k in (-10, -3, -1, 0, 1, 2, 4, 12):
+                for dt in (torch.long, torch.int32):
+                    got = fn(r, c, k, dtype=dt, device=DT)
+                    assert got.device.type == "tpu" and got.dtype == dt
+                    assert torch.equal(got.cpu(), fn(r, c, k, dtype=dt)), (r, c, k, dt)
+    assert torch.equal(fn(1500, 700, -20, device=DT).cpu(), fn(1500, 700, -20))
+    assert torch.equal(fn(300, 2000, 37, device=DT).cpu(), fn(300, 2000, 37))
+
+
+def test_tril_and_triu_indices_bad_arguments():
+    with pytest.raises(RuntimeError, match="row must be non-negative"):
+        torch.tril_indices(-1, 3, device=DT)
+    with pytest.raises(RuntimeError, match="col must be non-negative"):
+        torch.triu_indices(3, -2, device=DT)
+    with pytest.raises(NotImplementedError, match="\"tril_indices\" not implemented for 'Float'"):
+        torch.tril_indices(3, 3, dtype=torch.float32, device=DT)
+    assert torch.triu_indices(2, 2, device=DT).cpu().tolist() == [[0, 0, 1], [0, 1, 1]]  # usable afterwards

@@ -484,6 +484,8 @@ typedef enum tpurt_ew_op {
    * 2^32 scalars[p0 + 1], offset = scalars[p0 + 2] + 2^32 scalars[p0 + 3]
    * (each a 32-bit half), so a new draw per launch keeps the program. */
   TPURT_EW_UNIFORM,
+  /* integers only: gcd(|src0|, |src1|) (gcd(0, 0) = 0); lcm = |src0 / gcd * src1| (0 when the gcd is 0) */
+  TPURT_EW_GCD, TPURT_EW_LCM,
   TPURT_EW_NUM_OPS
 } tpurt_ew_op;
 
@@ -648,6 +650,14 @@ TPURT_API tpurt_status tpurt_pad_backward(tpurt_stream *s, const tpurt_view *gra
  * (first half from start, second half from end). */
 TPURT_API tpurt_status tpurt_arange(tpurt_stream *s, const tpurt_view *out, tpurt_scalar start, tpurt_scalar step);
 TPURT_API tpurt_status tpurt_linspace(tpurt_stream *s, const tpurt_view *out, double start, double end);
+/* Indices of the lower (upper = 0) or upper (upper = 1) triangle of a
+ * row x col matrix, diagonal shifted by offset (tril: column <= row +
+ * offset; triu: column >= row + offset), in row-major order: out [2, n]
+ * (int32 or int64) gets the row indices, then the column indices, with
+ * n = tpurt_tri_indices_count(...). */
+TPURT_API int64_t tpurt_tri_indices_count(int64_t row, int64_t col, int64_t offset, int upper);
+TPURT_API tpurt_status tpurt_tri_indices(tpurt_stream *s, const tpurt_view *out, int64_t row, int64_t col,
+                                         int64_t offset, int upper);
 
 /* Sorts along dim (stable; NaN sorts as larger than everything, like
  * PyTorch). values/indices (int64) have in's shape; either may be NULL. */

@@ -348,17 +348,18 @@ at::Tensor& k_logical_not_out(const at::Tensor& self, at::Tensor& out) {
 
 at::Tensor& k_bitwise_not_out(const at::Tensor& self, at::Tensor& out) {
   auto iter = at::TensorIterator::unary_op(out, self);
-  TORCH_CHECK(at::isIntegralType(iter.common_dtype(), true), "\"bitwise_not_cpu\" not implemented for '",
-              iter.common_dtype(), "'");
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isIntegralType(iter.common_dtype(), true), "\"bitwise_not_cpu\" not implemented for '",
+                              iter.common_dtype(), "'");
   run_op(iter, iter.common_dtype() == at::kBool ? TPURT_EW_LOGICAL_NOT : TPURT_EW_BITWISE_NOT, "bitwise_not");
   return out;
 }
 
-template <tpurt_ew_op OP>
+// integer ops (bitwise, shifts in place; gcd / lcm without bool, like the CPU kernels)
+template <tpurt_ew_op OP, bool WITH_BOOL = true>
 at::Tensor& bitwise_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
   auto iter = at::TensorIterator::binary_op(out, self, other);
-  TORCH_CHECK(at::isIntegralType(iter.common_dtype(), true), "\"", tpurt_ew_op_name(OP), "_cpu\" not implemented for '",
-              iter.common_dtype(), "'");
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isIntegralType(iter.common_dtype(), WITH_BOOL), "\"", tpurt_ew_op_name(OP),
+                              "_cpu\" not implemented for '", iter.common_dtype(), "'");
   run_op(iter, OP, tpurt_ew_op_name(OP));
   return out;
 }
@@ -368,8 +369,8 @@ template <tpurt_ew_op OP>
 at::Tensor shift_t(const at::Tensor& self, const at::Tensor& other) {
   at::Tensor out;
   auto iter = at::TensorIterator::binary_op(out, self, other);
-  TORCH_CHECK(at::isIntegralType(iter.common_dtype(), false), "\"", tpurt_ew_op_name(OP),
-              "_cpu\" not implemented for '", iter.common_dtype(), "'");
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isIntegralType(iter.common_dtype(), false), "\"", tpurt_ew_op_name(OP),
+                              "_cpu\" not implemented for '", iter.common_dtype(), "'");
   run_op(iter, OP, tpurt_ew_op_name(OP));
   return iter.output();
 }
@@ -430,15 +431,16 @@ at::Tensor& k_sign_out(const at::Tensor& self, at::Tensor& out) {
 
 at::Tensor& k_round_decimals_out(const at::Tensor& self, int64_t decimals, at::Tensor& out) {
   auto iter = at::TensorIterator::unary_op(out, self);
-  TORCH_CHECK(decimals == 0 || !at::isIntegralType(iter.common_dtype(), true),
-              "round_cpu not implemented for '", iter.common_dtype(), "' with decimals != 0");
+  TORCH_CHECK_NOT_IMPLEMENTED(decimals == 0 || !at::isIntegralType(iter.common_dtype(), true),
+                              "\"round_cpu\" not implemented for '", iter.common_dtype(), "'");
   run_op(iter, TPURT_EW_ROUND, "round", iter.common_dtype(), static_cast<double>(decimals));
   return out;
 }
 at::Tensor& k_round_out(const at::Tensor& self, at::Tensor& out) { return k_round_decimals_out(self, 0, out); }
 
 at::Tensor& k_frac_out(const at::Tensor& self, at::Tensor& out) {
-  TORCH_CHECK(at::isFloatingType(self.scalar_type()), "frac_cpu not implemented for '", self.scalar_type(), "'");
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(self.scalar_type()), "\"frac_cpu\" not implemented for '",
+                              self.scalar_type(), "'");
   return unary_out<TPURT_EW_FRAC>(self, out);
 }
 
@@ -1401,6 +1403,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("special_laguerre_polynomial_l.out", TORCH_FN(binary_float_out<TPURT_EW_LAGUERRE_L>));
   m.impl("special_legendre_polynomial_p.out", TORCH_FN(binary_float_out<TPURT_EW_LEGENDRE_P>));
   m.impl("heaviside.out", TORCH_FN(k_heaviside_out));
+  m.impl("gcd.out", TORCH_FN((bitwise_out<TPURT_EW_GCD, false>)));
+  m.impl("lcm.out", TORCH_FN((bitwise_out<TPURT_EW_LCM, false>)));
   m.impl("nextafter.out", TORCH_FN(k_nextafter_out));
   m.impl("signbit.out", TORCH_FN(k_signbit_out));
   m.impl("frexp.Tensor_out", TORCH_FN(k_frexp_out));

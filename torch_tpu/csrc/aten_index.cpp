@@ -700,6 +700,34 @@ at::Tensor& linspace_out(const c10::Scalar& start, const c10::Scalar& end, int64
   return out;
 }
 
+at::Tensor tri_indices(int64_t row, int64_t col, int64_t offset, std::optional<at::ScalarType> dtype,
+                       std::optional<at::Layout> layout, std::optional<at::Device> device, bool upper) {
+  const char* op = upper ? "triu_indices" : "tril_indices";
+  TORCH_CHECK(row >= 0, "row must be non-negative, got", row);
+  TORCH_CHECK(col >= 0, "col must be non-negative, got", col);
+  TORCH_CHECK(!layout || *layout == at::kStrided, "only support layout=torch.strided, got", layout.value());
+  at::ScalarType dt = dtype.value_or(at::kLong);
+  if (dt != at::kLong && dt != at::kInt) {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "\"", op, "\" not implemented for '", c10::toString(dt), "'");
+  }
+  int64_t n = tpurt_tri_indices_count(row, col, offset, upper ? 1 : 0);
+  at::Device dev = device.value_or(at::Device(c10::DeviceType::PrivateUse1));
+  c10::DeviceGuard g(dev);
+  at::Tensor out = at::empty({2, n}, at::TensorOptions().dtype(dt).device(dev));
+  if (n == 0) return out;
+  tpurt_view ov = view_of(out);
+  check(tpurt_tri_indices(stream_of(out), &ov, row, col, offset, upper ? 1 : 0), op);
+  return out;
+}
+at::Tensor tril_indices(int64_t row, int64_t col, int64_t offset, std::optional<at::ScalarType> dtype,
+                        std::optional<at::Layout> layout, std::optional<at::Device> device, std::optional<bool>) {
+  return tri_indices(row, col, offset, dtype, layout, device, false);
+}
+at::Tensor triu_indices(int64_t row, int64_t col, int64_t offset, std::optional<at::ScalarType> dtype,
+                        std::optional<at::Layout> layout, std::optional<at::Device> device, std::optional<bool>) {
+  return tri_indices(row, col, offset, dtype, layout, device, true);
+}
+
 at::Tensor& eye_m_out(int64_t n, int64_t m, at::Tensor& out) {
   TORCH_CHECK(n >= 0, "n must be greater or equal to 0, got ", n);
   TORCH_CHECK(m >= 0, "m must be greater or equal to 0, got ", m);
@@ -1346,6 +1374,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("replication_pad3d_backward.grad_input", TORCH_FN(replication_pad3d_backward_out));
   m.impl("arange.start_out", TORCH_FN(arange_out));
   m.impl("linspace.out", TORCH_FN(linspace_out));
+  m.impl("tril_indices", TORCH_FN(tril_indices));
+  m.impl("triu_indices", TORCH_FN(triu_indices));
   m.impl("eye.m_out", TORCH_FN(eye_m_out));
   m.impl("eye.out", TORCH_FN(eye_out));
   m.impl("sort.stable", TORCH_FN(sort_stable));

@@ -83,8 +83,8 @@ void check_mm(const at::Tensor& a, const at::Tensor& b) {
               a.scalar_type(), " != ", b.scalar_type());
   check_tpu(a, "self");
   check_tpu(b, "mat2");
-  TORCH_CHECK(!at::isComplexType(a.scalar_type()) && a.scalar_type() != at::kBool,
-              "\"addmm_impl_tpu_\" not implemented for '", a.scalar_type(), "'");
+  TORCH_CHECK_NOT_IMPLEMENTED(!at::isComplexType(a.scalar_type()) && a.scalar_type() != at::kBool,
+                              "\"addmm_impl_tpu_\" not implemented for '", a.scalar_type(), "'");
 }
 
 void prepare_out(const at::Tensor& out, c10::IntArrayRef sizes, at::ScalarType dt, const char* name) {
@@ -166,8 +166,8 @@ void check_bmm(const at::Tensor& a, const at::Tensor& b) {
               b.scalar_type());
   check_tpu(a, "batch1");
   check_tpu(b, "batch2");
-  TORCH_CHECK(!at::isComplexType(a.scalar_type()) && a.scalar_type() != at::kBool,
-              "\"bmm_tpu\" not implemented for '", a.scalar_type(), "'");
+  TORCH_CHECK_NOT_IMPLEMENTED(!at::isComplexType(a.scalar_type()) && a.scalar_type() != at::kBool,
+                              "\"bmm_tpu\" not implemented for '", a.scalar_type(), "'");
 }
 
 at::Tensor& baddbmm_impl(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const c10::Scalar& beta,
@@ -277,8 +277,8 @@ at::Tensor dot(const at::Tensor& a, const at::Tensor& b) {
               " elements respectively");
   check_tpu(a, "self");
   check_tpu(b, "tensor");
-  TORCH_CHECK(!at::isComplexType(a.scalar_type()) && a.scalar_type() != at::kBool, "\"dot\" not implemented for '",
-              a.scalar_type(), "'");
+  TORCH_CHECK_NOT_IMPLEMENTED(!at::isComplexType(a.scalar_type()) && a.scalar_type() != at::kBool, "\"dot\" not implemented for '",
+                              a.scalar_type(), "'");
   at::Tensor out = at::empty({}, a.options());
   c10::DeviceGuard guard(out.device());
   tpurt_view c = view_of(out), av = view_of(a), bv = view_of(b);
@@ -363,7 +363,7 @@ tpurt_view pview(const at::Tensor& t) {
 
 void check_float_input(const at::Tensor& t, const char* name) {
   check_tpu(t, "input");
-  TORCH_CHECK(at::isFloatingType(t.scalar_type()), "\"", name, "\" not implemented for '", t.scalar_type(), "'");
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(t.scalar_type()), "\"", name, "\" not implemented for '", t.scalar_type(), "'");
 }
 
 std::tuple<at::Tensor&, at::Tensor&> max_pool2d_with_indices_out(const at::Tensor& self, c10::IntArrayRef kernel,

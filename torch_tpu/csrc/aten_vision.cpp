@@ -25,7 +25,7 @@ void on_tpu(const at::Tensor& t, const char* what) {
 
 void float_input(const at::Tensor& t, const char* name) {
   on_tpu(t, "input");
-  TORCH_CHECK(at::isFloatingType(t.scalar_type()), "\"", name, "\" not implemented for '", t.scalar_type(), "'");
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(t.scalar_type()), "\"", name, "\" not implemented for '", t.scalar_type(), "'");
 }
 
 tpurt_stream* stream_of(const at::Tensor& t) { return current_stream(t.device().index()); }

@@ -55,6 +55,8 @@ static const ew_opinfo k_ops[TPURT_EW_NUM_OPS] = {
     [TPURT_EW_SCALAR] = {"scalar", 0, K_ALL},
     [TPURT_EW_CONST] = {"const", 0, K_ALL},
     [TPURT_EW_UNIFORM] = {"uniform", 0, K_F},
+    [TPURT_EW_GCD] = {"gcd", 2, K_I},
+    [TPURT_EW_LCM] = {"lcm", 2, K_I},
     [TPURT_EW_NEG] = {"neg", 1, K_ALL},
     [TPURT_EW_ABS] = {"abs", 1, K_ALL},
     [TPURT_EW_SQRT] = {"sqrt", 1, K_F | K_C},
@@ -481,6 +483,23 @@ static inline int64_t wrap_add(int64_t a, int64_t b) { return (int64_t)((uint64_
 static inline int64_t wrap_sub(int64_t a, int64_t b) { return (int64_t)((uint64_t)a - (uint64_t)b); }
 static inline int64_t wrap_mul(int64_t a, int64_t b) { return (int64_t)((uint64_t)a * (uint64_t)b); }
 
+/* Euclid on magnitudes (unsigned: |INT64_MIN| is representable) */
+static int64_t igcd(int64_t a, int64_t b) {
+  uint64_t x = a < 0 ? 0 - (uint64_t)a : (uint64_t)a, y = b < 0 ? 0 - (uint64_t)b : (uint64_t)b;
+  while (y) {
+    uint64_t t = x % y;
+    x = y;
+    y = t;
+  }
+  return (int64_t)x;
+}
+static int64_t ilcm(int64_t a, int64_t b) {
+  int64_t g = igcd(a, b);
+  if (g == 0) return 0;
+  int64_t m = wrap_mul(a / g, b); /* g > 0, or INT64_MIN for a gcd of 2^63: never -1 */
+  return m < 0 ? wrap_sub(0, m) : m;
+}
+
 static int64_t ipow(int64_t base, int64_t e) {
   if (e < 0) {
     if (base == 1) return 1;
@@ -607,6 +626,8 @@ static int exec_i64(const tpurt_ew_inst *I, int64_t *restrict d, const int64_t *
     case TPURT_EW_THRESHOLD_BACKWARD: B(y <= p0 ? p1 : x);
     case TPURT_EW_SIGNBIT: U((T)(x < 0));
     case TPURT_EW_HEAVISIDE: B(x == 0 ? y : (T)(x > 0));
+    case TPURT_EW_GCD: B(igcd(x, y));
+    case TPURT_EW_LCM: B(ilcm(x, y));
     case TPURT_EW_WHERE: TR(x != 0 ? y : z);
     case TPURT_EW_CLAMP: TR((x >= y ? x : y) <= z ? (x >= y ? x : y) : z);
     case TPURT_EW_ADDCMUL: TR(wrap_add(x, wrap_mul(wrap_mul(p0, y), z)));

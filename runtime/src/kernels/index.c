@@ -1186,6 +1186,94 @@ tpurt_status tpurt_arange(tpurt_stream *s, const tpurt_view *out, tpurt_scalar s
   return range_launch(s, "arange", &a);
 }
 
+/* ------------------------------------------------- triangle indices
+ *
+ * Row i of a row x col matrix holds lower-triangle (offset k) columns
+ * [0, clamp(i + k + 1, 0, col)) and upper-triangle columns
+ * [clamp(i + k, 0, col), col). Counts and each row's first output position
+ * are sums of clamp(i + c, 0, col) over rows: an arithmetic series between
+ * two flat parts, in closed form (no loop over rows). */
+
+static int64_t clamp_i64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* sum over i in [0, rows) of clamp(i + c, 0, col) */
+static int64_t ramp_sum(int64_t rows, int64_t col, int64_t c) {
+  if (rows <= 0 || col <= 0) return 0;
+  /* c may be any int64: keep the row bounds in 128 bits */
+  __int128 a = -(__int128)c, b = (__int128)col - c; /* i + c <= 0 below a, >= col from b */
+  a = a < 0 ? 0 : a > rows ? rows : a;
+  b = b < a ? a : b > rows ? rows : b;
+  __int128 n = b - a, series = n * (a + b - 1 + 2 * (__int128)c) / 2;
+  return (int64_t)(series + ((__int128)rows - b) * col);
+}
+
+int64_t tpurt_tri_indices_count(int64_t row, int64_t col, int64_t offset, int upper) {
+  if (row <= 0 || col <= 0) return 0;
+  return upper ? (int64_t)((__int128)row * col - ramp_sum(row, col, offset)) : ramp_sum(row, col, offset + 1);
+}
+
+typedef struct {
+  tpurt_view out;
+  int64_t row, col, offset;
+  int upper;
+} tri_args;
+
+typedef struct {
+  const tri_args *a;
+  char *o;
+  int64_t r0; /* first row with an element */
+} tri_ctx;
+
+/* rows r0 + [b, e) */
+static void tri_rows(void *c, int64_t b, int64_t e) {
+  const tri_ctx *x = c;
+  const tri_args *a = x->a;
+  b += x->r0;
+  e += x->r0;
+  tpurt_dtype dt = a->out.dtype;
+  int64_t es = (int64_t)tpurt_dtype_size(dt), s0 = a->out.strides[0] * es, s1 = a->out.strides[1] * es;
+  int64_t p = a->upper ? b * a->col - ramp_sum(b, a->col, a->offset) : ramp_sum(b, a->col, a->offset + 1);
+  for (int64_t i = b; i < e; i++) {
+    int64_t lo = a->upper ? clamp_i64(i + a->offset, 0, a->col) : 0;
+    int64_t hi = a->upper ? a->col : clamp_i64(i + a->offset + 1, 0, a->col);
+    for (int64_t j = lo; j < hi; j++, p++) {
+      kc_sti(dt, x->o + p * s1, i);
+      kc_sti(dt, x->o + s0 + p * s1, j);
+    }
+  }
+}
+
+static tpurt_status k_tri(void *p, char *err, size_t errlen) {
+  (void)err;
+  (void)errlen;
+  const tri_args *a = p;
+  /* rows that hold at least one element */
+  int64_t r0 = a->upper ? 0 : clamp_i64(-a->offset, 0, a->row);
+  int64_t r1 = a->upper ? clamp_i64(a->col - a->offset, 0, a->row) : a->row;
+  tri_ctx x = {a, tpurt__host_view(a->out.ptr), r0};
+  if (r1 > r0) tpurt_parallel_for(r1 - r0, KC_GRAIN / (a->col + 1) + 1, tri_rows, &x);
+  return TPURT_OK;
+}
+
+tpurt_status tpurt_tri_indices(tpurt_stream *s, const tpurt_view *out, int64_t row, int64_t col, int64_t offset,
+                               int upper) {
+  TPURT__INIT_OR_RETURN();
+  const char *op = upper ? "triu_indices" : "tril_indices";
+  if (!out) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: NULL view", op);
+  if (row < 0 || col < 0)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: %s must be non-negative, got %" PRId64, op,
+                      row < 0 ? "row" : "col", row < 0 ? row : col);
+  tpurt_status st;
+  if ((st = stream_for(&s, out))) return st;
+  if ((st = kc_check(s->dev, out, op, "out"))) return st;
+  int64_t n = tpurt_tri_indices_count(row, col, offset, upper);
+  if (out->ndim != 2 || out->sizes[0] != 2 || out->sizes[1] != n || (out->dtype != TPURT_I64 && out->dtype != TPURT_I32))
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: out must be int32 or int64 of shape [2, %" PRId64 "]", op, n);
+  if (n == 0) return TPURT_OK;
+  tri_args a = {*out, row, col, offset, upper};
+  return tpurt_launch(s, op, k_tri, &a, sizeof a);
+}
+
 tpurt_status tpurt_linspace(tpurt_stream *s, const tpurt_view *out, double start, double end) {
   TPURT__INIT_OR_RETURN();
   if (!out) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "linspace: NULL view");
