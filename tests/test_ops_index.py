@@ -525,3 +525,35 @@ def test_tril_and_triu_indices_bad_arguments():
     with pytest.raises(NotImplementedError, match="\"tril_indices\" not implemented for 'Float'"):
         torch.tril_indices(3, 3, dtype=torch.float32, device=DT)
     assert torch.triu_indices(2, 2, device=DT).cpu().tolist() == [[0, 0, 1], [0, 1, 1]]  # usable afterwards
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32, torch.int64], ids=str)
+def test_bincount(dtype):
+    # counts, float32 / float64 / integer weights (dtype as on CPU), minlength
+    # below and above the data's range, an empty input
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 50, (2000,), generator=g).to(dtype)
+    d = x.to(DT)
+    for w in (None, torch.rand(2000, generator=g), torch.rand(2000, generator=g, dtype=torch.float64),
+              torch.randint(0, 5, (2000,), generator=g, dtype=torch.int32)):
+        for minlength in (0, 10, 80):
+            want = torch.bincount(x, w, minlength)
+            got = torch.bincount(d, None if w is None else w.to(DT), minlength)
+            assert got.device.type == "tpu" and got.dtype == want.dtype and got.shape == want.shape
+            torch.testing.assert_close(got.cpu(), want)
+    empty = torch.tensor([], dtype=dtype)
+    assert torch.equal(torch.bincount(empty.to(DT), minlength=3).cpu(), torch.bincount(empty, minlength=3))
+
+
+def test_bincount_bad_input_like_cpu():
+    cases = [(lambda d: torch.bincount(torch.tensor([-1, 2], device=d)), RuntimeError, "non-negative"),
+             (lambda d: torch.bincount(torch.tensor([[1]], device=d)), RuntimeError, "1-d non-negative"),
+             (lambda d: torch.bincount(torch.tensor([1.0], device=d)), NotImplementedError, "'Float'"),
+             (lambda d: torch.bincount(torch.tensor([1, 2], device=d), torch.ones(3, device=d)), RuntimeError,
+              "same length"),
+             (lambda d: torch.bincount(torch.tensor([1], device=d), minlength=-1), RuntimeError, "minlength")]
+    for f, exc, msg in cases:
+        for dev in ("cpu", DT):
+            with pytest.raises(exc, match=msg):
+                f(dev)
+    assert torch.bincount(torch.tensor([1, 1], device=DT)).cpu().tolist() == [0, 2]  # usable afterwards

@@ -700,6 +700,32 @@ at::Tensor& linspace_out(const c10::Scalar& start, const c10::Scalar& end, int64
   return out;
 }
 
+// bincount: the length depends on the data (max + 1): one sync for min and max
+// together, then a scatter-add of ones (or the weights) on the device. Checks,
+// their order and the result dtype as on CPU (float32 weights -> float32,
+// other weights -> float64, none -> int64).
+at::Tensor bincount(const at::Tensor& self, const std::optional<at::Tensor>& weights_opt, int64_t minlength) {
+  TORCH_CHECK(minlength >= 0, "minlength should be >= 0");
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isIntegralType(self.scalar_type(), false), "\"bincount_cpu\" not implemented for '",
+                              self.scalar_type(), "'");
+  c10::DeviceGuard g(self.device());
+  if (self.dim() == 1 && self.numel() == 0) return at::zeros({minlength}, self.options().dtype(at::kLong));
+  TORCH_CHECK(self.dim() == 1, "bincount only supports 1-d non-negative integral inputs.");
+  auto [mn, mx] = at::aminmax(self);
+  at::Tensor range = at::stack({mn.to(at::kLong), mx.to(at::kLong)}).cpu();
+  const int64_t* r = range.data_ptr<int64_t>();
+  TORCH_CHECK(r[0] >= 0, "bincount only supports 1-d non-negative integral inputs.");
+  int64_t n = std::max(r[1] + 1, minlength);
+  const at::Tensor* w = weights_opt && weights_opt->defined() ? &*weights_opt : nullptr;
+  if (w) TORCH_CHECK(w->dim() == 1 && w->size(0) == self.size(0), "weights should be 1-d and have the same length as input");
+  at::ScalarType dt = !w ? at::kLong : w->scalar_type() == at::kFloat ? at::kFloat : at::kDouble;
+  at::Tensor out = at::zeros({n}, self.options().dtype(dt));
+  at::Tensor src = w ? w->to(dt) : at::ones({self.size(0)}, self.options().dtype(at::kLong));
+  bool index_type = self.scalar_type() == at::kLong || self.scalar_type() == at::kInt;
+  out.index_add_(0, index_type ? self : self.to(at::kLong), src);
+  return out;
+}
+
 at::Tensor tri_indices(int64_t row, int64_t col, int64_t offset, std::optional<at::ScalarType> dtype,
                        std::optional<at::Layout> layout, std::optional<at::Device> device, bool upper) {
   const char* op = upper ? "triu_indices" : "tril_indices";
@@ -1375,6 +1401,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("arange.start_out", TORCH_FN(arange_out));
   m.impl("linspace.out", TORCH_FN(linspace_out));
   m.impl("tril_indices", TORCH_FN(tril_indices));
+  m.impl("bincount", TORCH_FN(bincount));
   m.impl("triu_indices", TORCH_FN(triu_indices));
   m.impl("eye.m_out", TORCH_FN(eye_m_out));
   m.impl("eye.out", TORCH_FN(eye_out));
