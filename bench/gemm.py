@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import re
 import statistics
@@ -43,6 +44,7 @@ _PEAK: dict[int, float] = {}
 _FMA_ITERS = 25_000_000 // 2  # ~25-30 ms a sample on this machine's cores
 
 
+@functools.cache
 def _fma_lib() -> ctypes.CDLL:
     path = ROOT / "build" / "runtime" / "libtpurt_fma_peak.so"
     if not path.exists():
@@ -51,6 +53,8 @@ def _fma_lib() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL)
     lib.tpurt_bench_fma_gflops.argtypes = [ctypes.c_int, ctypes.c_int64]
     lib.tpurt_bench_fma_gflops.restype = ctypes.c_double
+    lib.tpurt_bench_fma_flops.argtypes = [ctypes.c_int64]
+    lib.tpurt_bench_fma_flops.restype = ctypes.c_double
     return lib
 
 
@@ -71,9 +75,9 @@ def fma_sampler(threads: int, flops: float) -> tuple[Callable[[], None], float]:
     samples, it gives the peak the cores deliver at that moment (this shared
     host's clock moves by 10-15 % with its neighbours' load; the best-of-nine
     peak is its best clock)."""
-    fn = _fma_lib().tpurt_bench_fma_gflops
-    iters = max(100_000, int(flops / (threads * 12 * 8 * 2)))
-    return (lambda: fn(threads, iters)), threads * iters * 12 * 8 * 2.0
+    lib = _fma_lib()
+    iters = max(100_000, int(flops / (threads * lib.tpurt_bench_fma_flops(1))))
+    return (lambda: lib.tpurt_bench_fma_gflops(threads, iters)), threads * lib.tpurt_bench_fma_flops(iters)
 
 
 class _Lib:

@@ -733,9 +733,8 @@ at::Tensor tri_indices(int64_t row, int64_t col, int64_t offset, std::optional<a
   TORCH_CHECK(col >= 0, "col must be non-negative, got", col);
   TORCH_CHECK(!layout || *layout == at::kStrided, "only support layout=torch.strided, got", layout.value());
   at::ScalarType dt = dtype.value_or(at::kLong);
-  if (dt != at::kLong && dt != at::kInt) {
-    TORCH_CHECK_NOT_IMPLEMENTED(false, "\"", op, "\" not implemented for '", c10::toString(dt), "'");
-  }
+  TORCH_CHECK_NOT_IMPLEMENTED(dt == at::kLong || dt == at::kInt, "\"", op, "\" not implemented for '",
+                              c10::toString(dt), "'");
   int64_t n = tpurt_tri_indices_count(row, col, offset, upper ? 1 : 0);
   at::Device dev = device.value_or(at::Device(c10::DeviceType::PrivateUse1));
   c10::DeviceGuard g(dev);

@@ -1232,7 +1232,7 @@ static void tri_rows(void *c, int64_t b, int64_t e) {
   e += x->r0;
   tpurt_dtype dt = a->out.dtype;
   int64_t es = (int64_t)tpurt_dtype_size(dt), s0 = a->out.strides[0] * es, s1 = a->out.strides[1] * es;
-  int64_t p = a->upper ? b * a->col - ramp_sum(b, a->col, a->offset) : ramp_sum(b, a->col, a->offset + 1);
+  int64_t p = tpurt_tri_indices_count(b, a->col, a->offset, a->upper); /* elements of rows [0, b) */
   for (int64_t i = b; i < e; i++) {
     int64_t lo = a->upper ? clamp_i64(i + a->offset, 0, a->col) : 0;
     int64_t hi = a->upper ? a->col : clamp_i64(i + a->offset + 1, 0, a->col);
