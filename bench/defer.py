@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
+import os
 import statistics
 import time
 
@@ -19,7 +20,7 @@ import torch
 
 import torch_tpu
 from bench import models
-from bench.common import markdown_table
+from bench.common import interleaved, markdown_table
 
 WORKLOADS = ("mingpt", "llama", "resnet")
 
@@ -66,6 +67,57 @@ def _peak(mode: str, base: torch.nn.Module, batches, loss_fn, warmup: int = 2, s
     del r
     gc.collect()
     return peak
+
+
+class _OptimizerStep:
+    """One AdamW step (foreach, the default) over a copy of `base`'s
+    parameters on tpu with fixed gradients, in strict mode or deferred
+    (cut right after the step), with or without foreach chains."""
+
+    def __init__(self, base: torch.nn.Module, mode: str, chains: bool = True) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.params = [p.detach().to("tpu").requires_grad_() for p in base.parameters()]
+        for p in self.params:
+            p.grad = torch.randn(p.shape, generator=g).to("tpu")
+        self.opt = torch.optim.AdamW(self.params, lr=1e-3)
+        self.mode, self.chains = mode, chains
+
+    def __call__(self) -> None:
+        saved = os.environ.get("TORCH_TPU_DEFER_CHAINS")
+        os.environ["TORCH_TPU_DEFER_CHAINS"] = "1" if self.chains else "0"
+        try:
+            with torch_tpu.execution_mode(self.mode):
+                self.opt.step()
+                torch_tpu.flush()
+            torch.tpu.synchronize()
+        finally:
+            if saved is None:
+                del os.environ["TORCH_TPU_DEFER_CHAINS"]
+            else:
+                os.environ["TORCH_TPU_DEFER_CHAINS"] = saved
+
+
+def optimizer_steps(repeats: int, workloads=WORKLOADS) -> tuple[dict, str]:
+    """The AdamW step alone (mul, lerp, mul, addcmul, sqrt, div, add,
+    addcdiv over every parameter): strict mode, defer with the launches run
+    one by one, and defer with them run as one pass (a foreach chain)."""
+    results, rows = {}, []
+    for name in workloads:
+        base, _, _ = models.make(name)
+        configs = {"strict": _OptimizerStep(base, "strict"), "defer, one by one": _OptimizerStep(base, "defer", False),
+                   "defer, chain": _OptimizerStep(base, "defer")}
+        med = interleaved(configs, repeats, inner=5)
+        params = sum(p.numel() for p in base.parameters())
+        ntensors = len(list(base.parameters()))
+        results[name] = {"params": params, "tensors": ntensors, "step_s": med}
+        rows.append([f"{name} ({params / 1e6:.2f}M params, {ntensors} tensors)",
+                     *(f"{med[k] * 1e3:.2f}" for k in configs),
+                     f"{med['defer, one by one'] / med['defer, chain']:.2f}×", f"{med['strict'] / med['defer, chain']:.2f}×"])
+        configs.clear()
+        gc.collect()
+    table = markdown_table(["AdamW step", "strict ms", "defer one by one ms", "defer chain ms",
+                            "chain speed / one by one", "chain speed / strict"], rows)
+    return results, table
 
 
 def run(repeats: int, workloads=WORKLOADS, warmup: int = 3) -> tuple[dict, str]:

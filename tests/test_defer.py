@@ -441,6 +441,113 @@ def test_batch_norm_and_relu_are_one_kernel_after_the_statistics(defer):
                                                         training=True)))
 
 
+def _optimizer_run(mode: str, opt_name: str, dtype, steps: int = 3):
+    """Parameters, optimizer state and the last step's defer stats of a few
+    optimizer steps on fixed gradients (the step alone is one graph)."""
+    torch.manual_seed(0)
+    shapes = [(7, 5), (5,), (3, 4, 2), (130, 67), (1,), (64, 33)]
+    params = [torch.randn(s, dtype=dtype, device="tpu", requires_grad=True) for s in shapes]
+    grads = [torch.randn(s, dtype=dtype) for s in shapes]
+    opts = {
+        "adamw": lambda: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1, foreach=True),
+        "adam_amsgrad": lambda: torch.optim.Adam(params, lr=1e-2, amsgrad=True, weight_decay=0.01, foreach=True),
+        "sgd_nesterov": lambda: torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01,
+                                                foreach=True),
+        "rmsprop": lambda: torch.optim.RMSprop(params, lr=1e-2, momentum=0.5, foreach=True),
+    }
+    opt = opts[opt_name]()
+    stats = None
+    with torch_tpu.execution_mode(mode):
+        for i in range(steps):
+            for p, g in zip(params, grads):
+                p.grad = (g * (i + 1)).to("tpu")
+            torch_tpu.flush()
+            torch.tpu.reset_defer_stats()
+            opt.step()
+            torch_tpu.flush()
+            stats = torch.tpu.defer_stats()
+    state = [t.cpu() for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+    return [p.detach().cpu() for p in params], state, stats
+
+
+@pytest.mark.parametrize("opt_name", ["adamw", "adam_amsgrad", "sgd_nesterov", "rmsprop"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_foreach_optimizer_chain_runs_as_one_kernel_with_the_same_bits(opt_name, dtype):
+    # DeferAndFuse runs consecutive foreach launches over the same tensors
+    # as one pass: results bit for bit those of strict mode (values kept in
+    # registers are rounded to their dtype as their stores would round)
+    ref_p, ref_s, _ = _optimizer_run("strict", opt_name, dtype)
+    got_p, got_s, stats = _optimizer_run("defer", opt_name, dtype)
+    for a, b in zip(got_p + got_s, ref_p + ref_s):
+        assert torch.equal(a, b), (a - b).abs().max()
+    assert stats["fused_kernels"] >= 1 and stats["kernels_launched"] < stats["ops_recorded"], stats
+    if opt_name == "adamw":
+        # mul, lerp, mul, addcmul, sqrt, div, add, addcdiv: one kernel, and
+        # sqrt(v)'s list never takes memory
+        assert stats["kernels_launched"] == 1, stats
+        assert stats["bytes_never_materialized"] >= sum(p.numel() for p in ref_p) * ref_p[0].element_size()
+
+
+def test_foreach_over_many_tensors_stays_in_the_graph(defer):
+    # a launch over n tuples of k lists validates n * k ranges: 300 tensors
+    # of 3 lists are recorded like any launch (no size-cap cut, one chain)
+    xs = [torch.full((3,), float(i), device="tpu") for i in range(300)]
+    ys = [torch.full((3,), 2.0, device="tpu") for _ in range(300)]
+    torch_tpu.flush()
+    torch.tpu.reset_defer_stats()
+    torch._foreach_addcdiv_(xs, ys, ys, 0.5)
+    torch._foreach_mul_(xs, 2.0)
+    torch_tpu.flush()
+    stats = torch.tpu.defer_stats()
+    assert stats["flushes"].get("size_cap", 0) == 0 and stats["kernels_launched"] == 1, stats
+    assert torch.equal(torch.stack(xs).cpu(), (torch.arange(300.0).unsqueeze(1).expand(300, 3) + 0.5) * 2)
+
+
+def _foreach_pattern(mode: str, case: str, dtype):
+    torch.manual_seed(0)
+    with torch_tpu.execution_mode(mode):
+        x = torch.randn(12, device="tpu", dtype=dtype)
+        y = torch.randn(12, device="tpu", dtype=dtype)
+        s, t = torch.tensor(2.0, device="tpu", dtype=dtype), torch.tensor(3.0, device="tpu", dtype=dtype)
+        u, w = torch.tensor(5.0, device="tpu", dtype=dtype), torch.tensor(7.0, device="tpu", dtype=dtype)
+        torch_tpu.flush()
+        torch.tpu.reset_defer_stats()
+        if case == "same_tensor_in_two_tuples":
+            torch._foreach_mul_([x, x], 2.0)
+            torch._foreach_add_([x, x], 1.0)
+        elif case == "overlapping_views":
+            torch._foreach_mul_([x[0:6], y[0:6]], 3.0)
+            torch._foreach_add_([x[3:9], y[3:9]], 1.0)
+        elif case == "scalar_written_before":
+            torch._foreach_add_([s, t], 1.0)
+            torch._foreach_mul_([u, w], s)
+        elif case == "read_by_another_tuple":
+            torch._foreach_mul_([x[0:6], y[0:6]], 3.0)
+            torch._foreach_add_([x[0:6], y[0:6]], [y[0:6], x[0:6]])
+        elif case == "strided_in_place":
+            a, b = x.view(3, 4).t(), y.view(4, 3)
+            torch._foreach_mul_([a, b], 0.5)
+            torch._foreach_addcmul_([a, b], [a, b], [a, b], 2.0)
+            torch._foreach_lerp_([a, b], [a.t().t(), b], 0.25)
+            torch._foreach_addcdiv_([a, b], [b, a], [a, b], 0.5)  # reads the other tuple's tensor
+        out = [v.cpu() for v in (x, y, s, t, u, w)]
+        return out, torch.tpu.defer_stats()
+
+
+@pytest.mark.parametrize("case", ["same_tensor_in_two_tuples", "overlapping_views", "scalar_written_before",
+                                  "read_by_another_tuple", "strided_in_place"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_foreach_chains_keep_the_order_of_dependent_work(case, dtype):
+    # a chain runs tuple by tuple; launches whose tuples share memory (or
+    # whose device scalar an earlier launch writes) must see each other's
+    # results as in launch order (bfloat16: every value goes through a
+    # block buffer, float32 works in place where it can)
+    ref, _ = _foreach_pattern("strict", case, dtype)
+    got, _ = _foreach_pattern("defer", case, dtype)
+    for a, b in zip(got, ref):
+        assert torch.equal(a, b), (case, a, b)
+
+
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm", "batch_norm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("affine", ["none", "weight", "weight_bias"])

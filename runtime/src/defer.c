@@ -323,15 +323,28 @@ static dnode *push_node(dgraph *g) {
 
 /* ------------------------------------------------- access notes (TLS) */
 
-#define MAX_NOTES 256
-static _Thread_local acc t_notes[MAX_NOTES];
-static _Thread_local int t_nnotes, t_notes_overflow, t_note_ro;
+/* A launch notes a range per view it validates: a foreach launch over n
+ * tuples of k lists notes n * k. The buffer grows (per recording thread,
+ * kept for its next launches) up to MAX_NOTES; past that the launch runs
+ * unrecorded after what is pending. */
+#define MAX_NOTES (1 << 20)
+#define STACK_NOTES 64
+static _Thread_local acc *t_notes;
+static _Thread_local int t_nnotes, t_capnotes, t_notes_overflow, t_note_ro;
 
 void tpurt__defer_note_reads(int on) { t_note_ro = on; }
 
 void tpurt__defer_note(tpurt_devptr p, int64_t lo, int64_t hi) {
   if (!tpurt__deferring()) return;
-  if (t_nnotes < MAX_NOTES) {
+  if (t_nnotes == t_capnotes && t_capnotes < MAX_NOTES) {
+    int nc = t_capnotes ? 2 * t_capnotes : 256;
+    acc *grown = realloc(t_notes, sizeof *grown * (size_t)nc);
+    if (grown) {
+      t_notes = grown;
+      t_capnotes = nc;
+    }
+  }
+  if (t_nnotes < t_capnotes) {
     t_notes[t_nnotes].p = p;
     t_notes[t_nnotes].lo = lo;
     t_notes[t_nnotes].hi = hi;
@@ -446,9 +459,19 @@ static tpurt_status record_end(tpurt_stream *s, dgraph *g, dnode *d, int was_emp
 tpurt_status tpurt__defer_record_launch(tpurt_stream *s, const char *name, tpurt_kernel_fn fn, const void *args,
                                         size_t args_size) {
   int nn = t_nnotes;
-  acc notes[MAX_NOTES];
-  memcpy(notes, t_notes, (size_t)nn * sizeof *notes);
+  acc stack_notes[STACK_NOTES];
+  tpurt_devptr stack_fp[STACK_NOTES];
+  acc *notes = nn <= STACK_NOTES ? stack_notes : malloc(sizeof *notes * (size_t)nn);
+  tpurt_devptr *fp = nn <= STACK_NOTES ? stack_fp : malloc(sizeof *fp * (size_t)nn);
   int overflow = t_notes_overflow;
+  if (!notes || !fp) {
+    if (notes != stack_notes) free(notes);
+    if (fp != stack_fp) free(fp);
+    t_nnotes = 0;
+    t_notes_overflow = 0;
+    return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory while recording", name ? name : "launch");
+  }
+  if (nn) memcpy(notes, t_notes, (size_t)nn * sizeof *notes);
   t_nnotes = 0;
   t_notes_overflow = 0;
   /* promises named in the argument bytes (views copied into the arguments) */
@@ -462,12 +485,16 @@ tpurt_status tpurt__defer_record_launch(tpurt_stream *s, const char *name, tpurt
       if (q && q->used) extra[nextra++] = w;
     }
   }
-  tpurt_devptr fp[MAX_NOTES];
   for (int i = 0; i < nn; i++) fp[i] = notes[i].p;
   tpurt_status st = flush_foreign(s, fp, nn);
+  if (fp != stack_fp) free(fp);
   if (!st) st = flush_foreign(s, extra, nextra);
-  if (st) return st;
+  if (st) {
+    if (notes != stack_notes) free(notes);
+    return st;
+  }
   if (overflow) { /* too many ranges to track: run what is pending, then this launch, in order */
+    if (notes != stack_notes) free(notes);
     st = tpurt__defer_flush_stream(s, TPURT_FLUSH_SIZE_CAP);
     if (st) return st;
     tpurt__defer_bypass++;
@@ -479,12 +506,15 @@ tpurt_status tpurt__defer_record_launch(tpurt_stream *s, const char *name, tpurt
   dgraph *g;
   int was_empty;
   dnode *d = record_begin(s, &g, &was_empty);
-  if (!d)
+  if (!d) {
+    if (notes != stack_notes) free(notes);
     return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory while recording", name ? name : "launch");
+  }
   void *a = args_size ? bump_alloc(&g->mem, args_size) : NULL;
   acc *ac = bump_alloc(&g->mem, sizeof(acc) * (size_t)(nn + nextra + 1));
   if ((args_size && !a) || !ac) {
     record_abort(s, g);
+    if (notes != stack_notes) free(notes);
     return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory while recording", name ? name : "launch");
   }
   if (args_size) memcpy(a, args, args_size);
@@ -501,6 +531,7 @@ tpurt_status tpurt__defer_record_launch(tpurt_stream *s, const char *name, tpurt
       if (tpurt__is_promise(notes[k].p) && tpurt__promise_id(notes[k].p) == tpurt__promise_id(extra[i]))
         ac[nn + i].ro = 1;
   }
+  if (notes != stack_notes) free(notes);
   d->kind = N_OPAQUE;
   d->name = name;
   d->site = site;
@@ -709,8 +740,9 @@ static inline uint64_t mixd(uint64_t h, double d) {
 
 /* ------------------------------------------------------------- planning */
 
-/* Units of execution: a fused group, an opaque node, a free marker. */
-enum { U_GROUP = 1, U_NODE, U_FREE };
+/* Units of execution: a fused group, an opaque node, a free marker, a chain
+ * of foreach launches run as one pass. */
+enum { U_GROUP = 1, U_NODE, U_FREE, U_CHAIN };
 /* Steps of a plan. */
 enum { S_ALLOC = 1, S_RELEASE, S_UNIT, S_RALLOC, S_RRELEASE }; /* R: memory of a recomputed copy */
 
@@ -741,8 +773,18 @@ typedef struct fgroup {
 } fgroup;
 
 typedef struct unit {
-  int kind, idx; /* group index / node index */
+  int kind, idx; /* group index / node index / chain index */
 } unit;
+
+/* Consecutive foreach launches run as one pass (kernels/optim.c): members,
+ * the memory ranges the pass touches (the members' notes as (node, note)
+ * pairs, without the values it keeps in registers). */
+typedef struct fchain {
+  int *nodes, nn;
+  int *acc, nacc;
+  tpurt__fe_chain *fc;
+  const char *name;
+} fchain;
 
 typedef struct pstep {
   int kind, a;
@@ -761,6 +803,8 @@ typedef struct plan {
   struct remat *remat;  /* recomputed values (see plan_remat) */
   int nremat;
   int *remat_of; /* per local promise: its remat slot or -1 */
+  fchain *chains;
+  int nchains;
   int kernels, fused_kernels, ops_fused, ops_eliminated, stores_eliminated;
   struct plan *next;
 } plan;
@@ -1200,6 +1244,22 @@ static void free_plan_contents(plan *P) {
   free(P->materialize);
   free(P->remat);
   free(P->remat_of);
+  for (int c = 0; c < P->nchains; c++) {
+    free(P->chains[c].nodes);
+    free(P->chains[c].acc);
+    free(P->chains[c].fc);
+  }
+  free(P->chains);
+}
+
+/* The memory notes of an opaque unit (a node or a chain). */
+static int opaque_nacc(const plan *P, const dgraph *G, const unit *U) {
+  return U->kind == U_NODE ? G->nodes[U->idx].nacc : P->chains[U->idx].nacc;
+}
+static const acc *opaque_acc(const plan *P, const dgraph *G, const unit *U, int i) {
+  if (U->kind == U_NODE) return &G->nodes[U->idx].acc[i];
+  const fchain *C = &P->chains[U->idx];
+  return &G->nodes[C->acc[2 * i]].acc[C->acc[2 * i + 1]];
 }
 
 /* Assembles g's program for live-out vregs outs into F (program, inputs
@@ -1261,11 +1321,11 @@ static int unit_writes(const plan *P, const dgraph *G, int u, uint64_t lo, uint6
     }
     return 0;
   }
-  const dnode *d = &G->nodes[U->idx];
-  if (U->kind == U_FREE) return local_of(d->freed) < 0 && !tpurt__is_promise(lo);
-  for (int k = 0; k < d->nacc; k++) {
-    uint64_t a = d->acc[k].p + (uint64_t)d->acc[k].lo, b = d->acc[k].p + (uint64_t)d->acc[k].hi;
-    if (!d->acc[k].ro && a < hi && lo < b) return 1;
+  if (U->kind == U_FREE) return local_of(G->nodes[U->idx].freed) < 0 && !tpurt__is_promise(lo);
+  for (int k = 0, n = opaque_nacc(P, G, U); k < n; k++) {
+    const acc *A = opaque_acc(P, G, U, k);
+    uint64_t a = A->p + (uint64_t)A->lo, b = A->p + (uint64_t)A->hi;
+    if (!A->ro && a < hi && lo < b) return 1;
   }
   return 0;
 }
@@ -1326,9 +1386,11 @@ static int build_touches(const plan *P, const dgraph *G, touches *t) {
         const fgroup *F = &P->groups[U->idx];
         for (int k = 0; k < F->nout; k++) add_touch(t, pass, G->nodes[F->out[k].node].views[F->out[k].idx].ptr, u, 1);
         for (int k = 0; k < F->nin; k++) add_touch(t, pass, G->nodes[F->in[k].node].views[F->in[k].idx].ptr, u, 0);
-      } else if (U->kind == U_NODE) {
-        const dnode *d = &G->nodes[U->idx];
-        for (int k = 0; k < d->nacc; k++) add_touch(t, pass, d->acc[k].p, u, !d->acc[k].ro);
+      } else if (U->kind == U_NODE || U->kind == U_CHAIN) {
+        for (int k = 0, n = opaque_nacc(P, G, U); k < n; k++) {
+          const acc *A = opaque_acc(P, G, U, k);
+          add_touch(t, pass, A->p, u, !A->ro);
+        }
       }
     }
   }
@@ -1638,6 +1700,167 @@ out:
   return rc;
 }
 
+static int chains_enabled(void) {
+  const char *e = getenv("TORCH_TPU_DEFER_CHAINS");
+  return !(e && *e == '0');
+}
+
+static int is_fe_unit(const plan *P, const dgraph *G, int u) {
+  const unit *U = &P->units[u];
+  return U->kind == U_NODE && tpurt__fe_chainable(G->nodes[U->idx].fn);
+}
+
+/* Runs of consecutive foreach launches (free markers between them move
+ * after the run) become chains, as long as each next launch can join; then
+ * the promises a chain writes before reading, that die in the graph and
+ * that nothing else touches stay in registers: no store, no memory. */
+static int plan_chains(plan *P, const dgraph *G, const pfacts *pf, const gstate *gl) {
+  if (!chains_enabled()) return 0;
+  int np = G->np, nu = 0, cap = 0;
+  for (int u = 0; u < P->nunits;) {
+    if (!is_fe_unit(P, G, u)) {
+      P->units[nu++] = P->units[u++];
+      continue;
+    }
+    const void *args[TPURT__FE_CHAIN_MAX];
+    int mem[TPURT__FE_CHAIN_MAX], nm = 1, last = u;
+    args[0] = G->nodes[P->units[u].idx].args;
+    mem[0] = P->units[u].idx;
+    tpurt__fe_chain *fc = NULL;
+    for (int v = u + 1; v < P->nunits && nm < TPURT__FE_CHAIN_MAX; v++) {
+      if (P->units[v].kind == U_FREE) continue;
+      if (!is_fe_unit(P, G, v)) break;
+      args[nm] = G->nodes[P->units[v].idx].args;
+      tpurt__fe_chain *c2 = tpurt__fe_chain_new(args, nm + 1);
+      if (!c2) break;
+      free(fc);
+      fc = c2;
+      mem[nm++] = P->units[v].idx;
+      last = v;
+    }
+    if (!fc) {
+      P->units[nu++] = P->units[u++];
+      continue;
+    }
+    if (P->nchains == cap) {
+      cap = cap ? 2 * cap : 8;
+      fchain *nc = realloc(P->chains, sizeof *nc * (size_t)cap);
+      if (!nc) {
+        free(fc);
+        return -1;
+      }
+      P->chains = nc;
+    }
+    fchain *C = &P->chains[P->nchains];
+    memset(C, 0, sizeof *C);
+    C->fc = fc;
+    C->nn = nm;
+    C->nodes = malloc(sizeof(int) * (size_t)nm);
+    if (!C->nodes) {
+      free(fc);
+      return -1;
+    }
+    memcpy(C->nodes, mem, sizeof(int) * (size_t)nm);
+    char name[256];
+    int len = snprintf(name, sizeof name, "fused(");
+    for (int m = 0; m < nm && len < (int)sizeof name - 40; m++)
+      len += snprintf(name + len, sizeof name - (size_t)len, "%s%s", m ? "," : "", G->nodes[mem[m]].name);
+    snprintf(name + len, sizeof name - (size_t)len, ")");
+    C->name = intern(name);
+    P->units[nu++] = (unit){U_CHAIN, P->nchains++};
+    for (int v = u + 1; v < last; v++)
+      if (P->units[v].kind == U_FREE) P->units[nu++] = P->units[v];
+    P->fused_kernels++;
+    P->ops_fused += nm;
+    u = last + 1;
+  }
+  P->nunits = nu;
+  if (!P->nchains) return 0;
+  /* bad[l]: promise l must stay in memory; owner[l]: the chain touching it */
+  uint8_t *bad = calloc((size_t)np + 1, 1);
+  int *owner = malloc(sizeof(int) * ((size_t)np + 1));
+  if (!bad || !owner) {
+    free(bad);
+    free(owner);
+    return -1;
+  }
+  for (int l = 0; l < np; l++) {
+    owner[l] = -1;
+    bad[l] = pf[l].live;
+  }
+  for (int u = 0; u < P->nunits; u++) {
+    const unit *U = &P->units[u];
+    if (U->kind == U_GROUP) {
+      const gstate *g = &gl[U->idx];
+      for (int k = 0; k < g->nin; k++) {
+        int l = local_of(g->in[k].v->ptr);
+        if (l >= 0) bad[l] = 1;
+      }
+      for (int k = 0; k < g->nw; k++) {
+        int l = local_of(g->w[k].v->ptr);
+        if (l >= 0) bad[l] = 1;
+      }
+    } else if (U->kind == U_NODE) {
+      const dnode *d = &G->nodes[U->idx];
+      for (int k = 0; k < d->nacc; k++) {
+        int l = local_of(d->acc[k].p);
+        if (l >= 0) bad[l] = 1;
+      }
+    }
+  }
+  for (int c = 0; c < P->nchains; c++) {
+    fchain *C = &P->chains[c];
+    const void *args[TPURT__FE_CHAIN_MAX];
+    for (int m = 0; m < C->nn; m++) {
+      args[m] = G->nodes[C->nodes[m]].args;
+      int l = local_of(tpurt__fe_scalar_ptr(args[m]));
+      if (l >= 0) bad[l] = 1;
+    }
+    for (int i = 0, n = tpurt__fe_chain_nslots(C->fc); i < n; i++) {
+      int flags;
+      int l = local_of(tpurt__fe_chain_slot(C->fc, args, i, &flags));
+      if (l < 0) continue;
+      if ((owner[l] >= 0 && owner[l] != c) || (flags & TPURT__FE_READ_FIRST)) bad[l] = 1;
+      owner[l] = c;
+    }
+  }
+  int rc = 0;
+  for (int c = 0; c < P->nchains && !rc; c++) {
+    fchain *C = &P->chains[c];
+    const void *args[TPURT__FE_CHAIN_MAX];
+    int na = 0;
+    for (int m = 0; m < C->nn; m++) {
+      args[m] = G->nodes[C->nodes[m]].args;
+      na += G->nodes[C->nodes[m]].nacc;
+    }
+    for (int i = 0, n = tpurt__fe_chain_nslots(C->fc); i < n; i++) {
+      int l = local_of(tpurt__fe_chain_slot(C->fc, args, i, NULL));
+      if (l >= 0 && !bad[l]) {
+        tpurt__fe_chain_drop_store(C->fc, i);
+        P->stores_eliminated++;
+      }
+    }
+    C->acc = malloc(sizeof(int) * 2 * (size_t)(na ? na : 1));
+    if (!C->acc) {
+      rc = -1;
+      break;
+    }
+    for (int m = 0; m < C->nn; m++) {
+      const dnode *d = &G->nodes[C->nodes[m]];
+      for (int k = 0; k < d->nacc; k++) {
+        int l = local_of(d->acc[k].p);
+        if (l >= 0 && !bad[l]) continue; /* kept in registers */
+        C->acc[2 * C->nacc] = C->nodes[m];
+        C->acc[2 * C->nacc + 1] = k;
+        C->nacc++;
+      }
+    }
+  }
+  free(bad);
+  free(owner);
+  return rc;
+}
+
 static plan *build_plan(dgraph *G) {
   plan *P = calloc(1, sizeof *P);
   gstate *gs = malloc(sizeof *gs);
@@ -1701,6 +1924,7 @@ static plan *build_plan(dgraph *G) {
   CLOSE_GROUP();
 #undef CLOSE_GROUP
   free(deferred_frees);
+  if (plan_chains(P, G, pf, gl) != 0) goto fail;
   /* 2. which promises must live in memory */
   for (int u = 0; u < P->nunits; u++) {
     unit *U = &P->units[u];
@@ -1720,10 +1944,9 @@ static plan *build_plan(dgraph *G) {
           if (l >= 0) pf[l].memread = 1;
         }
       }
-    } else if (U->kind == U_NODE) {
-      const dnode *d = &G->nodes[U->idx];
-      for (int k = 0; k < d->nacc; k++) {
-        int l = local_of(d->acc[k].p);
+    } else if (U->kind == U_NODE || U->kind == U_CHAIN) {
+      for (int k = 0, n = opaque_nacc(P, G, U); k < n; k++) {
+        int l = local_of(opaque_acc(P, G, U, k)->p);
         if (l >= 0) pf[l].memread = 1;
       }
     }
@@ -1782,10 +2005,9 @@ static plan *build_plan(dgraph *G) {
       if (F->nout == 0) continue;
       for (int k = 0; k < F->nin; k++) touch(P, pf, G->nodes[F->in[k].node].views[F->in[k].idx].ptr, u);
       for (int k = 0; k < F->nout; k++) touch(P, pf, G->nodes[F->out[k].node].views[F->out[k].idx].ptr, u);
-    } else if (U->kind == U_NODE) {
-      const dnode *d = &G->nodes[U->idx];
+    } else if (U->kind == U_NODE || U->kind == U_CHAIN) {
       P->kernels++;
-      for (int k = 0; k < d->nacc; k++) touch(P, pf, d->acc[k].p, u);
+      for (int k = 0, n = opaque_nacc(P, G, U); k < n; k++) touch(P, pf, opaque_acc(P, G, U, k)->p, u);
     }
   }
   P->steps = malloc(sizeof(pstep) * (size_t)(P->nunits + 2 * G->np + 2 * P->nremat + 1));
@@ -1955,6 +2177,7 @@ static void graph_key(dgraph *G, uint64_t *k1, uint64_t *k2) {
       h = mix(h, (uint64_t)(uintptr_t)d->fn);
       h = mix(h, d->args_size);
       h = mix(h, (uint64_t)d->nacc);
+      if (tpurt__fe_chainable(d->fn)) h = mix(h, tpurt__fe_signature(d->args));
       for (int a = 0; a < d->nacc; a++) {
         HP(d->acc[a].p, d->acc[a].p + (uint64_t)d->acc[a].lo);
         h = mix(h, (uint64_t)d->acc[a].lo);
@@ -1974,6 +2197,7 @@ static void graph_key(dgraph *G, uint64_t *k1, uint64_t *k2) {
   h = mix(h, (uint64_t)G->n);
   h = mix(h, (uint64_t)G->np);
   h = mix(h, (uint64_t)remat_enabled());
+  h = mix(h, (uint64_t)chains_enabled());
   free(X);
   free(canon);
   free(cstart);
@@ -2001,6 +2225,30 @@ static tpurt_devptr redirect(const exec_ctx *x, int u, tpurt_devptr p) {
   return x->rreal[r] + (p & TPURT_PROMISE_OFFMASK);
 }
 
+/* A kernel's name with the source line its op was recorded at. */
+static const char *site_name(const char *name, const char *site) {
+  if (!site) return name;
+  char nm[400];
+  snprintf(nm, sizeof nm, "%s (recorded at %s)", name, site);
+  return intern(nm);
+}
+
+/* A copy of d's arguments (malloc'd) with the promise addresses in them as
+ * unit u sees them (recomputed values redirected to their copies). */
+static void *redirected_args(const exec_ctx *x, int u, const dnode *d) {
+  unsigned char *a = malloc(d->args_size ? d->args_size : 1);
+  if (!a) return NULL;
+  memcpy(a, d->args, d->args_size);
+  for (size_t off = 0; off + 8 <= d->args_size; off += 8) {
+    tpurt_devptr w;
+    memcpy(&w, a + off, 8);
+    if (!tpurt__is_promise(w)) continue;
+    w = redirect(x, u, w);
+    memcpy(a + off, &w, 8);
+  }
+  return a;
+}
+
 static tpurt_status run_unit(exec_ctx *x, int u) {
   unit *U = &x->P->units[u];
   dgraph *G = x->G;
@@ -2011,28 +2259,35 @@ static tpurt_status run_unit(exec_ctx *x, int u) {
   }
   if (U->kind == U_NODE) {
     dnode *d = &G->nodes[U->idx];
-    char nm[160];
-    const char *name = d->name ? d->name : "kernel";
-    if (d->site) {
-      snprintf(nm, sizeof nm, "%s (recorded at %s)", name, d->site);
-      name = intern(nm);
-    }
+    const char *name = site_name(d->name ? d->name : "kernel", d->site);
     if (x->P->nremat && d->args_size) { /* promise addresses in the arguments may be redirected */
-      unsigned char stackbuf[1024], *a = d->args_size <= sizeof stackbuf ? stackbuf : malloc(d->args_size);
+      void *a = redirected_args(x, u, d);
       if (!a) return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory", name);
-      memcpy(a, d->args, d->args_size);
-      for (size_t off = 0; off + 8 <= d->args_size; off += 8) {
-        tpurt_devptr w;
-        memcpy(&w, a + off, 8);
-        if (!tpurt__is_promise(w)) continue;
-        w = redirect(x, u, w);
-        memcpy(a + off, &w, 8);
-      }
       tpurt_status st = tpurt__enqueue(x->s, name, d->fn, a, d->args_size, NULL);
-      if (a != stackbuf) free(a);
+      free(a);
       return st;
     }
     return tpurt__enqueue(x->s, name, d->fn, d->args, d->args_size, NULL);
+  }
+  if (U->kind == U_CHAIN) {
+    const fchain *C = &x->P->chains[U->idx];
+    const void *args[TPURT__FE_CHAIN_MAX];
+    void *own[TPURT__FE_CHAIN_MAX] = {0};
+    size_t sizes[TPURT__FE_CHAIN_MAX];
+    const char *name = site_name(C->name, G->nodes[C->nodes[C->nn - 1]].site);
+    tpurt_status st = TPURT_OK;
+    for (int m = 0; m < C->nn; m++) {
+      const dnode *d = &G->nodes[C->nodes[m]];
+      args[m] = d->args;
+      sizes[m] = d->args_size;
+      if (x->P->nremat) {
+        args[m] = own[m] = redirected_args(x, u, d);
+        if (!own[m]) st = tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory", name);
+      }
+    }
+    if (!st) st = tpurt__fe_chain_enqueue(x->s, name, C->fc, args, sizes);
+    for (int m = 0; m < C->nn; m++) free(own[m]);
+    return st;
   }
   fgroup *F = &x->P->groups[U->idx];
   if (F->nout == 0) return TPURT_OK;
@@ -2054,13 +2309,7 @@ static tpurt_status run_unit(exec_ctx *x, int u) {
     if (d->nscal) memcpy(scal + ns, d->scal, sizeof(double) * d->nscal);
     ns += d->nscal;
   }
-  const char *name = F->name;
-  const dnode *last = &G->nodes[F->nodes[F->nn - 1]];
-  if (last->site) {
-    char nm[200];
-    snprintf(nm, sizeof nm, "%s (recorded at %s)", F->name, last->site);
-    name = intern(nm);
-  }
+  const char *name = site_name(F->name, G->nodes[F->nodes[F->nn - 1]].site);
   return tpurt__elementwise_named(x->s, &F->prog, outs, ins, F->nin, scal, ns, name);
 }
 
@@ -2096,6 +2345,11 @@ static void debug_plan(const dgraph *G, const plan *P) {
         const fgroup *F = &P->groups[U->idx];
         fprintf(stderr, "[defer]   step group %s (%d in, %d out):", F->name, F->nin, F->nout);
         for (int k = 0; k < F->prog.ninst; k++) fprintf(stderr, " %s", tpurt_ew_op_name(F->prog.inst[k].op));
+        fprintf(stderr, "\n");
+      } else if (U->kind == U_CHAIN) {
+        const fchain *C = &P->chains[U->idx];
+        fprintf(stderr, "[defer]   step chain %s (%d stores):", C->name, tpurt__fe_chain_stores(C->fc));
+        for (int m = 0; m < C->nn; m++) fprintf(stderr, " %d", C->nodes[m]);
         fprintf(stderr, "\n");
       } else
         fprintf(stderr, "[defer]   step %s node %d\n", U->kind == U_NODE ? "kernel" : "free", U->idx);

@@ -194,6 +194,30 @@ TPURT_INTERNAL tpurt_status tpurt__defer_record_ew(tpurt_stream *s, const tpurt_
                                                   const double *scalars, int nscalars,
                                                   const char *name);
 TPURT_INTERNAL tpurt_status tpurt__defer_record_h2d(tpurt_stream *s, tpurt_devptr dst, const void *src, size_t n);
+/* Chains of foreach launches (kernels/optim.c), for DeferAndFuse: k
+ * consecutive launches over the same tuples run as one pass. */
+typedef struct tpurt__fe_chain tpurt__fe_chain;
+enum { TPURT__FE_READ_FIRST = 1, TPURT__FE_WRITTEN = 2, TPURT__FE_CHAIN_MAX = 16 /* launches */ };
+TPURT_INTERNAL int tpurt__fe_chainable(tpurt_kernel_fn fn);
+/* Hash of a foreach launch's structure (op, operand kinds, shapes, dtypes,
+ * strides; not its addresses or scalar values): a plan built on a chain
+ * depends on it. */
+TPURT_INTERNAL uint64_t tpurt__fe_signature(const void *args);
+/* The chain of launches args[0..k), or NULL when they cannot run as one. */
+TPURT_INTERNAL tpurt__fe_chain *tpurt__fe_chain_new(const void *const *args, int k);
+/* Slots: the distinct views of every tuple. Slot i's address (in args) and
+ * flags (TPURT__FE_*); a slot's value can stay in registers only if it is
+ * first written. Stores of slots are kept unless dropped. */
+TPURT_INTERNAL int tpurt__fe_chain_nslots(const tpurt__fe_chain *c);
+TPURT_INTERNAL tpurt_devptr tpurt__fe_chain_slot(const tpurt__fe_chain *c, const void *const *args, int i,
+                                                 int *flags);
+TPURT_INTERNAL void tpurt__fe_chain_drop_store(tpurt__fe_chain *c, int i);
+TPURT_INTERNAL int tpurt__fe_chain_stores(const tpurt__fe_chain *c);
+/* A launch's device scalar (0: none or host values). */
+TPURT_INTERNAL tpurt_devptr tpurt__fe_scalar_ptr(const void *args);
+/* Enqueues the chain over the members' current argument blobs. */
+TPURT_INTERNAL tpurt_status tpurt__fe_chain_enqueue(tpurt_stream *s, const char *name, const tpurt__fe_chain *c,
+                                                   const void *const *args, const size_t *sizes);
 /* 1 if the free was recorded for when s's pending graph runs. */
 TPURT_INTERNAL int tpurt__defer_record_free(tpurt_stream *s, tpurt_devptr p);
 /* Notes a device range validated by the launch being recorded. */

@@ -24,7 +24,9 @@
 #define BLK 512
 #define CHUNK (64 * 1024)    /* elements per (tensor, chunk) pair */
 #define TASK_ELEMS (32 * 1024) /* minimum elements per pool task */
-#define MAXOPS 6
+#define MAXOPS 12 /* operands of a tuple: a foreach launch has at most 4, a chain CHAIN_MAX_SLOTS */
+#define CHAIN_MAX_MEMBERS TPURT__FE_CHAIN_MAX
+#define CHAIN_MAX_SLOTS MAXOPS
 
 /* ------------------------------------------------------------- helpers */
 
@@ -73,6 +75,29 @@ typedef struct {
   int kind;
   double ord, acc;
 } norm_acc;
+
+/* A chain of foreach launches run as one pass (see "chains" below): slot
+ * flags, and one slot per distinct view of a tuple. */
+enum { SLOT_LOAD = 1, SLOT_WRITTEN = 2, SLOT_STORE = 4 };
+typedef struct {
+  int32_t t;          /* tuple */
+  uint8_t m, o;       /* first appearance: operand o of member m */
+  uint8_t flags;
+} chain_slot;
+
+typedef struct {
+  int op, has_b, has_c, has_scalars;
+  double s, alpha;
+  const int64_t *scalars; /* per-tuple scalars (double bits) when has_scalars */
+} chain_member;
+
+typedef struct {
+  int k, n;
+  chain_member mem[CHAIN_MAX_MEMBERS];
+  const uint8_t *map;   /* [n][k][4]: slot of out, a, b, c (0xFF: none) */
+  const int32_t *sbeg;  /* [n + 1]: tuple t's slots are [sbeg[t], sbeg[t + 1]) */
+  const chain_slot *slots;
+} chain_ctx;
 
 /* float and double instantiations of the block loops */
 #define T float
@@ -828,5 +853,306 @@ tpurt_status tpurt_foreach_norm(tpurt_stream *s, int n, const tpurt_view *out, c
   return launch_blob(s, op, k_norm, b, size);
 fail:
   free(extra);
+  return st;
+}
+
+/* ------------------------------------------------------------- chains
+ *
+ * DeferAndFuse runs consecutive foreach launches over the same tuples as
+ * one pass (an optimizer's update written as a chain of _foreach_* ops):
+ * each (tuple, chunk) pair is walked once, every member computing block by
+ * block from registers, so a value one member writes and a later one reads
+ * never goes through memory, and a list that dies inside the chain (Adam's
+ * sqrt(v) / bias + eps) is never stored at all. Order of work changes from
+ * launch-major to tuple-major, so a chain is formed only when no two
+ * distinct views it touches overlap where one of them is written (across
+ * all tuples), and a member's device scalar is written by no member. Every
+ * member computes exactly as its own launch would (same compute type, same
+ * operations, values rounded to their dtype as a store would round them).
+ */
+
+struct tpurt__fe_chain {
+  size_t bytes; /* of the struct and its arrays */
+  int k, n, nslots;
+  size_t map_off, sbeg_off, slot_off; /* offsets of the arrays in data */
+  _Alignas(8) unsigned char data[];
+};
+
+int tpurt__fe_chainable(tpurt_kernel_fn fn) { return fn == k_foreach; }
+
+static const int64_t *rec_of(const blob *b, int t) { return b->words + b->words[t]; }
+
+/* Byte range [lo, hi) of operand o of a packed tuple record. */
+static void rec_range(const int64_t *rec, int nops, int o, uint64_t *lo, uint64_t *hi) {
+  int nd = (int)rec[1];
+  const int64_t *sizes = rec + 2 + 2 * nops, *strd = sizes + nd + o * nd;
+  uint64_t p = (uint64_t)rec[2 + o];
+  int64_t a = 0, b = (int64_t)tpurt_dtype_size((tpurt_dtype)rec[2 + nops + o]);
+  if (rec[0] == 0) b = 0;
+  for (int d = 0; d < nd && rec[0] > 0; d++) {
+    int64_t ext = (sizes[d] - 1) * strd[d];
+    if (ext < 0)
+      a += ext;
+    else
+      b += ext;
+  }
+  *lo = p + (uint64_t)a;
+  *hi = p + (uint64_t)b;
+}
+
+uint64_t tpurt__fe_signature(const void *args) {
+  const blob *b = args;
+  uint64_t h = 1469598103934665603ull;
+#define H(x) (h = (h ^ (uint64_t)(x)) * 1099511628211ull)
+  H(b->kind);
+  H(b->n);
+  H(b->nops);
+  if (b->kind == K_FOREACH) {
+    H(b->u.fe.op);
+    H(b->u.fe.has_b | b->u.fe.has_c << 1 | b->has_scalars << 2 | (b->scalar.ptr != 0) << 3);
+  }
+  for (int t = 0; t < b->n; t++) {
+    const int64_t *r = rec_of(b, t);
+    int nd = (int)r[1];
+    H(r[0]);
+    H(nd);
+    for (int o = 0; o < b->nops; o++) H(r[2 + b->nops + o]);
+    for (int i = 0; i < nd + b->nops * nd; i++) H(r[2 + 2 * b->nops + i]);
+  }
+#undef H
+  return h;
+}
+
+typedef struct {
+  uint64_t lo, hi;
+  int written;
+} span;
+
+static int span_cmp(const void *a, const void *b) {
+  const span *x = a, *y = b;
+  return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* Same view: pointer, dtype and strides of the (jointly coalesced) shape. */
+static int same_operand(const int64_t *ra, int na, int oa, const int64_t *rb, int nb, int ob) {
+  int nd = (int)ra[1];
+  if (ra[2 + oa] != rb[2 + ob] || ra[2 + na + oa] != rb[2 + nb + ob]) return 0;
+  const int64_t *sa = ra + 2 + 2 * na + nd + oa * nd, *sb = rb + 2 + 2 * nb + nd + ob * nd;
+  for (int d = 0; d < nd; d++)
+    if (sa[d] != sb[d]) return 0;
+  return 1;
+}
+
+tpurt__fe_chain *tpurt__fe_chain_new(const void *const *args, int k) {
+  if (k < 2 || k > CHAIN_MAX_MEMBERS) return NULL;
+  const blob *const *m = (const blob *const *)args;
+  int n = m[0]->n;
+  for (int i = 0; i < k; i++)
+    if (m[i]->kind != K_FOREACH || m[i]->n != n) return NULL;
+  size_t map_off = 0, sbeg_off = ((size_t)n * (size_t)k * 4 + 7) & ~(size_t)7;
+  size_t slot_off = sbeg_off + (((size_t)n + 1) * sizeof(int32_t) + 7) / 8 * 8;
+  size_t cap = slot_off + (size_t)n * CHAIN_MAX_SLOTS * sizeof(chain_slot);
+  tpurt__fe_chain *c = calloc(1, sizeof *c + cap);
+  span *sp = malloc(sizeof *sp * ((size_t)n * CHAIN_MAX_SLOTS + (size_t)k));
+  if (!c || !sp) goto no;
+  uint8_t *map = c->data + map_off;
+  int32_t *sbeg = (int32_t *)(void *)(c->data + sbeg_off);
+  chain_slot *slots = (chain_slot *)(void *)(c->data + slot_off);
+  int ns = 0, nsp = 0;
+  for (int t = 0; t < n; t++) {
+    const int64_t *r0 = rec_of(m[0], t);
+    int nd = (int)r0[1];
+    int f64 = r0[2 + m[0]->nops] == TPURT_F64;
+    sbeg[t] = ns;
+    for (int i = 0; i < k; i++) {
+      const blob *b = m[i];
+      const int64_t *r = rec_of(b, t);
+      if (r[0] != r0[0] || r[1] != nd || (r[2 + b->nops] == TPURT_F64) != f64) goto no;
+      for (int d = 0; d < nd; d++)
+        if (r[2 + 2 * b->nops + d] != r0[2 + 2 * m[0]->nops + d]) goto no;
+      uint8_t *mp = map + ((size_t)t * (size_t)k + (size_t)i) * 4;
+      mp[2] = mp[3] = 0xFF;
+      /* operands in access order: the inputs, then the output */
+      int order[4], roles[4], nacc = 0; /* operand index in the blob, role: 0 out, 1 a, 2 b, 3 c */
+      order[nacc] = 1, roles[nacc++] = 1;
+      if (b->u.fe.has_b) order[nacc] = 2, roles[nacc++] = 2;
+      if (b->u.fe.has_c) order[nacc] = 2 + b->u.fe.has_b, roles[nacc++] = 3;
+      order[nacc] = 0, roles[nacc++] = 0;
+      for (int q = 0; q < nacc; q++) {
+        int o = order[q], s;
+        for (s = sbeg[t]; s < ns; s++) {
+          const chain_slot *S = &slots[s];
+          if (same_operand(rec_of(m[S->m], t), m[S->m]->nops, S->o, r, b->nops, o)) break;
+        }
+        if (s == ns) {
+          if (ns - sbeg[t] == CHAIN_MAX_SLOTS) goto no;
+          slots[ns] = (chain_slot){t, (uint8_t)i, (uint8_t)o, roles[q] ? SLOT_LOAD : 0};
+          ns++;
+        }
+        if (!roles[q]) slots[s].flags |= SLOT_WRITTEN | SLOT_STORE;
+        mp[roles[q]] = (uint8_t)(s - sbeg[t]);
+      }
+    }
+    for (int s = sbeg[t]; s < ns; s++) {
+      rec_range(rec_of(m[slots[s].m], t), m[slots[s].m]->nops, slots[s].o, &sp[nsp].lo, &sp[nsp].hi);
+      sp[nsp].written = (slots[s].flags & SLOT_WRITTEN) != 0;
+      if (sp[nsp].hi > sp[nsp].lo) nsp++;
+    }
+  }
+  sbeg[n] = ns;
+  for (int i = 0; i < k; i++)
+    if (m[i]->scalar.ptr && !m[i]->has_scalars) {
+      sp[nsp].lo = m[i]->scalar.ptr;
+      sp[nsp].hi = m[i]->scalar.ptr + tpurt_dtype_size(m[i]->scalar.dtype);
+      sp[nsp++].written = 0;
+    }
+  /* no written range may overlap another range */
+  qsort(sp, (size_t)nsp, sizeof *sp, span_cmp);
+  for (int i = 0; i < nsp; i++)
+    for (int j = i + 1; j < nsp && sp[j].lo < sp[i].hi; j++)
+      if (sp[i].written || sp[j].written) goto no;
+  free(sp);
+  c->k = k;
+  c->n = n;
+  c->nslots = ns;
+  c->map_off = map_off;
+  c->sbeg_off = sbeg_off;
+  c->slot_off = slot_off;
+  c->bytes = sizeof *c + slot_off + (size_t)ns * sizeof(chain_slot);
+  return c;
+no:
+  free(c);
+  free(sp);
+  return NULL;
+}
+
+int tpurt__fe_chain_nslots(const tpurt__fe_chain *c) { return c->nslots; }
+
+static chain_slot *chain_slots(const tpurt__fe_chain *c) {
+  return (chain_slot *)(void *)((unsigned char *)c->data + c->slot_off);
+}
+
+tpurt_devptr tpurt__fe_chain_slot(const tpurt__fe_chain *c, const void *const *args, int i, int *flags) {
+  const chain_slot *S = &chain_slots(c)[i];
+  if (flags) *flags = (S->flags & SLOT_LOAD ? TPURT__FE_READ_FIRST : 0) | (S->flags & SLOT_WRITTEN ? TPURT__FE_WRITTEN : 0);
+  return (tpurt_devptr)rec_of((const blob *)args[S->m], S->t)[2 + S->o];
+}
+
+void tpurt__fe_chain_drop_store(tpurt__fe_chain *c, int i) { chain_slots(c)[i].flags &= (uint8_t)~SLOT_STORE; }
+
+int tpurt__fe_chain_stores(const tpurt__fe_chain *c) {
+  int s = 0;
+  for (int i = 0; i < c->nslots; i++) s += (chain_slots(c)[i].flags & SLOT_STORE) != 0;
+  return s;
+}
+
+tpurt_devptr tpurt__fe_scalar_ptr(const void *args) {
+  const blob *b = args;
+  return b->has_scalars ? 0 : b->scalar.ptr;
+}
+
+typedef struct {
+  chain_ctx x;
+  const blob *b0;
+  int64_t *recs;       /* per tuple: a record over its slots */
+  const int64_t *roff; /* [n]: offset of tuple t's record in recs */
+} chain_run;
+
+static void run_chain_pairs(void *c, int64_t pb, int64_t pe) {
+  chain_run *r = c;
+  const blob *b = r->b0;
+  const int64_t *pre = b->words + b->n;
+  int t = tuple_of(b, pb);
+  for (int64_t pair = pb; pair < pe; pair++) {
+    while (pre[t + 1] <= pair) t++;
+    const int64_t *rec = r->recs + r->roff[t];
+    int ns = r->x.sbeg[t + 1] - r->x.sbeg[t];
+    int64_t k = pair - pre[t];
+    int64_t e0 = k * CHUNK, e1 = e0 + CHUNK < rec[0] ? e0 + CHUNK : rec[0];
+    int f64 = rec_of(b, t)[2 + b->nops] == TPURT_F64;
+    walk(rec, ns, t, e0, e1, f64 ? blk_chain_d : blk_chain_f, &r->x);
+  }
+}
+
+/* Arguments: the chain, then k offsets (from the start) of the members'
+ * argument blobs, then the blobs. */
+static tpurt_status k_fe_chain(void *a, char *err, size_t errlen) {
+  const tpurt__fe_chain *c = a;
+  const uint64_t *off = (const uint64_t *)(const void *)((const unsigned char *)a + c->bytes);
+  chain_run r;
+  memset(&r, 0, sizeof r);
+  r.x.k = c->k;
+  r.x.n = c->n;
+  r.x.map = c->data + c->map_off;
+  r.x.sbeg = (const int32_t *)(const void *)(c->data + c->sbeg_off);
+  r.x.slots = chain_slots(c);
+  for (int i = 0; i < c->k; i++) {
+    const blob *b = (const blob *)(const void *)((const unsigned char *)a + off[i]);
+    chain_member *M = &r.x.mem[i];
+    M->op = b->u.fe.op;
+    M->has_b = b->u.fe.has_b;
+    M->has_c = b->u.fe.has_c;
+    M->has_scalars = b->has_scalars;
+    M->alpha = b->u.fe.alpha;
+    M->s = b->has_scalars ? 0 : dscalar_read(&b->scalar);
+    M->scalars = b->words + 2 * b->n + 1;
+    if (i == 0) r.b0 = b;
+  }
+  /* a record per tuple over its slots, each slot's view from its first appearance */
+  size_t words = (size_t)c->n, need = 0;
+  for (int t = 0; t < c->n; t++) {
+    int ns = r.x.sbeg[t + 1] - r.x.sbeg[t], nd = (int)rec_of(r.b0, t)[1];
+    need += (size_t)(2 + 2 * ns + nd + ns * nd);
+  }
+  int64_t *mem = malloc(sizeof(int64_t) * (words + need + 1));
+  if (!mem) {
+    snprintf(err, errlen, "out of host memory for a chain of %d foreach ops", c->k);
+    return TPURT_ERR_OUT_OF_MEMORY;
+  }
+  int64_t *roff = mem, *recs = mem + words, pos = 0;
+  for (int t = 0; t < c->n; t++) {
+    const int64_t *r0 = rec_of(r.b0, t);
+    int ns = r.x.sbeg[t + 1] - r.x.sbeg[t], nd = (int)r0[1];
+    int64_t *q = recs + pos;
+    roff[t] = pos;
+    q[0] = r0[0];
+    q[1] = nd;
+    memcpy(q + 2 + 2 * ns, r0 + 2 + 2 * r.b0->nops, sizeof(int64_t) * (size_t)nd);
+    for (int s = 0; s < ns; s++) {
+      const chain_slot *S = &r.x.slots[r.x.sbeg[t] + s];
+      const blob *b = (const blob *)(const void *)((const unsigned char *)a + off[S->m]);
+      const int64_t *rs = rec_of(b, t);
+      q[2 + s] = rs[2 + S->o];
+      q[2 + ns + s] = rs[2 + b->nops + S->o];
+      memcpy(q + 2 + 2 * ns + nd + s * nd, rs + 2 + 2 * b->nops + nd + S->o * nd, sizeof(int64_t) * (size_t)nd);
+    }
+    pos += 2 + 2 * ns + nd + ns * nd;
+  }
+  r.recs = recs;
+  r.roff = roff;
+  if (r.b0->npairs > 0) {
+    int64_t grain = (int64_t)((double)r.b0->npairs * TASK_ELEMS / (double)(r.b0->total > 0 ? r.b0->total : 1));
+    tpurt_parallel_for(r.b0->npairs, grain < 1 ? 1 : grain, run_chain_pairs, &r);
+  }
+  free(mem);
+  return TPURT_OK;
+}
+
+tpurt_status tpurt__fe_chain_enqueue(tpurt_stream *s, const char *name, const tpurt__fe_chain *c,
+                                     const void *const *args, const size_t *sizes) {
+  size_t total = c->bytes + (size_t)c->k * sizeof(uint64_t);
+  uint64_t off[CHAIN_MAX_MEMBERS];
+  for (int i = 0; i < c->k; i++) {
+    total = (total + 7) & ~(size_t)7;
+    off[i] = total;
+    total += sizes[i];
+  }
+  unsigned char *a = malloc(total);
+  if (!a) return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory", name);
+  memcpy(a, c, c->bytes);
+  memcpy(a + c->bytes, off, (size_t)c->k * sizeof(uint64_t));
+  for (int i = 0; i < c->k; i++) memcpy(a + off[i], args[i], sizes[i]);
+  tpurt_status st = tpurt__enqueue(s, name, k_fe_chain, a, total, NULL);
+  free(a);
   return st;
 }

@@ -236,6 +236,47 @@ static void FN(blk_foreach)(void *vctx, int t, char **p, const int64_t *st, cons
   FN(st)(o, p[0], st[0], dt[0], n);
 }
 
+/* v (n values of T) rounded to dtype dt and back: what a later read of the
+ * value would see had it been stored. */
+static void FN(round_to)(T *v, int dt, int64_t n) {
+  if (dt == NATIVE_DT) return;
+  double tmp[BLK]; /* room for BLK values of any floating dtype */
+  int64_t sz = (int64_t)tpurt_dtype_size((tpurt_dtype)dt);
+  FN(st)(v, (char *)tmp, sz, dt, n);
+  T *r = FN(ld)(v, (char *)tmp, sz, dt, n);
+  if (r != v) memcpy(v, r, (size_t)n * sizeof(T));
+}
+
+/* One block of a tuple of a foreach chain: the slots read before any write
+ * are loaded, every member computes from and into the slots' buffers (a
+ * value stored in a narrower dtype is rounded as its store would have), and
+ * the slots to keep are stored. */
+static void FN(blk_chain)(void *vctx, int t, char **p, const int64_t *st, const int *dt, int64_t n) {
+  const chain_ctx *x = vctx;
+  T buf[CHAIN_MAX_SLOTS][BLK];
+  T *v[CHAIN_MAX_SLOTS];
+  const chain_slot *sl = x->slots + x->sbeg[t];
+  int ns = x->sbeg[t + 1] - x->sbeg[t];
+  for (int s = 0; s < ns; s++) {
+    int direct = dt[s] == NATIVE_DT && st[s] == (int64_t)sizeof(T);
+    if (sl[s].flags & SLOT_LOAD)
+      v[s] = FN(ld)(buf[s], p[s], st[s], dt[s], n);
+    else
+      v[s] = (direct && (sl[s].flags & SLOT_STORE)) ? (T *)(void *)p[s] : buf[s];
+  }
+  for (int m = 0; m < x->k; m++) {
+    const chain_member *c = &x->mem[m];
+    const uint8_t *mp = x->map + ((size_t)t * (size_t)x->k + (size_t)m) * 4;
+    double sc = c->s;
+    if (c->has_scalars) memcpy(&sc, &c->scalars[t], sizeof sc);
+    FN(fe_compute)(c->op, v[mp[0]], v[mp[1]], mp[2] != 0xFF ? v[mp[2]] : NULL, mp[3] != 0xFF ? v[mp[3]] : NULL,
+                   (T)sc, (T)c->alpha, n);
+    FN(round_to)(v[mp[0]], dt[mp[0]], n);
+  }
+  for (int s = 0; s < ns; s++)
+    if (sl[s].flags & SLOT_STORE) FN(st)(v[s], p[s], st[s], dt[s], n);
+}
+
 static void FN(blk_adam)(void *vctx, int t, char **p, const int64_t *st, const int *dt, int64_t n) {
   const adam_ctx *x = vctx;
   (void)t;
