@@ -28,9 +28,10 @@ $(VENV)/.deps: requirements.txt
 venv: $(VENV)/.deps
 
 # The editable install registers the package and its entry points
-# (torch.backends autoload, the torch-tpu CLI) in the venv.
+# (torch.backends autoload, the torch-tpu CLI) in the venv; the extension is
+# built by the next rule only (not a second time by pip).
 $(VENV)/.installed: $(VENV)/.deps pyproject.toml
-	$(PIP) install --quiet --disable-pip-version-check --no-build-isolation --no-deps -e .
+	TORCH_TPU_REGISTER_ONLY=1 $(PIP) install --quiet --disable-pip-version-check --no-build-isolation --no-deps -e .
 	touch $@
 
 torch_tpu/.built: $(VENV)/.installed $(RUNTIME_SRC) $(GLUE_SRC)

@@ -38,8 +38,12 @@ class Build(BuildExtension):
         super().run()
 
 
+# The Makefile's editable install only registers the package (its entry
+# points): the extension is then built once, in place, by build_ext.
+REGISTER_ONLY = os.environ.get("TORCH_TPU_REGISTER_ONLY") == "1"
+
 setup(
-    ext_modules=[
+    ext_modules=[] if REGISTER_ONLY else [
         CppExtension(
             name="torch_tpu._C",
             sources=sorted(str(p.relative_to(ROOT)) for p in (ROOT / "torch_tpu" / "csrc").glob("*.cpp")),
