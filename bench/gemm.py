@@ -47,19 +47,26 @@ _FMA_ITERS = 25_000_000 // 2  # ~25-30 ms a sample on this machine's cores
 @functools.cache
 def _fma_lib() -> ctypes.CDLL:
     path = ROOT / "build" / "runtime" / "libtpurt_fma_peak.so"
-    if not path.exists():
-        subprocess.check_call(["cmake", "--build", str(ROOT / "build" / "runtime"), "--target", "tpurt_fma_peak"],
-                              stdout=subprocess.DEVNULL)
+    # always asked of the build (incremental): a library left from older sources would lack symbols
+    subprocess.check_call(["cmake", "--build", str(ROOT / "build" / "runtime"), "--target", "tpurt_fma_peak"],
+                          stdout=subprocess.DEVNULL)
     lib = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL)
     lib.tpurt_bench_fma_gflops.argtypes = [ctypes.c_int, ctypes.c_int64]
     lib.tpurt_bench_fma_gflops.restype = ctypes.c_double
     lib.tpurt_bench_fma_flops.argtypes = [ctypes.c_int64]
     lib.tpurt_bench_fma_flops.restype = ctypes.c_double
+    lib.tpurt_bench_fma_isa.restype = ctypes.c_char_p
     return lib
 
 
+def fma_isa() -> str:
+    """The vector extension the FMA loop runs on ("AVX-512" or "AVX2")."""
+    return _fma_lib().tpurt_bench_fma_isa().decode()
+
+
 def fma_peak(threads: int) -> float:
-    """GFLOP/s of a register-resident AVX2 FMA loop on `threads` threads
+    """GFLOP/s of a register-resident FMA loop (AVX-512 where the CPU has
+    it, else AVX2) on `threads` threads
     (runtime/bench/fma_peak.c): the best of nine samples, kept for the
     process (a sample that shared its cores with anything reads low, and
     every section of one bench run must divide by the same peak)."""
@@ -135,7 +142,7 @@ def library_choice(repeats: int) -> tuple[dict, str]:
     table = markdown_table(["shape (M×K @ K×N)", "torch CPU GFLOP/s"] +
                            [f"{lib.name} GFLOP/s (vs torch, % peak)" for lib in libs], rows)
     return {"peak_gflops": peak, "threads": threads, "rows": res}, (
-        f"Measured f32 FMA peak ({threads} threads, AVX2 FMA loop): **{peak:.1f} GFLOP/s**.\n\n" + table)
+        f"Measured f32 FMA peak ({threads} threads, {fma_isa()} FMA loop): **{peak:.1f} GFLOP/s**.\n\n" + table)
 
 
 def gemm(repeats: int, sizes: list[int]) -> tuple[dict, str]:

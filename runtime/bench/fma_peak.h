@@ -3,6 +3,8 @@
 #define TPURT_BENCH_FMA_PEAK_H
 #include <stdint.h>
 
+/* "AVX-512" or "AVX2": the registers the loop runs on (the widest the CPU has). */
+const char *tpurt_bench_fma_isa(void);
 /* Floating-point operations one thread performs in `iters` iterations. */
 double tpurt_bench_fma_flops(int64_t iters);
 /* GFLOP/s of `iters` iterations of the FMA loop on each of `threads`

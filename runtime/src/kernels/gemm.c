@@ -270,6 +270,12 @@ static int use_own(int64_t nb, int64_t M, int64_t N, int64_t K) {
    * 64x12544x147 x4 97 vs 107, 64x3136x576 x4 76 vs 95, 256x196x2304 x4
    * 92 vs 102; single products 4096x1024x256 156 vs 139, 4096x768x256 152
    * vs 125, 4096x256x256 115 vs 85, 1024^3 121 vs 106. */
+  /* On a CPU with AVX-512 the library runs 16-wide kernels (OpenBLAS
+   * SkylakeX / Cooperlake / SapphireRapids) and the own 8-wide kernel loses
+   * everywhere: Xeon with AVX-512, 2 threads, bench_sgemm median of 5 (own
+   * vs tiles GFLOP/s): 512^3 137 vs 205, 1024^3 136 vs 218, 2048^3 153 vs
+   * 262, 4096x1024x256 114 vs 200, 4096x256x256 122 vs 184. */
+  if (tpurt__cpu_has_avx512()) return 0;
   return nb == 1 && M >= 64 && N >= 32 && (double)M * (double)N * (double)K >= (double)(1 << 18);
 }
 

@@ -52,6 +52,9 @@ TPURT_INTERNAL void tpurt__sgemm_conv(int kind, const tpurt_conv_cols *g, int64_
  * 3 own kernel with the portable micro-kernel, 4 own kernel without its
  * packing buffers. */
 TPURT_INTERNAL int tpurt__sgemm_mode(void);
+/* 1 when the CPU has AVX-512F: the library's 16-wide kernels then beat the
+ * own 8-wide micro-kernel (see use_own in gemm.c). */
+TPURT_INTERNAL int tpurt__cpu_has_avx512(void);
 /* "6x16 AVX2/FMA" or "6x16 portable": the micro-kernel chosen for this CPU. */
 TPURT_INTERNAL const char *tpurt__sgemm_kernel_name(void);
 TPURT_INTERNAL void tpurt__dgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const double *A,

@@ -100,6 +100,21 @@ static int have_avx2(void) {
   return v;
 }
 
+static _Atomic int g_have_avx512 = -1;
+int tpurt__cpu_has_avx512(void) {
+  int v = atomic_load_explicit(&g_have_avx512, memory_order_relaxed);
+  if (v < 0) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    v = __builtin_cpu_supports("avx512f");
+#else
+    v = 0;
+#endif
+    atomic_store_explicit(&g_have_avx512, v, memory_order_relaxed);
+  }
+  return v;
+}
+
 const char *tpurt__sgemm_kernel_name(void) { return have_avx2() ? "6x16 AVX2/FMA" : "6x16 portable"; }
 
 /* TORCH_TPU_SGEMM: "auto" (default: by shape, see tpurt__sgemm_use_own),
