@@ -413,9 +413,9 @@ static void implicit_case(int64_t N, int64_t Ci, int64_t H, int64_t W, int64_t C
   tpurt_view GX = v4(dgx, TPURT_F32, N, Ci, H, W), GW = v4(dgw, TPURT_F32, Co, Cig, kh, kw);
   tpurt_conv_params p = {{sh, sw}, {ph, pw}, {dh, dw}, G};
   float *got = malloc((nx > ny ? (nx > nw ? nx : nw) : (ny > nw ? ny : nw)) * 4);
-  const char *modes[4][2] = {{"1", "auto"}, {"portable", "auto"}, {"1", "nobuf"}, {"0", "auto"}};
+  const char *modes[5][2] = {{"1", "auto"}, {"portable", "auto"}, {"1", "nobuf"}, {"0", "auto"}, {"1", "narrow"}};
   int bad = 0;
-  for (int m = 0; m < 4; m++) {
+  for (int m = 0; m < 5; m++) {
     setenv("TORCH_TPU_CONV_IMPLICIT", modes[m][0], 1);
     setenv("TORCH_TPU_SGEMM", modes[m][1], 1);
     CHECK_OK(tpurt_conv2d(S, &Y, &X, &Wv, NULL, &p, TPURT_PRECISION_HIGHEST));

@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 /* test_sgemm.c — the runtime's own packed f32 GEMM (kernels/sgemm.c),
- * forced with TORCH_TPU_SGEMM=own (AVX2 micro-kernel where the CPU has it)
+ * forced with TORCH_TPU_SGEMM=own (AVX2 micro-kernel where the CPU has it,
+ * with 6 x 32 AVX-512 tiles where it has those), =narrow (no 6 x 32 tiles)
  * and =scalar (portable micro-kernel), against a double-accumulated
  * reference: shapes around the 6x16 micro-tile and the cache blocks, all
  * transposes, leading dimensions above the minimum, alpha/beta (beta 0 with
@@ -319,8 +320,8 @@ int main(int argc, char **argv) {
   printf("gemm library: %s\n", tpurt_gemm_library());
   CHECK(strstr(tpurt_gemm_library(), "tpurt sgemm") != NULL);
   /* nobuf: the path taken when the packing buffers cannot be allocated */
-  const char *modes[] = {"own", "scalar", "nobuf"};
-  for (int m = 0; m < 3; m++) {
+  const char *modes[] = {"own", "scalar", "nobuf", "narrow"};
+  for (int m = 0; m < 4; m++) {
     test_shapes(modes[m]);
     test_strides_alpha_beta(modes[m]);
     test_batched(modes[m]);
@@ -330,6 +331,9 @@ int main(int argc, char **argv) {
   setenv("TORCH_TPU_SGEMM", "own", 1);
   uint64_t h_own = det_hash();
   setenv("TORCH_TPU_SGEMM", "nobuf", 1);
+  CHECK(det_hash() == h_own);
+  /* ... and so do the 6 x 16 tiles alone (AVX-512 CPUs run 6 x 32 tiles) */
+  setenv("TORCH_TPU_SGEMM", "narrow", 1);
   CHECK(det_hash() == h_own);
   if (g_failures) {
     fprintf(stderr, "%d failure(s)\n", g_failures);

@@ -270,12 +270,13 @@ static int use_own(int64_t nb, int64_t M, int64_t N, int64_t K) {
    * 64x12544x147 x4 97 vs 107, 64x3136x576 x4 76 vs 95, 256x196x2304 x4
    * 92 vs 102; single products 4096x1024x256 156 vs 139, 4096x768x256 152
    * vs 125, 4096x256x256 115 vs 85, 1024^3 121 vs 106. */
-  /* On a CPU with AVX-512 the library runs 16-wide kernels (OpenBLAS
-   * SkylakeX / Cooperlake / SapphireRapids) and the own 8-wide kernel loses
-   * everywhere: Xeon with AVX-512, 2 threads, bench_sgemm median of 5 (own
-   * vs tiles GFLOP/s): 512^3 137 vs 205, 1024^3 136 vs 218, 2048^3 153 vs
-   * 262, 4096x1024x256 114 vs 200, 4096x256x256 122 vs 184. */
-  if (tpurt__cpu_has_avx512()) return 0;
+  /* The same rule on AVX-512 CPUs, where the own kernel runs 6 x 32 tiles
+   * and the library its 16-wide SkylakeX kernels: Xeon, 2 threads,
+   * bench_sgemm median of 5 (own vs tiles GFLOP/s): 256^3 202 vs 142, 512^3
+   * 242 vs 218, 1024^3 283 vs 278, 4096x1024x256 326 vs 285, 4096x768x256
+   * 244 vs 223, 4096x256x256 263 vs 227, 4096x256x1024 257 vs 271 (with
+   * 6 x 16 tiles only, the own kernel had lost everywhere: 137 vs 205 at
+   * 512^3). */
   return nb == 1 && M >= 64 && N >= 32 && (double)M * (double)N * (double)K >= (double)(1 << 18);
 }
 
@@ -285,7 +286,7 @@ static void sgemm_batched_k(int ta, int tb, int64_t nb, int64_t M, int64_t N, in
                           int64_t lda, int64_t sa, const float *B, int64_t ldb, int64_t sb, float beta, float *C,
                           int64_t ldc, int64_t sc) {
   int mode = tpurt__sgemm_mode();
-  if (mode == 1 || mode == 3 || mode == 4 || (mode == 0 && use_own(nb, M, N, K))) {
+  if (mode == 1 || mode == 3 || mode == 4 || mode == 5 || (mode == 0 && use_own(nb, M, N, K))) {
     tpurt__sgemm_own(ta, tb, nb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc,
                      (mode == 3 ? 1 : 0) | (mode == 4 ? 2 : 0));
     return;

@@ -12,7 +12,9 @@
  *
  * The micro-kernel keeps an MR x NR = 6 x 16 tile of C in 12 ymm
  * accumulators (AVX2 + FMA; per k: 2 loads of B, 6 broadcasts of A, 12
- * FMAs). It is compiled for AVX2/FMA with a target attribute and chosen at
+ * FMAs). On AVX-512 CPUs two neighbouring full slivers run together as a
+ * 6 x 32 tile in 12 zmm accumulators (same packing, same FMAs per element
+ * in the same order: the same bits). It is compiled for AVX2/FMA with a target attribute and chosen at
  * run time; any other x86-64 (or TORCH_TPU_SGEMM=scalar) runs a portable C
  * micro-kernel with the same structure. Packing reads any layout (plain
  * or transposed, any leading dimension), and pads edge slivers with
@@ -115,12 +117,16 @@ int tpurt__cpu_has_avx512(void) {
   return v;
 }
 
-const char *tpurt__sgemm_kernel_name(void) { return have_avx2() ? "6x16 AVX2/FMA" : "6x16 portable"; }
+const char *tpurt__sgemm_kernel_name(void) {
+  if (!have_avx2()) return "6x16 portable";
+  return tpurt__cpu_has_avx512() ? "6x32 AVX-512 + 6x16 AVX2/FMA" : "6x16 AVX2/FMA";
+}
 
 /* TORCH_TPU_SGEMM: "auto" (default: by shape, see tpurt__sgemm_use_own),
  * "own" (always this kernel), "scalar" (this kernel with the portable
  * micro-kernel), "blas" (always the OpenBLAS tiles), "nobuf" (this kernel
- * as when its packing buffers cannot be allocated: tests). Read at every
+ * as when its packing buffers cannot be allocated: tests), "narrow" (this
+ * kernel without the AVX-512 6 x 32 tiles: tests, measurements). Read at every
  * product (benchmarks and tests switch it between calls). */
 int tpurt__sgemm_mode(void) {
   const char *e = getenv("TORCH_TPU_SGEMM");
@@ -129,6 +135,7 @@ int tpurt__sgemm_mode(void) {
   if (!strcmp(e, "blas")) return 2;
   if (!strcmp(e, "scalar")) return 3;
   if (!strcmp(e, "nobuf")) return 4;
+  if (!strcmp(e, "narrow")) return 5;
   return 0;
 }
 
@@ -152,54 +159,72 @@ static blocks read_blocks(void) {
 typedef void (*ukr_fn)(int64_t k, const float *a, const float *b, float *c, int64_t ldc, float alpha, float beta);
 
 #if defined(__x86_64__) || defined(__i386__)
-#define ROW(i)                                                             \
-  do {                                                                     \
-    __m256 ai = _mm256_broadcast_ss(a + (i));                              \
-    c##i##0 = _mm256_fmadd_ps(ai, b0, c##i##0);                            \
-    c##i##1 = _mm256_fmadd_ps(ai, b1, c##i##1);                            \
+/* The body of a 6 x 2W micro-tile on W-lane registers V (intrinsics prefix
+ * P), in 12 accumulators: per k 2 loads of B (the tile's left half from b0,
+ * its right half from b1, each advancing NR a row), 6 broadcasts of A, 12
+ * FMAs; then alpha * acc (+ beta * C). */
+#define UKR_ROW(V, P, i)                                                                         \
+  do {                                                                                           \
+    V ai = P##_set1_ps(a[(i)]);                                                                  \
+    c##i##0 = P##_fmadd_ps(ai, x0, c##i##0);                                                     \
+    c##i##1 = P##_fmadd_ps(ai, x1, c##i##1);                                                     \
   } while (0)
-#define STORE(i)                                                                                   \
-  do {                                                                                             \
-    float *r = c + (i) * ldc;                                                                      \
-    if (beta == 0.0f) {                                                                            \
-      _mm256_storeu_ps(r, _mm256_mul_ps(va, c##i##0));                                             \
-      _mm256_storeu_ps(r + 8, _mm256_mul_ps(va, c##i##1));                                         \
-    } else {                                                                                       \
-      _mm256_storeu_ps(r, _mm256_fmadd_ps(va, c##i##0, _mm256_mul_ps(vb, _mm256_loadu_ps(r))));    \
-      _mm256_storeu_ps(r + 8, _mm256_fmadd_ps(va, c##i##1, _mm256_mul_ps(vb, _mm256_loadu_ps(r + 8)))); \
-    }                                                                                              \
+#define UKR_STORE(P, W, i)                                                                       \
+  do {                                                                                           \
+    float *r = c + (i) * ldc;                                                                    \
+    if (beta == 0.0f) {                                                                          \
+      P##_storeu_ps(r, P##_mul_ps(va, c##i##0));                                                 \
+      P##_storeu_ps(r + (W), P##_mul_ps(va, c##i##1));                                           \
+    } else {                                                                                     \
+      P##_storeu_ps(r, P##_fmadd_ps(va, c##i##0, P##_mul_ps(vb, P##_loadu_ps(r))));              \
+      P##_storeu_ps(r + (W), P##_fmadd_ps(va, c##i##1, P##_mul_ps(vb, P##_loadu_ps(r + (W)))));  \
+    }                                                                                            \
   } while (0)
+#define UKR_BODY(V, P, W)                                                                        \
+  V c00 = P##_setzero_ps(), c01 = P##_setzero_ps(), c10 = P##_setzero_ps(), c11 = P##_setzero_ps(), \
+    c20 = P##_setzero_ps(), c21 = P##_setzero_ps(), c30 = P##_setzero_ps(), c31 = P##_setzero_ps(), \
+    c40 = P##_setzero_ps(), c41 = P##_setzero_ps(), c50 = P##_setzero_ps(), c51 = P##_setzero_ps(); \
+  for (int i = 0; i < MR; i++) _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);           \
+  for (int i = 0; i < MR; i++) _mm_prefetch((const char *)(c + i * ldc + 2 * (W) - 1), _MM_HINT_T0); \
+  _Pragma("GCC unroll 4") for (int64_t p = 0; p < k; p++) {                                      \
+    V x0 = P##_load_ps(b0), x1 = P##_load_ps(b1);                                                \
+    UKR_ROW(V, P, 0);                                                                            \
+    UKR_ROW(V, P, 1);                                                                            \
+    UKR_ROW(V, P, 2);                                                                            \
+    UKR_ROW(V, P, 3);                                                                            \
+    UKR_ROW(V, P, 4);                                                                            \
+    UKR_ROW(V, P, 5);                                                                            \
+    a += MR;                                                                                     \
+    b0 += NR;                                                                                    \
+    b1 += NR;                                                                                    \
+  }                                                                                              \
+  V va = P##_set1_ps(alpha), vb = P##_set1_ps(beta);                                             \
+  UKR_STORE(P, W, 0);                                                                            \
+  UKR_STORE(P, W, 1);                                                                            \
+  UKR_STORE(P, W, 2);                                                                            \
+  UKR_STORE(P, W, 3);                                                                            \
+  UKR_STORE(P, W, 4);                                                                            \
+  UKR_STORE(P, W, 5)
 
+/* 6 x 16: the sliver's two 8-lane halves. */
 __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t k, const float *restrict a, const float *restrict b,
                                                          float *restrict c, int64_t ldc, float alpha, float beta) {
-  __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps(),
-         c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps(),
-         c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps(), c40 = _mm256_setzero_ps(),
-         c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
-  for (int i = 0; i < MR; i++) _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
-  for (int i = 0; i < MR; i++) _mm_prefetch((const char *)(c + i * ldc + NR - 1), _MM_HINT_T0);
-#pragma GCC unroll 4
-  for (int64_t p = 0; p < k; p++) {
-    __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
-    ROW(0);
-    ROW(1);
-    ROW(2);
-    ROW(3);
-    ROW(4);
-    ROW(5);
-    a += MR;
-    b += NR;
-  }
-  __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
-  STORE(0);
-  STORE(1);
-  STORE(2);
-  STORE(3);
-  STORE(4);
-  STORE(5);
+  const float *b0 = b, *b1 = b + 8;
+  UKR_BODY(__m256, _mm256, 8);
 }
-#undef ROW
-#undef STORE
+
+/* Two neighbouring 16-wide slivers b0, b1 of the packed panel as one 6 x 32
+ * tile (AVX-512). Every element gets the same FMAs in the same order as in
+ * ukr_avx2, and the same final alpha / beta step: the result is bitwise
+ * the one of two ukr_avx2 calls. */
+__attribute__((target("avx512f"))) static void ukr2_avx512(int64_t k, const float *restrict a,
+                                                           const float *restrict b0, const float *restrict b1,
+                                                           float *restrict c, int64_t ldc, float alpha, float beta) {
+  UKR_BODY(__m512, _mm512, 16);
+}
+#undef UKR_ROW
+#undef UKR_STORE
+#undef UKR_BODY
 #endif
 
 static void ukr_scalar(int64_t k, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc,
@@ -229,6 +254,7 @@ typedef struct {
   float *C;
   int64_t lda, ldb, ldc;
   int avx;   /* AVX2 micro-kernel and packing (else the portable code) */
+  int wide;  /* AVX-512: full pairs of B slivers run as one 6 x 32 micro-tile */
   int nobuf; /* act as if the packing buffers could not be allocated (tests) */
   /* Implicit convolution (tpurt__sgemm_conv): op(B) is gathered from the
    * images of `cv` (bconv 1: the column matrix, rows (c, r, s), columns
@@ -782,31 +808,49 @@ static void macro(const panel_job *j, int64_t r0, int64_t r1, int64_t s0, int64_
     if (mc <= 0) break;
     if (ap) pack_a(ap, x, ic, mc, j->p0, kc);
     for (int64_t t = s0; t < s1; t++) {
-      const float *bs = j->bp ? j->bp + t * kc * NR : b1;
-      int64_t jj = j->j0 + t * NR, n = j->j0 + j->nc - jj < NR ? j->j0 + j->nc - jj : NR;
-      if (!j->bp) pack_b(b1, x, j->j0, j->nc, j->p0, kc, t, t + 1);
-      /* C spread over images: the tile's columns in one image are one
-       * block of C; a tile across images is written column by column */
-      int one_img = !x->c_L || jj % x->c_L + n <= x->c_L;
-      float *cb = x->C + (x->c_L ? spread(jj, x->c_L, x->c_img) : jj);
-      for (int64_t s = 0; s < mc; s += MR) {
-        int64_t m = mc - s < MR ? mc - s : MR;
-        float *c = cb + (ic + s) * x->ldc;
-        const float *as = ap ? ap + s * kc : a1;
-        if (!ap) pack_a(a1, x, ic + s, m, j->p0, kc);
-        if (m == MR && n == NR && one_img) {
-          j->ukr(kc, as, bs, c, x->ldc, x->alpha, j->beta);
-        } else {
-          j->ukr(kc, as, bs, tmp, NR, 1.0f, 0.0f);
-          for (int64_t q = 0; q < n; q++) {
-            float *cq = one_img ? c + q : x->C + spread(jj + q, x->c_L, x->c_img) + (ic + s) * x->ldc;
-            for (int64_t i = 0; i < m; i++) {
-              float v = x->alpha * tmp[i * NR + q];
-              cq[i * x->ldc] = j->beta == 0.0f ? v : v + j->beta * cq[i * x->ldc];
+      int64_t s_from = 0, t_end = t + 1;
+#if defined(__x86_64__) || defined(__i386__)
+      /* two full slivers side by side (packed panel, one image): their
+       * full row slivers as 6 x 32 tiles, a partial one below */
+      int64_t jt = j->j0 + t * NR;
+      if (x->wide && ap && j->bp && t + 1 < s1 && jt + 2 * NR <= j->j0 + j->nc &&
+          (!x->c_L || jt % x->c_L + 2 * NR <= x->c_L)) {
+        const float *bs = j->bp + t * kc * NR;
+        float *cb = x->C + (x->c_L ? spread(jt, x->c_L, x->c_img) : jt);
+        for (; s_from + MR <= mc; s_from += MR)
+          ukr2_avx512(kc, ap + s_from * kc, bs, bs + kc * NR, cb + (ic + s_from) * x->ldc, x->ldc, x->alpha,
+                      j->beta);
+        t_end = t + 2;
+      }
+#endif
+      for (int64_t u = t; u < t_end; u++) {
+        const float *bs = j->bp ? j->bp + u * kc * NR : b1;
+        int64_t jj = j->j0 + u * NR, n = j->j0 + j->nc - jj < NR ? j->j0 + j->nc - jj : NR;
+        if (!j->bp) pack_b(b1, x, j->j0, j->nc, j->p0, kc, u, u + 1);
+        /* C spread over images: the tile's columns in one image are one
+         * block of C; a tile across images is written column by column */
+        int one_img = !x->c_L || jj % x->c_L + n <= x->c_L;
+        float *cb = x->C + (x->c_L ? spread(jj, x->c_L, x->c_img) : jj);
+        for (int64_t s = s_from; s < mc; s += MR) {
+          int64_t m = mc - s < MR ? mc - s : MR;
+          float *c = cb + (ic + s) * x->ldc;
+          const float *as = ap ? ap + s * kc : a1;
+          if (!ap) pack_a(a1, x, ic + s, m, j->p0, kc);
+          if (m == MR && n == NR && one_img) {
+            j->ukr(kc, as, bs, c, x->ldc, x->alpha, j->beta);
+          } else {
+            j->ukr(kc, as, bs, tmp, NR, 1.0f, 0.0f);
+            for (int64_t q = 0; q < n; q++) {
+              float *cq = one_img ? c + q : x->C + spread(jj + q, x->c_L, x->c_img) + (ic + s) * x->ldc;
+              for (int64_t i = 0; i < m; i++) {
+                float v = x->alpha * tmp[i * NR + q];
+                cq[i * x->ldc] = j->beta == 0.0f ? v : v + j->beta * cq[i * x->ldc];
+              }
             }
           }
         }
       }
+      t = t_end - 1;
     }
   }
 }
@@ -898,6 +942,9 @@ static void batch_tasks(void *p, int64_t b, int64_t e) {
   }
 }
 
+/* 6 x 32 tiles of sliver pairs: on AVX-512 CPUs, unless TORCH_TPU_SGEMM=narrow. */
+static int use_wide(void) { return tpurt__cpu_has_avx512() && tpurt__sgemm_mode() != 5; }
+
 /* The micro-kernel for `flags` (1: portable); *avx: AVX2 packing too. */
 static ukr_fn pick_ukr(int flags, int *avx) {
   *avx = !(flags & 1) && have_avx2();
@@ -918,7 +965,8 @@ void tpurt__sgemm_own(int ta, int tb, int64_t nb, int64_t M, int64_t N, int64_t 
   int avx;
   ukr_fn ukr = pick_ukr(flags, &avx);
   batch_job bj = {{.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C,
-                   .lda = lda, .ldb = ldb, .ldc = ldc, .avx = avx, .nobuf = (flags & 2) != 0},
+                   .lda = lda, .ldb = ldb, .ldc = ldc, .avx = avx, .wide = avx && use_wide(),
+                   .nobuf = (flags & 2) != 0},
                   ukr, read_blocks(), sa, sb, sc};
   int64_t nth = tpurt_num_threads();
   double macs = (double)M * (double)N * (double)K;
@@ -955,7 +1003,14 @@ void tpurt__sgemm_conv(int kind, const tpurt_conv_cols *g, int64_t M, float *w, 
   int g32 = span < ((int64_t)1 << 30) && reach < ((int64_t)1 << 28) && g->kh * g->dh < ((int64_t)1 << 28) &&
             g->kw * g->dw < ((int64_t)1 << 28) && g->Ho * g->sh < ((int64_t)1 << 28) &&
             g->Wo * g->sw < ((int64_t)1 << 28);
-  prod x = {.M = M, .alpha = 1.0f, .beta = beta, .avx = avx, .nobuf = (flags & 2) != 0, .cv = g, .g32 = g32};
+  prod x = {.M = M,
+            .alpha = 1.0f,
+            .beta = beta,
+            .avx = avx,
+            .wide = avx && use_wide(),
+            .nobuf = (flags & 2) != 0,
+            .cv = g,
+            .g32 = g32};
   if (kind == 0) { /* y (spread over images) = w @ col */
     x.N = P, x.K = Kd, x.A = w, x.lda = ldw, x.bconv = 1;
     x.C = y, x.ldc = L, x.c_L = L, x.c_img = y_img;
