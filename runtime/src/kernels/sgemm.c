@@ -801,32 +801,32 @@ static void macro(const panel_job *j, int64_t r0, int64_t r1, int64_t s0, int64_
   _Alignas(64) float tmp[MR * NR];
   /* Without buffers (host memory exhausted) each sliver is packed on the
    * stack where it is used: slower, the same products in the same order. */
-  _Alignas(64) float a1[MR * KC_MAX + 8], b1[KC_MAX * NR];
+  _Alignas(64) float a1[MR * KC_MAX + 8], b1[2 * KC_MAX * NR]; /* b1: up to two slivers */
   for (int64_t ic = r0; ic < r1; ic += mc_max) {
     int64_t mc = r1 - ic < mc_max ? r1 - ic : mc_max;
     if (ic + mc > x->M) mc = x->M - ic;
     if (mc <= 0) break;
     if (ap) pack_a(ap, x, ic, mc, j->p0, kc);
     for (int64_t t = s0; t < s1; t++) {
-      int64_t s_from = 0, t_end = t + 1;
+      int64_t s_from = 0, jt = j->j0 + t * NR;
+      /* two full slivers side by side (C columns in one image) run their
+       * full row slivers as 6 x 32 tiles (AVX-512), a partial one below */
+      int pair = x->wide && ap && t + 1 < s1 && jt + 2 * NR <= j->j0 + j->nc &&
+                 (!x->c_L || jt % x->c_L + 2 * NR <= x->c_L);
+      int64_t t_end = t + 1 + pair;
+      if (!j->bp) pack_b(b1, x, j->j0, j->nc, j->p0, kc, t, t_end);
+      const float *bt = j->bp ? j->bp + t * kc * NR : b1; /* sliver u at bt + (u - t) * kc * NR */
 #if defined(__x86_64__) || defined(__i386__)
-      /* two full slivers side by side (packed panel, one image): their
-       * full row slivers as 6 x 32 tiles, a partial one below */
-      int64_t jt = j->j0 + t * NR;
-      if (x->wide && ap && j->bp && t + 1 < s1 && jt + 2 * NR <= j->j0 + j->nc &&
-          (!x->c_L || jt % x->c_L + 2 * NR <= x->c_L)) {
-        const float *bs = j->bp + t * kc * NR;
+      if (pair) {
         float *cb = x->C + (x->c_L ? spread(jt, x->c_L, x->c_img) : jt);
         for (; s_from + MR <= mc; s_from += MR)
-          ukr2_avx512(kc, ap + s_from * kc, bs, bs + kc * NR, cb + (ic + s_from) * x->ldc, x->ldc, x->alpha,
+          ukr2_avx512(kc, ap + s_from * kc, bt, bt + kc * NR, cb + (ic + s_from) * x->ldc, x->ldc, x->alpha,
                       j->beta);
-        t_end = t + 2;
       }
 #endif
       for (int64_t u = t; u < t_end; u++) {
-        const float *bs = j->bp ? j->bp + u * kc * NR : b1;
+        const float *bs = bt + (u - t) * kc * NR;
         int64_t jj = j->j0 + u * NR, n = j->j0 + j->nc - jj < NR ? j->j0 + j->nc - jj : NR;
-        if (!j->bp) pack_b(b1, x, j->j0, j->nc, j->p0, kc, u, u + 1);
         /* C spread over images: the tile's columns in one image are one
          * block of C; a tile across images is written column by column */
         int one_img = !x->c_L || jj % x->c_L + n <= x->c_L;
