@@ -50,6 +50,7 @@
 #define DC_NV 3 /* 8-float vectors of output columns per register tile (<= 3) */
 #endif
 #define DC_NR (8 * DC_NV)
+#define DC_NR_WIDE (16 * DC_NV) /* columns of a 16-lane (AVX-512) tile */
 
 typedef struct {
   const float *planes; /* [N][Ci][Hp][sw][Wq] */
@@ -60,6 +61,7 @@ typedef struct {
   int64_t nocb;          /* oc blocks per group */
   const int64_t *tapoff; /* [kw]: offset of tap kj inside a padded row's phases */
   int avx2;
+  int avx512; /* 16-lane tiles */
 } dc_ctx;
 
 /* ------------------------------------------------------------ preparation */
@@ -117,27 +119,29 @@ static void prep_rows(void *c, int64_t r0, int64_t r1) {
 #define DC_FOR_ACC(X)                                                                                  \
   X(0, 0) X(0, 1) X(0, 2) X(1, 0) X(1, 1) X(1, 2) X(2, 0) X(2, 1) X(2, 2) X(3, 0) X(3, 1) X(3, 2) X(4, 0) X(4, 1) \
       X(4, 2) X(5, 0) X(5, 1) X(5, 2)
-#define DC_DECL(m, v) __m256 DC_ACC(m, v) = _mm256_setzero_ps();
+/* DCV: the register type, DCP(op): its intrinsic (defined around each
+ * instantiation below). */
+#define DC_DECL(m, v) DCV DC_ACC(m, v) = DCP(setzero_ps)();
 #define DC_INIT(m, v) \
-  if (TMR > m && TNV > v && bias) DC_ACC(m, v) = _mm256_set1_ps(bias[m]);
-#define DC_ROW(m)                                                  \
-  if (TMR > m) {                                                   \
-    __m256 w = _mm256_broadcast_ss(wp + m);                        \
-    DC_ACC(m, 0) = _mm256_fmadd_ps(w, b0, DC_ACC(m, 0));           \
-    if (TNV > 1) DC_ACC(m, 1) = _mm256_fmadd_ps(w, b1, DC_ACC(m, 1)); \
-    if (TNV > 2) DC_ACC(m, 2) = _mm256_fmadd_ps(w, b2, DC_ACC(m, 2)); \
+  if (TMR > m && TNV > v && bias) DC_ACC(m, v) = DCP(set1_ps)(bias[m]);
+#define DC_ROW(m)                                                     \
+  if (TMR > m) {                                                      \
+    DCV w = DCP(set1_ps)(wp[m]);                                      \
+    DC_ACC(m, 0) = DCP(fmadd_ps)(w, b0, DC_ACC(m, 0));                \
+    if (TNV > 1) DC_ACC(m, 1) = DCP(fmadd_ps)(w, b1, DC_ACC(m, 1));   \
+    if (TNV > 2) DC_ACC(m, 2) = DCP(fmadd_ps)(w, b2, DC_ACC(m, 2));   \
   }
 #define DC_STORE(m, v) \
-  if (TMR > m && TNV > v) _mm256_storeu_ps((nvalid == 8 * TNV ? yo + m * ystride : t + m * 8 * TNV) + 8 * v, DC_ACC(m, v));
+  if (TMR > m && TNV > v) DCP(storeu_ps)((nvalid == TL * TNV ? yo + m * ystride : t + m * TL * TNV) + TL * v, DC_ACC(m, v));
 
-/* One register tile: MR output channels x NV vectors of output columns,
+/* One register tile: MR output channels x NV vectors of L output columns,
  * starting at output row oh, column ow0 of image n; columns from nvalid on
  * are computed but not stored. */
-#define DC_TILE_AVX(MR, NV)                                                                                  \
-  __attribute__((target("avx2,fma"))) static void tile_avx_##MR##_##NV(                                     \
+#define DC_TILE(NAME, TARGET, L, MR, NV)                                                                     \
+  __attribute__((target(TARGET))) static void NAME##_##MR##_##NV(                                            \
       const dc_ctx *c, const float *img, const float *wp, const float *bias, float *yo, int64_t ow0,         \
       int64_t oh, int64_t nvalid) {                                                                          \
-    enum { TMR = MR, TNV = NV };                                                                             \
+    enum { TMR = MR, TNV = NV, TL = L };                                                                     \
     DC_FOR_ACC(DC_DECL)                                                                                      \
     DC_FOR_ACC(DC_INIT)                                                                                      \
     const int64_t rowlen = c->sw * c->Wq, kw = c->kw, rstep = c->dh * rowlen;                                \
@@ -147,49 +151,48 @@ static void prep_rows(void *c, int64_t r0, int64_t r1) {
       for (int64_t ki = 0; ki < c->kh; ki++, rb += rstep) {                                                  \
         for (int64_t kj = 0; kj < kw; kj++, wp += MR) {                                                      \
           const float *b = rb + tapoff[kj];                                                                  \
-          __m256 b0 = _mm256_loadu_ps(b), b1 = b0, b2 = b0;                                                  \
-          if (NV > 1) b1 = _mm256_loadu_ps(b + 8);                                                           \
-          if (NV > 2) b2 = _mm256_loadu_ps(b + 16);                                                          \
-          DC_ROW(0) DC_ROW(1) DC_ROW(2) DC_ROW(3) DC_ROW(4) DC_ROW(5)                                                  \
+          DCV b0 = DCP(loadu_ps)(b), b1 = b0, b2 = b0;                                                       \
+          if (NV > 1) b1 = DCP(loadu_ps)(b + L);                                                             \
+          if (NV > 2) b2 = DCP(loadu_ps)(b + 2 * L);                                                         \
+          DC_ROW(0) DC_ROW(1) DC_ROW(2) DC_ROW(3) DC_ROW(4) DC_ROW(5)                                        \
         }                                                                                                    \
       }                                                                                                      \
     }                                                                                                        \
     const int64_t ystride = c->Ho * c->Wo;                                                                   \
-    float t[MR * 8 * NV];                                                                                    \
+    float t[MR * L * NV];                                                                                    \
     DC_FOR_ACC(DC_STORE)                                                                                     \
-    if (nvalid != 8 * NV)                                                                                    \
-      for (int m = 0; m < MR; m++) memcpy(yo + m * ystride, t + m * 8 * NV, sizeof(float) * (size_t)nvalid); \
+    if (nvalid != L * NV)                                                                                    \
+      for (int m = 0; m < MR; m++) memcpy(yo + m * ystride, t + m * L * NV, sizeof(float) * (size_t)nvalid); \
   }
-
-DC_TILE_AVX(1, 1)
-DC_TILE_AVX(1, 2)
-DC_TILE_AVX(1, 3)
-DC_TILE_AVX(2, 1)
-DC_TILE_AVX(2, 2)
-DC_TILE_AVX(2, 3)
-DC_TILE_AVX(3, 1)
-DC_TILE_AVX(3, 2)
-DC_TILE_AVX(3, 3)
-DC_TILE_AVX(4, 1)
-DC_TILE_AVX(4, 2)
-DC_TILE_AVX(4, 3)
-DC_TILE_AVX(5, 1)
-DC_TILE_AVX(5, 2)
-DC_TILE_AVX(5, 3)
-DC_TILE_AVX(6, 1)
-DC_TILE_AVX(6, 2)
-DC_TILE_AVX(6, 3)
+/* every (MR, NV) up to (6, 3), 8-lane (AVX2) and 16-lane (AVX-512) */
+#define DC_TILES(NAME, TARGET, L)                                                                        \
+  DC_TILE(NAME, TARGET, L, 1, 1) DC_TILE(NAME, TARGET, L, 1, 2) DC_TILE(NAME, TARGET, L, 1, 3)             \
+  DC_TILE(NAME, TARGET, L, 2, 1) DC_TILE(NAME, TARGET, L, 2, 2) DC_TILE(NAME, TARGET, L, 2, 3)             \
+  DC_TILE(NAME, TARGET, L, 3, 1) DC_TILE(NAME, TARGET, L, 3, 2) DC_TILE(NAME, TARGET, L, 3, 3)             \
+  DC_TILE(NAME, TARGET, L, 4, 1) DC_TILE(NAME, TARGET, L, 4, 2) DC_TILE(NAME, TARGET, L, 4, 3)             \
+  DC_TILE(NAME, TARGET, L, 5, 1) DC_TILE(NAME, TARGET, L, 5, 2) DC_TILE(NAME, TARGET, L, 5, 3)             \
+  DC_TILE(NAME, TARGET, L, 6, 1) DC_TILE(NAME, TARGET, L, 6, 2) DC_TILE(NAME, TARGET, L, 6, 3)
+#define DCV __m256
+#define DCP(op) _mm256_##op
+DC_TILES(tile_avx, "avx2,fma", 8)
+#undef DCV
+#undef DCP
+#define DCV __m512
+#define DCP(op) _mm512_##op
+DC_TILES(tile_512, "avx512f", 16)
+#undef DCV
+#undef DCP
 
 typedef void (*tile_fn)(const dc_ctx *, const float *, const float *, const float *, float *, int64_t, int64_t,
                         int64_t);
-static const tile_fn g_tiles[6][3] = {
-    {tile_avx_1_1, tile_avx_1_2, tile_avx_1_3},
-    {tile_avx_2_1, tile_avx_2_2, tile_avx_2_3},
-    {tile_avx_3_1, tile_avx_3_2, tile_avx_3_3},
-    {tile_avx_4_1, tile_avx_4_2, tile_avx_4_3},
-    {tile_avx_5_1, tile_avx_5_2, tile_avx_5_3},
-    {tile_avx_6_1, tile_avx_6_2, tile_avx_6_3},
-};
+#define DC_TABLE(NAME)                                                                       \
+  {                                                                                          \
+    {NAME##_1_1, NAME##_1_2, NAME##_1_3}, {NAME##_2_1, NAME##_2_2, NAME##_2_3},              \
+        {NAME##_3_1, NAME##_3_2, NAME##_3_3}, {NAME##_4_1, NAME##_4_2, NAME##_4_3},          \
+        {NAME##_5_1, NAME##_5_2, NAME##_5_3}, {NAME##_6_1, NAME##_6_2, NAME##_6_3},          \
+  }
+static const tile_fn g_tiles[6][3] = DC_TABLE(tile_avx);
+static const tile_fn g_tiles512[6][3] = DC_TABLE(tile_512);
 #endif
 
 /* Portable tile (any mr <= DC_MR, nvalid <= DC_NR): plain loops over a
@@ -234,9 +237,15 @@ static void dc_rows(void *cv, int64_t u0, int64_t u1) {
     const float *wp = c->wp + (g * c->Cog + oc0) * K; /* block packed [K][mr] */
     const float *bias = c->bias ? c->bias + oc : NULL;
     float *yrow = c->y + ((n * c->Co + oc) * c->Ho + oh) * c->Wo;
-    for (int64_t ow0 = 0; ow0 < c->Wo; ow0 += DC_NR) {
-      int64_t nvalid = c->Wo - ow0 < DC_NR ? c->Wo - ow0 : DC_NR;
+    const int64_t step = c->avx512 ? DC_NR_WIDE : DC_NR;
+    for (int64_t ow0 = 0; ow0 < c->Wo; ow0 += step) {
+      int64_t nvalid = c->Wo - ow0 < step ? c->Wo - ow0 : step;
 #if DC_X86
+      if (c->avx512) {
+        int nv = (int)((nvalid + 15) / 16);
+        g_tiles512[mr - 1][nv - 1](c, img, wp, bias, yrow + ow0, ow0, oh, nvalid);
+        continue;
+      }
       if (c->avx2) {
         int nv = (int)((nvalid + 7) / 8);
         g_tiles[mr - 1][nv - 1](c, img, wp, bias, yrow + ow0, ow0, oh, nvalid);
@@ -445,7 +454,7 @@ static int dc_setup(dc_geom *gm, const float *x, int64_t N, int64_t Ci, int64_t 
   int64_t sh = stride[0], sw = stride[1], dh = dil[0], dw = dil[1];
   gm->Hp = (Ho - 1) * sh + (kh - 1) * dh + 1; /* padded rows any window reaches */
   int64_t maxoff = ((kw - 1) * dw) / sw;
-  int64_t Wq = ((Wo + DC_NR - 1) / DC_NR) * DC_NR + maxoff; /* last tile's loads stay inside */
+  int64_t Wq = ((Wo + DC_NR_WIDE - 1) / DC_NR_WIDE) * DC_NR_WIDE + maxoff; /* last tile's loads stay inside */
   gm->Wq = Wq = (Wq + 7) & ~(int64_t)7;
   gm->planes = tpurt__scratch(2, sizeof(float) * (size_t)(N * Ci * gm->Hp * sw * Wq));
   gm->tapoff = kw <= 32 ? gm->tap_local : malloc(sizeof(int64_t) * (size_t)kw);
@@ -485,7 +494,8 @@ int tpurt__conv_direct_f32(const float *x, const float *w, const float *bias, fl
         for (int64_t m = 0; m < mr; m++) dst[k * mr + m] = src[m * K + k];
     }
   dc_ctx c = {gm.planes, wp, bias, y, N, Ci, Co, G, Cig, Cog, Ho, Wo, gm.Hp, gm.Wq, kh, kw, stride[0], stride[1],
-              dil[0], dil[1], (Cog + DC_MR - 1) / DC_MR, gm.tapoff, !portable && tpurt__conv_direct_avx2()};
+              dil[0], dil[1], (Cog + DC_MR - 1) / DC_MR, gm.tapoff, !portable && tpurt__conv_direct_avx2(),
+              !portable && tpurt__conv_direct_avx2() && tpurt__cpu_has_avx512()};
   /* ~ MR * Wo * K FMAs per item: chunks of >= ~256k */
   int64_t per = DC_MR * Wo * K;
   tpurt_parallel_for(N * G * c.nocb * Ho, 1 + (1 << 18) / (per ? per : 1), dc_rows, &c);
