@@ -458,22 +458,17 @@ static tpurt_status record_end(tpurt_stream *s, dgraph *g, dnode *d, int was_emp
 
 tpurt_status tpurt__defer_record_launch(tpurt_stream *s, const char *name, tpurt_kernel_fn fn, const void *args,
                                         size_t args_size) {
+  const char *what = name ? name : "launch";
   int nn = t_nnotes;
+  /* the notes are copied out: a launch nested in what follows (a finalizer
+   * run while the source line is captured) starts a list of its own */
   acc stack_notes[STACK_NOTES];
-  tpurt_devptr stack_fp[STACK_NOTES];
   acc *notes = nn <= STACK_NOTES ? stack_notes : malloc(sizeof *notes * (size_t)nn);
-  tpurt_devptr *fp = nn <= STACK_NOTES ? stack_fp : malloc(sizeof *fp * (size_t)nn);
   int overflow = t_notes_overflow;
-  if (!notes || !fp) {
-    if (notes != stack_notes) free(notes);
-    if (fp != stack_fp) free(fp);
-    t_nnotes = 0;
-    t_notes_overflow = 0;
-    return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory while recording", name ? name : "launch");
-  }
-  if (nn) memcpy(notes, t_notes, (size_t)nn * sizeof *notes);
   t_nnotes = 0;
   t_notes_overflow = 0;
+  if (!notes) return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory while recording", what);
+  if (nn) memcpy(notes, t_notes, (size_t)nn * sizeof *notes);
   /* promises named in the argument bytes (views copied into the arguments) */
   tpurt_devptr extra[64];
   int nextra = 0;
@@ -485,37 +480,33 @@ tpurt_status tpurt__defer_record_launch(tpurt_stream *s, const char *name, tpurt
       if (q && q->used) extra[nextra++] = w;
     }
   }
-  for (int i = 0; i < nn; i++) fp[i] = notes[i].p;
-  tpurt_status st = flush_foreign(s, fp, nn);
-  if (fp != stack_fp) free(fp);
+  tpurt_status st = TPURT_OK;
+  for (int i = 0; i < nn && !st; i++) st = flush_foreign(s, &notes[i].p, 1);
   if (!st) st = flush_foreign(s, extra, nextra);
-  if (st) {
-    if (notes != stack_notes) free(notes);
-    return st;
-  }
+  if (st) goto out;
   if (overflow) { /* too many ranges to track: run what is pending, then this launch, in order */
-    if (notes != stack_notes) free(notes);
     st = tpurt__defer_flush_stream(s, TPURT_FLUSH_SIZE_CAP);
-    if (st) return st;
-    tpurt__defer_bypass++;
-    st = tpurt_launch(s, name, fn, args, args_size);
-    tpurt__defer_bypass--;
-    return st;
+    if (!st) {
+      tpurt__defer_bypass++;
+      st = tpurt_launch(s, name, fn, args, args_size);
+      tpurt__defer_bypass--;
+    }
+    goto out;
   }
   const char *site = site_now();
   dgraph *g;
   int was_empty;
   dnode *d = record_begin(s, &g, &was_empty);
   if (!d) {
-    if (notes != stack_notes) free(notes);
-    return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory while recording", name ? name : "launch");
+    st = tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory while recording", what);
+    goto out;
   }
   void *a = args_size ? bump_alloc(&g->mem, args_size) : NULL;
   acc *ac = bump_alloc(&g->mem, sizeof(acc) * (size_t)(nn + nextra + 1));
   if ((args_size && !a) || !ac) {
     record_abort(s, g);
-    if (notes != stack_notes) free(notes);
-    return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory while recording", name ? name : "launch");
+    st = tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory while recording", what);
+    goto out;
   }
   if (args_size) memcpy(a, args, args_size);
   memcpy(ac, notes, (size_t)nn * sizeof *ac);
@@ -531,7 +522,6 @@ tpurt_status tpurt__defer_record_launch(tpurt_stream *s, const char *name, tpurt
       if (tpurt__is_promise(notes[k].p) && tpurt__promise_id(notes[k].p) == tpurt__promise_id(extra[i]))
         ac[nn + i].ro = 1;
   }
-  if (notes != stack_notes) free(notes);
   d->kind = N_OPAQUE;
   d->name = name;
   d->site = site;
@@ -540,7 +530,10 @@ tpurt_status tpurt__defer_record_launch(tpurt_stream *s, const char *name, tpurt
   d->args_size = args_size;
   d->acc = ac;
   d->nacc = nn + nextra;
-  return record_end(s, g, d, was_empty);
+  st = record_end(s, g, d, was_empty);
+out:
+  if (notes != stack_notes) free(notes);
+  return st;
 }
 
 tpurt_status tpurt__defer_record_ew(tpurt_stream *s, const tpurt_ew_program *prog, const tpurt_view *outs,
@@ -841,6 +834,19 @@ static const char *intern(const char *s) {
   }
   pthread_mutex_unlock(&mu);
   return e ? e->s : "fused";
+}
+
+/* A kernel's name from its member nodes: "fused(a,b,...)" (the member's
+ * own name for one), interned; members that no longer fit are left out. */
+static const char *fused_name(const dgraph *G, const int *nodes, int n) {
+  char name[160];
+  const int cap = (int)sizeof name;
+  int len = snprintf(name, sizeof name, "%s", n > 1 ? "fused(" : "");
+  for (int m = 0; m < n && len < cap - 8; m++)
+    len += snprintf(name + len, (size_t)(cap - len), "%s%s", m ? "," : "", G->nodes[nodes[m]].name);
+  if (len > cap - 2) len = cap - 2; /* snprintf counts what did not fit; keep room for ")" */
+  if (n > 1) snprintf(name + len, (size_t)(cap - len), ")");
+  return intern(name);
 }
 
 static int view_eq(const tpurt_view *a, const tpurt_view *b) {
@@ -1705,6 +1711,11 @@ static int chains_enabled(void) {
   return !(e && *e == '0');
 }
 
+/* The argument blobs of a chain's members, in order. */
+static void chain_args(const dgraph *G, const fchain *C, const void **args) {
+  for (int m = 0; m < C->nn; m++) args[m] = G->nodes[C->nodes[m]].args;
+}
+
 static int is_fe_unit(const plan *P, const dgraph *G, int u) {
   const unit *U = &P->units[u];
   return U->kind == U_NODE && tpurt__fe_chainable(G->nodes[U->idx].fn);
@@ -1761,12 +1772,7 @@ static int plan_chains(plan *P, const dgraph *G, const pfacts *pf, const gstate 
       return -1;
     }
     memcpy(C->nodes, mem, sizeof(int) * (size_t)nm);
-    char name[256];
-    int len = snprintf(name, sizeof name, "fused(");
-    for (int m = 0; m < nm && len < (int)sizeof name - 40; m++)
-      len += snprintf(name + len, sizeof name - (size_t)len, "%s%s", m ? "," : "", G->nodes[mem[m]].name);
-    snprintf(name + len, sizeof name - (size_t)len, ")");
-    C->name = intern(name);
+    C->name = fused_name(G, mem, nm);
     P->units[nu++] = (unit){U_CHAIN, P->nchains++};
     for (int v = u + 1; v < last; v++)
       if (P->units[v].kind == U_FREE) P->units[nu++] = P->units[v];
@@ -1811,16 +1817,16 @@ static int plan_chains(plan *P, const dgraph *G, const pfacts *pf, const gstate 
   for (int c = 0; c < P->nchains; c++) {
     fchain *C = &P->chains[c];
     const void *args[TPURT__FE_CHAIN_MAX];
+    chain_args(G, C, args);
     for (int m = 0; m < C->nn; m++) {
-      args[m] = G->nodes[C->nodes[m]].args;
       int l = local_of(tpurt__fe_scalar_ptr(args[m]));
       if (l >= 0) bad[l] = 1;
     }
     for (int i = 0, n = tpurt__fe_chain_nslots(C->fc); i < n; i++) {
-      int flags;
-      int l = local_of(tpurt__fe_chain_slot(C->fc, args, i, &flags));
+      int read_first;
+      int l = local_of(tpurt__fe_chain_slot(C->fc, args, i, &read_first));
       if (l < 0) continue;
-      if ((owner[l] >= 0 && owner[l] != c) || (flags & TPURT__FE_READ_FIRST)) bad[l] = 1;
+      if ((owner[l] >= 0 && owner[l] != c) || read_first) bad[l] = 1;
       owner[l] = c;
     }
   }
@@ -1828,11 +1834,9 @@ static int plan_chains(plan *P, const dgraph *G, const pfacts *pf, const gstate 
   for (int c = 0; c < P->nchains && !rc; c++) {
     fchain *C = &P->chains[c];
     const void *args[TPURT__FE_CHAIN_MAX];
+    chain_args(G, C, args);
     int na = 0;
-    for (int m = 0; m < C->nn; m++) {
-      args[m] = G->nodes[C->nodes[m]].args;
-      na += G->nodes[C->nodes[m]].nacc;
-    }
+    for (int m = 0; m < C->nn; m++) na += G->nodes[C->nodes[m]].nacc;
     for (int i = 0, n = tpurt__fe_chain_nslots(C->fc); i < n; i++) {
       int l = local_of(tpurt__fe_chain_slot(C->fc, args, i, NULL));
       if (l >= 0 && !bad[l]) {
@@ -1984,12 +1988,7 @@ static plan *build_plan(dgraph *G) {
     }
     if (assemble_group(g, outs, nout, F) != 0) goto fail;
     /* members whose instructions all died still count as fused away */
-    char name[96];
-    int len = snprintf(name, sizeof name, "%s", g->nn > 1 ? "fused(" : "");
-    for (int m = 0; m < g->nn && len < (int)sizeof name - 8; m++)
-      len += snprintf(name + len, sizeof name - (size_t)len, "%s%s", m ? "," : "", G->nodes[g->nodes[m]].name);
-    if (g->nn > 1) snprintf(name + len, sizeof name - (size_t)len, ")");
-    F->name = intern(name);
+    F->name = fused_name(G, g->nodes, g->nn);
     P->kernels++;
     if (g->nn > 1) {
       P->fused_kernels++;

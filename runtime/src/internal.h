@@ -197,7 +197,7 @@ TPURT_INTERNAL tpurt_status tpurt__defer_record_h2d(tpurt_stream *s, tpurt_devpt
 /* Chains of foreach launches (kernels/optim.c), for DeferAndFuse: k
  * consecutive launches over the same tuples run as one pass. */
 typedef struct tpurt__fe_chain tpurt__fe_chain;
-enum { TPURT__FE_READ_FIRST = 1, TPURT__FE_WRITTEN = 2, TPURT__FE_CHAIN_MAX = 16 /* launches */ };
+enum { TPURT__FE_CHAIN_MAX = 16 /* launches */ };
 TPURT_INTERNAL int tpurt__fe_chainable(tpurt_kernel_fn fn);
 /* Hash of a foreach launch's structure (op, operand kinds, shapes, dtypes,
  * strides; not its addresses or scalar values): a plan built on a chain
@@ -206,11 +206,12 @@ TPURT_INTERNAL uint64_t tpurt__fe_signature(const void *args);
 /* The chain of launches args[0..k), or NULL when they cannot run as one. */
 TPURT_INTERNAL tpurt__fe_chain *tpurt__fe_chain_new(const void *const *args, int k);
 /* Slots: the distinct views of every tuple. Slot i's address (in args) and
- * flags (TPURT__FE_*); a slot's value can stay in registers only if it is
- * first written. Stores of slots are kept unless dropped. */
+ * whether the chain reads it before writing it (a slot's value can stay in
+ * registers only if it is first written). Stores of slots are kept unless
+ * dropped. */
 TPURT_INTERNAL int tpurt__fe_chain_nslots(const tpurt__fe_chain *c);
 TPURT_INTERNAL tpurt_devptr tpurt__fe_chain_slot(const tpurt__fe_chain *c, const void *const *args, int i,
-                                                 int *flags);
+                                                 int *read_first);
 TPURT_INTERNAL void tpurt__fe_chain_drop_store(tpurt__fe_chain *c, int i);
 TPURT_INTERNAL int tpurt__fe_chain_stores(const tpurt__fe_chain *c);
 /* A launch's device scalar (0: none or host values). */

@@ -86,7 +86,7 @@ typedef struct {
 } chain_slot;
 
 typedef struct {
-  int op, has_b, has_c, has_scalars;
+  int op, has_scalars;
   double s, alpha;
   const int64_t *scalars; /* per-tuple scalars (double bits) when has_scalars */
 } chain_member;
@@ -368,6 +368,9 @@ typedef struct {
   unscale_ctx us;
 } run_ctx;
 
+/* Tuple t's packed record. */
+static const int64_t *rec_of(const blob *b, int t) { return b->words + b->words[t]; }
+
 static int tuple_of(const blob *b, int64_t pair) {
   const int64_t *pre = b->words + b->n;
   int lo = 0, hi = b->n - 1;
@@ -388,7 +391,7 @@ static void run_pairs(void *c, int64_t pb, int64_t pe) {
   int t = tuple_of(b, pb);
   for (int64_t pair = pb; pair < pe; pair++) {
     while (pre[t + 1] <= pair) t++;
-    const int64_t *rec = b->words + b->words[t];
+    const int64_t *rec = rec_of(b, t);
     int64_t k = pair - pre[t];
     int64_t e0 = k * CHUNK, e1 = e0 + CHUNK < rec[0] ? e0 + CHUNK : rec[0];
     int f64 = rec[2 + b->nops] == TPURT_F64; /* compute type follows the first operand */
@@ -426,16 +429,19 @@ static void run_pairs(void *c, int64_t pb, int64_t pe) {
   }
 }
 
-static void run_all(run_ctx *r) {
-  blob *b = r->b;
+/* Runs fn over b's (tuple, chunk) pairs on the pool, about TASK_ELEMS
+ * elements a task. */
+static void for_pairs(const blob *b, tpurt_parallel_fn fn, void *ctx) {
   if (b->npairs == 0) return;
   int64_t grain = 1;
   if (b->total > 0) {
     grain = (int64_t)((double)b->npairs * TASK_ELEMS / (double)b->total);
     if (grain < 1) grain = 1;
   }
-  tpurt_parallel_for(b->npairs, grain, run_pairs, r);
+  tpurt_parallel_for(b->npairs, grain, fn, ctx);
 }
+
+static void run_all(run_ctx *r) { for_pairs(r->b, run_pairs, r); }
 
 /* steps are stored as (devptr, dtype) pairs after the record words */
 static tpurt_status k_adam(void *a, char *err, size_t errlen) {
@@ -880,7 +886,6 @@ struct tpurt__fe_chain {
 
 int tpurt__fe_chainable(tpurt_kernel_fn fn) { return fn == k_foreach; }
 
-static const int64_t *rec_of(const blob *b, int t) { return b->words + b->words[t]; }
 
 /* Byte range [lo, hi) of operand o of a packed tuple record. */
 static void rec_range(const int64_t *rec, int nops, int o, uint64_t *lo, uint64_t *hi) {
@@ -1032,9 +1037,9 @@ static chain_slot *chain_slots(const tpurt__fe_chain *c) {
   return (chain_slot *)(void *)((unsigned char *)c->data + c->slot_off);
 }
 
-tpurt_devptr tpurt__fe_chain_slot(const tpurt__fe_chain *c, const void *const *args, int i, int *flags) {
+tpurt_devptr tpurt__fe_chain_slot(const tpurt__fe_chain *c, const void *const *args, int i, int *read_first) {
   const chain_slot *S = &chain_slots(c)[i];
-  if (flags) *flags = (S->flags & SLOT_LOAD ? TPURT__FE_READ_FIRST : 0) | (S->flags & SLOT_WRITTEN ? TPURT__FE_WRITTEN : 0);
+  if (read_first) *read_first = (S->flags & SLOT_LOAD) != 0;
   return (tpurt_devptr)rec_of((const blob *)args[S->m], S->t)[2 + S->o];
 }
 
@@ -1090,8 +1095,6 @@ static tpurt_status k_fe_chain(void *a, char *err, size_t errlen) {
     const blob *b = (const blob *)(const void *)((const unsigned char *)a + off[i]);
     chain_member *M = &r.x.mem[i];
     M->op = b->u.fe.op;
-    M->has_b = b->u.fe.has_b;
-    M->has_c = b->u.fe.has_c;
     M->has_scalars = b->has_scalars;
     M->alpha = b->u.fe.alpha;
     M->s = b->has_scalars ? 0 : dscalar_read(&b->scalar);
@@ -1130,10 +1133,7 @@ static tpurt_status k_fe_chain(void *a, char *err, size_t errlen) {
   }
   r.recs = recs;
   r.roff = roff;
-  if (r.b0->npairs > 0) {
-    int64_t grain = (int64_t)((double)r.b0->npairs * TASK_ELEMS / (double)(r.b0->total > 0 ? r.b0->total : 1));
-    tpurt_parallel_for(r.b0->npairs, grain < 1 ? 1 : grain, run_chain_pairs, &r);
-  }
+  for_pairs(r.b0, run_chain_pairs, &r);
   free(mem);
   return TPURT_OK;
 }
