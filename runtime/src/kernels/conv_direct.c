@@ -14,9 +14,10 @@
  * straight from a padded, phase-split copy (below) that stays in L1/L2:
  * no column matrix, no packing, ~2.3x less CPU time on the stem.
  * Tile 4 x 3 vectors (12 accumulators, 3 loads + 4 broadcasts per 12 FMAs)
- * measured ~15% faster than 6 x 2 on the stem. AVX2+FMA tiles are chosen at
- * run time (__builtin_cpu_supports); other CPUs run portable loops with the
- * same summation order.
+ * measured ~15% faster than 6 x 2 on the stem. AVX2+FMA tiles (16-lane ones
+ * where the CPU has AVX-512) are chosen at run time
+ * (tpurt__cpu_has_avx2_fma / _avx512); other CPUs run portable loops with
+ * the same summation order.
  *
  * Input preparation: each image row is zero-padded and split into
  * `stride_w` phases (phase q holds padded columns q, q + s, q + 2s, ...),
@@ -241,14 +242,10 @@ static void dc_rows(void *cv, int64_t u0, int64_t u1) {
     for (int64_t ow0 = 0; ow0 < c->Wo; ow0 += step) {
       int64_t nvalid = c->Wo - ow0 < step ? c->Wo - ow0 : step;
 #if DC_X86
-      if (c->avx512) {
-        int nv = (int)((nvalid + 15) / 16);
-        g_tiles512[mr - 1][nv - 1](c, img, wp, bias, yrow + ow0, ow0, oh, nvalid);
-        continue;
-      }
-      if (c->avx2) {
-        int nv = (int)((nvalid + 7) / 8);
-        g_tiles[mr - 1][nv - 1](c, img, wp, bias, yrow + ow0, ow0, oh, nvalid);
+      if (c->avx2) { /* 16-lane tiles where the CPU has AVX-512 */
+        int lanes = c->avx512 ? 16 : 8;
+        const tile_fn(*tiles)[3] = c->avx512 ? g_tiles512 : g_tiles;
+        tiles[mr - 1][(nvalid + lanes - 1) / lanes - 1](c, img, wp, bias, yrow + ow0, ow0, oh, nvalid);
         continue;
       }
 #endif
@@ -428,18 +425,6 @@ int tpurt__conv_direct_applies(int64_t Cig, int64_t kd, int64_t D, int64_t Do) {
   return Cig <= 4 && kd == 1 && D == 1 && Do == 1;
 }
 
-int tpurt__conv_direct_avx2(void) {
-#if DC_X86
-  static int v = -1;
-  if (v < 0) {
-    __builtin_cpu_init();
-    v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  }
-  return v;
-#else
-  return 0;
-#endif
-}
 
 /* Phase planes of x and the tap offsets; shared by forward and weight
  * gradient. Returns 0 when scratch memory could not be had. */
@@ -493,9 +478,9 @@ int tpurt__conv_direct_f32(const float *x, const float *w, const float *bias, fl
       for (int64_t k = 0; k < K; k++)
         for (int64_t m = 0; m < mr; m++) dst[k * mr + m] = src[m * K + k];
     }
+  int avx2 = !portable && tpurt__cpu_has_avx2_fma();
   dc_ctx c = {gm.planes, wp, bias, y, N, Ci, Co, G, Cig, Cog, Ho, Wo, gm.Hp, gm.Wq, kh, kw, stride[0], stride[1],
-              dil[0], dil[1], (Cog + DC_MR - 1) / DC_MR, gm.tapoff, !portable && tpurt__conv_direct_avx2(),
-              !portable && tpurt__conv_direct_avx2() && tpurt__cpu_has_avx512()};
+              dil[0], dil[1], (Cog + DC_MR - 1) / DC_MR, gm.tapoff, avx2, avx2 && tpurt__cpu_has_avx512()};
   /* ~ MR * Wo * K FMAs per item: chunks of >= ~256k */
   int64_t per = DC_MR * Wo * K;
   tpurt_parallel_for(N * G * c.nocb * Ho, 1 + (1 << 18) / (per ? per : 1), dc_rows, &c);
@@ -514,7 +499,7 @@ int tpurt__conv_direct_dw_f32(const float *x, const float *dy, float *dwt, int64
   dc_geom gm;
   if (!part || !dc_setup(&gm, x, N, Ci, H, W, Ho, Wo, kh, kw, stride, pad, dil)) return 0;
   dw_ctx c = {gm.planes, dy, part, N, Ci, Co, G, Cig, Cog, Ho, Wo, gm.Hp, gm.Wq, kh, kw, stride[0], stride[1],
-              dil[0], dil[1], (Cog + 3) / 4, gm.tapoff, !portable && tpurt__conv_direct_avx2(), 0};
+              dil[0], dil[1], (Cog + 3) / 4, gm.tapoff, !portable && tpurt__cpu_has_avx2_fma(), 0};
   tpurt_parallel_for(G * c.nocb * N, 1, dw_items, &c);
   if (atomic_load(&c.oom)) { /* the caller takes the im2col path */
     dc_release(&gm);

@@ -52,8 +52,10 @@ TPURT_INTERNAL void tpurt__sgemm_conv(int kind, const tpurt_conv_cols *g, int64_
  * 3 own kernel with the portable micro-kernel, 4 own kernel without its
  * packing buffers, 5 own kernel without the AVX-512 6 x 32 tiles. */
 TPURT_INTERNAL int tpurt__sgemm_mode(void);
-/* 1 when the CPU has AVX-512F (the own kernel then runs full pairs of
- * 16-wide slivers as 6 x 32 tiles). */
+/* CPU features (detected once): AVX2 with FMA (the 8-lane kernels), and
+ * AVX-512F (16-lane kernels: the own GEMM then runs full pairs of 16-wide
+ * slivers as 6 x 32 tiles). */
+TPURT_INTERNAL int tpurt__cpu_has_avx2_fma(void);
 TPURT_INTERNAL int tpurt__cpu_has_avx512(void);
 /* "6x32 AVX-512 + 6x16 AVX2/FMA", "6x16 AVX2/FMA" or "6x16 portable": the
  * micro-kernels chosen for this CPU. */

@@ -87,38 +87,26 @@ static const blocks g_blocks = {256, 96, 1024};
 
 /* ------------------------------------------------------------ mode */
 
-static _Atomic int g_have_avx2 = -1;
-static int have_avx2(void) {
-  int v = atomic_load_explicit(&g_have_avx2, memory_order_relaxed);
+/* CPU features, detected once: bit 0 AVX2 + FMA, bit 1 AVX-512F. */
+static int cpu_features(void) {
+  static _Atomic int g_features = -1;
+  int v = atomic_load_explicit(&g_features, memory_order_relaxed);
   if (v < 0) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    v = (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) | (__builtin_cpu_supports("avx512f") ? 2 : 0);
 #else
     v = 0;
 #endif
-    atomic_store_explicit(&g_have_avx2, v, memory_order_relaxed);
+    atomic_store_explicit(&g_features, v, memory_order_relaxed);
   }
   return v;
 }
-
-static _Atomic int g_have_avx512 = -1;
-int tpurt__cpu_has_avx512(void) {
-  int v = atomic_load_explicit(&g_have_avx512, memory_order_relaxed);
-  if (v < 0) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    v = __builtin_cpu_supports("avx512f");
-#else
-    v = 0;
-#endif
-    atomic_store_explicit(&g_have_avx512, v, memory_order_relaxed);
-  }
-  return v;
-}
+int tpurt__cpu_has_avx2_fma(void) { return cpu_features() & 1; }
+int tpurt__cpu_has_avx512(void) { return (cpu_features() >> 1) & 1; }
 
 const char *tpurt__sgemm_kernel_name(void) {
-  if (!have_avx2()) return "6x16 portable";
+  if (!tpurt__cpu_has_avx2_fma()) return "6x16 portable";
   return tpurt__cpu_has_avx512() ? "6x32 AVX-512 + 6x16 AVX2/FMA" : "6x16 AVX2/FMA";
 }
 
@@ -947,7 +935,7 @@ static int use_wide(void) { return tpurt__cpu_has_avx512() && tpurt__sgemm_mode(
 
 /* The micro-kernel for `flags` (1: portable); *avx: AVX2 packing too. */
 static ukr_fn pick_ukr(int flags, int *avx) {
-  *avx = !(flags & 1) && have_avx2();
+  *avx = !(flags & 1) && tpurt__cpu_has_avx2_fma();
 #if defined(__x86_64__) || defined(__i386__)
   if (*avx) return ukr_avx2;
 #endif
