@@ -145,11 +145,19 @@ def test_side_stream_use_is_ordered(defer):
 # --------------------------------------------------------- plans and memory
 
 
-def _train(steps: int, mode: str):
+def _train(steps: int, mode: str, clip: bool = False, scaled: bool = False):
+    """Losses, graphs built after each step and final parameters of a small
+    training loop (AdamW, the lr changing between steps). clip: gradients
+    clipped before the step; scaled: SGD with momentum under GradScaler and
+    bfloat16 autocast instead."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to("tpu")
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    if scaled:
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)  # lr changes between steps
+    scaler = torch.amp.GradScaler("tpu", init_scale=2.0**10, enabled=scaled)
     g = torch.Generator().manual_seed(1)
     xs = [torch.randn(8, 16, generator=g) for _ in range(steps)]
     ys = [torch.randint(0, 4, (8,), generator=g) for _ in range(steps)]
@@ -157,9 +165,14 @@ def _train(steps: int, mode: str):
     with torch_tpu.execution_mode(mode):
         for x, y in zip(xs, ys):
             opt.zero_grad()
-            loss = F.cross_entropy(model(x.to("tpu")), y.to("tpu"))
-            loss.backward()
-            opt.step()
+            with torch.autocast("tpu", dtype=torch.bfloat16, enabled=scaled):
+                loss = F.cross_entropy(model(x.to("tpu")), y.to("tpu"))
+            scaler.scale(loss).backward()
+            if clip:
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)  # _foreach_mul_ by a device scalar
+            scaler.step(opt)
+            scaler.update()
             sched.step()
             losses.append(loss.item())
             graphs.append(torch.tpu.defer_stats()["graphs_built"])
@@ -514,46 +527,14 @@ def test_foreach_optimizer_chain_runs_as_one_kernel_with_the_same_bits(opt_name,
         assert stats["bytes_never_materialized"] >= sum(p.numel() for p in ref_p) * ref_p[0].element_size()
 
 
-def _clipped_training(mode: str, scaled: bool):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 4)).to("tpu")
-    if scaled:
-        opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9, foreach=True)
-    else:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, foreach=True)
-    scaler = torch.amp.GradScaler("tpu", init_scale=2.0**10) if scaled else None
-    g = torch.Generator().manual_seed(1)
-    losses = []
-    with torch_tpu.execution_mode(mode):
-        for _ in range(5):
-            x = torch.randn(32, 16, generator=g).to("tpu")
-            y = torch.randint(0, 4, (32,), generator=g).to("tpu")
-            opt.zero_grad()
-            with torch.autocast("tpu", dtype=torch.bfloat16, enabled=scaled):
-                loss = F.cross_entropy(model(x), y)
-            if scaled:
-                scaler.scale(loss).backward()
-                scaler.unscale_(opt)
-            else:
-                loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)  # _foreach_mul_ by a device scalar
-            if scaled:
-                scaler.step(opt)
-                scaler.update()
-            else:
-                opt.step()
-            losses.append(loss.item())
-    return losses, [p.detach().cpu() for p in model.parameters()]
-
-
 @pytest.mark.parametrize("scaled", [False, True], ids=["clip_adamw", "grad_scaler_clip_sgd"])
 def test_training_with_clipping_keeps_strict_bits_with_foreach_chains(scaled):
     # gradient clipping scales the gradients by a device scalar computed in
     # the same graph (a foreach launch that can lead a chain); GradScaler
     # unscales them first: the optimizer's chain must see the scaled values
-    ref_losses, ref_params = _clipped_training("strict", scaled)
+    ref_losses, _, ref_params = _train(5, "strict", clip=True, scaled=scaled)
     torch.tpu.reset_defer_stats()
-    losses, params = _clipped_training("defer", scaled)
+    losses, _, params = _train(5, "defer", clip=True, scaled=scaled)
     assert losses == ref_losses
     assert all(torch.equal(a, b) for a, b in zip(params, ref_params))
     assert torch.tpu.defer_stats()["fused_kernels"] > 0
