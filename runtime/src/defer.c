@@ -2232,10 +2232,11 @@ static const char *site_name(const char *name, const char *site) {
   return intern(nm);
 }
 
-/* A copy of d's arguments (malloc'd) with the promise addresses in them as
- * unit u sees them (recomputed values redirected to their copies). */
-static void *redirected_args(const exec_ctx *x, int u, const dnode *d) {
-  unsigned char *a = malloc(d->args_size ? d->args_size : 1);
+/* A copy of d's arguments (in buf when they fit in cap bytes, else
+ * malloc'd) with the promise addresses in them as unit u sees them
+ * (recomputed values redirected to their copies). */
+static void *redirected_args(const exec_ctx *x, int u, const dnode *d, void *buf, size_t cap) {
+  unsigned char *a = buf && d->args_size <= cap ? buf : malloc(d->args_size ? d->args_size : 1);
   if (!a) return NULL;
   memcpy(a, d->args, d->args_size);
   for (size_t off = 0; off + 8 <= d->args_size; off += 8) {
@@ -2260,10 +2261,11 @@ static tpurt_status run_unit(exec_ctx *x, int u) {
     dnode *d = &G->nodes[U->idx];
     const char *name = site_name(d->name ? d->name : "kernel", d->site);
     if (x->P->nremat && d->args_size) { /* promise addresses in the arguments may be redirected */
-      void *a = redirected_args(x, u, d);
+      _Alignas(16) unsigned char stackbuf[1024];
+      void *a = redirected_args(x, u, d, stackbuf, sizeof stackbuf);
       if (!a) return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory", name);
       tpurt_status st = tpurt__enqueue(x->s, name, d->fn, a, d->args_size, NULL);
-      free(a);
+      if (a != stackbuf) free(a);
       return st;
     }
     return tpurt__enqueue(x->s, name, d->fn, d->args, d->args_size, NULL);
@@ -2280,7 +2282,7 @@ static tpurt_status run_unit(exec_ctx *x, int u) {
       args[m] = d->args;
       sizes[m] = d->args_size;
       if (x->P->nremat) {
-        args[m] = own[m] = redirected_args(x, u, d);
+        args[m] = own[m] = redirected_args(x, u, d, NULL, 0);
         if (!own[m]) st = tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory", name);
       }
     }
