@@ -1,10 +1,9 @@
-"""torch_tpu benchmarks (``python -m bench --help``)."""
+"""torch_tpu benchmarks (``python -m bench --help``).
 
-import os as _os
-
-# PyTorch's CPU kernels run on OpenMP threads that by default keep spinning
-# after each parallel region; in a process that times CPU and tpu work side
-# by side, those spinning threads take the cores from the tpu kernels that
-# follow (measured: 16M-element add 0.56x -> 0.90x of CPU). Passive waiting
-# makes the interleaved comparison fair; set OMP_WAIT_POLICY to override.
-_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+CPU torch runs as its users get it: OpenMP's default waiting (its workers
+spin for a few milliseconds after each parallel region). Forcing passive
+waiting made CPU torch's many-small-op training steps ~1.5x slower (minGPT
+step 58 -> 87 ms), i.e. flattered every tpu / CPU ratio. Instead, whenever
+configs alternate, the timing helpers idle `common.SETTLE_S` before each
+sample so that one config's spinning workers have parked before the next
+config's clock starts (common.settle)."""

@@ -17,6 +17,18 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
+# Idle time before every timed sample where configs alternate: CPU torch's
+# OpenMP workers keep spinning for a few milliseconds after a parallel
+# region (measured on the 2-core hosts: <= 10 ms of CPU time), the runtime's
+# workers for 50 us; without the pause they take the cores from the next
+# config's sample.
+SETTLE_S = 0.02
+
+
+def settle(seconds: float = SETTLE_S) -> None:
+    """Lets the previous sample's worker threads park (see SETTLE_S)."""
+    time.sleep(seconds)
+
 
 def machine() -> dict[str, str]:
     cpu = platform.processor()
@@ -47,15 +59,16 @@ def machine() -> dict[str, str]:
 
 def interleaved(configs: dict[str, Callable[[], None]], repeats: int, inner: int | dict[str, int] = 1,
                 warmup: int = 2, finish: dict[str, Callable[[], None]] | None = None,
-                gap_s: float = 0.0, raw: dict[str, list[float]] | None = None) -> dict[str, float]:
+                gap_s: float = SETTLE_S, raw: dict[str, list[float]] | None = None) -> dict[str, float]:
     """Median seconds per call of each config; configs alternate within every
     repeat so that machine noise hits them alike. `inner` calls make a sample
     (a dict gives it per config; absent configs take 1). finish[name], when
     given, runs once after a config's `inner` calls, inside the timing (a
     device synchronize: `inner` launches back to back, then one wait —
     throughput). `gap_s` of idle time before every sample lets the previous
-    config's threads park (CPU torch's OpenMP workers spin for milliseconds
-    after each op and would otherwise take cores from the next sample).
+    config's threads park (SETTLE_S by default; CPU torch's OpenMP workers
+    spin for milliseconds after each op and would otherwise take cores from
+    the next sample).
     `raw`, when given, receives every sample (seconds per call, in repeat
     order: pairing the same repeat of two configs cancels slow drift)."""
     finish = finish or {}
@@ -69,7 +82,7 @@ def interleaved(configs: dict[str, Callable[[], None]], repeats: int, inner: int
     for _ in range(repeats):
         for name, fn in configs.items():
             if gap_s:
-                time.sleep(gap_s)
+                settle(gap_s)
             t0 = time.perf_counter()
             n = counts.get(name, 1)
             for _ in range(n):

@@ -20,7 +20,7 @@ import torch
 
 import torch_tpu
 from bench import models
-from bench.common import interleaved, markdown_table
+from bench.common import interleaved, markdown_table, settle
 
 WORKLOADS = ("mingpt", "llama", "resnet")
 
@@ -138,6 +138,7 @@ def run(repeats: int, workloads=WORKLOADS, warmup: int = 3) -> tuple[dict, str]:
         samples: dict[str, list[float]] = {k: [] for k in runners}
         for _ in range(repeats):
             for k, r in runners.items():
+                settle()
                 t0 = time.perf_counter()
                 r.step()
                 samples[k].append(time.perf_counter() - t0)

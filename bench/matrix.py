@@ -243,6 +243,7 @@ def run_task(name: str, base, batches, loss_fn, train: bool, configs, repeats: i
     for _ in range(repeats):
         for c, r in list(runners.items()):
             try:
+                common.settle()
                 t0 = time.perf_counter()
                 r.step()
                 samples[c].append(time.perf_counter() - t0)

@@ -98,6 +98,7 @@ def run(preset: str = "quick", repeats: int = 3, targets=None, configs=CONFIGS, 
         samples: dict[str, list[float]] = {c: [] for c in runners}
         for _ in range(repeats):
             for c, r in runners.items():
+                common.settle()
                 t0 = time.perf_counter()
                 r.step()
                 samples[c].append(time.perf_counter() - t0)

@@ -251,6 +251,37 @@ def test_broadcast_and_noncontiguous():
     check(torch.where(s.to("tpu") > 0, s.to("tpu"), t.to("tpu")), torch.where(s > 0, s, t))
 
 
+
+@pytest.mark.parametrize("rows,width", [(1024, 128), (37, 64), (515, 200), (9, 256), (3000, 96)])
+def test_short_rows_several_per_block(rows, width):
+    """Rows shorter than a block run several to a block: broadcasts along
+    either dimension, rows that are not adjacent in memory (slices), strided
+    and multi-output stores, dtype conversion, random draws indexed by
+    position; same bits as CPU (and as a contiguous copy for dropout)."""
+    wide = make((rows, width + 7), torch.float32, seed=21)
+    x, dx = wide[:, 3:width + 3], wide.to("tpu")[:, 3:width + 3]  # rows not adjacent
+    assert not dx.is_contiguous()
+    col = make((rows, 1), torch.float32, seed=22)
+    row = make((width,), torch.bfloat16, seed=23)
+    dcol, drow = col.to("tpu"), row.to("tpu")
+    check(dx * dcol, x * col)
+    check(dx * drow, x * row)
+    check(dcol + drow, col + row)
+    check(torch.addcmul(dx, dcol, drow, value=0.5), torch.addcmul(x, col, row, value=0.5))
+    out = torch.zeros(width, rows, device="tpu").t()  # strided output rows
+    torch.mul(dx, dcol, out=out)
+    check(out, x * col)
+    m, e = torch.frexp(dx * dcol)
+    mc, ec = torch.frexp(x * col)
+    check(m, mc)
+    check(e, ec)
+    torch.manual_seed(5)
+    a = F.dropout(dx, 0.3)
+    torch.manual_seed(5)
+    b = F.dropout(dx.contiguous(), 0.3)
+    torch.testing.assert_close(a.cpu(), b.cpu(), rtol=0, atol=0, equal_nan=True)
+    assert 0.2 < float((a == 0).float().mean()) < 0.4
+
 def test_large_parallel_and_mixed_dtypes():
     n = 300_001
     a = make((n,), torch.float32, seed=11)

@@ -1,6 +1,8 @@
 """Reductions, scans, softmax and normalization on the tpu device vs CPU."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -462,3 +464,24 @@ def test_outer_reductions_split(shape):
     close(i, x.max(0).indices)
     xi = sample(shape, torch.int32)
     close(xi.to(DEV).sum(0), xi.sum(0))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape,dims", [((16, 2, 2, 64, 32), (2,)), ((4, 3, 1500), (0, 1)), ((2, 5000), (0,))])
+def test_sums_over_few_rows_match_the_float64_sum(dtype, shape, dims):
+    """Sums / means over a few leading rows (the gradients of broadcasts) are
+    the float64 sum of the rows rounded once, into fresh and strided
+    outputs (float64 data: to rounding, the order of its adds is free)."""
+    x = sample(shape, dtype)
+    t = x.to(DEV)
+    ref_sum = x.double().sum(dims).to(dtype)
+    ref_mean = (x.double().sum(dims) / math.prod(shape[d] for d in dims)).to(dtype)
+    equal = torch.equal if dtype != torch.float64 else (lambda a, b: torch.allclose(a, b, rtol=1e-14, atol=1e-14))
+    assert equal(t.sum(dims).cpu(), ref_sum)
+    assert equal(t.mean(dims).cpu(), ref_mean)
+    out = torch.full((2,) + ref_sum.shape, 7.0, dtype=dtype, device=DEV)
+    torch.sum(t, dims, out=out[1])
+    assert equal(out[1].cpu(), ref_sum) and bool((out[0].cpu() == 7).all())
+    wide = torch.zeros(ref_sum.shape + (2,), dtype=dtype, device=DEV)
+    torch.mean(t, dims, out=wide[..., 0])
+    assert equal(wide[..., 0].cpu(), ref_mean) and bool((wide[..., 1].cpu() == 0).all())

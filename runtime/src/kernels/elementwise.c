@@ -37,8 +37,9 @@
 
 #undef I /* complex.h's imaginary unit; _Complex_I is used instead */
 
-#define EW_BLK 512
+#define EW_BLK 2048
 #define EW_GRAIN 32768
+#define EW_KPB_MAX 32 /* row mode: most whole rows in one block */
 #define EW_MAX_OPS (2 * TPURT_EW_MAX_IO)
 #define I_UNIT (_Complex_I)
 
@@ -814,13 +815,13 @@ typedef struct {
   const tpurt_ew_inst *inst;
   int zc[TPURT_EW_MAX_REGS]; /* LOAD into this register may alias input memory */
   int64_t inner, rows, bpr;  /* row mode: inner size, rows, blocks per row */
+  int64_t kpb;               /* row mode, short rows: whole rows per block (1: blocks within a row) */
+  int64_t est[EW_MAX_OPS];   /* innermost stride of each operand, in elements */
   _Atomic int err;
 } ew_ctx;
 
 static size_t csize(tpurt_dtype c) { return tpurt_dtype_size(c); }
 
-/* One block: n elements whose byte offsets are offs[op] + j*bstr[op][inner]
- * (row mode) or goff[op][j] (gather mode). Returns 1 on division by zero. */
 /* Uniform draws for the n elements from row-major index lin0 (see
  * TPURT_EW_UNIFORM; p holds the baked seed and offset halves). */
 static void uniform_block(float *d, const double *p, int64_t lin0, int n) {
@@ -835,7 +836,32 @@ static int overlaps(const void *p, size_t n, const void *q, size_t m) {
   return a < b + m && b < a + n;
 }
 
-static int run_block(ew_ctx *x, const int64_t *offs, int64_t (*goff)[EW_BLK], int n, char *scratch, int64_t lin0) {
+/* One block of n elements (returns 1 on division by zero). Row mode: k rows of n / k elements each, row r
+ * of operand op at byte offset roff[op * k + r] with the operand's innermost
+ * stride; bit op of `dense` says the k rows follow each other in memory
+ * (the block is one contiguous run). Gather mode: k = 1, roff all zero,
+ * per-element offsets goff. */
+static void load_reg(tpurt_dtype ct, void *d, tpurt_dtype dt, const char *base, int64_t st, const int64_t *off, int n) {
+  switch (ct) {
+    case TPURT_F32: load_float(d, dt, base, st, off, n); break;
+    case TPURT_F64: load_double(d, dt, base, st, off, n); break;
+    case TPURT_I64: load_int64_t(d, dt, base, st, off, n); break;
+    case TPURT_C64: load_c64_t(d, dt, base, st, off, n); break;
+    default: load_c128_t(d, dt, base, st, off, n); break;
+  }
+}
+static void store_reg(tpurt_dtype ct, const void *s, tpurt_dtype dt, char *base, int64_t st, const int64_t *off, int n) {
+  switch (ct) {
+    case TPURT_F32: store_float(s, dt, base, st, off, n); break;
+    case TPURT_F64: store_double(s, dt, base, st, off, n); break;
+    case TPURT_I64: store_int64_t(s, dt, base, st, off, n); break;
+    case TPURT_C64: store_c64_t(s, dt, base, st, off, n); break;
+    default: store_c128_t(s, dt, base, st, off, n); break;
+  }
+}
+
+static int run_block(ew_ctx *x, const int64_t *roff, int k, unsigned dense, int64_t (*goff)[EW_BLK], int n,
+                     char *scratch, int64_t lin0) {
   const ew_hdr *h = x->h;
   tpurt_dtype ct = (tpurt_dtype)h->compute;
   size_t rb = EW_BLK * csize(ct);
@@ -845,27 +871,27 @@ static int run_block(ew_ctx *x, const int64_t *offs, int64_t (*goff)[EW_BLK], in
   char *spare = buf[h->nregs];
   for (int r = 0; r < h->nregs; r++) R[r] = buf[r];
   int inner = h->ndim - 1;
-  int bad = 0, direct = 0;
-  for (int k = 0; k < h->ninst; k++) {
-    const tpurt_ew_inst *I = &x->inst[k];
+  int bad = 0, direct = 0, len = n / k;
+  size_t cs = csize(ct);
+  for (int q = 0; q < h->ninst; q++) {
+    const tpurt_ew_inst *I = &x->inst[q];
     int dr = I->dst;
     if (I->op == TPURT_EW_LOAD) {
       int op = h->nout + (int)I->p[0];
       tpurt_dtype dt = (tpurt_dtype)h->dt[op];
-      const char *base = x->base[op] + offs[op];
+      const int64_t *ro = roff + (size_t)op * (size_t)k;
+      const char *base = x->base[op] + ro[0];
       const int64_t *off = goff ? goff[op] : NULL;
-      int64_t st = goff ? 0 : x->bstr[op][inner] / (int64_t)tpurt_dtype_size(dt);
-      if (!off && st == 1 && dt == ct && x->zc[dr]) {
+      int64_t st = goff ? 0 : x->est[op];
+      if (!off && st == 1 && dt == ct && x->zc[dr] && (dense >> op & 1)) {
         R[dr] = (void *)base; /* zero-copy: the register reads the input */
         continue;
       }
       R[dr] = buf[dr];
-      switch (ct) {
-        case TPURT_F32: load_float(R[dr], dt, base, st, off, n); break;
-        case TPURT_F64: load_double(R[dr], dt, base, st, off, n); break;
-        case TPURT_I64: load_int64_t(R[dr], dt, base, st, off, n); break;
-        case TPURT_C64: load_c64_t(R[dr], dt, base, st, off, n); break;
-        default: load_c128_t(R[dr], dt, base, st, off, n); break;
+      if (k == 1 || (dense >> op & 1)) {
+        load_reg(ct, R[dr], dt, base, st, off, n);
+      } else {
+        for (int r = 0; r < k; r++) load_reg(ct, (char *)R[dr] + (size_t)r * (size_t)len * cs, dt, x->base[op] + ro[r], st, NULL, len);
       }
       continue;
     }
@@ -896,12 +922,12 @@ static int run_block(ew_ctx *x, const int64_t *offs, int64_t (*goff)[EW_BLK], in
     const void *a = I->src[0] < h->nregs ? R[I->src[0]] : NULL;
     const void *b = I->src[1] < h->nregs ? R[I->src[1]] : NULL;
     const void *c = I->src[2] < h->nregs ? R[I->src[2]] : NULL;
-    if (k == h->ninst - 1 && h->nout == 1 && h->out_reg[0] == dr && !goff && h->dt[0] == ct &&
-        x->bstr[0][inner] == (int64_t)csize(ct)) {
+    if (q == h->ninst - 1 && h->nout == 1 && h->out_reg[0] == dr && !goff && h->dt[0] == ct &&
+        x->bstr[0][inner] == (int64_t)csize(ct) && (dense & 1)) {
       /* the program's one result goes straight to a dense output of its
        * type (not through a register and a copy) unless the output's
        * memory overlaps what this instruction reads */
-      char *o = x->base[0] + offs[0];
+      char *o = x->base[0] + roff[0];
       size_t nb = (size_t)n * csize(ct);
       if (!overlaps(o, nb, a, nb) && !overlaps(o, nb, b, nb) && !overlaps(o, nb, c, nb)) {
         out = o;
@@ -924,24 +950,68 @@ static int run_block(ew_ctx *x, const int64_t *offs, int64_t (*goff)[EW_BLK], in
     R[dr] = out;
   }
   if (bad) return 1;
-  for (int k = direct; k < h->nout; k++) {
-    tpurt_dtype dt = (tpurt_dtype)h->dt[k];
-    char *base = x->base[k] + offs[k];
-    const int64_t *off = goff ? goff[k] : NULL;
-    int64_t st = goff ? 0 : x->bstr[k][inner] / (int64_t)tpurt_dtype_size(dt);
-    const void *s = R[h->out_reg[k]];
-    switch (ct) {
-      case TPURT_F32: store_float(s, dt, base, st, off, n); break;
-      case TPURT_F64: store_double(s, dt, base, st, off, n); break;
-      case TPURT_I64: store_int64_t(s, dt, base, st, off, n); break;
-      case TPURT_C64: store_c64_t(s, dt, base, st, off, n); break;
-      default: store_c128_t(s, dt, base, st, off, n); break;
-    }
+  for (int o = direct; o < h->nout; o++) {
+    tpurt_dtype dt = (tpurt_dtype)h->dt[o];
+    const int64_t *ro = roff + (size_t)o * (size_t)k;
+    const int64_t *off = goff ? goff[o] : NULL;
+    int64_t st = goff ? 0 : x->est[o];
+    const char *s = R[h->out_reg[o]];
+    if (k == 1 || (dense >> o & 1))
+      store_reg(ct, s, dt, x->base[o] + ro[0], st, off, n);
+    else
+      for (int r = 0; r < k; r++) store_reg(ct, s + (size_t)r * (size_t)len * cs, dt, x->base[o] + ro[r], st, NULL, len);
   }
   return 0;
 }
 
 static size_t scratch_bytes(const ew_hdr *h) { return (size_t)(h->nregs + 1) * EW_BLK * csize((tpurt_dtype)h->compute); }
+
+/* row mode with short rows: unit = kpb whole rows (a block of up to EW_BLK
+ * elements), so that the per-block work (offsets, instruction dispatch)
+ * and each instruction's loop cover many short rows at once (broadcasts
+ * against [..., 1] or [C] shapes: rows of the width). Row offsets are
+ * walked with carries; an operand whose rows follow each other reads and
+ * writes the block as one run. */
+static void multirow_chunk(ew_ctx *x, int64_t b, int64_t e, char *scratch) {
+  const ew_hdr *h = x->h;
+  int nops = h->nops, inner = h->ndim - 1, kpb = (int)x->kpb;
+  int64_t roff[EW_MAX_OPS * EW_KPB_MAX];
+  int64_t run[EW_MAX_OPS];
+  for (int o = 0; o < nops; o++) run[o] = x->inner * x->bstr[o][inner];
+  /* the chunk's first row; later rows follow by carries */
+  int64_t idx[TPURT_MAX_DIMS], cur[EW_MAX_OPS];
+  int64_t rem = b * kpb;
+  for (int o = 0; o < nops; o++) cur[o] = 0;
+  for (int d = inner - 1; d >= 0; d--) {
+    idx[d] = rem % x->sizes[d];
+    rem /= x->sizes[d];
+    for (int o = 0; o < nops; o++) cur[o] += idx[d] * x->bstr[o][d];
+  }
+  for (int64_t bi = b; bi < e; bi++) {
+    if (atomic_load_explicit(&x->err, memory_order_relaxed)) return;
+    int64_t row0 = bi * kpb;
+    int k = x->rows - row0 < kpb ? (int)(x->rows - row0) : kpb;
+    unsigned dense = 0;
+    for (int o = 0; o < nops; o++) dense |= 1u << o;
+    for (int r = 0; r < k; r++) {
+      for (int o = 0; o < nops; o++) {
+        roff[o * k + r] = cur[o];
+        if (r && cur[o] != roff[o * k + r - 1] + run[o]) dense &= ~(1u << o);
+      }
+      for (int d = inner - 1; d >= 0; d--) {
+        idx[d]++;
+        for (int o = 0; o < nops; o++) cur[o] += x->bstr[o][d];
+        if (idx[d] < x->sizes[d]) break;
+        for (int o = 0; o < nops; o++) cur[o] -= idx[d] * x->bstr[o][d];
+        idx[d] = 0;
+      }
+    }
+    if (run_block(x, roff, k, dense, NULL, (int)(k * x->inner), scratch, row0 * x->inner)) {
+      atomic_store(&x->err, 1);
+      return;
+    }
+  }
+}
 
 /* row mode: unit = a block inside one row of the innermost dimension */
 static void rows_chunk(void *c, int64_t b, int64_t e) {
@@ -950,6 +1020,10 @@ static void rows_chunk(void *c, int64_t b, int64_t e) {
   int nops = h->nops, inner = h->ndim - 1;
   _Alignas(64) char scratch[scratch_bytes(h)];
   int64_t offs[EW_MAX_OPS];
+  if (x->kpb > 1) {
+    multirow_chunk(x, b, e, scratch);
+    return;
+  }
   for (int64_t bi = b; bi < e; bi++) {
     if (atomic_load_explicit(&x->err, memory_order_relaxed)) return;
     int64_t row = bi / x->bpr, col = (bi % x->bpr) * EW_BLK;
@@ -961,7 +1035,7 @@ static void rows_chunk(void *c, int64_t b, int64_t e) {
       rem /= x->sizes[k];
       for (int o = 0; o < nops; o++) offs[o] += ik * x->bstr[o][k];
     }
-    if (run_block(x, offs, NULL, (int)n, scratch, row * x->inner + col)) {
+    if (run_block(x, offs, 1, ~0u, NULL, (int)n, scratch, row * x->inner + col)) {
       atomic_store(&x->err, 1);
       return;
     }
@@ -1020,7 +1094,7 @@ static void gather_chunk(void *c, int64_t b, int64_t e) {
         idx[k] = 0;
       }
     }
-    if (run_block(x, zero, goff, (int)n, scratch, start)) {
+    if (run_block(x, zero, 1, ~0u, goff, (int)n, scratch, start)) {
       atomic_store(&x->err, 1);
       break;
     }
@@ -1046,6 +1120,7 @@ static tpurt_status k_elementwise(void *args, char *err, size_t errlen) {
     x.base[o] = tpurt__host_view(ptr[o]);
     int64_t es = (int64_t)tpurt_dtype_size((tpurt_dtype)h->dt[o]);
     for (int k = 0; k < h->ndim; k++) x.bstr[o][k] = str[o * h->ndim + k] * es;
+    x.est[o] = h->ndim ? str[o * h->ndim + h->ndim - 1] : 0;
   }
   for (int r = 0; r < TPURT_EW_MAX_REGS; r++) x.zc[r] = 1;
   for (int k = 0; k < h->nout; k++) x.zc[h->out_reg[k]] = 0;
@@ -1057,9 +1132,12 @@ static tpurt_status k_elementwise(void *args, char *err, size_t errlen) {
     x.inner = sizes[h->ndim - 1];
     x.bpr = (x.inner + EW_BLK - 1) / EW_BLK;
     x.rows = h->numel / x.inner;
-    int64_t per = x.inner < EW_BLK ? x.inner : EW_BLK;
+    x.kpb = h->ndim > 1 && x.inner <= EW_BLK / 2 ? EW_BLK / x.inner : 1;
+    if (x.kpb > EW_KPB_MAX) x.kpb = EW_KPB_MAX;
+    int64_t per = x.inner < EW_BLK ? x.inner * x.kpb : EW_BLK;
     int64_t grain = EW_GRAIN / per;
-    tpurt_parallel_for(x.rows * x.bpr, grain < 1 ? 1 : grain, rows_chunk, &x);
+    int64_t units = x.kpb > 1 ? (x.rows + x.kpb - 1) / x.kpb : x.rows * x.bpr;
+    tpurt_parallel_for(units, grain < 1 ? 1 : grain, rows_chunk, &x);
   }
   int e = atomic_load(&x.err);
   if (e == 1) {

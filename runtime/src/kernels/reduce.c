@@ -672,7 +672,18 @@ static void outer_chunk(void *c, int64_t ub, int64_t ue) {
     out_offsets(p, no - 1, orow, &io, &oo, &oo2);
     int64_t j0 = blk * W, n = L - j0 < W ? L - j0 : W, nb = (n + CB - 1) / CB;
     part_range(x, part, &b, &e);
-    for (int64_t q = 0; q < nb; q++) cols_init(p, &cs[q], n - q * CB < CB ? n - q * CB : CB);
+    /* a float sum or mean whose states are not combined later needs only its
+     * running sums, and its results are stored a row at a time (the general
+     * path's per-column state and finalize dominated sums over few rows: the
+     * gradients of broadcasts) */
+    int sums = x->P == 1 && (p->op == TPURT_RED_SUM || p->op == TPURT_RED_MEAN) && p->cls != RK_I64;
+    for (int64_t q = 0; q < nb; q++) {
+      int64_t nq = n - q * CB < CB ? n - q * CB : CB;
+      if (sums)
+        memset(cs[q].ad, 0, sizeof(double) * (size_t)nq);
+      else
+        cols_init(p, &cs[q], nq);
+    }
     /* walk reduced indices [b, e) */
     int64_t idx[TPURT_MAX_DIMS], rem = b, off = 0;
     for (int k = nr - 1; k >= 0; k--) {
@@ -694,6 +705,18 @@ static void outer_chunk(void *c, int64_t ub, int64_t ue) {
         off -= idx[k] * p->rst[k];
         idx[k] = 0;
       }
+    }
+    if (sums) {
+      double nred = (double)p->nred;
+      for (int64_t q = 0; q < nb; q++) {
+        int64_t nq = n - q * CB < CB ? n - q * CB : CB;
+        double *a = cs[q].ad;
+        if (p->op == TPURT_RED_MEAN)
+          for (int64_t j = 0; j < nq; j++) a[j] /= nred;
+        rk_store_row_f64(x->out + (oo + (j0 + q * CB) * p->oost[no - 1]) * (int64_t)oes, p->odt, p->oost[no - 1], a,
+                         nq);
+      }
+      continue;
     }
     for (int64_t j = 0; j < n; j++) {
       rstate s = cols_get(p, &cs[j / CB], j % CB);
