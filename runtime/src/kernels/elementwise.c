@@ -39,7 +39,7 @@
 
 #define EW_BLK 2048
 #define EW_GRAIN 32768
-#define EW_KPB_MAX 32 /* row mode: most whole rows in one block */
+#define EW_KPB_MAX 128 /* row mode: most whole rows in one block */
 #define EW_MAX_OPS (2 * TPURT_EW_MAX_IO)
 #define I_UNIT (_Complex_I)
 
@@ -1323,7 +1323,9 @@ tpurt_status tpurt__elementwise_named(tpurt_stream *s, const tpurt_ew_program *p
   h->ndim = nd;
   h->nregs = nregs;
   h->numel = numel;
-  h->gather = nd > 1 && sizes[nd - 1] < 64;
+  /* rows of 8 or more elements run several to a block (row mode); shorter
+   * ones per element (gather mode) */
+  h->gather = nd > 1 && sizes[nd - 1] < 8;
   for (int k = 0; k < nout; k++) h->out_reg[k] = prog->out_reg[k];
   for (int i = 0; i < nops; i++) h->dt[i] = (uint8_t)v[i]->dtype;
   unsigned char *p = buf + sizeof *h;
