@@ -19,7 +19,9 @@ or ``--full`` (full presets, 10 repeats, sweep up to 100M), e.g.
 ``python -m bench matrix sweep --quick --record``.
 
 Figures are medians of interleaved repeats (configs alternate in every
-repeat). ``--record`` appends the Markdown tables to BENCHMARKS.md with the
+repeat; 20 ms idle before each sample lets the previous config's threads
+park — CPU torch keeps OpenMP's default waiting, as its users run it).
+``--record`` appends the Markdown tables to BENCHMARKS.md with the
 machine description and the command. JSON goes to bench/results/.
 """
 from __future__ import annotations

@@ -68,7 +68,10 @@ def interleaved(configs: dict[str, Callable[[], None]], repeats: int, inner: int
     throughput). `gap_s` of idle time before every sample lets the previous
     config's threads park (SETTLE_S by default; CPU torch's OpenMP workers
     spin for milliseconds after each op and would otherwise take cores from
-    the next sample).
+    the next sample). The pause also parks the runtime's workers: a sample
+    after it starts by waking them (~0.05-0.1 ms on these hosts), so
+    latency measurements that involve no CPU torch parallel region pass
+    gap_s=0.
     `raw`, when given, receives every sample (seconds per call, in repeat
     order: pairing the same repeat of two configs cancels slow drift)."""
     finish = finish or {}

@@ -31,7 +31,7 @@ def copy_bandwidth(sizes_mib: list[int], repeats: int) -> tuple[list[dict], str]
             "d2h": lambda: b.copy_(dev),
             "d2h_pinned": lambda: pinned_out.copy_(dev),
             "d2d": lambda: (dev2.copy_(dev), torch.tpu.synchronize()),
-        }, repeats=repeats, inner=inner)
+        }, repeats=repeats, inner=inner, gap_s=0)  # no CPU torch parallel region to settle after
         gbs = {k: n / v / 1e9 for k, v in t.items()}
         results.append({"size_mib": mib, "seconds": t, "GBps": gbs})
         rows.append([f"{mib} MiB", f"{gbs['memcpy']:.1f}",
@@ -76,9 +76,11 @@ def op_roundtrip(repeats: int) -> tuple[dict, str]:
         "tpu_fill_sync": tpu_sync,
         "tpu_item": lambda: tpu.item(),
         "tpu_d2h_1elem": lambda: host.copy_(tpu),
-    }, repeats=repeats, inner=200)
+    }, repeats=repeats, inner=200, gap_s=0)
+    # one-element CPU ops run no parallel region, so nothing spins to settle after; a pause would park
+    # the runtime's workers and make every sample start by waking them (SETTLE_S in bench/common.py)
     burst = interleaved({"cpu_1000_fills": cpu_burst, "tpu_1000_fills_1_sync": tpu_burst,
-                         "cpu_1000_adds": cpu_adds, "tpu_1000_adds_1_sync": tpu_adds}, repeats=repeats)
+                         "cpu_1000_adds": cpu_adds, "tpu_1000_adds_1_sync": tpu_adds}, repeats=repeats, gap_s=0)
     t.update({k: v / 1000 for k, v in burst.items()})
     us = {k: v * 1e6 for k, v in t.items()}
     rows = [

@@ -25,7 +25,8 @@ def test_interleaved_counts_calls_per_config_and_keeps_raw_samples():
         calls["fin"] += 1
 
     raw: dict[str, list[float]] = {}
-    t = common.interleaved({"a": a, "b": b}, repeats=3, inner={"a": 4}, warmup=1, finish={"a": fin}, raw=raw)
+    t = common.interleaved({"a": a, "b": b}, repeats=3, inner={"a": 4}, warmup=1, finish={"a": fin}, raw=raw,
+                           gap_s=0)
     # warmup: 1 call each (+ a's finish); then 3 repeats of 4 calls of a (+ finish) and 1 call of b
     assert calls == {"a": 1 + 3 * 4, "b": 1 + 3, "fin": 1 + 3}
     assert order[2:] == (["a"] * 4 + ["b"]) * 3  # configs alternate inside every repeat
