@@ -150,7 +150,8 @@ typedef void (*ukr_fn)(int64_t k, const float *a, const float *b, float *c, int6
 /* The body of a 6 x 2W micro-tile on W-lane registers V (intrinsics prefix
  * P), in 12 accumulators: per k 2 loads of B (the tile's left half from b0,
  * its right half from b1, each advancing NR a row), 6 broadcasts of A, 12
- * FMAs; then alpha * acc (+ beta * C). */
+ * FMAs; then alpha * acc (+ beta * C) into the left half's columns at c and
+ * the right half's at ch (rows ldc apart for both). */
 #define UKR_ROW(V, P, i)                                                                         \
   do {                                                                                           \
     V ai = P##_set1_ps(a[(i)]);                                                                  \
@@ -159,13 +160,13 @@ typedef void (*ukr_fn)(int64_t k, const float *a, const float *b, float *c, int6
   } while (0)
 #define UKR_STORE(P, W, i)                                                                       \
   do {                                                                                           \
-    float *r = c + (i) * ldc;                                                                    \
+    float *r = c + (i) * ldc, *rh = ch + (i) * ldc;                                              \
     if (beta == 0.0f) {                                                                          \
       P##_storeu_ps(r, P##_mul_ps(va, c##i##0));                                                 \
-      P##_storeu_ps(r + (W), P##_mul_ps(va, c##i##1));                                           \
+      P##_storeu_ps(rh, P##_mul_ps(va, c##i##1));                                                \
     } else {                                                                                     \
       P##_storeu_ps(r, P##_fmadd_ps(va, c##i##0, P##_mul_ps(vb, P##_loadu_ps(r))));              \
-      P##_storeu_ps(r + (W), P##_fmadd_ps(va, c##i##1, P##_mul_ps(vb, P##_loadu_ps(r + (W)))));  \
+      P##_storeu_ps(rh, P##_fmadd_ps(va, c##i##1, P##_mul_ps(vb, P##_loadu_ps(rh))));            \
     }                                                                                            \
   } while (0)
 #define UKR_BODY(V, P, W)                                                                        \
@@ -173,7 +174,7 @@ typedef void (*ukr_fn)(int64_t k, const float *a, const float *b, float *c, int6
     c20 = P##_setzero_ps(), c21 = P##_setzero_ps(), c30 = P##_setzero_ps(), c31 = P##_setzero_ps(), \
     c40 = P##_setzero_ps(), c41 = P##_setzero_ps(), c50 = P##_setzero_ps(), c51 = P##_setzero_ps(); \
   for (int i = 0; i < MR; i++) _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);           \
-  for (int i = 0; i < MR; i++) _mm_prefetch((const char *)(c + i * ldc + 2 * (W) - 1), _MM_HINT_T0); \
+  for (int i = 0; i < MR; i++) _mm_prefetch((const char *)(ch + i * ldc + (W) - 1), _MM_HINT_T0);  \
   _Pragma("GCC unroll 4") for (int64_t p = 0; p < k; p++) {                                      \
     V x0 = P##_load_ps(b0), x1 = P##_load_ps(b1);                                                \
     UKR_ROW(V, P, 0);                                                                            \
@@ -198,16 +199,19 @@ typedef void (*ukr_fn)(int64_t k, const float *a, const float *b, float *c, int6
 __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t k, const float *restrict a, const float *restrict b,
                                                          float *restrict c, int64_t ldc, float alpha, float beta) {
   const float *b0 = b, *b1 = b + 8;
+  float *ch = c + 8;
   UKR_BODY(__m256, _mm256, 8);
 }
 
-/* Two neighbouring 16-wide slivers b0, b1 of the packed panel as one 6 x 32
- * tile (AVX-512). Every element gets the same FMAs in the same order as in
- * ukr_avx2, and the same final alpha / beta step: the result is bitwise
- * the one of two ukr_avx2 calls. */
+/* Two 16-wide slivers b0, b1 of the packed panel as one 6 x 32 tile
+ * (AVX-512), their C columns at c and ch (ch = c + 16 for neighbouring
+ * columns; elsewhere when C is spread over images). Every element gets the
+ * same FMAs in the same order as in ukr_avx2, and the same final alpha /
+ * beta step: the result is bitwise the one of two ukr_avx2 calls. */
 __attribute__((target("avx512f"))) static void ukr2_avx512(int64_t k, const float *restrict a,
                                                            const float *restrict b0, const float *restrict b1,
-                                                           float *restrict c, int64_t ldc, float alpha, float beta) {
+                                                           float *restrict c, float *restrict ch, int64_t ldc,
+                                                           float alpha, float beta) {
   UKR_BODY(__m512, _mm512, 16);
 }
 #undef UKR_ROW
@@ -797,19 +801,21 @@ static void macro(const panel_job *j, int64_t r0, int64_t r1, int64_t s0, int64_
     if (ap) pack_a(ap, x, ic, mc, j->p0, kc);
     for (int64_t t = s0; t < s1; t++) {
       int64_t s_from = 0, jt = j->j0 + t * NR;
-      /* two full slivers side by side (C columns in one image) run their
-       * full row slivers as 6 x 32 tiles (AVX-512), a partial one below */
+      /* two full slivers side by side, each with its C columns in one
+       * image, run their full row slivers as 6 x 32 tiles (AVX-512), a
+       * partial one below */
       int pair = x->wide && ap && t + 1 < s1 && jt + 2 * NR <= j->j0 + j->nc &&
-                 (!x->c_L || jt % x->c_L + 2 * NR <= x->c_L);
+                 (!x->c_L || (jt % x->c_L + NR <= x->c_L && (jt + NR) % x->c_L + NR <= x->c_L));
       int64_t t_end = t + 1 + pair;
       if (!j->bp) pack_b(b1, x, j->j0, j->nc, j->p0, kc, t, t_end);
       const float *bt = j->bp ? j->bp + t * kc * NR : b1; /* sliver u at bt + (u - t) * kc * NR */
 #if defined(__x86_64__) || defined(__i386__)
       if (pair) {
         float *cb = x->C + (x->c_L ? spread(jt, x->c_L, x->c_img) : jt);
+        float *cbh = x->C + (x->c_L ? spread(jt + NR, x->c_L, x->c_img) : jt + NR);
         for (; s_from + MR <= mc; s_from += MR)
-          ukr2_avx512(kc, ap + s_from * kc, bt, bt + kc * NR, cb + (ic + s_from) * x->ldc, x->ldc, x->alpha,
-                      j->beta);
+          ukr2_avx512(kc, ap + s_from * kc, bt, bt + kc * NR, cb + (ic + s_from) * x->ldc,
+                      cbh + (ic + s_from) * x->ldc, x->ldc, x->alpha, j->beta);
       }
 #endif
       for (int64_t u = t; u < t_end; u++) {
