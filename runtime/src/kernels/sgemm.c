@@ -12,9 +12,9 @@
  *
  * The micro-kernel keeps an MR x NR = 6 x 16 tile of C in 12 ymm
  * accumulators (AVX2 + FMA; per k: 2 loads of B, 6 broadcasts of A, 12
- * FMAs). On AVX-512 CPUs two neighbouring full slivers run together as a
- * 6 x 32 tile in 12 zmm accumulators (same packing, same FMAs per element
- * in the same order: the same bits). It is compiled for AVX2/FMA with a target attribute and chosen at
+ * FMAs). On AVX-512 CPUs two full slivers run together as a 6 x 32 tile
+ * in 12 zmm accumulators and a single one as a 6 x 16 tile in 6 (same
+ * packing, same FMAs per element in the same order: the same bits). It is compiled for AVX2/FMA with a target attribute and chosen at
  * run time; any other x86-64 (or TORCH_TPU_SGEMM=scalar) runs a portable C
  * micro-kernel with the same structure. Packing reads any layout (plain
  * or transposed, any leading dimension), and pads edge slivers with
@@ -107,7 +107,7 @@ int tpurt__cpu_has_avx512(void) { return (cpu_features() >> 1) & 1; }
 
 const char *tpurt__sgemm_kernel_name(void) {
   if (!tpurt__cpu_has_avx2_fma()) return "6x16 portable";
-  return tpurt__cpu_has_avx512() ? "6x32 AVX-512 + 6x16 AVX2/FMA" : "6x16 AVX2/FMA";
+  return tpurt__cpu_has_avx512() ? "6x32 + 6x16 AVX-512" : "6x16 AVX2/FMA";
 }
 
 /* TORCH_TPU_SGEMM: "auto" (default: by shape, see tpurt__sgemm_use_own),
@@ -213,6 +213,34 @@ __attribute__((target("avx512f"))) static void ukr2_avx512(int64_t k, const floa
                                                            float *restrict c, float *restrict ch, int64_t ldc,
                                                            float alpha, float beta) {
   UKR_BODY(__m512, _mm512, 16);
+}
+
+/* One 16-wide sliver as a 6 x 16 tile in 6 zmm accumulators (AVX-512):
+ * the lanes of ukr_avx2's two 8-lane halves in one register, so the same
+ * FMAs per element in the same order and the same bits. */
+__attribute__((target("avx512f"))) static void ukr1_avx512(int64_t k, const float *restrict a,
+                                                           const float *restrict b, float *restrict c, int64_t ldc,
+                                                           float alpha, float beta) {
+  __m512 c0 = _mm512_setzero_ps(), c1 = _mm512_setzero_ps(), c2 = _mm512_setzero_ps(), c3 = _mm512_setzero_ps(),
+         c4 = _mm512_setzero_ps(), c5 = _mm512_setzero_ps();
+  for (int i = 0; i < MR; i++) _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
+  _Pragma("GCC unroll 4") for (int64_t p = 0; p < k; p++) {
+    __m512 x = _mm512_load_ps(b);
+    c0 = _mm512_fmadd_ps(_mm512_set1_ps(a[0]), x, c0);
+    c1 = _mm512_fmadd_ps(_mm512_set1_ps(a[1]), x, c1);
+    c2 = _mm512_fmadd_ps(_mm512_set1_ps(a[2]), x, c2);
+    c3 = _mm512_fmadd_ps(_mm512_set1_ps(a[3]), x, c3);
+    c4 = _mm512_fmadd_ps(_mm512_set1_ps(a[4]), x, c4);
+    c5 = _mm512_fmadd_ps(_mm512_set1_ps(a[5]), x, c5);
+    a += MR;
+    b += NR;
+  }
+  __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta), acc[MR] = {c0, c1, c2, c3, c4, c5};
+  for (int i = 0; i < MR; i++) {
+    float *r = c + i * ldc;
+    _mm512_storeu_ps(r, beta == 0.0f ? _mm512_mul_ps(va, acc[i])
+                                     : _mm512_fmadd_ps(va, acc[i], _mm512_mul_ps(vb, _mm512_loadu_ps(r))));
+  }
 }
 #undef UKR_ROW
 #undef UKR_STORE
@@ -943,7 +971,8 @@ static int use_wide(void) { return tpurt__cpu_has_avx512() && tpurt__sgemm_mode(
 static ukr_fn pick_ukr(int flags, int *avx) {
   *avx = !(flags & 1) && tpurt__cpu_has_avx2_fma();
 #if defined(__x86_64__) || defined(__i386__)
-  if (*avx) return ukr_avx2;
+  /* single slivers on zmm where the 6 x 32 tiles run (same bits) */
+  if (*avx) return use_wide() ? ukr1_avx512 : ukr_avx2;
 #endif
   return ukr_scalar;
 }
