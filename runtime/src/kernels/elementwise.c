@@ -839,7 +839,8 @@ static int overlaps(const void *p, size_t n, const void *q, size_t m) {
 /* One block of n elements (returns 1 on division by zero). Row mode: k rows of n / k elements each, row r
  * of operand op at byte offset roff[op * k + r] with the operand's innermost
  * stride; bit op of `dense` says the k rows follow each other in memory
- * (the block is one contiguous run). Gather mode: k = 1, roff all zero,
+ * (the block is one contiguous run), bit op of `same` that they are all
+ * the same row. Gather mode: k = 1, roff all zero,
  * per-element offsets goff. */
 static void load_reg(tpurt_dtype ct, void *d, tpurt_dtype dt, const char *base, int64_t st, const int64_t *off, int n) {
   switch (ct) {
@@ -860,8 +861,8 @@ static void store_reg(tpurt_dtype ct, const void *s, tpurt_dtype dt, char *base,
   }
 }
 
-static int run_block(ew_ctx *x, const int64_t *roff, int k, unsigned dense, int64_t (*goff)[EW_BLK], int n,
-                     char *scratch, int64_t lin0) {
+static int run_block(ew_ctx *x, const int64_t *roff, int k, unsigned dense, unsigned same, int64_t (*goff)[EW_BLK],
+                     int n, char *scratch, int64_t lin0) {
   const ew_hdr *h = x->h;
   tpurt_dtype ct = (tpurt_dtype)h->compute;
   size_t rb = EW_BLK * csize(ct);
@@ -890,6 +891,11 @@ static int run_block(ew_ctx *x, const int64_t *roff, int k, unsigned dense, int6
       R[dr] = buf[dr];
       if (k == 1 || (dense >> op & 1)) {
         load_reg(ct, R[dr], dt, base, st, off, n);
+      } else if (same >> op & 1) {
+        /* the same row for every row of the block (a [C] operand against
+         * [..., C]): converted once, then copied */
+        load_reg(ct, R[dr], dt, base, st, NULL, len);
+        for (int r = 1; r < k; r++) memcpy((char *)R[dr] + (size_t)r * (size_t)len * cs, R[dr], (size_t)len * cs);
       } else {
         for (int r = 0; r < k; r++) load_reg(ct, (char *)R[dr] + (size_t)r * (size_t)len * cs, dt, x->base[op] + ro[r], st, NULL, len);
       }
@@ -966,6 +972,18 @@ static int run_block(ew_ctx *x, const int64_t *roff, int k, unsigned dense, int6
 
 static size_t scratch_bytes(const ew_hdr *h) { return (size_t)(h->nregs + 1) * EW_BLK * csize((tpurt_dtype)h->compute); }
 
+/* Advances the multi-index idx over dimensions [0, top) by one (the last
+ * of them fastest), keeping every operand's byte offset cur[o] in step. */
+static inline void next_index(const ew_ctx *x, int nops, int top, int64_t *idx, int64_t *cur) {
+  for (int d = top - 1; d >= 0; d--) {
+    idx[d]++;
+    for (int o = 0; o < nops; o++) cur[o] += x->bstr[o][d];
+    if (idx[d] < x->sizes[d]) return;
+    for (int o = 0; o < nops; o++) cur[o] -= idx[d] * x->bstr[o][d];
+    idx[d] = 0;
+  }
+}
+
 /* row mode with short rows: unit = kpb whole rows (a block of up to EW_BLK
  * elements), so that the per-block work (offsets, instruction dispatch)
  * and each instruction's loop cover many short rows at once (broadcasts
@@ -991,22 +1009,34 @@ static void multirow_chunk(ew_ctx *x, int64_t b, int64_t e, char *scratch) {
     if (atomic_load_explicit(&x->err, memory_order_relaxed)) return;
     int64_t row0 = bi * kpb;
     int k = x->rows - row0 < kpb ? (int)(x->rows - row0) : kpb;
-    unsigned dense = 0;
+    unsigned dense = 0, same = 0;
     for (int o = 0; o < nops; o++) dense |= 1u << o;
-    for (int r = 0; r < k; r++) {
+    same = dense;
+    int d1 = inner - 1; /* the dimension the rows step along */
+    if (idx[d1] + k < x->sizes[d1]) {
+      /* the block's rows stay inside that dimension (no carry): offsets
+       * are arithmetic progressions (the usual case; the walk below cost
+       * as much as the arithmetic on rows of 128) */
       for (int o = 0; o < nops; o++) {
-        roff[o * k + r] = cur[o];
-        if (r && cur[o] != roff[o * k + r - 1] + run[o]) dense &= ~(1u << o);
+        int64_t step = x->bstr[o][d1], c0 = cur[o];
+        int64_t *ro = roff + (size_t)o * (size_t)k;
+        for (int r = 0; r < k; r++) ro[r] = c0 + r * step;
+        if (k > 1 && step != run[o]) dense &= ~(1u << o);
+        if (k > 1 && step != 0) same &= ~(1u << o);
+        cur[o] = c0 + k * step;
       }
-      for (int d = inner - 1; d >= 0; d--) {
-        idx[d]++;
-        for (int o = 0; o < nops; o++) cur[o] += x->bstr[o][d];
-        if (idx[d] < x->sizes[d]) break;
-        for (int o = 0; o < nops; o++) cur[o] -= idx[d] * x->bstr[o][d];
-        idx[d] = 0;
+      idx[d1] += k;
+    } else {
+      for (int r = 0; r < k; r++) {
+        for (int o = 0; o < nops; o++) {
+          roff[o * k + r] = cur[o];
+          if (r && cur[o] != roff[o * k + r - 1] + run[o]) dense &= ~(1u << o);
+          if (r && cur[o] != roff[o * k]) same &= ~(1u << o);
+        }
+        next_index(x, nops, inner, idx, cur);
       }
     }
-    if (run_block(x, roff, k, dense, NULL, (int)(k * x->inner), scratch, row0 * x->inner)) {
+    if (run_block(x, roff, k, dense, k > 1 ? same : 0, NULL, (int)(k * x->inner), scratch, row0 * x->inner)) {
       atomic_store(&x->err, 1);
       return;
     }
@@ -1035,7 +1065,7 @@ static void rows_chunk(void *c, int64_t b, int64_t e) {
       rem /= x->sizes[k];
       for (int o = 0; o < nops; o++) offs[o] += ik * x->bstr[o][k];
     }
-    if (run_block(x, offs, 1, ~0u, NULL, (int)n, scratch, row * x->inner + col)) {
+    if (run_block(x, offs, 1, ~0u, 0, NULL, (int)n, scratch, row * x->inner + col)) {
       atomic_store(&x->err, 1);
       return;
     }
@@ -1086,15 +1116,9 @@ static void gather_chunk(void *c, int64_t b, int64_t e) {
       if (idx[in] < x->sizes[in]) continue;
       for (int o = 0; o < nops; o++) cur[o] -= idx[in] * x->bstr[o][in];
       idx[in] = 0;
-      for (int k = in - 1; k >= 0; k--) {
-        idx[k]++;
-        for (int o = 0; o < nops; o++) cur[o] += x->bstr[o][k];
-        if (idx[k] < x->sizes[k]) break;
-        for (int o = 0; o < nops; o++) cur[o] -= idx[k] * x->bstr[o][k];
-        idx[k] = 0;
-      }
+      next_index(x, nops, in, idx, cur);
     }
-    if (run_block(x, zero, 1, ~0u, goff, (int)n, scratch, start)) {
+    if (run_block(x, zero, 1, ~0u, 0, goff, (int)n, scratch, start)) {
       atomic_store(&x->err, 1);
       break;
     }
