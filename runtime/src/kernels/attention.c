@@ -39,43 +39,49 @@
 
 /* ------------------------------------------------------------ helpers */
 
-/* 8-lane versions (GCC vector extensions: one AVX2 register). */
-typedef float v8f __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-static inline v8f v8_load(const float *p) {
-  v8f v;
+/* Vector helpers (GCC vector extensions): one register of the widest
+ * float vectors the build targets — 16 lanes with AVX-512, else 8. */
+#ifdef __AVX512F__
+#define VW 16
+#else
+#define VW 8
+#endif
+typedef float vecf __attribute__((vector_size(4 * VW)));
+typedef int32_t veci __attribute__((vector_size(4 * VW)));
+static inline vecf vec_load(const float *p) {
+  vecf v;
   memcpy(&v, p, sizeof v);
   return v;
 }
-static inline void v8_store(float *p, v8f v) { memcpy(p, &v, sizeof v); }
-static inline v8f v8_splat(float x) { return (v8f){x, x, x, x, x, x, x, x}; }
-static inline v8f v8_sel(v8i m, v8f a, v8f b) { return (v8f)(((v8i)a & m) | ((v8i)b & ~m)); }
-static inline v8f v8_exp(v8f x) {
-  v8i lo = x < v8_splat(-87.0f), hi = x > v8_splat(88.0f);
-  v8f xc = v8_sel(lo, v8_splat(-87.0f), v8_sel(hi, v8_splat(88.0f), x));
-  v8f magic = v8_splat(12582912.0f);
-  v8f t = xc * v8_splat(1.44269504088896341f) + magic;
-  v8f n = t - magic;
-  v8f r = xc - n * v8_splat(0.693145751953125f);
-  r = r - n * v8_splat(1.428606765330187045e-06f);
-  v8f p = v8_splat(1.0f / 720.0f);
-  p = p * r + v8_splat(1.0f / 120.0f);
-  p = p * r + v8_splat(1.0f / 24.0f);
-  p = p * r + v8_splat(1.0f / 6.0f);
-  p = p * r + v8_splat(0.5f);
-  p = p * r + v8_splat(1.0f);
-  p = p * r + v8_splat(1.0f);
-  v8i e = (((v8i)t - 0x4B400000) + 127) << 23;
-  return v8_sel(lo, v8_splat(0.0f), p * (v8f)e);
+static inline void vec_store(float *p, vecf v) { memcpy(p, &v, sizeof v); }
+static inline vecf vec_splat(float x) { return (vecf){} + x; }
+static inline vecf vec_sel(veci m, vecf a, vecf b) { return (vecf)(((veci)a & m) | ((veci)b & ~m)); }
+static inline vecf vec_exp(vecf x) {
+  veci lo = x < vec_splat(-87.0f), hi = x > vec_splat(88.0f);
+  vecf xc = vec_sel(lo, vec_splat(-87.0f), vec_sel(hi, vec_splat(88.0f), x));
+  vecf magic = vec_splat(12582912.0f);
+  vecf t = xc * vec_splat(1.44269504088896341f) + magic;
+  vecf n = t - magic;
+  vecf r = xc - n * vec_splat(0.693145751953125f);
+  r = r - n * vec_splat(1.428606765330187045e-06f);
+  vecf p = vec_splat(1.0f / 720.0f);
+  p = p * r + vec_splat(1.0f / 120.0f);
+  p = p * r + vec_splat(1.0f / 24.0f);
+  p = p * r + vec_splat(1.0f / 6.0f);
+  p = p * r + vec_splat(0.5f);
+  p = p * r + vec_splat(1.0f);
+  p = p * r + vec_splat(1.0f);
+  veci e = (((veci)t - 0x4B400000) + 127) << 23;
+  return vec_sel(lo, vec_splat(0.0f), p * (vecf)e);
 }
 
 /* s[c] = exp(s[c] - m); returns the sum. */
 static float exp_row(float *restrict s, int64_t n, float m) {
-  v8f acc = v8_splat(0.0f), mv = v8_splat(m);
+  vecf acc = vec_splat(0.0f), mv = vec_splat(m);
   int64_t c = 0;
-  for (; c + 8 <= n; c += 8) {
-    v8f e = v8_exp(v8_load(s + c) - mv);
-    v8_store(s + c, e);
+  for (; c + VW <= n; c += VW) {
+    vecf e = vec_exp(vec_load(s + c) - mv);
+    vec_store(s + c, e);
     acc += e;
   }
   float sum = 0;
@@ -84,19 +90,19 @@ static float exp_row(float *restrict s, int64_t n, float m) {
     s[c] = e;
     sum += e;
   }
-  for (int k = 0; k < 8; k++) sum += acc[k];
+  for (int k = 0; k < VW; k++) sum += acc[k];
   return sum;
 }
 
 static float max_row(const float *restrict s, int64_t n, float m) {
-  v8f acc = v8_splat(m);
+  vecf acc = vec_splat(m);
   int64_t c = 0;
-  for (; c + 8 <= n; c += 8) {
-    v8f v = v8_load(s + c);
-    acc = v8_sel(v > acc, v, acc);
+  for (; c + VW <= n; c += VW) {
+    vecf v = vec_load(s + c);
+    acc = vec_sel(v > acc, v, acc);
   }
   for (; c < n; c++) m = s[c] > m ? s[c] : m;
-  for (int k = 0; k < 8; k++) m = acc[k] > m ? acc[k] : m;
+  for (int k = 0; k < VW; k++) m = acc[k] > m ? acc[k] : m;
   return m;
 }
 
