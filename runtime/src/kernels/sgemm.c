@@ -144,7 +144,9 @@ static blocks read_blocks(void) {
 /* c[MR x NR] (leading dimension ldc) = alpha * a.b + beta * c, where a is
  * a packed MR-tall sliver (a[p*MR + i]) and b a packed NR-wide sliver
  * (b[p*NR + j]) of depth k. beta == 0 does not read c. */
-typedef void (*ukr_fn)(int64_t k, const float *a, const float *b, float *c, int64_t ldc, float alpha, float beta);
+/* b: the tile's B rows, bs floats apart (NR when packed) */
+typedef void (*ukr_fn)(int64_t k, const float *a, const float *b, int64_t bs, float *c, int64_t ldc, float alpha,
+                       float beta);
 
 #if defined(__x86_64__) || defined(__i386__)
 /* The body of a 6 x 2W micro-tile on W-lane registers V (intrinsics prefix
@@ -176,7 +178,7 @@ typedef void (*ukr_fn)(int64_t k, const float *a, const float *b, float *c, int6
   for (int i = 0; i < MR; i++) _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);           \
   for (int i = 0; i < MR; i++) _mm_prefetch((const char *)(ch + i * ldc + (W) - 1), _MM_HINT_T0);  \
   _Pragma("GCC unroll 4") for (int64_t p = 0; p < k; p++) {                                      \
-    V x0 = P##_load_ps(b0), x1 = P##_load_ps(b1);                                                \
+    V x0 = P##_loadu_ps(b0), x1 = P##_loadu_ps(b1);                                              \
     UKR_ROW(V, P, 0);                                                                            \
     UKR_ROW(V, P, 1);                                                                            \
     UKR_ROW(V, P, 2);                                                                            \
@@ -184,8 +186,8 @@ typedef void (*ukr_fn)(int64_t k, const float *a, const float *b, float *c, int6
     UKR_ROW(V, P, 4);                                                                            \
     UKR_ROW(V, P, 5);                                                                            \
     a += MR;                                                                                     \
-    b0 += NR;                                                                                    \
-    b1 += NR;                                                                                    \
+    b0 += bs;                                                                                    \
+    b1 += bs;                                                                                    \
   }                                                                                              \
   V va = P##_set1_ps(alpha), vb = P##_set1_ps(beta);                                             \
   UKR_STORE(P, W, 0);                                                                            \
@@ -197,7 +199,8 @@ typedef void (*ukr_fn)(int64_t k, const float *a, const float *b, float *c, int6
 
 /* 6 x 16: the sliver's two 8-lane halves. */
 __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t k, const float *restrict a, const float *restrict b,
-                                                         float *restrict c, int64_t ldc, float alpha, float beta) {
+                                                         int64_t bs, float *restrict c, int64_t ldc, float alpha,
+                                                         float beta) {
   const float *b0 = b, *b1 = b + 8;
   float *ch = c + 8;
   UKR_BODY(__m256, _mm256, 8);
@@ -210,8 +213,8 @@ __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t k, const float 
  * beta step: the result is bitwise the one of two ukr_avx2 calls. */
 __attribute__((target("avx512f"))) static void ukr2_avx512(int64_t k, const float *restrict a,
                                                            const float *restrict b0, const float *restrict b1,
-                                                           float *restrict c, float *restrict ch, int64_t ldc,
-                                                           float alpha, float beta) {
+                                                           int64_t bs, float *restrict c, float *restrict ch,
+                                                           int64_t ldc, float alpha, float beta) {
   UKR_BODY(__m512, _mm512, 16);
 }
 
@@ -219,13 +222,13 @@ __attribute__((target("avx512f"))) static void ukr2_avx512(int64_t k, const floa
  * the lanes of ukr_avx2's two 8-lane halves in one register, so the same
  * FMAs per element in the same order and the same bits. */
 __attribute__((target("avx512f"))) static void ukr1_avx512(int64_t k, const float *restrict a,
-                                                           const float *restrict b, float *restrict c, int64_t ldc,
-                                                           float alpha, float beta) {
+                                                           const float *restrict b, int64_t bs, float *restrict c,
+                                                           int64_t ldc, float alpha, float beta) {
   __m512 c0 = _mm512_setzero_ps(), c1 = _mm512_setzero_ps(), c2 = _mm512_setzero_ps(), c3 = _mm512_setzero_ps(),
          c4 = _mm512_setzero_ps(), c5 = _mm512_setzero_ps();
   for (int i = 0; i < MR; i++) _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
   _Pragma("GCC unroll 4") for (int64_t p = 0; p < k; p++) {
-    __m512 x = _mm512_load_ps(b);
+    __m512 x = _mm512_loadu_ps(b);
     c0 = _mm512_fmadd_ps(_mm512_set1_ps(a[0]), x, c0);
     c1 = _mm512_fmadd_ps(_mm512_set1_ps(a[1]), x, c1);
     c2 = _mm512_fmadd_ps(_mm512_set1_ps(a[2]), x, c2);
@@ -233,7 +236,7 @@ __attribute__((target("avx512f"))) static void ukr1_avx512(int64_t k, const floa
     c4 = _mm512_fmadd_ps(_mm512_set1_ps(a[4]), x, c4);
     c5 = _mm512_fmadd_ps(_mm512_set1_ps(a[5]), x, c5);
     a += MR;
-    b += NR;
+    b += bs;
   }
   __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta), acc[MR] = {c0, c1, c2, c3, c4, c5};
   for (int i = 0; i < MR; i++) {
@@ -247,12 +250,12 @@ __attribute__((target("avx512f"))) static void ukr1_avx512(int64_t k, const floa
 #undef UKR_BODY
 #endif
 
-static void ukr_scalar(int64_t k, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc,
-                       float alpha, float beta) {
+static void ukr_scalar(int64_t k, const float *restrict a, const float *restrict b, int64_t bs, float *restrict c,
+                       int64_t ldc, float alpha, float beta) {
   float acc[MR][NR];
   memset(acc, 0, sizeof acc);
   for (int64_t p = 0; p < k; p++) {
-    const float *ap = a + p * MR, *bp = b + p * NR;
+    const float *ap = a + p * MR, *bp = b + p * bs;
     for (int i = 0; i < MR; i++)
       for (int j = 0; j < NR; j++) acc[i][j] += ap[i] * bp[j];
   }
@@ -787,6 +790,7 @@ typedef struct {
   float beta; /* beta of this K chunk */
   int64_t mu, ns, nsl; /* row slivers of M, column parts, slivers per panel */
   int cols;            /* tasks are column parts over all rows (B slivers packed where used) */
+  int bdirect;         /* full B slivers are read in place (no panel) */
   _Atomic int64_t pack_next, packed; /* B slivers claimed / finished */
 } panel_job;
 
@@ -835,19 +839,32 @@ static void macro(const panel_job *j, int64_t r0, int64_t r1, int64_t s0, int64_
       int pair = x->wide && ap && t + 1 < s1 && jt + 2 * NR <= j->j0 + j->nc &&
                  (!x->c_L || (jt % x->c_L + NR <= x->c_L && (jt + NR) % x->c_L + NR <= x->c_L));
       int64_t t_end = t + 1 + pair;
-      if (!j->bp) pack_b(b1, x, j->j0, j->nc, j->p0, kc, t, t_end);
-      const float *bt = j->bp ? j->bp + t * kc * NR : b1; /* sliver u at bt + (u - t) * kc * NR */
+      /* sliver u at bt + (u - t) * step, its rows bs apart: packed (panel
+       * or stack: step kc * NR, bs NR) or, for full slivers of a plain B
+       * (bdirect), read in place (step NR, bs ldb) */
+      const float *bt;
+      int64_t step = kc * NR, bs = NR;
+      if (j->bdirect && jt + (t_end - t) * NR <= j->j0 + j->nc) {
+        bt = x->B + j->p0 * x->ldb + jt;
+        step = NR;
+        bs = x->ldb;
+      } else if (j->bp) {
+        bt = j->bp + t * kc * NR;
+      } else {
+        pack_b(b1, x, j->j0, j->nc, j->p0, kc, t, t_end);
+        bt = b1;
+      }
 #if defined(__x86_64__) || defined(__i386__)
       if (pair) {
         float *cb = x->C + (x->c_L ? spread(jt, x->c_L, x->c_img) : jt);
         float *cbh = x->C + (x->c_L ? spread(jt + NR, x->c_L, x->c_img) : jt + NR);
         for (; s_from + MR <= mc; s_from += MR)
-          ukr2_avx512(kc, ap + s_from * kc, bt, bt + kc * NR, cb + (ic + s_from) * x->ldc,
+          ukr2_avx512(kc, ap + s_from * kc, bt, bt + step, bs, cb + (ic + s_from) * x->ldc,
                       cbh + (ic + s_from) * x->ldc, x->ldc, x->alpha, j->beta);
       }
 #endif
       for (int64_t u = t; u < t_end; u++) {
-        const float *bs = bt + (u - t) * kc * NR;
+        const float *bu = bt + (u - t) * step;
         int64_t jj = j->j0 + u * NR, n = j->j0 + j->nc - jj < NR ? j->j0 + j->nc - jj : NR;
         /* C spread over images: the tile's columns in one image are one
          * block of C; a tile across images is written column by column */
@@ -859,9 +876,9 @@ static void macro(const panel_job *j, int64_t r0, int64_t r1, int64_t s0, int64_
           const float *as = ap ? ap + s * kc : a1;
           if (!ap) pack_a(a1, x, ic + s, m, j->p0, kc);
           if (m == MR && n == NR && one_img) {
-            j->ukr(kc, as, bs, c, x->ldc, x->alpha, j->beta);
+            j->ukr(kc, as, bu, bs, c, x->ldc, x->alpha, j->beta);
           } else {
-            j->ukr(kc, as, bs, tmp, NR, 1.0f, 0.0f);
+            j->ukr(kc, as, bu, bs, tmp, NR, 1.0f, 0.0f);
             for (int64_t q = 0; q < n; q++) {
               float *cq = one_img ? c + q : x->C + spread(jj + q, x->c_L, x->c_img) + (ic + s) * x->ldc;
               for (int64_t i = 0; i < m; i++) {
@@ -911,9 +928,14 @@ static void run_product(const prod *x, ukr_fn ukr, blocks bl, int par) {
        * shared; each task packs its own slivers where it uses them (a 16
        * KiB sliver in L1 instead of a panel in L3). */
       int cols = x->M <= bl.mc && nsl * NR >= 2 * x->M * nth;
-      float *bp = x->nobuf || cols ? NULL : buf(0, (size_t)nsl * NR * kc);
+      /* Few rows (M <= 2 MC): each B element serves at most 2 MC rows, and
+       * copying B into a panel cost up to a fifth of the product (weight
+       * gradients: M = features, K = tokens); a plain B is read in place,
+       * its full slivers row by row (the same values, so the same bits). */
+      int bdirect = !x->bconv && !x->tb && !x->nobuf && x->M <= 2 * bl.mc;
+      float *bp = x->nobuf || cols || bdirect ? NULL : buf(0, (size_t)nsl * NR * kc);
       panel_job j = {x, ukr, bp, j0, nc, p0, kc, bl.mc, p0 == 0 ? x->beta : 1.0f, (x->M + MR - 1) / MR, 1, nsl, cols,
-                     0, 0};
+                     bdirect, 0, 0};
       if (cols) {
         /* column parts of >= CHUNK_MACS, at most 4 per thread, and wide
          * enough that packing A (M x kc) for each costs at most half of
