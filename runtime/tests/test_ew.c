@@ -448,6 +448,39 @@ static void test_complex(void) {
   tpurt_free(d), tpurt_free(dout);
 }
 
+/* A program that uses every register, on the widest compute type: the
+ * kernel's register blocks must fit the worker threads whatever the
+ * program (x + x + ... = 32 x, in complex128 over two pool chunks). */
+static void test_all_registers(void) {
+  enum { N = 100000 };
+  double *h = malloc(sizeof(double) * 2 * N), *o = malloc(sizeof(double) * 2 * N);
+  for (int i = 0; i < 2 * N; i++) h[i] = (double)(i % 97) - 48.0;
+  tpurt_devptr d = dev_from(h, sizeof(double) * 2 * N), dout;
+  CHECK_OK(tpurt_malloc(0, sizeof(double) * 2 * N, S, &dout));
+  tpurt_ew_program pr;
+  memset(&pr, 0, sizeof pr);
+  pr.compute = TPURT_C128;
+  pr.inst[0].op = TPURT_EW_LOAD; /* r0 = x */
+  for (int r = 1; r < TPURT_EW_MAX_REGS; r++) { /* r = r-1 + 1 * r0 */
+    pr.inst[r].op = TPURT_EW_ADD;
+    pr.inst[r].dst = (uint8_t)r;
+    pr.inst[r].src[0] = (uint8_t)(r - 1);
+    pr.inst[r].src[1] = 0;
+    pr.inst[r].p[0] = 1.0;
+  }
+  pr.ninst = TPURT_EW_MAX_REGS;
+  pr.nout = 1;
+  pr.out_reg[0] = TPURT_EW_MAX_REGS - 1;
+  tpurt_view in = view1(d, TPURT_C128, N, 1), out = view1(dout, TPURT_C128, N, 1);
+  CHECK_OK(tpurt_elementwise(S, &pr, &out, &in, 1, NULL, 0));
+  CHECK_OK(tpurt_memcpy_d2h(S, o, dout, sizeof(double) * 2 * N, 0));
+  int bad = 0;
+  for (int i = 0; i < 2 * N; i++) bad += o[i] != TPURT_EW_MAX_REGS * h[i];
+  CHECK_EQ(bad, 0);
+  tpurt_free(d), tpurt_free(dout);
+  free(h), free(o);
+}
+
 /* special-function instructions against known values and identities (f64
  * and f32 compute, NaN / inf / empty edge cases) */
 static double run_special(tpurt_ew_op op, tpurt_dtype ct, int nsrc, double x, double y, double p0) {
@@ -583,6 +616,7 @@ int main(void) {
   test_low_precision();
   test_layouts();
   test_complex();
+  test_all_registers();
   test_special();
   TEST_MAIN_END();
 }

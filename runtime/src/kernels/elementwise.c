@@ -33,7 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../internal.h"
+#include "gemm_internal.h"
 
 #undef I /* complex.h's imaginary unit; _Complex_I is used instead */
 
@@ -970,7 +970,12 @@ static int run_block(ew_ctx *x, const int64_t *roff, int k, unsigned dense, unsi
   return 0;
 }
 
-static size_t scratch_bytes(const ew_hdr *h) { return (size_t)(h->nregs + 1) * EW_BLK * csize((tpurt_dtype)h->compute); }
+/* The register blocks of one worker: per-thread heap memory, not the stack
+ * (up to 33 registers x EW_BLK x 16 bytes of complex128 = 1 MiB, the size
+ * of a stream worker's whole stack). NULL when host memory is exhausted. */
+static char *scratch_of(const ew_hdr *h) {
+  return tpurt__scratch(8, (size_t)(h->nregs + 1) * EW_BLK * csize((tpurt_dtype)h->compute));
+}
 
 /* Advances the multi-index idx over dimensions [0, top) by one (the last
  * of them fastest), keeping every operand's byte offset cur[o] in step. */
@@ -1048,8 +1053,12 @@ static void rows_chunk(void *c, int64_t b, int64_t e) {
   ew_ctx *x = c;
   const ew_hdr *h = x->h;
   int nops = h->nops, inner = h->ndim - 1;
-  _Alignas(64) char scratch[scratch_bytes(h)];
+  char *scratch = scratch_of(h);
   int64_t offs[EW_MAX_OPS];
+  if (!scratch) {
+    atomic_store(&x->err, 2);
+    return;
+  }
   if (x->kpb > 1) {
     multirow_chunk(x, b, e, scratch);
     return;
@@ -1078,7 +1087,11 @@ static void gather_chunk(void *c, int64_t b, int64_t e) {
   ew_ctx *x = c;
   const ew_hdr *h = x->h;
   int nops = h->nops, nd = h->ndim;
-  _Alignas(64) char scratch[scratch_bytes(h)];
+  char *scratch = scratch_of(h);
+  if (!scratch) {
+    atomic_store(&x->err, 2);
+    return;
+  }
   /* per-element offsets: on the stack for up to 4 operands, else heap */
   _Alignas(64) int64_t small[4][EW_BLK];
   int64_t (*goff)[EW_BLK] = nops <= 4 ? small : malloc(sizeof(int64_t) * EW_BLK * (size_t)nops);

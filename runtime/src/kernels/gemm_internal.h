@@ -6,7 +6,8 @@
 #include "../internal.h"
 
 TPURT_INTERNAL void tpurt__gemm_lib_init(void);
-/* Per-thread buffer `slot` (0..7) of at least `bytes`; slots 6, 7 belong to tpurt__sgemm. */
+/* Per-thread buffer `slot` (0..8) of at least `bytes`; slots 6, 7 belong to tpurt__sgemm, 8 to the
+ * elementwise interpreter's register blocks. */
 TPURT_INTERNAL void *tpurt__scratch(int slot, size_t bytes);
 TPURT_INTERNAL void tpurt__scratch_trim(void);
 /* rows x cols strided matrix -> row-major f32; mode 0 plain, 1 bf16-rounded,
