@@ -1000,7 +1000,11 @@ static void multirow_chunk(ew_ctx *x, int64_t b, int64_t e, char *scratch) {
   int nops = h->nops, inner = h->ndim - 1, kpb = (int)x->kpb;
   int64_t roff[EW_MAX_OPS * EW_KPB_MAX];
   int64_t run[EW_MAX_OPS];
-  for (int o = 0; o < nops; o++) run[o] = x->inner * x->bstr[o][inner];
+  unsigned all = 0; /* one bit per operand */
+  for (int o = 0; o < nops; o++) {
+    run[o] = x->inner * x->bstr[o][inner];
+    all |= 1u << o;
+  }
   /* the chunk's first row; later rows follow by carries */
   int64_t idx[TPURT_MAX_DIMS], cur[EW_MAX_OPS];
   int64_t rem = b * kpb;
@@ -1014,9 +1018,7 @@ static void multirow_chunk(ew_ctx *x, int64_t b, int64_t e, char *scratch) {
     if (atomic_load_explicit(&x->err, memory_order_relaxed)) return;
     int64_t row0 = bi * kpb;
     int k = x->rows - row0 < kpb ? (int)(x->rows - row0) : kpb;
-    unsigned dense = 0, same = 0;
-    for (int o = 0; o < nops; o++) dense |= 1u << o;
-    same = dense;
+    unsigned dense = all, same = all;
     int d1 = inner - 1; /* the dimension the rows step along */
     if (idx[d1] + k < x->sizes[d1]) {
       /* the block's rows stay inside that dimension (no carry): offsets
