@@ -131,6 +131,22 @@ def test_cut_reasons_and_sites(defer, tmp_path):
         assert flushes[reason] >= 1, reason
 
 
+def test_item_with_nothing_pending_does_not_name_a_later_cut():
+    a = torch.ones(2, device="tpu")
+    assert a.sum().item() == 2.0  # strict: no graph takes the .item() hint
+    with torch_tpu.execution_mode("defer"):
+        b = a + 1
+        assert b.sum().item() == 4.0
+        assert last_flush()["reason"] == "item"
+        s = a.sum()
+        torch_tpu.flush()
+        assert s.item() == 2.0  # in defer, with nothing pending
+        c = a * 3
+        torch.tpu.synchronize()
+        assert last_flush()["reason"] == "synchronize"
+    assert torch.equal(c.cpu(), torch.full((2,), 3.0))
+
+
 def test_side_stream_use_is_ordered(defer):
     a = torch.arange(1000.0, device="tpu") * 2
     s = torch.tpu.Stream()
@@ -179,18 +195,75 @@ def _train(steps: int, mode: str, clip: bool = False, scaled: bool = False):
     return losses, graphs, [p.detach().cpu() for p in model.parameters()]
 
 
-def test_training_loop_reuses_cached_graphs():
+def _train_as_strict(steps: int) -> tuple[list[int], dict]:
+    """Trains in strict then in defer mode, checks that both give the same
+    losses and parameters; graphs built after each defer step, defer stats."""
+    strict_losses, _, strict_params = _train(steps, "strict")
     torch.tpu.reset_defer_stats()
-    strict_losses, _, strict_params = _train(8, "strict")
-    torch.tpu.reset_defer_stats()
-    defer_losses, graphs, defer_params = _train(8, "defer")
+    defer_losses, graphs, defer_params = _train(steps, "defer")
     torch.testing.assert_close(defer_losses, strict_losses, rtol=1e-5, atol=1e-6)
     for p, q in zip(defer_params, strict_params):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    return graphs, torch.tpu.defer_stats()
+
+
+def test_training_loop_reuses_cached_graphs():
+    graphs, stats = _train_as_strict(8)
     # after warm-up no new graph is built: every step hits the cache
     assert graphs[-1] == graphs[3], graphs
-    stats = torch.tpu.defer_stats()
     assert stats["cache_hits"] >= 4 and stats["flushes"]["item"] == 8
+
+
+@pytest.fixture
+def segments():
+    torch_tpu._C._set_defer_segment_ops(8)
+    yield
+    torch_tpu._C._set_defer_segment_ops(0)
+
+
+def test_segments_pipeline_a_training_loop_through_cached_graphs(segments):
+    graphs, stats = _train_as_strict(8)
+    # every step is cut into 8-op segments counted from its loss.item(), so
+    # every step maps to the same segments: no graph is built after warm-up
+    assert graphs[-1] == graphs[3], graphs
+    assert stats["flushes"]["item"] == 8 and stats["flushes"]["segment"] >= 8 * 3, (stats["flushes"], stats["recent_flushes"][:12])
+    assert all(f["ops"] <= 8 for f in stats["recent_flushes"]), stats["recent_flushes"]
+    assert [f["reason"] for f in stats["recent_flushes"][:2]] == ["item", "segment"]
+
+
+def test_segments_end_past_the_size_cap_and_loop_detection_takes_over(defer, segments):
+    torch_tpu._C._set_defer_max_ops(32)
+    try:
+        x = torch.zeros(4, device="tpu")
+        for _ in range(200):
+            x = x + 1
+        stats = torch.tpu.defer_stats()
+        # segments at 8, 16, 24, 32 ops after the last program cut; then one
+        # graph to the size cap, whose period gives the loop length
+        assert stats["flushes"]["segment"] == 4, stats["flushes"]
+        assert stats["flushes"]["size_cap"] == 1 and stats["flushes"]["loop"] >= 3, stats["flushes"]
+        assert stats["graphs_built"] <= 4, stats
+        assert torch.equal(x.cpu(), torch.full((4,), 200.0))
+        # a program cut starts segments again
+        for _ in range(20):
+            x = x + 1
+        torch.tpu.synchronize()
+        assert last_flush()["reason"] == "synchronize"
+        torch.tpu.reset_defer_stats()
+        for _ in range(20):
+            x = x + 1
+        assert torch.tpu.defer_stats()["flushes"]["segment"] == 2
+        assert torch.equal(x.cpu(), torch.full((4,), 240.0))
+    finally:
+        torch_tpu._C._set_defer_max_ops(8192)
+
+
+def test_segment_length_from_the_environment():
+    code = "import torch, torch_tpu; print(torch_tpu._C._get_defer_segment_ops())"
+    assert run_python(code).stdout.strip() == "0"
+    assert run_python(code, {"TORCH_TPU_DEFER_SEGMENT_OPS": "48"}).stdout.strip() == "48"
+    bad = run_python(code, {"TORCH_TPU_DEFER_SEGMENT_OPS": "many"})
+    assert bad.returncode != 0 and "TORCH_TPU_DEFER_SEGMENT_OPS='many' is invalid" in bad.stderr
 
 
 def _peak_of(fn) -> int:

@@ -274,6 +274,7 @@ typedef enum tpurt_flush_reason {
   TPURT_FLUSH_LOOP,         /* the recorded ops repeat a cached graph */
   TPURT_FLUSH_MODE,         /* leaving the DEFER mode */
   TPURT_FLUSH_COLLECTIVE,   /* collective communication */
+  TPURT_FLUSH_SEGMENT,      /* pipelining: a segment of a graph between program cuts */
   TPURT_FLUSH_NUM_REASONS
 } tpurt_flush_reason;
 TPURT_API const char *tpurt_flush_reason_name(tpurt_flush_reason r);
@@ -290,6 +291,18 @@ typedef const char *(*tpurt_site_fn)(tpurt_flush_reason *reason);
 TPURT_API void tpurt_defer_set_site_fn(tpurt_site_fn fn);
 /* Recorded ops per graph before a size-cap cut (default 8192; >= 16). */
 TPURT_API void tpurt_defer_set_max_ops(int n);
+/* Pipelining: the ops recorded after a program cut (a sync, a host copy,
+ * an explicit flush, ...) run in segments of n ops, each launched as soon
+ * as it is recorded, so the device executes one segment while the host
+ * records the next (0: off, the default; other values >= 8). Segments
+ * restart at every program cut, so a loop that cuts every iteration maps
+ * to the same cached graphs; past the size cap without a program cut the
+ * size cap and loop detection take over. A value that crosses a segment
+ * boundary is materialized and fusion stops there: segments trade the
+ * memory plan (activations that die or are recomputed later in the
+ * iteration) for overlap, hence off by default. */
+TPURT_API void tpurt_defer_set_segment_ops(int n);
+TPURT_API int tpurt_defer_get_segment_ops(void);
 
 typedef struct tpurt_defer_stats {
   uint64_t flushes[TPURT_FLUSH_NUM_REASONS];

@@ -57,7 +57,8 @@ TPURT_INTERNAL tpurt_status tpurt__check_device(int dev);
 
 /* ------------------------------------------------------- wait / notify */
 /* A wait word: waiters spin for a while, then sleep on a futex; notifiers
- * bump the epoch and only issue a wake syscall when someone sleeps. */
+ * bump the epoch and issue a wake syscall only when someone sleeps (wait.c).
+ * Waiters notified from different threads belong on different lines. */
 typedef struct tpurt__waiter {
   _Atomic uint32_t epoch;
   _Atomic uint32_t sleepers;
@@ -95,14 +96,15 @@ struct tpurt_stream {
   _Alignas(64) _Atomic uint64_t tail; /* commands enqueued (= last seq) */
   _Alignas(64) _Atomic uint64_t head; /* commands completed (= completed seq) */
   _Alignas(64) tpurt__waiter work_w;  /* worker sleeps here */
-  tpurt__waiter done_w;               /* synchronizers / full producers */
-  pthread_mutex_t err_mu;
+  _Alignas(64) tpurt__waiter done_w;  /* synchronizers / full producers */
+  _Alignas(64) pthread_mutex_t err_mu;
   tpurt_status err;
   char errmsg[TPURT_ERRMSG_LEN];
   pthread_t thread;
   pthread_mutex_t dmu; /* the pending deferred graph (defer.c) */
   void *dgraph;
   int defer_loop_len; /* recorded ops per graph once a loop was detected (0: none) */
+  int defer_since_cut; /* ops recorded since the last program cut (defer.c, segments) */
 };
 
 struct tpurt_event {

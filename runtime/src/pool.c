@@ -52,7 +52,8 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static atomic_flag g_busy = ATOMIC_FLAG_INIT;
 static uint32_t g_gen; /* only touched by the owner of g_busy */
 static _Atomic uint64_t g_posted; /* jobs posted; helpers wake when it moves */
-static tpurt__waiter g_work_w, g_done_w;
+static _Alignas(64) tpurt__waiter g_work_w; /* helpers sleep here */
+static _Alignas(64) tpurt__waiter g_done_w; /* the caller waits for chunks in progress */
 static _Thread_local int t_in_pool;
 
 void tpurt__pool_configure(int nthreads) { g_nthreads = nthreads > 0 ? nthreads : 1; }

@@ -1,7 +1,17 @@
 /*
  * wait.c — the wait/notify primitive: spin (with pause) for a short while
- * polling a predicate, then sleep on a futex word. Notifiers bump an epoch
- * and only make a syscall when a waiter is asleep.
+ * polling a predicate, then sleep on a futex word. Notifiers bump the
+ * epoch and make the wake syscall only when a waiter is asleep.
+ *
+ * A notifier that finds no sleeper writes nothing: the waiter's line stays
+ * in the caches of the threads that read it (a producer and a worker that
+ * each bumped an epoch on every command moved two lines between the cores
+ * a command). Lost wake-ups are excluded Dekker-style: the notifier makes
+ * its condition true, then (full fence) reads the sleeper count; a waiter
+ * counts itself a sleeper, then (full fence) reads the epoch and re-checks
+ * the condition before it sleeps on that epoch. Either the notifier sees
+ * the sleeper (and bumps the epoch, which fails the futex wait), or the
+ * waiter sees the condition.
  */
 #include <limits.h>
 #include <linux/futex.h>
@@ -18,9 +28,10 @@ int64_t tpurt__now_ns(void) {
 }
 
 void tpurt__notify(tpurt__waiter *w) {
+  atomic_thread_fence(memory_order_seq_cst);
+  if (atomic_load_explicit(&w->sleepers, memory_order_relaxed) == 0) return;
   atomic_fetch_add(&w->epoch, 1);
-  if (atomic_load(&w->sleepers) != 0)
-    syscall(SYS_futex, (uint32_t *)&w->epoch, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+  syscall(SYS_futex, (uint32_t *)&w->epoch, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
 void tpurt__wait(tpurt__waiter *w, int (*pred)(void *), void *ctx, int64_t spin_ns) {
@@ -34,6 +45,7 @@ void tpurt__wait(tpurt__waiter *w, int (*pred)(void *), void *ctx, int64_t spin_
     }
   }
   atomic_fetch_add(&w->sleepers, 1);
+  atomic_thread_fence(memory_order_seq_cst);
   for (;;) {
     uint32_t e = atomic_load(&w->epoch);
     if (pred(ctx)) break;

@@ -167,9 +167,11 @@ def _apply_environment() -> None:
     node_sites = os.environ.get("TORCH_TPU_DEFER_SITES", "1").strip().lower() in _TRUE
     _C._install_site_fn(os.path.dirname(torch.__file__) + os.sep, os.path.dirname(torch_tpu.__file__) + os.sep,
                         node_sites)
-    max_ops = os.environ.get("TORCH_TPU_DEFER_MAX_OPS", "").strip()
-    if max_ops:
-        try:
-            _C._set_defer_max_ops(int(max_ops))
-        except ValueError:
-            raise ValueError(f"TORCH_TPU_DEFER_MAX_OPS={max_ops!r} is invalid: expected an integer") from None
+    for name, setter in (("TORCH_TPU_DEFER_MAX_OPS", _C._set_defer_max_ops),
+                         ("TORCH_TPU_DEFER_SEGMENT_OPS", _C._set_defer_segment_ops)):
+        value = os.environ.get(name, "").strip()
+        if value:
+            try:
+                setter(int(value))
+            except ValueError:
+                raise ValueError(f"{name}={value!r} is invalid: expected an integer") from None

@@ -272,6 +272,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_defer_stats", &defer_stats);
   m.def("_reset_defer_stats", [] { tpurt_defer_reset_stats(); });
   m.def("_set_defer_max_ops", [](int n) { tpurt_defer_set_max_ops(n); });
+  m.def("_set_defer_segment_ops", [](int n) { tpurt_defer_set_segment_ops(n); });
+  m.def("_get_defer_segment_ops", [] { return tpurt_defer_get_segment_ops(); });
   m.def("_install_site_fn", &install_site_fn);
   m.attr("_api_version") = TPURT_API_VERSION;
 }

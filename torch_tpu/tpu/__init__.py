@@ -373,7 +373,10 @@ def reset_fallback_stats() -> None:
 
 def defer_stats() -> dict[str, Any]:
     """Counters of the DeferAndFuse mode since the last reset: ``flushes``
-    (cuts by reason), ``graphs_built`` (plans made: cache misses),
+    (cuts by reason: the program's — ``item``, ``to_host``, ``print``,
+    ``save``, ``synchronize``, ``event``, ``stream``, ``explicit``, ``mode``,
+    ``collective`` — and the engine's own: ``size_cap``, ``loop``,
+    ``segment`` with ``TORCH_TPU_DEFER_SEGMENT_OPS``), ``graphs_built`` (plans made: cache misses),
     ``cache_hits``, ``cached_graphs``, ``ops_recorded``, ``kernels_launched``,
     ``fused_kernels`` (kernels made of several ops), ``ops_fused``,
     ``ops_eliminated``, ``stores_eliminated`` (values kept in registers),
