@@ -3,8 +3,9 @@
 device   host<->device copy bandwidth vs memcpy, empty-op round trip
 elementwise  large add/mul/gelu vs CPU and vs the machine's STREAM triad; softmax, norms,
          gelu, tanh, erf, log, sqrt, column sum at a small training step's sizes vs CPU
-defer    DeferAndFuse vs strict eager vs CPU eager on minGPT / Llama / ResNet train steps, and their
-         AdamW step alone (strict, defer with foreach launches one by one, defer with one chain)
+defer    DeferAndFuse vs strict eager vs CPU eager on minGPT / Llama / ResNet train steps (defer also
+         with 64-op pipelined segments, TORCH_TPU_DEFER_SEGMENT_OPS), and their AdamW step alone
+         (strict, defer with foreach launches one by one, defer with one chain)
 gemm     GEMM library choice (OpenBLAS / oneDNN / torch CPU, FMA peak),
          tpu fp32/bf16 GEMM vs CPU, conv2d on ResNet-18 shapes vs CPU
 attention fused scaled_dot_product_attention fwd and fwd+bwd vs CPU SDPA
@@ -94,12 +95,15 @@ def main(argv: list[str] | None = None) -> int:
         att, att_table = attention.attention(max(3, args.repeats // 5))
         emit("attention", {"machine": common.machine(), **att}, "Fused attention", att_table)
     if "defer" in args.suites:
-        res, table = defer.run(max(5, args.repeats))
+        res, table, seg_table = defer.run(max(5, args.repeats))
         opt_res, opt_table = defer.optimizer_steps(max(5, args.repeats))
         emit("defer", {"machine": common.machine(), "workloads": res, "optimizer_steps": opt_res},
              "DeferAndFuse vs strict eager vs CPU",
              "Training steps (batch 16; minGPT and Llama: 64 tokens, ResNet: 32×32 images), median of "
-             "interleaved repeats:\n\n" + table + "\n\nThe AdamW step alone on the same parameters (fixed "
+             "interleaved repeats:\n\n" + table + "\n\nThe same steps with pipelined segments "
+             f"(`TORCH_TPU_DEFER_SEGMENT_OPS={defer.SEGMENT_OPS}`, off by default: the device runs one segment "
+             "while the host records the next; values crossing a boundary are materialized), interleaved in the "
+             "same repeats; peaks measured alone:\n\n" + seg_table + "\n\nThe AdamW step alone on the same parameters (fixed "
              "gradients; foreach launches run one by one or as one chain — `TORCH_TPU_DEFER_CHAINS`), ms per step, "
              "median of interleaved repeats of 5 steps:\n\n" + opt_table)
     if "fft" in args.suites:

@@ -2,7 +2,8 @@
 the small workloads of bench/models.py (minGPT, Llama-style decoder,
 ResNet-18-style CNN). One training step = zero_grad, forward, loss,
 backward, AdamW step, loss.item() (the usual logging sync, which is also
-the cut that ends the deferred graph). Configurations alternate inside
+the cut that ends the deferred graph); DeferAndFuse runs by default and
+with pipelined segments (TORCH_TPU_DEFER_SEGMENT_OPS). Configurations alternate inside
 every repeat; the median step time is reported, with peak device memory
 per mode (each mode's training loop alone on the device: params, grads,
 optimizer state, batches and the step's own memory) and the host time
@@ -23,11 +24,13 @@ from bench import models
 from bench.common import interleaved, markdown_table, settle
 
 WORKLOADS = ("mingpt", "llama", "resnet")
+SEGMENT_OPS = 64  # the pipelined configuration (TORCH_TPU_DEFER_SEGMENT_OPS) measured beside the default
 
 
 class Runner:
-    def __init__(self, device: str, mode: str | None, base: torch.nn.Module, batches, loss_fn) -> None:
-        self.device, self.mode = device, mode
+    def __init__(self, device: str, mode: str | None, base: torch.nn.Module, batches, loss_fn,
+                 segment_ops: int = 0) -> None:
+        self.device, self.mode, self.segment_ops = device, mode, segment_ops
         self.model = copy.deepcopy(base).to(device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
         self.batches = [(x.to(device), y.to(device)) for x, y in batches]
@@ -39,7 +42,7 @@ class Runner:
         x, y = self.batches[self.i % len(self.batches)]
         self.i += 1
         ctx = torch_tpu.execution_mode(self.mode) if self.mode else contextlib.nullcontext()
-        with ctx:
+        with ctx, _segments(self.segment_ops):
             t0 = time.perf_counter()
             self.opt.zero_grad(set_to_none=True)
             loss = self.loss_fn(self.model(x), y)
@@ -49,13 +52,27 @@ class Runner:
             return loss.item()
 
 
-def _peak(mode: str, base: torch.nn.Module, batches, loss_fn, warmup: int = 2, steps: int = 3) -> int:
+@contextlib.contextmanager
+def _segments(n: int):
+    """Pipelined segments of n ops for the duration (0: the default, off)."""
+    if not n:
+        yield
+        return
+    torch_tpu._C._set_defer_segment_ops(n)
+    try:
+        yield
+    finally:
+        torch_tpu._C._set_defer_segment_ops(0)
+
+
+def _peak(mode: str, base: torch.nn.Module, batches, loss_fn, warmup: int = 2, steps: int = 3,
+          segment_ops: int = 0) -> int:
     """Peak device bytes of one training loop of `mode` alone on the device
     (a fresh runner after the timed ones are gone: a second model and its
     optimizer state resident next to it would dilute the ratio)."""
     torch.tpu.synchronize()
     other = torch.tpu.memory_allocated()
-    r = Runner("tpu", mode, base, batches, loss_fn)
+    r = Runner("tpu", mode, base, batches, loss_fn, segment_ops)
     for _ in range(warmup):
         r.step()
     torch.tpu.synchronize()
@@ -120,38 +137,55 @@ def optimizer_steps(repeats: int, workloads=WORKLOADS) -> tuple[dict, str]:
     return results, table
 
 
-def run(repeats: int, workloads=WORKLOADS, warmup: int = 3) -> tuple[dict, str]:
+_COUNTS = ("ops_recorded", "kernels_launched", "graphs_built", "cache_hits")
+
+
+def _counts() -> dict[str, int]:
+    stats = torch.tpu.defer_stats()
+    return {k: stats[k] for k in _COUNTS}
+
+
+def run(repeats: int, workloads=WORKLOADS, warmup: int = 3) -> tuple[dict, str, str]:
+    """The main table (CPU / strict / defer) and the pipelined-segments
+    table (defer with SEGMENT_OPS-op segments beside the default)."""
     results: dict = {}
-    rows = []
+    rows, seg_rows = [], []
+    seg_key = f"tpu defer seg{SEGMENT_OPS}"
     for name in workloads:
         base, batches, loss_fn = models.make(name)
         runners = {
             "cpu eager": Runner("cpu", None, base, batches, loss_fn),
             "tpu strict": Runner("tpu", "strict", base, batches, loss_fn),
             "tpu defer": Runner("tpu", "defer", base, batches, loss_fn),
+            seg_key: Runner("tpu", "defer", base, batches, loss_fn, SEGMENT_OPS),
         }
         for r in runners.values():
             for _ in range(warmup):
                 r.step()
             r.issue.clear()
-        torch.tpu.reset_defer_stats()
         samples: dict[str, list[float]] = {k: [] for k in runners}
+        counts = {k: dict.fromkeys(_COUNTS, 0) for k in runners}
         for _ in range(repeats):
             for k, r in runners.items():
+                before = _counts()
                 settle()
                 t0 = time.perf_counter()
                 r.step()
                 samples[k].append(time.perf_counter() - t0)
-        stats = torch.tpu.defer_stats()
+                for c, v in _counts().items():
+                    counts[k][c] += v - before[c]
         med = {k: statistics.median(v) for k, v in samples.items()}
         issue = {k: statistics.median(r.issue) for k, r in runners.items()}
         runners.clear()
         gc.collect()
         peak_strict = _peak("strict", base, batches, loss_fn)
         peak_defer = _peak("defer", base, batches, loss_fn)
+        peak_seg = _peak("defer", base, batches, loss_fn, segment_ops=SEGMENT_OPS)
         params = sum(p.numel() for p in base.parameters())
+        stats = counts["tpu defer"]
         res = {"params": params, "step_s": med, "issue_s": issue, "peak_strict": peak_strict,
-               "peak_defer": peak_defer, "defer_stats": {k: v for k, v in stats.items() if k != "recent_flushes"}}
+               "peak_defer": peak_defer, "peak_defer_segments": peak_seg, "segment_ops": SEGMENT_OPS,
+               "defer_counts": counts}
         results[name] = res
         rows.append([
             f"{name} ({params / 1e6:.2f}M params)",
@@ -162,9 +196,22 @@ def run(repeats: int, workloads=WORKLOADS, warmup: int = 3) -> tuple[dict, str]:
             f"{stats['ops_recorded'] // max(1, repeats)} → {stats['kernels_launched'] // max(1, repeats)}",
             f"{stats['graphs_built']} / {stats['cache_hits']}",
         ])
+        seg = counts[seg_key]
+        seg_rows.append([
+            name, f"{med['tpu strict'] * 1e3:.1f}", f"{med['tpu defer'] * 1e3:.1f}", f"{med[seg_key] * 1e3:.1f}",
+            f"{med['tpu defer'] / med[seg_key]:.2f}×", f"{med['tpu strict'] / med[seg_key]:.2f}×",
+            f"{med['cpu eager'] / med[seg_key]:.2f}×",
+            f"{peak_defer / max(1, peak_strict):.2f}× / {peak_seg / max(1, peak_strict):.2f}×",
+            f"{seg['kernels_launched'] // max(1, repeats)}", f"{seg['graphs_built']} / {seg['cache_hits']}",
+        ])
     table = markdown_table([
         "train step", "CPU eager ms", "tpu strict ms", "tpu defer ms", "defer speed / strict (goal ≥ 2.0×)",
         "defer speed / CPU (goal ≥ 1.3×)", "peak MiB strict / defer (goal ≤ 0.7×)",
         "host issue ms strict / defer", "ops → kernels per step (defer)", "graphs built / cache hits",
     ], rows)
-    return results, table
+    seg_table = markdown_table([
+        "train step", "tpu strict ms", "tpu defer ms", f"defer, {SEGMENT_OPS}-op segments ms",
+        "segments speed / defer", "segments speed / strict", "segments speed / CPU",
+        "peak / strict: defer / segments", "kernels per step (segments)", "graphs built / cache hits (segments)",
+    ], seg_rows)
+    return results, table, seg_table
