@@ -32,6 +32,19 @@
 
 #define CHUNKS_PER_THREAD 4
 
+/* How long a helper polls for the next job before it sleeps. A program
+ * that syncs after each kernel (or records a deferred graph between
+ * flushes) leaves gaps of one host round trip between kernels, and on a
+ * shared VM a futex wake-up costs ~50-100 us and may land the woken
+ * helper on the busy caller's CPU: with the 50 us of the other waits, a
+ * 512^3 f32 product synced after each call ran at one thread's speed
+ * (2.2 ms at 2 threads, 2.0 ms at 1; back to back 0.98 ms). Polling for
+ * 1 ms (~GOMP's default spin) keeps the helper on its own core across
+ * such gaps: 2.2 -> 1.3 ms (200 us: 1.3, 2 ms: 1.1). A helper that polls
+ * executes pause and only reads one word; it gives its core back to the
+ * OS after 1 ms of idleness. */
+#define POOL_SPIN_NS 1000000
+
 #define POOL_MAX 256 /* threads */
 
 /* per share: gen << 32 | chunks claimed from the front << 16 | from the back */
@@ -127,7 +140,7 @@ static void *helper_main(void *arg) {
   t_in_pool = 1;
   post_ctx c = {0};
   for (;;) {
-    tpurt__wait(&g_work_w, pred_posted, &c, TPURT_SPIN_NS);
+    tpurt__wait(&g_work_w, pred_posted, &c, POOL_SPIN_NS);
     c.seen = atomic_load_explicit(&g_posted, memory_order_acquire);
     run_chunks(self);
   }
