@@ -223,19 +223,41 @@ def segments():
 
 def test_segments_pipeline_a_training_loop_through_cached_graphs(segments):
     graphs, stats = _train_as_strict(8)
-    # every step is cut into 8-op segments counted from its loss.item(), so
-    # every step maps to the same segments: no graph is built after warm-up
-    assert graphs[-1] == graphs[3], graphs
-    assert stats["flushes"]["item"] == 8 and stats["flushes"]["segment"] >= 8 * 3, (stats["flushes"], stats["recent_flushes"][:12])
-    assert all(f["ops"] <= 8 for f in stats["recent_flushes"]), stats["recent_flushes"]
+    # once two steps had the same length, every step is cut into 8-op
+    # segments counted from its loss.item(), so every step maps to the same
+    # segments: no graph is built after warm-up
+    assert graphs[-1] == graphs[4], graphs
+    assert stats["flushes"]["item"] == 8 and stats["flushes"]["segment"] >= 5 * 3, (stats["flushes"], stats["recent_flushes"][:12])
+    assert all(f["ops"] <= 8 for f in stats["recent_flushes"][:12]), stats["recent_flushes"][:12]
     assert [f["reason"] for f in stats["recent_flushes"][:2]] == ["item", "segment"]
+
+
+def _cut_after(ops: int, x: torch.Tensor) -> torch.Tensor:
+    for _ in range(ops):
+        x = x + 1
+    torch.tpu.synchronize()
+    return x
+
+
+def test_segments_only_after_two_equal_intervals_between_cuts(defer, segments):
+    x = torch.zeros(4, device="tpu")
+    x = _cut_after(20, x)  # the first interval
+    x = _cut_after(30, x)  # not the same length: no segments next time
+    torch.tpu.reset_defer_stats()
+    x = _cut_after(30, x)  # 30 == 30: segments from the next interval on
+    assert torch.tpu.defer_stats()["flushes"]["segment"] == 0
+    x = _cut_after(30, x)
+    assert torch.tpu.defer_stats()["flushes"]["segment"] == 3  # at 8, 16, 24 ops
+    assert torch.equal(x.cpu(), torch.full((4,), 110.0))
 
 
 def test_segments_end_past_the_size_cap_and_loop_detection_takes_over(defer, segments):
     torch_tpu._C._set_defer_max_ops(32)
     try:
         x = torch.zeros(4, device="tpu")
-        for _ in range(200):
+        x = _cut_after(10, _cut_after(10, _cut_after(10, x)))  # two equal intervals: segments on
+        torch.tpu.reset_defer_stats()
+        for _ in range(180):
             x = x + 1
         stats = torch.tpu.defer_stats()
         # segments at 8, 16, 24, 32 ops after the last program cut; then one
@@ -243,17 +265,15 @@ def test_segments_end_past_the_size_cap_and_loop_detection_takes_over(defer, seg
         assert stats["flushes"]["segment"] == 4, stats["flushes"]
         assert stats["flushes"]["size_cap"] == 1 and stats["flushes"]["loop"] >= 3, stats["flushes"]
         assert stats["graphs_built"] <= 4, stats
-        assert torch.equal(x.cpu(), torch.full((4,), 200.0))
-        # a program cut starts segments again
-        for _ in range(20):
-            x = x + 1
-        torch.tpu.synchronize()
+        assert torch.equal(x.cpu(), torch.full((4,), 210.0))
+        # the interval was not like the last one: no segments after the cut
+        x = _cut_after(20, x)
         assert last_flush()["reason"] == "synchronize"
         torch.tpu.reset_defer_stats()
-        for _ in range(20):
-            x = x + 1
+        x = _cut_after(20, x)  # 20 == 20: segments come back for the next one
+        x = _cut_after(20, x)
         assert torch.tpu.defer_stats()["flushes"]["segment"] == 2
-        assert torch.equal(x.cpu(), torch.full((4,), 240.0))
+        assert torch.equal(x.cpu(), torch.full((4,), 270.0))
     finally:
         torch_tpu._C._set_defer_max_ops(8192)
 

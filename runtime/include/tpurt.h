@@ -296,8 +296,10 @@ TPURT_API void tpurt_defer_set_max_ops(int n);
  * as it is recorded, so the device executes one segment while the host
  * records the next (0: off, the default; other values >= 8). Segments
  * restart at every program cut, so a loop that cuts every iteration maps
- * to the same cached graphs; past the size cap without a program cut the
- * size cap and loop detection take over. A value that crosses a segment
+ * to the same cached graphs; they are used once the last two intervals
+ * between program cuts had the same number of ops (such a loop), and not
+ * past the size cap without a program cut (the size cap and loop
+ * detection take over). A value that crosses a segment
  * boundary is materialized and fusion stops there: segments trade the
  * memory plan (activations that die or are recomputed later in the
  * iteration) for overlap, hence off by default. */

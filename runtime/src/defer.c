@@ -401,7 +401,11 @@ static int note_op(dgraph *g, dnode *d) {
  * g_seg_ops > 0 the ops after a program cut are cut every g_seg_ops ops:
  * each segment runs while the host records the next. The segments are
  * counted from the program cut, so an iteration that ends in a cut maps
- * to the same segments, all cached, every time. Fusion stops at segment
+ * to the same segments, all cached, every time; they are used only after
+ * two equal intervals between program cuts (a loop that cuts every
+ * iteration): a program whose cuts come at varying distances (sampling
+ * token by token with growing shapes) would make every segment a new
+ * graph (minGPT's `make run` built 145 plans instead of 7). Fusion stops at segment
  * boundaries and a value crossing one is materialized: a training step's
  * saved activations then all take memory (measured: peak 0.70x strict
  * becomes ~1.0x with 64-op segments, for ~5-10 % less step time), which
@@ -409,13 +413,14 @@ static int note_op(dgraph *g, dnode *d) {
  * cap without a cut gets no segments past it: the size cap and loop
  * detection cut it into repeating graphs, and with no sync the host runs
  * ahead of the device anyway. */
-static tpurt_status after_record(tpurt_stream *s, int n, int since_cut) {
+static tpurt_status after_record(tpurt_stream *s, int n, int since_cut, int seg_ok) {
   int loop = s->defer_loop_len;
   if (loop > 0 && n >= loop) return tpurt__defer_flush_device(s->dev, TPURT_FLUSH_LOOP);
   int cap = atomic_load_explicit(&g_max_ops, memory_order_relaxed);
   if (n >= cap) return tpurt__defer_flush_device(s->dev, TPURT_FLUSH_SIZE_CAP);
   int seg = atomic_load_explicit(&g_seg_ops, memory_order_relaxed);
-  if (seg > 0 && loop == 0 && n >= seg && since_cut <= cap) return tpurt__defer_flush_stream(s, TPURT_FLUSH_SEGMENT);
+  if (seg > 0 && seg_ok && loop == 0 && n >= seg && since_cut <= cap)
+    return tpurt__defer_flush_stream(s, TPURT_FLUSH_SEGMENT);
   return TPURT_OK;
 }
 
@@ -473,9 +478,10 @@ static tpurt_status record_end(tpurt_stream *s, dgraph *g, dnode *d, int was_emp
   mark_pending(s, g, was_empty);
   int n = note_op(g, d);
   int since_cut = s->defer_since_cut < INT_MAX ? ++s->defer_since_cut : INT_MAX;
+  int seg_ok = s->defer_seg_ok;
   pthread_mutex_unlock(&s->dmu);
   count_recorded();
-  return after_record(s, n, since_cut);
+  return after_record(s, n, since_cut, seg_ok);
 }
 
 tpurt_status tpurt__defer_record_launch(tpurt_stream *s, const char *name, tpurt_kernel_fn fn, const void *args,
@@ -2452,6 +2458,9 @@ tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reaso
     s->defer_loop_len = P > 0 ? P * (cap / P) : 0;
   } else if (!internal) {
     s->defer_loop_len = 0; /* the program cuts its graphs itself */
+    int interval = s->defer_since_cut;
+    s->defer_seg_ok = interval > 0 && interval == s->defer_prev_interval;
+    s->defer_prev_interval = interval;
     s->defer_since_cut = 0;
   }
   tpurt__defer_bypass++;

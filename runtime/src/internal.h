@@ -104,7 +104,9 @@ struct tpurt_stream {
   pthread_mutex_t dmu; /* the pending deferred graph (defer.c) */
   void *dgraph;
   int defer_loop_len; /* recorded ops per graph once a loop was detected (0: none) */
-  int defer_since_cut; /* ops recorded since the last program cut (defer.c, segments) */
+  int defer_since_cut;     /* ops recorded since the last program cut (defer.c, segments) */
+  int defer_prev_interval; /* ops between the last two program cuts */
+  int defer_seg_ok;        /* the last two intervals were equal: segments are on */
 };
 
 struct tpurt_event {
