@@ -30,6 +30,10 @@ static tpurt_devptr dev_from(const void *h, size_t bytes) {
 }
 
 static tpurt_ew_program prog1(tpurt_ew_op op, tpurt_dtype compute, int nsrc, double p0, double p1) {
+  if (nsrc < 0 || nsrc > 3) { /* an op reads at most 3 sources (and the loads fit the program) */
+    fprintf(stderr, "prog1: %d sources\n", nsrc);
+    abort();
+  }
   tpurt_ew_program pr;
   memset(&pr, 0, sizeof pr);
   pr.compute = compute;
