@@ -394,6 +394,10 @@ static inline void pack_sliver(float *restrict d, int w, const float *src, int64
 /* Element offset of index q of a dimension spread over images of L
  * elements, img apart (prod's a_L / c_L). */
 static inline int64_t spread(int64_t q, int64_t L, int64_t img) { return q / L * img + q % L; }
+/* C's columns [j, j + n) lie in one image (always when C is not spread). */
+static inline int c_one_image(const prod *x, int64_t j, int64_t n) { return !x->c_L || j % x->c_L + n <= x->c_L; }
+/* Column j of C's first row. */
+static inline float *c_column(const prod *x, int64_t j) { return x->C + (x->c_L ? spread(j, x->c_L, x->c_img) : j); }
 
 /* op(A)[i0:i0+mc, p0:p0+kc] -> dst, MR-tall slivers, rows past mc zero.
  * A spread over images (a_L > 0, plain A) is packed one image's run of
@@ -837,7 +841,7 @@ static void macro(const panel_job *j, int64_t r0, int64_t r1, int64_t s0, int64_
        * image, run their full row slivers as 6 x 32 tiles (AVX-512), a
        * partial one below */
       int pair = x->wide && ap && t + 1 < s1 && jt + 2 * NR <= j->j0 + j->nc &&
-                 (!x->c_L || (jt % x->c_L + NR <= x->c_L && (jt + NR) % x->c_L + NR <= x->c_L));
+                 c_one_image(x, jt, NR) && c_one_image(x, jt + NR, NR);
       int64_t t_end = t + 1 + pair;
       /* sliver u at bt + (u - t) * step, its rows bs apart: packed (panel
        * or stack: step kc * NR, bs NR) or, for full slivers of a plain B
@@ -856,8 +860,7 @@ static void macro(const panel_job *j, int64_t r0, int64_t r1, int64_t s0, int64_
       }
 #if defined(__x86_64__) || defined(__i386__)
       if (pair) {
-        float *cb = x->C + (x->c_L ? spread(jt, x->c_L, x->c_img) : jt);
-        float *cbh = x->C + (x->c_L ? spread(jt + NR, x->c_L, x->c_img) : jt + NR);
+        float *cb = c_column(x, jt), *cbh = c_column(x, jt + NR);
         for (; s_from + MR <= mc; s_from += MR)
           ukr2_avx512(kc, ap + s_from * kc, bt, bt + step, bs, cb + (ic + s_from) * x->ldc,
                       cbh + (ic + s_from) * x->ldc, x->ldc, x->alpha, j->beta);
@@ -868,8 +871,8 @@ static void macro(const panel_job *j, int64_t r0, int64_t r1, int64_t s0, int64_
         int64_t jj = j->j0 + u * NR, n = j->j0 + j->nc - jj < NR ? j->j0 + j->nc - jj : NR;
         /* C spread over images: the tile's columns in one image are one
          * block of C; a tile across images is written column by column */
-        int one_img = !x->c_L || jj % x->c_L + n <= x->c_L;
-        float *cb = x->C + (x->c_L ? spread(jj, x->c_L, x->c_img) : jj);
+        int one_img = c_one_image(x, jj, n);
+        float *cb = c_column(x, jj);
         for (int64_t s = s_from; s < mc; s += MR) {
           int64_t m = mc - s < MR ? mc - s : MR;
           float *c = cb + (ic + s) * x->ldc;
