@@ -42,7 +42,7 @@ class Runner:
         x, y = self.batches[self.i % len(self.batches)]
         self.i += 1
         ctx = torch_tpu.execution_mode(self.mode) if self.mode else contextlib.nullcontext()
-        with ctx, _segments(self.segment_ops):
+        with ctx, _segments(self.segment_ops if self.device == "tpu" else None):
             t0 = time.perf_counter()
             self.opt.zero_grad(set_to_none=True)
             loss = self.loss_fn(self.model(x), y)
@@ -53,16 +53,19 @@ class Runner:
 
 
 @contextlib.contextmanager
-def _segments(n: int):
-    """Pipelined segments of n ops for the duration (0: the default, off)."""
-    if not n:
+def _segments(n: int | None):
+    """Pipelined segments of n ops for the duration (0: off, whatever
+    TORCH_TPU_DEFER_SEGMENT_OPS says; None: leave the setting alone), then
+    the previous setting again."""
+    if n is None:
         yield
         return
+    previous = torch_tpu._C._get_defer_segment_ops()
     torch_tpu._C._set_defer_segment_ops(n)
     try:
         yield
     finally:
-        torch_tpu._C._set_defer_segment_ops(0)
+        torch_tpu._C._set_defer_segment_ops(previous)
 
 
 def _peak(mode: str, base: torch.nn.Module, batches, loss_fn, warmup: int = 2, steps: int = 3,
