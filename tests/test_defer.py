@@ -227,7 +227,8 @@ def test_segments_pipeline_a_training_loop_through_cached_graphs(segments):
     # segments counted from its loss.item(), so every step maps to the same
     # segments: no graph is built after warm-up
     assert graphs[-1] == graphs[4], graphs
-    assert stats["flushes"]["item"] == 8 and stats["flushes"]["segment"] >= 5 * 3, (stats["flushes"], stats["recent_flushes"][:12])
+    assert stats["flushes"]["item"] == 8 and stats["flushes"]["segment"] >= 5 * 3, \
+        (stats["flushes"], stats["recent_flushes"][:12])
     assert all(f["ops"] <= 8 for f in stats["recent_flushes"][:12]), stats["recent_flushes"][:12]
     assert [f["reason"] for f in stats["recent_flushes"][:2]] == ["item", "segment"]
 
