@@ -1,9 +1,9 @@
 #define _GNU_SOURCE
 /* test_sgemm.c — the runtime's own packed f32 GEMM (kernels/sgemm.c),
  * forced with TORCH_TPU_SGEMM=own (AVX2 micro-kernel where the CPU has it,
- * with 6 x 32 AVX-512 tiles where it has those), =narrow (no 6 x 32 tiles)
+ * with 8 x 32 AVX-512 tiles where it has those), =narrow (AVX2 6 x 16 tiles)
  * and =scalar (portable micro-kernel), against a double-accumulated
- * reference: shapes around the 6x16 micro-tile and the cache blocks, all
+ * reference: shapes around the micro-tiles and the cache blocks, all
  * transposes, leading dimensions above the minimum, alpha/beta (beta 0 with
  * NaN in C), batches with stride-0 operands, K == 0; and bitwise
  * determinism across repeats and pool sizes (child processes with
@@ -332,7 +332,8 @@ int main(int argc, char **argv) {
   uint64_t h_own = det_hash();
   setenv("TORCH_TPU_SGEMM", "nobuf", 1);
   CHECK(det_hash() == h_own);
-  /* ... and so do the 6 x 16 tiles alone (AVX-512 CPUs run 6 x 32 tiles) */
+  /* ... and so do the 6 x 16 tiles alone (AVX-512 CPUs run 8 x 32 tiles):
+   * an element's bits do not depend on the tile shape */
   setenv("TORCH_TPU_SGEMM", "narrow", 1);
   CHECK(det_hash() == h_own);
   if (g_failures) {

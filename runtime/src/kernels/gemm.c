@@ -270,7 +270,7 @@ static int use_own(int64_t nb, int64_t M, int64_t N, int64_t K) {
    * 64x12544x147 x4 97 vs 107, 64x3136x576 x4 76 vs 95, 256x196x2304 x4
    * 92 vs 102; single products 4096x1024x256 156 vs 139, 4096x768x256 152
    * vs 125, 4096x256x256 115 vs 85, 1024^3 121 vs 106. */
-  /* The same rule on AVX-512 CPUs, where the own kernel runs 6 x 32 tiles
+  /* The same rule on AVX-512 CPUs, where the own kernel ran 6 x 32 tiles (8 x 32 since)
    * and the library its 16-wide SkylakeX kernels: Xeon, 2 threads,
    * bench_sgemm median of 5 (own vs tiles GFLOP/s): 256^3 202 vs 142, 512^3
    * 242 vs 218, 1024^3 283 vs 278, 4096x1024x256 326 vs 285, 4096x768x256

@@ -51,14 +51,14 @@ TPURT_INTERNAL void tpurt__sgemm_conv(int kind, const tpurt_conv_cols *g, int64_
                                       float *y, int64_t y_img, float beta, int flags);
 /* TORCH_TPU_SGEMM: 0 auto (by shape), 1 own kernel, 2 OpenBLAS tiles,
  * 3 own kernel with the portable micro-kernel, 4 own kernel without its
- * packing buffers, 5 own kernel without the AVX-512 6 x 32 tiles. */
+ * packing buffers, 5 own kernel with the AVX2 6 x 16 tiles on an AVX-512 CPU. */
 TPURT_INTERNAL int tpurt__sgemm_mode(void);
 /* CPU features (detected once): AVX2 with FMA (the 8-lane kernels), and
  * AVX-512F (16-lane kernels: the own GEMM then runs full pairs of 16-wide
- * slivers as 6 x 32 tiles). */
+ * slivers as 8 x 32 tiles). */
 TPURT_INTERNAL int tpurt__cpu_has_avx2_fma(void);
 TPURT_INTERNAL int tpurt__cpu_has_avx512(void);
-/* "6x32 AVX-512 + 6x16 AVX2/FMA", "6x16 AVX2/FMA" or "6x16 portable": the
+/* "8x32 + 8x16 AVX-512", "6x16 AVX2/FMA" or "6x16 portable": the
  * micro-kernels chosen for this CPU. */
 TPURT_INTERNAL const char *tpurt__sgemm_kernel_name(void);
 TPURT_INTERNAL void tpurt__dgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const double *A,

@@ -12,11 +12,17 @@
  *
  * The micro-kernel keeps an MR x NR = 6 x 16 tile of C in 12 ymm
  * accumulators (AVX2 + FMA; per k: 2 loads of B, 6 broadcasts of A, 12
- * FMAs). On AVX-512 CPUs two full slivers run together as a 6 x 32 tile
- * in 12 zmm accumulators and a single one as a 6 x 16 tile in 6 (same
- * packing, same FMAs per element in the same order: the same bits). It is compiled for AVX2/FMA with a target attribute and chosen at
- * run time; any other x86-64 (or TORCH_TPU_SGEMM=scalar) runs a portable C
- * micro-kernel with the same structure. Packing reads any layout (plain
+ * FMAs). On AVX-512 CPUs A slivers are 8 rows tall (MR 8): two full B
+ * slivers run together as an 8 x 32 tile in 16 zmm accumulators (per k: 2
+ * loads, 8 broadcasts, 16 FMAs) and a single one as an 8 x 16 tile in 8.
+ * Eight rows divide the row counts of real products (channels, features,
+ * tokens: multiples of 8) where six leave a partial sliver that computes a
+ * full tile for a few rows: a 32-channel convolution ran 5 full slivers and
+ * a third of one. Every C element gets the same FMAs in the same order in
+ * each tile shape: the same bits. The kernels are compiled for AVX2/FMA or
+ * AVX-512 with target attributes and chosen at run time; any other x86-64
+ * (or TORCH_TPU_SGEMM=scalar) runs a portable C micro-kernel with the same
+ * structure. Packing reads any layout (plain
  * or transposed, any leading dimension), and pads edge slivers with
  * zeros; partial micro-tiles are computed into a temporary tile and only
  * their valid part is written back.
@@ -32,7 +38,10 @@
  * Blocking for Zen3 (L1d 32 KiB, L2 512 KiB per core, L3 32 MiB shared):
  * a B sliver (KC x NR x 4 = 16 KiB at KC 256) stays in L1 while the A
  * block (MC x KC x 4) streams from L2; the B panel (KC x NC) lives in L3.
- * Sizes measured with runtime/bench/bench_sgemm.c (see BLOCK_* below).
+ * Sizes measured with runtime/bench/bench_sgemm.c (see BLOCK_* below). On
+ * the AVX-512 Xeon (L1d 48 KiB, L2 2 MiB) the 8 x 32 tiles keep a pair of
+ * slivers (32 KiB) in L1; KC 192 / 384 and MC 128 / 192 measured within
+ * +-5 % of these sizes (paired in-process samples, 2 threads).
  *
  * Batched products: small products (or many of them) run one whole
  * product per pool task with thread-local buffers; large ones run one
@@ -56,11 +65,11 @@
 
 #include "gemm_internal.h"
 
-#define MR 6
+#define MR_MAX 8 /* rows of an A sliver: 6 (AVX2, portable) or 8 (AVX-512), prod.mr */
 #define NR 16
 
 /* Block sizes (elements). KC: depth of a panel; MC: rows of an A block
- * (multiple of MR); NC: columns of a B panel (multiple of NR).
+ * (rounded down to a multiple of MR per product); NC: columns of a B panel (multiple of NR).
  * Overridable for measurements with TORCH_TPU_SGEMM_BLOCKS="KC,MC,NC"
  * (read at every product). Measured single-threaded on the (shared,
  * loaded: +-10 %) 2-core Zen3, GFLOP/s by CPU time, best of 9:
@@ -107,14 +116,14 @@ int tpurt__cpu_has_avx512(void) { return (cpu_features() >> 1) & 1; }
 
 const char *tpurt__sgemm_kernel_name(void) {
   if (!tpurt__cpu_has_avx2_fma()) return "6x16 portable";
-  return tpurt__cpu_has_avx512() ? "6x32 + 6x16 AVX-512" : "6x16 AVX2/FMA";
+  return tpurt__cpu_has_avx512() ? "8x32 + 8x16 AVX-512" : "6x16 AVX2/FMA";
 }
 
 /* TORCH_TPU_SGEMM: "auto" (default: by shape, see tpurt__sgemm_use_own),
  * "own" (always this kernel), "scalar" (this kernel with the portable
  * micro-kernel), "blas" (always the OpenBLAS tiles), "nobuf" (this kernel
  * as when its packing buffers cannot be allocated: tests), "narrow" (this
- * kernel without the AVX-512 6 x 32 tiles: tests, measurements). Read at every
+ * kernel with the AVX2 6 x 16 tiles on an AVX-512 CPU: tests, measurements). Read at every
  * product (benchmarks and tests switch it between calls). */
 int tpurt__sgemm_mode(void) {
   const char *e = getenv("TORCH_TPU_SGEMM");
@@ -131,9 +140,10 @@ static blocks read_blocks(void) {
   blocks b = g_blocks;
   const char *e = getenv("TORCH_TPU_SGEMM_BLOCKS");
   long kc = 0, mc = 0, nc = 0;
-  if (e && *e && sscanf(e, "%ld,%ld,%ld", &kc, &mc, &nc) == 3 && kc >= 8 && kc <= KC_MAX && mc >= MR && nc >= NR) {
+  if (e && *e && sscanf(e, "%ld,%ld,%ld", &kc, &mc, &nc) == 3 && kc >= 8 && kc <= KC_MAX && mc >= MR_MAX &&
+      nc >= NR) {
     b.kc = kc;
-    b.mc = mc / MR * MR;
+    b.mc = mc;
     b.nc = nc / NR * NR;
   }
   return b;
@@ -149,19 +159,28 @@ typedef void (*ukr_fn)(int64_t k, const float *a, const float *b, int64_t bs, fl
                        float beta);
 
 #if defined(__x86_64__) || defined(__i386__)
-/* The body of a 6 x 2W micro-tile on W-lane registers V (intrinsics prefix
- * P), in 12 accumulators: per k 2 loads of B (the tile's left half from b0,
- * its right half from b1, each advancing NR a row), 6 broadcasts of A, 12
- * FMAs; then alpha * acc (+ beta * C) into the left half's columns at c and
- * the right half's at ch (rows ldc apart for both). */
+/* Row lists of a micro-tile: F(V, P, i) for each row i. */
+#define ROWS6(F, V, P) F(V, P, 0) F(V, P, 1) F(V, P, 2) F(V, P, 3) F(V, P, 4) F(V, P, 5)
+#define ROWS8(F, V, P) ROWS6(F, V, P) F(V, P, 6) F(V, P, 7)
+
+/* The body of an R x 2W micro-tile (R = 6 or 8 rows, row list ROWS) on
+ * W-lane registers V (intrinsics prefix P), in 2R accumulators: per k 2
+ * loads of B (the tile's left half from b0, its right half from b1, each
+ * advancing bs a row), R broadcasts of A, 2R FMAs; then alpha * acc (+
+ * beta * C) into the left half's columns at c and the right half's at ch
+ * (rows ldc apart for both). */
+#define UKR_ZERO(V, P, i) V c##i##0 = P##_setzero_ps(), c##i##1 = P##_setzero_ps();
+#define UKR_PREFETCH(V, P, i)                                                                    \
+  _mm_prefetch((const char *)(c + (i) * ldc), _MM_HINT_T0);                                      \
+  _mm_prefetch((const char *)(ch + (i) * ldc + W - 1), _MM_HINT_T0);
 #define UKR_ROW(V, P, i)                                                                         \
-  do {                                                                                           \
+  {                                                                                              \
     V ai = P##_set1_ps(a[(i)]);                                                                  \
     c##i##0 = P##_fmadd_ps(ai, x0, c##i##0);                                                     \
     c##i##1 = P##_fmadd_ps(ai, x1, c##i##1);                                                     \
-  } while (0)
-#define UKR_STORE(P, W, i)                                                                       \
-  do {                                                                                           \
+  }
+#define UKR_STORE(V, P, i)                                                                       \
+  {                                                                                              \
     float *r = c + (i) * ldc, *rh = ch + (i) * ldc;                                              \
     if (beta == 0.0f) {                                                                          \
       P##_storeu_ps(r, P##_mul_ps(va, c##i##0));                                                 \
@@ -170,32 +189,19 @@ typedef void (*ukr_fn)(int64_t k, const float *a, const float *b, int64_t bs, fl
       P##_storeu_ps(r, P##_fmadd_ps(va, c##i##0, P##_mul_ps(vb, P##_loadu_ps(r))));              \
       P##_storeu_ps(rh, P##_fmadd_ps(va, c##i##1, P##_mul_ps(vb, P##_loadu_ps(rh))));            \
     }                                                                                            \
-  } while (0)
-#define UKR_BODY(V, P, W)                                                                        \
-  V c00 = P##_setzero_ps(), c01 = P##_setzero_ps(), c10 = P##_setzero_ps(), c11 = P##_setzero_ps(), \
-    c20 = P##_setzero_ps(), c21 = P##_setzero_ps(), c30 = P##_setzero_ps(), c31 = P##_setzero_ps(), \
-    c40 = P##_setzero_ps(), c41 = P##_setzero_ps(), c50 = P##_setzero_ps(), c51 = P##_setzero_ps(); \
-  for (int i = 0; i < MR; i++) _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);           \
-  for (int i = 0; i < MR; i++) _mm_prefetch((const char *)(ch + i * ldc + (W) - 1), _MM_HINT_T0);  \
+  }
+#define UKR_BODY(V, P, W, ROWS, R)                                                               \
+  ROWS(UKR_ZERO, V, P)                                                                           \
+  ROWS(UKR_PREFETCH, V, P)                                                                       \
   _Pragma("GCC unroll 4") for (int64_t p = 0; p < k; p++) {                                      \
     V x0 = P##_loadu_ps(b0), x1 = P##_loadu_ps(b1);                                              \
-    UKR_ROW(V, P, 0);                                                                            \
-    UKR_ROW(V, P, 1);                                                                            \
-    UKR_ROW(V, P, 2);                                                                            \
-    UKR_ROW(V, P, 3);                                                                            \
-    UKR_ROW(V, P, 4);                                                                            \
-    UKR_ROW(V, P, 5);                                                                            \
-    a += MR;                                                                                     \
+    ROWS(UKR_ROW, V, P)                                                                          \
+    a += (R);                                                                                    \
     b0 += bs;                                                                                    \
     b1 += bs;                                                                                    \
   }                                                                                              \
   V va = P##_set1_ps(alpha), vb = P##_set1_ps(beta);                                             \
-  UKR_STORE(P, W, 0);                                                                            \
-  UKR_STORE(P, W, 1);                                                                            \
-  UKR_STORE(P, W, 2);                                                                            \
-  UKR_STORE(P, W, 3);                                                                            \
-  UKR_STORE(P, W, 4);                                                                            \
-  UKR_STORE(P, W, 5)
+  ROWS(UKR_STORE, V, P)
 
 /* 6 x 16: the sliver's two 8-lane halves. */
 __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t k, const float *restrict a, const float *restrict b,
@@ -203,63 +209,72 @@ __attribute__((target("avx2,fma"))) static void ukr_avx2(int64_t k, const float 
                                                          float beta) {
   const float *b0 = b, *b1 = b + 8;
   float *ch = c + 8;
-  UKR_BODY(__m256, _mm256, 8);
+  enum { W = 8 };
+  UKR_BODY(__m256, _mm256, W, ROWS6, 6);
 }
 
-/* Two 16-wide slivers b0, b1 of the packed panel as one 6 x 32 tile
+/* Two 16-wide slivers b0, b1 of the packed panel as one 8 x 32 tile
  * (AVX-512), their C columns at c and ch (ch = c + 16 for neighbouring
  * columns; elsewhere when C is spread over images). Every element gets the
  * same FMAs in the same order as in ukr_avx2, and the same final alpha /
- * beta step: the result is bitwise the one of two ukr_avx2 calls. */
+ * beta step: the result is bitwise the one of ukr_avx2 calls. */
 __attribute__((target("avx512f"))) static void ukr2_avx512(int64_t k, const float *restrict a,
                                                            const float *restrict b0, const float *restrict b1,
                                                            int64_t bs, float *restrict c, float *restrict ch,
                                                            int64_t ldc, float alpha, float beta) {
-  UKR_BODY(__m512, _mm512, 16);
+  enum { W = 16 };
+  UKR_BODY(__m512, _mm512, W, ROWS8, 8);
 }
 
-/* One 16-wide sliver as a 6 x 16 tile in 6 zmm accumulators (AVX-512):
- * the lanes of ukr_avx2's two 8-lane halves in one register, so the same
- * FMAs per element in the same order and the same bits. */
+/* One 16-wide sliver as an 8 x 16 tile in 8 zmm accumulators (AVX-512):
+ * per element the FMAs and the final step of ukr_avx2, so the same bits. */
+#define UKR1_ZERO(V, P, i) V c##i = P##_setzero_ps();
+#define UKR1_PREFETCH(V, P, i) _mm_prefetch((const char *)(c + (i) * ldc), _MM_HINT_T0);
+#define UKR1_ROW(V, P, i) c##i = P##_fmadd_ps(P##_set1_ps(a[(i)]), x, c##i);
+#define UKR1_STORE(V, P, i)                                                                      \
+  {                                                                                              \
+    float *r = c + (i) * ldc;                                                                    \
+    P##_storeu_ps(r, beta == 0.0f ? P##_mul_ps(va, c##i) : P##_fmadd_ps(va, c##i, P##_mul_ps(vb, P##_loadu_ps(r)))); \
+  }
 __attribute__((target("avx512f"))) static void ukr1_avx512(int64_t k, const float *restrict a,
                                                            const float *restrict b, int64_t bs, float *restrict c,
                                                            int64_t ldc, float alpha, float beta) {
-  __m512 c0 = _mm512_setzero_ps(), c1 = _mm512_setzero_ps(), c2 = _mm512_setzero_ps(), c3 = _mm512_setzero_ps(),
-         c4 = _mm512_setzero_ps(), c5 = _mm512_setzero_ps();
-  for (int i = 0; i < MR; i++) _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
+  ROWS8(UKR1_ZERO, __m512, _mm512)
+  ROWS8(UKR1_PREFETCH, __m512, _mm512)
   _Pragma("GCC unroll 4") for (int64_t p = 0; p < k; p++) {
     __m512 x = _mm512_loadu_ps(b);
-    c0 = _mm512_fmadd_ps(_mm512_set1_ps(a[0]), x, c0);
-    c1 = _mm512_fmadd_ps(_mm512_set1_ps(a[1]), x, c1);
-    c2 = _mm512_fmadd_ps(_mm512_set1_ps(a[2]), x, c2);
-    c3 = _mm512_fmadd_ps(_mm512_set1_ps(a[3]), x, c3);
-    c4 = _mm512_fmadd_ps(_mm512_set1_ps(a[4]), x, c4);
-    c5 = _mm512_fmadd_ps(_mm512_set1_ps(a[5]), x, c5);
-    a += MR;
+    ROWS8(UKR1_ROW, __m512, _mm512)
+    a += 8;
     b += bs;
   }
-  __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta), acc[MR] = {c0, c1, c2, c3, c4, c5};
-  for (int i = 0; i < MR; i++) {
-    float *r = c + i * ldc;
-    _mm512_storeu_ps(r, beta == 0.0f ? _mm512_mul_ps(va, acc[i])
-                                     : _mm512_fmadd_ps(va, acc[i], _mm512_mul_ps(vb, _mm512_loadu_ps(r))));
-  }
+  __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  ROWS8(UKR1_STORE, __m512, _mm512)
 }
+#undef ROWS6
+#undef ROWS8
+#undef UKR_ZERO
+#undef UKR_PREFETCH
 #undef UKR_ROW
 #undef UKR_STORE
 #undef UKR_BODY
+#undef UKR1_ZERO
+#undef UKR1_PREFETCH
+#undef UKR1_ROW
+#undef UKR1_STORE
 #endif
 
+/* 6 x 16, portable. */
 static void ukr_scalar(int64_t k, const float *restrict a, const float *restrict b, int64_t bs, float *restrict c,
                        int64_t ldc, float alpha, float beta) {
-  float acc[MR][NR];
+  enum { R = 6 };
+  float acc[R][NR];
   memset(acc, 0, sizeof acc);
   for (int64_t p = 0; p < k; p++) {
-    const float *ap = a + p * MR, *bp = b + p * bs;
-    for (int i = 0; i < MR; i++)
+    const float *ap = a + p * R, *bp = b + p * bs;
+    for (int i = 0; i < R; i++)
       for (int j = 0; j < NR; j++) acc[i][j] += ap[i] * bp[j];
   }
-  for (int i = 0; i < MR; i++)
+  for (int i = 0; i < R; i++)
     for (int j = 0; j < NR; j++) {
       float v = alpha * acc[i][j];
       c[i * ldc + j] = beta == 0.0f ? v : v + beta * c[i * ldc + j];
@@ -277,7 +292,8 @@ typedef struct {
   float *C;
   int64_t lda, ldb, ldc;
   int avx;   /* AVX2 micro-kernel and packing (else the portable code) */
-  int wide;  /* AVX-512: full pairs of B slivers run as one 6 x 32 micro-tile */
+  int wide;  /* AVX-512: full pairs of B slivers run as one 8 x 32 micro-tile */
+  int mr;    /* rows of an A sliver: 8 with the AVX-512 kernels, else 6 */
   int nobuf; /* act as if the packing buffers could not be allocated (tests) */
   /* Implicit convolution (tpurt__sgemm_conv): op(B) is gathered from the
    * images of `cv` (bconv 1: the column matrix, rows (c, r, s), columns
@@ -313,21 +329,22 @@ __attribute__((target("avx2,fma"))) static inline void tr8(const float *const r[
   c[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
-/* Full A sliver from MR row pointers (plain A): d[p*MR + i] = r[i][p].
- * Rows 6, 7 of the transpose repeat row 5 (their lanes are never kept:
- * each 8-wide store is overwritten by the next one's first 6 lanes, and
- * the buffer has slack for the last). */
-__attribute__((target("avx2,fma"))) static void pack_a_rows_avx2(float *restrict d, const float *const r6[MR],
-                                                                 int64_t kc) {
-  const float *r[8] = {r6[0], r6[1], r6[2], r6[3], r6[4], r6[5], r6[5], r6[5]};
+/* Full A sliver of w = 6 or 8 rows from row pointers (plain A): d[p*w +
+ * i] = r[i][p]. With 6 rows, rows 6, 7 of the transpose repeat row 5
+ * (their lanes are never kept: each 8-wide store is overwritten by the next
+ * one's first 6 lanes, and the buffer has slack for the last). */
+__attribute__((target("avx2,fma"))) static void pack_a_rows_avx2(float *restrict d, const float *const rw[],
+                                                                 int w, int64_t kc) {
+  const float *r[8];
+  for (int i = 0; i < 8; i++) r[i] = rw[i < w ? i : w - 1];
   int64_t p = 0;
   for (; p + 8 <= kc; p += 8) {
     __m256 c[8];
     tr8(r, p, c);
-    for (int q = 0; q < 8; q++) _mm256_storeu_ps(d + (p + q) * MR, c[q]);
+    for (int q = 0; q < 8; q++) _mm256_storeu_ps(d + (p + q) * w, c[q]);
   }
   for (; p < kc; p++)
-    for (int i = 0; i < MR; i++) d[p * MR + i] = r[i][p];
+    for (int i = 0; i < w; i++) d[p * w + i] = r[i][p];
 }
 
 /* Full B sliver from NR row pointers of B (transposed B): d[p*NR + j] = r[j][p]. */
@@ -346,27 +363,32 @@ __attribute__((target("avx2,fma"))) static void pack_b_rows_avx2(float *restrict
 }
 #endif
 
-/* 6 contiguous floats (transposed A): 4 + 2 moves, no library call. */
-static inline void copy6(float *restrict d, const float *restrict s) {
-  float t[MR];
-  memcpy(t, s, sizeof t);
-  memcpy(d, t, sizeof t);
+/* w = 6 or 8 contiguous floats (transposed A): fixed-size moves, no
+ * library call. */
+static inline void copy_a(float *restrict d, const float *restrict s, int w) {
+  if (w == 8) {
+    memcpy(d, s, 8 * sizeof(float));
+  } else {
+    float t[6];
+    memcpy(t, s, sizeof t);
+    memcpy(d, t, sizeof t);
+  }
 }
 
-/* One w-wide sliver (w = MR for A, NR for B) of depth kc into d (d[p*w +
- * i]), lanes from n on zero. `rows`: lane i is row i of the stored matrix
- * (src + i*ld, read along p), else lane i is column i (src + p*ld + i).
- * Inlined with a constant w for each operand. */
+/* One w-wide sliver (w = prod.mr for A, NR for B) of depth kc into d
+ * (d[p*w + i]), lanes from n on zero. `rows`: lane i is row i of the stored
+ * matrix (src + i*ld, read along p), else lane i is column i (src + p*ld +
+ * i). */
 static inline void pack_sliver(float *restrict d, int w, const float *src, int64_t ld, int rows, int64_t n,
                                int64_t kc, int avx) {
   if (rows) {
-    const float *r[NR]; /* NR >= MR */
+    const float *r[NR]; /* NR >= MR_MAX */
     for (int i = 0; i < w; i++) r[i] = src + (i < n ? i : 0) * ld;
     if (n == w) {
 #if defined(__x86_64__) || defined(__i386__)
       if (avx) {
-        if (w == MR)
-          pack_a_rows_avx2(d, r, kc);
+        if (w != NR)
+          pack_a_rows_avx2(d, r, w, kc);
         else
           pack_b_rows_avx2(d, r, kc);
         return;
@@ -380,8 +402,8 @@ static inline void pack_sliver(float *restrict d, int w, const float *src, int64
     }
   } else if (n == w) {
     for (int64_t p = 0; p < kc; p++) {
-      if (w == MR)
-        copy6(d + p * MR, src + p * ld);
+      if (w != NR)
+        copy_a(d + p * w, src + p * ld, w);
       else
         memcpy(d + p * NR, src + p * ld, NR * sizeof(float));
     }
@@ -399,24 +421,25 @@ static inline int c_one_image(const prod *x, int64_t j, int64_t n) { return !x->
 /* Column j of C's first row. */
 static inline float *c_column(const prod *x, int64_t j) { return x->C + (x->c_L ? spread(j, x->c_L, x->c_img) : j); }
 
-/* op(A)[i0:i0+mc, p0:p0+kc] -> dst, MR-tall slivers, rows past mc zero.
+/* op(A)[i0:i0+mc, p0:p0+kc] -> dst, mr-tall slivers, rows past mc zero.
  * A spread over images (a_L > 0, plain A) is packed one image's run of
  * columns at a time (in increasing order: pack_a_rows_avx2's spill into
  * the next run is overwritten by it). */
 static void pack_a(float *restrict dst, const prod *x, int64_t i0, int64_t mc, int64_t p0, int64_t kc) {
-  for (int64_t s = 0; s < mc; s += MR) {
-    int64_t m = mc - s < MR ? mc - s : MR, i = i0 + s;
+  const int mr = x->mr;
+  for (int64_t s = 0; s < mc; s += mr) {
+    int64_t m = mc - s < mr ? mc - s : mr, i = i0 + s;
     if (x->a_L) {
       for (int64_t q = p0; q < p0 + kc;) {
         int64_t o = q % x->a_L, len = x->a_L - o < p0 + kc - q ? x->a_L - o : p0 + kc - q;
-        pack_sliver(dst + s * kc + (q - p0) * MR, MR, x->A + spread(q, x->a_L, x->a_img) + i * x->lda, x->lda, 1,
+        pack_sliver(dst + s * kc + (q - p0) * mr, mr, x->A + spread(q, x->a_L, x->a_img) + i * x->lda, x->lda, 1,
                     m, len, x->avx);
         q += len;
       }
       continue;
     }
     const float *src = x->ta ? x->A + p0 * x->lda + i : x->A + i * x->lda + p0;
-    pack_sliver(dst + s * kc, MR, src, x->lda, !x->ta, m, kc, x->avx);
+    pack_sliver(dst + s * kc, mr, src, x->lda, !x->ta, m, kc, x->avx);
   }
 }
 
@@ -819,17 +842,18 @@ static void pack_panel(panel_job *j) {
   }
 }
 
-/* Rows [r0, r1) (multiples of MR, r1 may pass M) times slivers [s0, s1)
+/* Rows [r0, r1) (multiples of mr, r1 may pass M) times slivers [s0, s1)
  * of the packed panel. */
 static void macro(const panel_job *j, int64_t r0, int64_t r1, int64_t s0, int64_t s1) {
   const prod *x = j->x;
   int64_t kc = j->kc, mc_max = j->mc;
   /* + slack for pack_a_rows_avx2's last store */
   float *ap = x->nobuf ? NULL : buf(1, (size_t)mc_max * kc + 8);
-  _Alignas(64) float tmp[MR * NR];
+  const int64_t mr = x->mr;
+  _Alignas(64) float tmp[MR_MAX * NR];
   /* Without buffers (host memory exhausted) each sliver is packed on the
    * stack where it is used: slower, the same products in the same order. */
-  _Alignas(64) float a1[MR * KC_MAX + 8], b1[2 * KC_MAX * NR]; /* b1: up to two slivers */
+  _Alignas(64) float a1[MR_MAX * KC_MAX + 8], b1[2 * KC_MAX * NR]; /* b1: up to two slivers */
   for (int64_t ic = r0; ic < r1; ic += mc_max) {
     int64_t mc = r1 - ic < mc_max ? r1 - ic : mc_max;
     if (ic + mc > x->M) mc = x->M - ic;
@@ -861,7 +885,7 @@ static void macro(const panel_job *j, int64_t r0, int64_t r1, int64_t s0, int64_
 #if defined(__x86_64__) || defined(__i386__)
       if (pair) {
         float *cb = c_column(x, jt), *cbh = c_column(x, jt + NR);
-        for (; s_from + MR <= mc; s_from += MR)
+        for (; s_from + mr <= mc; s_from += mr)
           ukr2_avx512(kc, ap + s_from * kc, bt, bt + step, bs, cb + (ic + s_from) * x->ldc,
                       cbh + (ic + s_from) * x->ldc, x->ldc, x->alpha, j->beta);
       }
@@ -873,20 +897,24 @@ static void macro(const panel_job *j, int64_t r0, int64_t r1, int64_t s0, int64_
          * block of C; a tile across images is written column by column */
         int one_img = c_one_image(x, jj, n);
         float *cb = c_column(x, jj);
-        for (int64_t s = s_from; s < mc; s += MR) {
-          int64_t m = mc - s < MR ? mc - s : MR;
+        for (int64_t s = s_from; s < mc; s += mr) {
+          int64_t m = mc - s < mr ? mc - s : mr;
           float *c = cb + (ic + s) * x->ldc;
           const float *as = ap ? ap + s * kc : a1;
           if (!ap) pack_a(a1, x, ic + s, m, j->p0, kc);
-          if (m == MR && n == NR && one_img) {
+          if (m == mr && n == NR && one_img) {
             j->ukr(kc, as, bu, bs, c, x->ldc, x->alpha, j->beta);
           } else {
             j->ukr(kc, as, bu, bs, tmp, NR, 1.0f, 0.0f);
             for (int64_t q = 0; q < n; q++) {
               float *cq = one_img ? c + q : x->C + spread(jj + q, x->c_L, x->c_img) + (ic + s) * x->ldc;
+              /* the full tiles' final step, rounded the same way (one
+               * product, or one fused alpha * acc + (beta * C)): an
+               * element's bits do not depend on whether its tile is full,
+               * so not on the tile shape */
               for (int64_t i = 0; i < m; i++) {
-                float v = x->alpha * tmp[i * NR + q];
-                cq[i * x->ldc] = j->beta == 0.0f ? v : v + j->beta * cq[i * x->ldc];
+                float t = tmp[i * NR + q], *e = cq + i * x->ldc;
+                *e = j->beta == 0.0f ? x->alpha * t : __builtin_fmaf(x->alpha, t, j->beta * *e);
               }
             }
           }
@@ -900,7 +928,7 @@ static void macro(const panel_job *j, int64_t r0, int64_t r1, int64_t s0, int64_
 static void panel_tasks(void *p, int64_t b, int64_t e) {
   panel_job *j = p;
   if (j->cols) {
-    macro(j, 0, j->mu * MR, j->nsl * b / j->ns, j->nsl * e / j->ns);
+    macro(j, 0, j->mu * j->x->mr, j->nsl * b / j->ns, j->nsl * e / j->ns);
     return;
   }
   pack_panel(j);
@@ -910,7 +938,7 @@ static void panel_tasks(void *p, int64_t b, int64_t e) {
     int64_t part = b / j->mu, r = b % j->mu;
     int64_t end = (part + 1) * j->mu < e ? (part + 1) * j->mu : e;
     int64_t s0 = j->nsl * part / j->ns, s1 = j->nsl * (part + 1) / j->ns;
-    macro(j, r * MR, (end - part * j->mu) * MR, s0, s1);
+    macro(j, r * j->x->mr, (end - part * j->mu) * j->x->mr, s0, s1);
     b = end;
   }
 }
@@ -921,7 +949,8 @@ static void panel_tasks(void *p, int64_t b, int64_t e) {
 /* One product; parallel over the pool when `par` (else on this thread). */
 static void run_product(const prod *x, ukr_fn ukr, blocks bl, int par) {
   int64_t nth = par ? tpurt_num_threads() : 1;
-  int64_t KC = bl.kc, NC = bl.nc;
+  int64_t KC = bl.kc, NC = bl.nc, mr = x->mr;
+  bl.mc = bl.mc < mr ? mr : bl.mc / mr * mr;
   for (int64_t j0 = 0; j0 < x->N; j0 += NC) {
     int64_t nc = x->N - j0 < NC ? x->N - j0 : NC;
     int64_t nsl = (nc + NR - 1) / NR;
@@ -937,13 +966,13 @@ static void run_product(const prod *x, ukr_fn ukr, blocks bl, int par) {
        * its full slivers row by row (the same values, so the same bits). */
       int bdirect = !x->bconv && !x->tb && !x->nobuf && x->M <= 2 * bl.mc;
       float *bp = x->nobuf || cols || bdirect ? NULL : buf(0, (size_t)nsl * NR * kc);
-      panel_job j = {x, ukr, bp, j0, nc, p0, kc, bl.mc, p0 == 0 ? x->beta : 1.0f, (x->M + MR - 1) / MR, 1, nsl, cols,
+      panel_job j = {x, ukr, bp, j0, nc, p0, kc, bl.mc, p0 == 0 ? x->beta : 1.0f, (x->M + mr - 1) / mr, 1, nsl, cols,
                      bdirect, 0, 0};
       if (cols) {
         /* column parts of >= CHUNK_MACS, at most 4 per thread, and wide
          * enough that packing A (M x kc) for each costs at most half of
          * packing its B slivers (the condition above: >= 1 part per thread) */
-        int64_t sl_macs = j.mu * MR * kc * NR, per = CHUNK_MACS / sl_macs + 1;
+        int64_t sl_macs = j.mu * mr * kc * NR, per = CHUNK_MACS / sl_macs + 1;
         if (per < (2 * x->M + NR - 1) / NR) per = (2 * x->M + NR - 1) / NR;
         int64_t ns = (nsl + per - 1) / per;
         j.ns = ns < 4 * nth ? ns : 4 * nth;
@@ -958,7 +987,7 @@ static void run_product(const prod *x, ukr_fn ukr, blocks bl, int par) {
         int64_t ns = (4 * nth + j.mu - 1) / j.mu;
         j.ns = ns < nsl ? ns : nsl;
       }
-      int64_t task_macs = MR * kc * (nc / j.ns + 1);
+      int64_t task_macs = mr * kc * (nc / j.ns + 1);
       int64_t grain = CHUNK_MACS / task_macs + 1;
       int64_t ntask = j.mu * j.ns;
       if (nth > 1 && ntask > grain)
@@ -989,15 +1018,17 @@ static void batch_tasks(void *p, int64_t b, int64_t e) {
   }
 }
 
-/* 6 x 32 tiles of sliver pairs: on AVX-512 CPUs, unless TORCH_TPU_SGEMM=narrow. */
-static int use_wide(void) { return tpurt__cpu_has_avx512() && tpurt__sgemm_mode() != 5; }
-
-/* The micro-kernel for `flags` (1: portable); *avx: AVX2 packing too. */
-static ukr_fn pick_ukr(int flags, int *avx) {
-  *avx = !(flags & 1) && tpurt__cpu_has_avx2_fma();
+/* The micro-kernel for `flags` (1: portable) and the product settings it
+ * implies: x->avx (AVX2 packing too), x->wide (AVX-512: 8 x 32 tiles of
+ * sliver pairs, unless TORCH_TPU_SGEMM=narrow) and x->mr (A sliver rows:
+ * 8 for the AVX-512 kernels, 6 for the others). */
+static ukr_fn pick_ukr(int flags, prod *x) {
+  x->avx = !(flags & 1) && tpurt__cpu_has_avx2_fma();
+  x->wide = x->avx && tpurt__cpu_has_avx512() && tpurt__sgemm_mode() != 5;
+  x->mr = x->wide ? 8 : 6;
 #if defined(__x86_64__) || defined(__i386__)
-  /* single slivers on zmm where the 6 x 32 tiles run (same bits) */
-  if (*avx) return use_wide() ? ukr1_avx512 : ukr_avx2;
+  /* single slivers on zmm where the 8 x 32 tiles run (same bits) */
+  if (x->avx) return x->wide ? ukr1_avx512 : ukr_avx2;
 #endif
   return ukr_scalar;
 }
@@ -1010,12 +1041,10 @@ void tpurt__sgemm_own(int ta, int tb, int64_t nb, int64_t M, int64_t N, int64_t 
                       int64_t lda, int64_t sa, const float *B, int64_t ldb, int64_t sb, float beta, float *C,
                       int64_t ldc, int64_t sc, int flags) {
   if (nb <= 0 || M <= 0 || N <= 0 || K <= 0) return;
-  int avx;
-  ukr_fn ukr = pick_ukr(flags, &avx);
   batch_job bj = {{.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C,
-                   .lda = lda, .ldb = ldb, .ldc = ldc, .avx = avx, .wide = avx && use_wide(),
-                   .nobuf = (flags & 2) != 0},
-                  ukr, read_blocks(), sa, sb, sc};
+                   .lda = lda, .ldb = ldb, .ldc = ldc, .nobuf = (flags & 2) != 0},
+                  NULL, read_blocks(), sa, sb, sc};
+  bj.ukr = pick_ukr(flags, &bj.x);
   int64_t nth = tpurt_num_threads();
   double macs = (double)M * (double)N * (double)K;
   if (nb > 1 && nth > 1 && !tpurt__pool_nested() && (nb >= 4 * nth || (macs < SPLIT_MIN_MACS && nb >= nth))) {
@@ -1029,7 +1058,7 @@ void tpurt__sgemm_own(int ta, int tb, int64_t nb, int64_t M, int64_t N, int64_t 
     x.A += i * sa;
     x.B += i * sb;
     x.C += i * sc;
-    run_product(&x, ukr, bj.bl, par);
+    run_product(&x, bj.ukr, bj.bl, par);
   }
 }
 
@@ -1043,22 +1072,14 @@ void tpurt__sgemm_conv(int kind, const tpurt_conv_cols *g, int64_t M, float *w, 
       tpurt__sgemm(0, 0, M, Kd, 0, 1.0f, NULL, 1, NULL, 1, beta, w, ldw, TPURT_PRECISION_HIGHEST);
     return;
   }
-  int avx;
-  ukr_fn ukr = pick_ukr(flags, &avx);
   /* 32-bit gather offsets: every element of the images, every padded
    * offset and every lane sentinel stays inside +-2^30 */
   int64_t span = g->N * g->img + g->C * g->H * g->W, reach = (g->ph + g->pw + 1) * (g->W + 1);
   int g32 = span < ((int64_t)1 << 30) && reach < ((int64_t)1 << 28) && g->kh * g->dh < ((int64_t)1 << 28) &&
             g->kw * g->dw < ((int64_t)1 << 28) && g->Ho * g->sh < ((int64_t)1 << 28) &&
             g->Wo * g->sw < ((int64_t)1 << 28);
-  prod x = {.M = M,
-            .alpha = 1.0f,
-            .beta = beta,
-            .avx = avx,
-            .wide = avx && use_wide(),
-            .nobuf = (flags & 2) != 0,
-            .cv = g,
-            .g32 = g32};
+  prod x = {.M = M, .alpha = 1.0f, .beta = beta, .nobuf = (flags & 2) != 0, .cv = g, .g32 = g32};
+  ukr_fn ukr = pick_ukr(flags, &x);
   if (kind == 0) { /* y (spread over images) = w @ col */
     x.N = P, x.K = Kd, x.A = w, x.lda = ldw, x.bconv = 1;
     x.C = y, x.ldc = L, x.c_L = L, x.c_img = y_img;
@@ -1069,6 +1090,6 @@ void tpurt__sgemm_conv(int kind, const tpurt_conv_cols *g, int64_t M, float *w, 
   /* up to 192 output channels in one A block (<= 192 KiB at KC 256, in
    * L2): every gathered B sliver is used once, where it is packed */
   blocks bl = read_blocks();
-  if (M > bl.mc && M <= 192) bl.mc = (M + MR - 1) / MR * MR;
+  if (M > bl.mc && M <= 192) bl.mc = (M + x.mr - 1) / x.mr * x.mr;
   run_product(&x, ukr, bl, tpurt_num_threads() > 1 && !tpurt__pool_nested());
 }
