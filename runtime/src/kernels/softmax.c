@@ -2,8 +2,9 @@
  * softmax.c — softmax / log_softmax along any dim and their backward.
  * Every line along the dim is loaded into a compute buffer (f32 for
  * f16/bf16/f32, f64 for f64), processed in three vectorizable passes (max,
- * exp-sum, normalize) and stored; lines are split over the pool. A
- * contiguous f32 line is read in place.
+ * exp-sum, normalize) and stored; lines are split over the pool. f32
+ * lines that are contiguous in every view are processed in place
+ * (row_f_flat).
  */
 /* FP compares may be if-converted (selects in the vector exp) */
 #pragma GCC optimize("no-trapping-math")
@@ -59,34 +60,42 @@ typedef struct {
     }                                                                                    \
     STORE(op, p->odt, p->L.step[0], a, D);                                                    \
   }
-/* f32 lines: vectorized exp and eight-lane sums */
-static void row_f(const smplan *p, char *op, const char *ip, const char *ip2, float *restrict a, float *restrict b) {
-  int64_t D = p->L.D;
-  rk_load_f32(a, ip, p->idt, p->L.step[1], D);
-  if (!p->bwd) {
-    float m = tpurt__vmaxf(a, D);
-    if (p->log) {
-      for (int64_t i = 0; i < D; i++) b[i] = tpurt__vexpf(a[i] - m);
-      float ls = m + logf(tpurt__vsumf(b, D));
-      for (int64_t i = 0; i < D; i++) a[i] -= ls;
-    } else {
-      for (int64_t i = 0; i < D; i++) a[i] = tpurt__vexpf(a[i] - m);
-      float inv = 1.0f / tpurt__vsumf(a, D);
-      for (int64_t i = 0; i < D; i++) a[i] *= inv;
-    }
-  } else {
-    rk_load_f32(b, ip2, p->i2dt, p->L.step[2], D);
-    if (p->log) {
-      float acc = tpurt__vsumf(a, D);
-      for (int64_t i = 0; i < D; i++) a[i] -= tpurt__vexpf(b[i]) * acc;
-    } else {
-      float acc = tpurt__vdotf(a, b, D);
-      for (int64_t i = 0; i < D; i++) a[i] = b[i] * (a[i] - acc);
-    }
-  }
-  rk_store_row_f32(op, p->odt, p->L.step[0], a, D);
-}
 SM_ROW(row_d, double, rk_load_f64, rk_store_row_f64, exp, log)
+
+/* One f32 line: vectorized exp and eight-lane sums, on lines read in
+ * place (in, in2: the backward's second input; out may alias them: each
+ * element is written after the line's reductions, from its own index only;
+ * b holds the exps of log_softmax). Lines that are contiguous f32 in every
+ * view run this directly (a [16, 4, 64, 64] softmax spent about a third of
+ * its time copying 64-float lines into buffers and back), others through
+ * row_f's buffers: the same operations in the same order, the same bits. */
+static void row_f_flat(const smplan *p, float *out, const float *in, const float *in2, float *b) {
+  int64_t D = p->L.D;
+  if (!p->bwd) {
+    float m = tpurt__vmaxf(in, D);
+    if (p->log) {
+      for (int64_t i = 0; i < D; i++) b[i] = tpurt__vexpf(in[i] - m);
+      float ls = m + logf(tpurt__vsumf(b, D));
+      for (int64_t i = 0; i < D; i++) out[i] = in[i] - ls;
+    } else {
+      for (int64_t i = 0; i < D; i++) out[i] = tpurt__vexpf(in[i] - m);
+      float inv = 1.0f / tpurt__vsumf(out, D);
+      for (int64_t i = 0; i < D; i++) out[i] *= inv;
+    }
+  } else if (p->log) {
+    float acc = tpurt__vsumf(in, D);
+    for (int64_t i = 0; i < D; i++) out[i] = in[i] - tpurt__vexpf(in2[i]) * acc;
+  } else {
+    float acc = tpurt__vdotf(in, in2, D);
+    for (int64_t i = 0; i < D; i++) out[i] = in2[i] * (in[i] - acc);
+  }
+}
+static void row_f(const smplan *p, char *op, const char *ip, const char *ip2, float *restrict a, float *restrict b) {
+  rk_load_f32(a, ip, p->idt, p->L.step[1], p->L.D);
+  if (p->bwd) rk_load_f32(b, ip2, p->i2dt, p->L.step[2], p->L.D);
+  row_f_flat(p, a, a, b, b);
+  rk_store_row_f32(op, p->odt, p->L.step[0], a, p->L.D);
+}
 
 static void sm_lines(void *c, int64_t lb, int64_t le) {
   smctx *x = c;
@@ -105,12 +114,16 @@ static void sm_lines(void *c, int64_t lb, int64_t le) {
     a = heap;
     b = (double *)((char *)heap + (size_t)p->L.D * esz);
   }
+  int flat = p->cls == RK_F32 && p->odt == TPURT_F32 && p->idt == TPURT_F32 && p->L.step[0] == 1 &&
+             p->L.step[1] == 1 && (!p->bwd || (p->i2dt == TPURT_F32 && p->L.step[2] == 1));
   for (int64_t l = lb; l < le; l++) {
     int64_t off[3];
     rk_line_offsets(&p->L, l, 3, off);
     int64_t oo = off[0], io = off[1], io2 = off[2];
     const char *ip2 = p->bwd ? x->in2 + io2 * i2es : NULL;
-    if (p->cls == RK_F32)
+    if (flat)
+      row_f_flat(p, (float *)(x->out + oo * oes), (const float *)(x->in + io * ies), (const float *)ip2, (float *)b);
+    else if (p->cls == RK_F32)
       row_f(p, x->out + oo * oes, x->in + io * ies, ip2, (float *)a, (float *)b);
     else
       row_d(p, x->out + oo * oes, x->in + io * ies, ip2, a, b);
