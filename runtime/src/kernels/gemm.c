@@ -263,9 +263,10 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
  * own kernel wins on the large shapes (one shared packed B panel instead
  * of one per tile; see runtime/bench/bench_sgemm.c). */
 static int use_own(int64_t nb, int64_t M, int64_t N, int64_t K) {
-  /* Batched products (convolution images, attention heads) stay on the
-   * tiles: they run the whole batch x tiles in one region, while the own
-   * kernel runs few-product batches one product after the other. Quiet
+  /* Batched products (convolution images, attention heads) stayed on the
+   * tiles with the 6-row tiles (below): they run the whole batch x tiles in
+   * one region, while the own kernel runs few-product batches one product
+   * after the other. Quiet
    * machine, 2 threads, bench_sgemm median of 11 (own vs tiles GFLOP/s):
    * 64x12544x147 x4 97 vs 107, 64x3136x576 x4 76 vs 95, 256x196x2304 x4
    * 92 vs 102; single products 4096x1024x256 156 vs 139, 4096x768x256 152
@@ -277,7 +278,17 @@ static int use_own(int64_t nb, int64_t M, int64_t N, int64_t K) {
    * 244 vs 223, 4096x256x256 263 vs 227, 4096x256x1024 257 vs 271 (with
    * 6 x 16 tiles only, the own kernel had lost everywhere: 137 vs 205 at
    * 512^3). */
-  return nb == 1 && M >= 64 && N >= 32 && (double)M * (double)N * (double)K >= (double)(1 << 18);
+  /* With the 8 x 32 tiles (AVX-512) the own kernel also wins batched
+   * products from 2^20 multiply-adds each (attention's q @ k^T and p @ v at
+   * 128+ tokens): 2 threads, bench_sgemm median of 9 (own vs tiles GFLOP/s)
+   * 128x128x64 x32 256 vs 220, 128x64x128 x32 265 vs 192, 256x256x64 x16
+   * 229 vs 188, 256x64x256 x16 196 vs 173, 512x512x64 x8 257 vs 203,
+   * 1024x1024x64 x4 218 vs 185, 192x192x128 x16 215 vs 154; smaller ones stay
+   * on the tiles: 64x64x64 x64 183 vs 219, 128x64x64 x32 209 vs 240,
+   * 128x128x32 x32 223 vs 251, 64x64x128 x64 227 vs 268. */
+  double macs = (double)M * (double)N * (double)K;
+  if (nb > 1) return tpurt__cpu_has_avx512() && M >= 64 && N >= 32 && macs >= (double)(1 << 20);
+  return M >= 64 && N >= 32 && macs >= (double)(1 << 18);
 }
 
 /* nb products C_i = alpha op(A_i) op(B_i) + beta C_i (K > 0, row-major,
