@@ -1,0 +1,214 @@
+/*
+ * bench_ab.c — two builds of the runtime side by side in one process.
+ *
+ *   tpurt_bench_ab [--repeats R] OLD/libtpurt.so NEW/libtpurt.so KERNEL SHAPE...
+ *     KERNEL gemm:    SHAPE M,N,K[,batch]  (f32, C = A @ B, plain layouts)
+ *     KERNEL softmax: SHAPE ROWS,D          (f32, along the last dim)
+ *
+ * On a shared host the speed of the machine moves by tens of percent
+ * between (and within) processes, so two builds timed in separate runs
+ * cannot be compared to a few percent. Here both builds are loaded
+ * (dlopen with local, deep-bound symbols: each has its own device, stream
+ * and thread pool), and every repeat times one sample of each, in
+ * alternating order, with a pause before each sample (so that the other
+ * build's pool threads have gone to sleep). Reported per shape: each
+ * build's median and best rate, and the median and quartiles of the
+ * paired ratios new / old — the figure that survives the host's drift.
+ * Rates are GFLOP/s for gemm, million rows per second for softmax.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tpurt.h"
+
+#define MAX_REPEATS 101
+
+typedef struct {
+  const char *path;
+  void *h;
+  tpurt_status (*init)(void);
+  tpurt_status (*stream_default)(int, tpurt_stream **);
+  tpurt_status (*malloc_)(int, size_t, tpurt_stream *, tpurt_devptr *);
+  tpurt_status (*free_)(tpurt_devptr);
+  tpurt_status (*h2d)(tpurt_stream *, tpurt_devptr, const void *, size_t, int);
+  tpurt_status (*gemm)(tpurt_stream *, const tpurt_view *, const tpurt_view *, const tpurt_view *, double, double,
+                       tpurt_precision);
+  tpurt_status (*softmax)(tpurt_stream *, const tpurt_view *, const tpurt_view *, int, int);
+  tpurt_status (*sync)(tpurt_stream *);
+  const char *(*last_error)(void);
+  tpurt_stream *s;
+} build;
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmpd(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void ck(const build *b, tpurt_status st) {
+  if (st != TPURT_OK) {
+    fprintf(stderr, "%s: %s\n", b->path, b->last_error());
+    exit(1);
+  }
+}
+
+static void *sym(build *b, const char *name) {
+  void *p = dlsym(b->h, name);
+  if (!p) {
+    fprintf(stderr, "%s: no symbol %s\n", b->path, name);
+    exit(2);
+  }
+  return p;
+}
+
+static void load(build *b, const char *path) {
+  b->path = path;
+  b->h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+  if (!b->h) {
+    fprintf(stderr, "%s\n", dlerror());
+    exit(2);
+  }
+  *(void **)&b->init = sym(b, "tpurt_init");
+  *(void **)&b->stream_default = sym(b, "tpurt_stream_default");
+  *(void **)&b->malloc_ = sym(b, "tpurt_malloc");
+  *(void **)&b->free_ = sym(b, "tpurt_free");
+  *(void **)&b->h2d = sym(b, "tpurt_memcpy_h2d");
+  *(void **)&b->gemm = sym(b, "tpurt_gemm");
+  *(void **)&b->softmax = sym(b, "tpurt_softmax");
+  *(void **)&b->sync = sym(b, "tpurt_stream_synchronize");
+  *(void **)&b->last_error = sym(b, "tpurt_last_error");
+  ck(b, b->init());
+  ck(b, b->stream_default(0, &b->s));
+}
+
+/* a dense f32 view of n rows x c columns, batch nb (3-D) */
+static tpurt_view view3(tpurt_devptr p, int64_t nb, int64_t n, int64_t c) {
+  tpurt_view v;
+  memset(&v, 0, sizeof v);
+  v.ptr = p;
+  v.dtype = TPURT_F32;
+  v.ndim = 3;
+  v.sizes[0] = nb, v.sizes[1] = n, v.sizes[2] = c;
+  v.strides[0] = n * c, v.strides[1] = c, v.strides[2] = 1;
+  return v;
+}
+
+typedef struct {
+  int gemm;
+  int64_t M, N, K, nb; /* softmax: M rows of K */
+  tpurt_devptr a, b, c;
+  tpurt_view va, vb, vc;
+} work;
+
+static tpurt_devptr upload(build *b, size_t n, unsigned mul) {
+  float *h = malloc(n * sizeof(float));
+  if (!h) exit(3);
+  for (size_t i = 0; i < n; i++) h[i] = (float)((i * mul) % 13) * 0.1f - 0.6f;
+  tpurt_devptr d;
+  ck(b, b->malloc_(0, n * sizeof(float), b->s, &d));
+  ck(b, b->h2d(b->s, d, h, n * sizeof(float), 0));
+  free(h);
+  return d;
+}
+
+static void setup(build *b, work *w) {
+  if (w->gemm) {
+    w->a = upload(b, (size_t)(w->nb * w->M * w->K), 7);
+    w->b = upload(b, (size_t)(w->nb * w->K * w->N), 5);
+    w->c = upload(b, (size_t)(w->nb * w->M * w->N), 3);
+    w->va = view3(w->a, w->nb, w->M, w->K);
+    w->vb = view3(w->b, w->nb, w->K, w->N);
+    w->vc = view3(w->c, w->nb, w->M, w->N);
+  } else {
+    w->a = upload(b, (size_t)(w->M * w->K), 7);
+    w->c = upload(b, (size_t)(w->M * w->K), 3);
+    w->b = 0;
+    w->va = view3(w->a, 1, w->M, w->K);
+    w->vc = view3(w->c, 1, w->M, w->K);
+  }
+}
+
+static void run(build *b, const work *w) {
+  if (w->gemm)
+    ck(b, b->gemm(b->s, &w->vc, &w->va, &w->vb, 1.0, 0.0, TPURT_PRECISION_HIGHEST));
+  else
+    ck(b, b->softmax(b->s, &w->vc, &w->va, 2, 0));
+}
+
+static void teardown(build *b, work *w) {
+  ck(b, b->sync(b->s));
+  b->free_(w->a);
+  if (w->b) b->free_(w->b);
+  b->free_(w->c);
+}
+
+static void usage(void) {
+  fprintf(stderr,
+          "usage: tpurt_bench_ab [--repeats R] OLD/libtpurt.so NEW/libtpurt.so gemm M,N,K[,batch]...\n"
+          "       tpurt_bench_ab [--repeats R] OLD/libtpurt.so NEW/libtpurt.so softmax ROWS,D...\n"
+          "Times the two runtime builds in one process, alternating samples; prints each build's median\n"
+          "and best rate and the median (quartiles) of the paired ratios new / old.\n");
+  exit(2);
+}
+
+int main(int argc, char **argv) {
+  int repeats = 15, i = 1;
+  if (i < argc && !strcmp(argv[i], "--help")) usage();
+  if (i + 1 < argc && !strcmp(argv[i], "--repeats")) repeats = atoi(argv[i + 1]), i += 2;
+  if (repeats < 3 || repeats > MAX_REPEATS || argc - i < 4) usage();
+  int gemm = !strcmp(argv[i + 2], "gemm");
+  if (!gemm && strcmp(argv[i + 2], "softmax")) usage();
+  build bld[2];
+  load(&bld[0], argv[i]);
+  load(&bld[1], argv[i + 1]);
+  printf("old %s\nnew %s\n%s, %d paired repeats (rates: %s)\n", argv[i], argv[i + 1], gemm ? "gemm" : "softmax",
+         repeats, gemm ? "GFLOP/s" : "million rows/s");
+  for (int a = i + 3; a < argc; a++) {
+    long long m = 0, n = 0, k = 0, nb = 1;
+    int got = sscanf(argv[a], "%lld,%lld,%lld,%lld", &m, &n, &k, &nb);
+    work w[2];
+    memset(w, 0, sizeof w);
+    if (gemm ? got < 3 : got != 2) usage();
+    for (int b = 0; b < 2; b++) {
+      w[b].gemm = gemm;
+      w[b].M = m, w[b].N = gemm ? n : 0, w[b].K = gemm ? k : n, w[b].nb = gemm ? nb : 1;
+      if (w[b].M <= 0 || w[b].K <= 0 || (gemm && (w[b].N <= 0 || w[b].nb <= 0))) usage();
+      setup(&bld[b], &w[b]);
+    }
+    double units = gemm ? 2.0 * m * n * k * nb / 1e9 : m / 1e6; /* per call */
+    double work_s = gemm ? units / 100.0 : units / 20.0;    /* seconds per call at ~100 GFLOP/s, 20 M rows/s */
+    int inner = (int)(0.03 / work_s) + 1;                    /* ~30 ms samples */
+    double rate[2][MAX_REPEATS], ratio[MAX_REPEATS];
+    for (int r = -1; r < repeats; r++) {
+      for (int j = 0; j < 2; j++) {
+        int b = (j + (r < 0 ? 0 : r)) % 2; /* alternate which build goes first */
+        usleep(5000);
+        run(&bld[b], &w[b]); /* warm: the pool wakes, buffers are in place */
+        ck(&bld[b], bld[b].sync(bld[b].s));
+        double t0 = now();
+        for (int q = 0; q < inner; q++) run(&bld[b], &w[b]);
+        ck(&bld[b], bld[b].sync(bld[b].s));
+        if (r >= 0) rate[b][r] = units * inner / (now() - t0);
+      }
+      if (r >= 0) ratio[r] = rate[1][r] / rate[0][r];
+    }
+    for (int b = 0; b < 2; b++) qsort(rate[b], (size_t)repeats, sizeof(double), cmpd);
+    qsort(ratio, (size_t)repeats, sizeof(double), cmpd);
+    printf("%-22s old %8.1f (best %8.1f)  new %8.1f (best %8.1f)  new/old %.3f [%.3f, %.3f]\n", argv[a],
+           rate[0][repeats / 2], rate[0][repeats - 1], rate[1][repeats / 2], rate[1][repeats - 1], ratio[repeats / 2],
+           ratio[repeats / 4], ratio[3 * repeats / 4]);
+    fflush(stdout);
+    for (int b = 0; b < 2; b++) teardown(&bld[b], &w[b]);
+  }
+  return 0;
+}
