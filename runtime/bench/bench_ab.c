@@ -1,7 +1,7 @@
 /*
  * bench_ab.c — two builds of the runtime side by side in one process.
  *
- *   tpurt_bench_ab [--repeats R] OLD/libtpurt.so NEW/libtpurt.so KERNEL SHAPE...
+ *   tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so KERNEL SHAPE...
  *     KERNEL gemm:    SHAPE M,N,K[,batch]  (f32, C = A @ B, plain layouts)
  *     KERNEL softmax: SHAPE ROWS,D          (f32, along the last dim)
  *
@@ -15,6 +15,10 @@
  * build's median and best rate, and the median and quartiles of the
  * paired ratios new / old — the figure that survives the host's drift.
  * Rates are GFLOP/s for gemm, million rows per second for softmax.
+ * --rotate N cycles every call over N separate sets of operands (default
+ * 1): with N sets larger than the caches, each call reads its operands
+ * from memory, as the kernels of a training step do, instead of from the
+ * cache the previous call left them in.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -27,6 +31,7 @@
 #include "tpurt.h"
 
 #define MAX_REPEATS 101
+#define MAX_ROTATE 64
 
 typedef struct {
   const char *path;
@@ -104,10 +109,10 @@ static tpurt_view view3(tpurt_devptr p, int64_t nb, int64_t n, int64_t c) {
 }
 
 typedef struct {
-  int gemm;
+  int gemm, nset;
   int64_t M, N, K, nb; /* softmax: M rows of K */
-  tpurt_devptr a, b, c;
-  tpurt_view va, vb, vc;
+  tpurt_devptr a[MAX_ROTATE], b[MAX_ROTATE], c[MAX_ROTATE];
+  tpurt_view va[MAX_ROTATE], vb[MAX_ROTATE], vc[MAX_ROTATE];
 } work;
 
 static tpurt_devptr upload(build *b, size_t n, unsigned mul) {
@@ -122,57 +127,71 @@ static tpurt_devptr upload(build *b, size_t n, unsigned mul) {
 }
 
 static void setup(build *b, work *w) {
-  if (w->gemm) {
-    w->a = upload(b, (size_t)(w->nb * w->M * w->K), 7);
-    w->b = upload(b, (size_t)(w->nb * w->K * w->N), 5);
-    w->c = upload(b, (size_t)(w->nb * w->M * w->N), 3);
-    w->va = view3(w->a, w->nb, w->M, w->K);
-    w->vb = view3(w->b, w->nb, w->K, w->N);
-    w->vc = view3(w->c, w->nb, w->M, w->N);
-  } else {
-    w->a = upload(b, (size_t)(w->M * w->K), 7);
-    w->c = upload(b, (size_t)(w->M * w->K), 3);
-    w->b = 0;
-    w->va = view3(w->a, 1, w->M, w->K);
-    w->vc = view3(w->c, 1, w->M, w->K);
+  for (int i = 0; i < w->nset; i++) {
+    if (w->gemm) {
+      w->a[i] = upload(b, (size_t)(w->nb * w->M * w->K), 7);
+      w->b[i] = upload(b, (size_t)(w->nb * w->K * w->N), 5);
+      w->c[i] = upload(b, (size_t)(w->nb * w->M * w->N), 3);
+      w->va[i] = view3(w->a[i], w->nb, w->M, w->K);
+      w->vb[i] = view3(w->b[i], w->nb, w->K, w->N);
+      w->vc[i] = view3(w->c[i], w->nb, w->M, w->N);
+    } else {
+      w->a[i] = upload(b, (size_t)(w->M * w->K), 7);
+      w->c[i] = upload(b, (size_t)(w->M * w->K), 3);
+      w->b[i] = 0;
+      w->va[i] = view3(w->a[i], 1, w->M, w->K);
+      w->vc[i] = view3(w->c[i], 1, w->M, w->K);
+    }
   }
 }
 
-static void run(build *b, const work *w) {
+/* call q of a sample: operand set q % nset */
+static void run(build *b, const work *w, int q) {
+  int i = q % w->nset;
   if (w->gemm)
-    ck(b, b->gemm(b->s, &w->vc, &w->va, &w->vb, 1.0, 0.0, TPURT_PRECISION_HIGHEST));
+    ck(b, b->gemm(b->s, &w->vc[i], &w->va[i], &w->vb[i], 1.0, 0.0, TPURT_PRECISION_HIGHEST));
   else
-    ck(b, b->softmax(b->s, &w->vc, &w->va, 2, 0));
+    ck(b, b->softmax(b->s, &w->vc[i], &w->va[i], 2, 0));
 }
 
 static void teardown(build *b, work *w) {
   ck(b, b->sync(b->s));
-  b->free_(w->a);
-  if (w->b) b->free_(w->b);
-  b->free_(w->c);
+  for (int i = 0; i < w->nset; i++) {
+    b->free_(w->a[i]);
+    if (w->b[i]) b->free_(w->b[i]);
+    b->free_(w->c[i]);
+  }
 }
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: tpurt_bench_ab [--repeats R] OLD/libtpurt.so NEW/libtpurt.so gemm M,N,K[,batch]...\n"
-          "       tpurt_bench_ab [--repeats R] OLD/libtpurt.so NEW/libtpurt.so softmax ROWS,D...\n"
+          "usage: tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so gemm M,N,K[,batch]...\n"
+          "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so softmax ROWS,D...\n"
           "Times the two runtime builds in one process, alternating samples; prints each build's median\n"
-          "and best rate and the median (quartiles) of the paired ratios new / old.\n");
+          "and best rate and the median (quartiles) of the paired ratios new / old. --rotate N: calls\n"
+          "cycle over N operand sets (N sets beyond the caches: operands come from memory).\n");
   exit(2);
 }
 
 int main(int argc, char **argv) {
-  int repeats = 15, i = 1;
+  int repeats = 15, nset = 1, i = 1;
   if (i < argc && !strcmp(argv[i], "--help")) usage();
-  if (i + 1 < argc && !strcmp(argv[i], "--repeats")) repeats = atoi(argv[i + 1]), i += 2;
-  if (repeats < 3 || repeats > MAX_REPEATS || argc - i < 4) usage();
+  for (;;) {
+    if (i + 1 < argc && !strcmp(argv[i], "--repeats"))
+      repeats = atoi(argv[i + 1]), i += 2;
+    else if (i + 1 < argc && !strcmp(argv[i], "--rotate"))
+      nset = atoi(argv[i + 1]), i += 2;
+    else
+      break;
+  }
+  if (repeats < 3 || repeats > MAX_REPEATS || nset < 1 || nset > MAX_ROTATE || argc - i < 4) usage();
   int gemm = !strcmp(argv[i + 2], "gemm");
   if (!gemm && strcmp(argv[i + 2], "softmax")) usage();
   build bld[2];
   load(&bld[0], argv[i]);
   load(&bld[1], argv[i + 1]);
-  printf("old %s\nnew %s\n%s, %d paired repeats (rates: %s)\n", argv[i], argv[i + 1], gemm ? "gemm" : "softmax",
-         repeats, gemm ? "GFLOP/s" : "million rows/s");
+  printf("old %s\nnew %s\n%s, %d paired repeats, %d operand set(s) (rates: %s)\n", argv[i], argv[i + 1],
+         gemm ? "gemm" : "softmax", repeats, nset, gemm ? "GFLOP/s" : "million rows/s");
   for (int a = i + 3; a < argc; a++) {
     long long m = 0, n = 0, k = 0, nb = 1;
     int got = sscanf(argv[a], "%lld,%lld,%lld,%lld", &m, &n, &k, &nb);
@@ -181,22 +200,23 @@ int main(int argc, char **argv) {
     if (gemm ? got < 3 : got != 2) usage();
     for (int b = 0; b < 2; b++) {
       w[b].gemm = gemm;
+      w[b].nset = nset;
       w[b].M = m, w[b].N = gemm ? n : 0, w[b].K = gemm ? k : n, w[b].nb = gemm ? nb : 1;
       if (w[b].M <= 0 || w[b].K <= 0 || (gemm && (w[b].N <= 0 || w[b].nb <= 0))) usage();
       setup(&bld[b], &w[b]);
     }
     double units = gemm ? 2.0 * m * n * k * nb / 1e9 : m / 1e6; /* per call */
     double work_s = gemm ? units / 100.0 : units / 20.0;    /* seconds per call at ~100 GFLOP/s, 20 M rows/s */
-    int inner = (int)(0.03 / work_s) + 1;                    /* ~30 ms samples */
+    int inner = ((int)(0.03 / work_s) / nset + 1) * nset; /* ~30 ms samples, whole rotations */
     double rate[2][MAX_REPEATS], ratio[MAX_REPEATS];
     for (int r = -1; r < repeats; r++) {
       for (int j = 0; j < 2; j++) {
         int b = (j + (r < 0 ? 0 : r)) % 2; /* alternate which build goes first */
         usleep(5000);
-        run(&bld[b], &w[b]); /* warm: the pool wakes, buffers are in place */
+        run(&bld[b], &w[b], 0); /* warm: the pool wakes, buffers are in place */
         ck(&bld[b], bld[b].sync(bld[b].s));
         double t0 = now();
-        for (int q = 0; q < inner; q++) run(&bld[b], &w[b]);
+        for (int q = 0; q < inner; q++) run(&bld[b], &w[b], q);
         ck(&bld[b], bld[b].sync(bld[b].s));
         if (r >= 0) rate[b][r] = units * inner / (now() - t0);
       }
