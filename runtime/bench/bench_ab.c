@@ -4,6 +4,7 @@
  *   tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so KERNEL SHAPE...
  *     KERNEL gemm:    SHAPE M,N,K[,batch]  (f32, C = A @ B, plain layouts)
  *     KERNEL softmax: SHAPE ROWS,D          (f32, along the last dim)
+ *     KERNEL layernorm: SHAPE ROWS,D        (f32, over the last dim, no affine)
  *
  * On a shared host the speed of the machine moves by tens of percent
  * between (and within) processes, so two builds timed in separate runs
@@ -14,7 +15,8 @@
  * build's pool threads have gone to sleep). Reported per shape: each
  * build's median and best rate, and the median and quartiles of the
  * paired ratios new / old — the figure that survives the host's drift.
- * Rates are GFLOP/s for gemm, million rows per second for softmax.
+ * Rates are GFLOP/s for gemm, million rows per second for softmax and
+ * layernorm.
  * --rotate N cycles every call over N separate sets of operands (default
  * 1): with N sets larger than the caches, each call reads its operands
  * from memory, as the kernels of a training step do, instead of from the
@@ -44,6 +46,8 @@ typedef struct {
   tpurt_status (*gemm)(tpurt_stream *, const tpurt_view *, const tpurt_view *, const tpurt_view *, double, double,
                        tpurt_precision);
   tpurt_status (*softmax)(tpurt_stream *, const tpurt_view *, const tpurt_view *, int, int);
+  tpurt_status (*layer_norm)(tpurt_stream *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
+                             const tpurt_view *, const tpurt_view *, const tpurt_view *, int, double, int);
   tpurt_status (*sync)(tpurt_stream *);
   const char *(*last_error)(void);
   tpurt_stream *s;
@@ -90,6 +94,7 @@ static void load(build *b, const char *path) {
   *(void **)&b->h2d = sym(b, "tpurt_memcpy_h2d");
   *(void **)&b->gemm = sym(b, "tpurt_gemm");
   *(void **)&b->softmax = sym(b, "tpurt_softmax");
+  *(void **)&b->layer_norm = sym(b, "tpurt_layer_norm");
   *(void **)&b->sync = sym(b, "tpurt_stream_synchronize");
   *(void **)&b->last_error = sym(b, "tpurt_last_error");
   ck(b, b->init());
@@ -108,8 +113,9 @@ static tpurt_view view3(tpurt_devptr p, int64_t nb, int64_t n, int64_t c) {
   return v;
 }
 
+enum { K_GEMM, K_SOFTMAX, K_LAYERNORM };
 typedef struct {
-  int gemm, nset;
+  int kind, nset;
   int64_t M, N, K, nb; /* softmax: M rows of K */
   tpurt_devptr a[MAX_ROTATE], b[MAX_ROTATE], c[MAX_ROTATE];
   tpurt_view va[MAX_ROTATE], vb[MAX_ROTATE], vc[MAX_ROTATE];
@@ -128,7 +134,7 @@ static tpurt_devptr upload(build *b, size_t n, unsigned mul) {
 
 static void setup(build *b, work *w) {
   for (int i = 0; i < w->nset; i++) {
-    if (w->gemm) {
+    if (w->kind == K_GEMM) {
       w->a[i] = upload(b, (size_t)(w->nb * w->M * w->K), 7);
       w->b[i] = upload(b, (size_t)(w->nb * w->K * w->N), 5);
       w->c[i] = upload(b, (size_t)(w->nb * w->M * w->N), 3);
@@ -148,10 +154,12 @@ static void setup(build *b, work *w) {
 /* call q of a sample: operand set q % nset */
 static void run(build *b, const work *w, int q) {
   int i = q % w->nset;
-  if (w->gemm)
+  if (w->kind == K_GEMM)
     ck(b, b->gemm(b->s, &w->vc[i], &w->va[i], &w->vb[i], 1.0, 0.0, TPURT_PRECISION_HIGHEST));
-  else
+  else if (w->kind == K_SOFTMAX)
     ck(b, b->softmax(b->s, &w->vc[i], &w->va[i], 2, 0));
+  else
+    ck(b, b->layer_norm(b->s, &w->vc[i], NULL, NULL, &w->va[i], NULL, NULL, 1, 1e-5, 0));
 }
 
 static void teardown(build *b, work *w) {
@@ -166,7 +174,7 @@ static void teardown(build *b, work *w) {
 static void usage(void) {
   fprintf(stderr,
           "usage: tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so gemm M,N,K[,batch]...\n"
-          "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so softmax ROWS,D...\n"
+          "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so softmax|layernorm ROWS,D...\n"
           "Times the two runtime builds in one process, alternating samples; prints each build's median\n"
           "and best rate and the median (quartiles) of the paired ratios new / old. --rotate N: calls\n"
           "cycle over N operand sets (N sets beyond the caches: operands come from memory).\n");
@@ -185,13 +193,15 @@ int main(int argc, char **argv) {
       break;
   }
   if (repeats < 3 || repeats > MAX_REPEATS || nset < 1 || nset > MAX_ROTATE || argc - i < 4) usage();
-  int gemm = !strcmp(argv[i + 2], "gemm");
-  if (!gemm && strcmp(argv[i + 2], "softmax")) usage();
+  const char *kname = argv[i + 2];
+  int kind = !strcmp(kname, "gemm") ? K_GEMM : !strcmp(kname, "softmax") ? K_SOFTMAX : !strcmp(kname, "layernorm") ? K_LAYERNORM : -1;
+  if (kind < 0) usage();
+  int gemm = kind == K_GEMM;
   build bld[2];
   load(&bld[0], argv[i]);
   load(&bld[1], argv[i + 1]);
-  printf("old %s\nnew %s\n%s, %d paired repeats, %d operand set(s) (rates: %s)\n", argv[i], argv[i + 1],
-         gemm ? "gemm" : "softmax", repeats, nset, gemm ? "GFLOP/s" : "million rows/s");
+  printf("old %s\nnew %s\n%s, %d paired repeats, %d operand set(s) (rates: %s)\n", argv[i], argv[i + 1], kname,
+         repeats, nset, gemm ? "GFLOP/s" : "million rows/s");
   for (int a = i + 3; a < argc; a++) {
     long long m = 0, n = 0, k = 0, nb = 1;
     int got = sscanf(argv[a], "%lld,%lld,%lld,%lld", &m, &n, &k, &nb);
@@ -199,7 +209,7 @@ int main(int argc, char **argv) {
     memset(w, 0, sizeof w);
     if (gemm ? got < 3 : got != 2) usage();
     for (int b = 0; b < 2; b++) {
-      w[b].gemm = gemm;
+      w[b].kind = kind;
       w[b].nset = nset;
       w[b].M = m, w[b].N = gemm ? n : 0, w[b].K = gemm ? k : n, w[b].nb = gemm ? nb : 1;
       if (w[b].M <= 0 || w[b].K <= 0 || (gemm && (w[b].N <= 0 || w[b].nb <= 0))) usage();

@@ -146,40 +146,61 @@ typedef struct {
   double *part;  /* their partial sums: [parts][dw cols, db cols] */
 } lnctx;
 
+/* Row r's statistics (mean, and var = the sum of squares about it) saved
+ * and its output written (row values in buf, as f64). */
+static void ln_fwd_finish(const lnctx *x, int64_t r, double *buf, double mean, double var, const double *w,
+                          const double *b) {
+  const lnplan *p = x->p;
+  int64_t n = p->cols, xes = (int64_t)tpurt_dtype_size(p->x.dt), yes = (int64_t)tpurt_dtype_size(p->y.dt);
+  var /= (double)n;
+  double rstd = 1.0 / sqrt(var + p->eps);
+  vset(&p->mean, x->mean, r, mean);
+  vset(&p->rstd, x->rstd, r, rstd);
+  if (x->y && p->ew_apply) {
+    apply_k k = {mean, rstd, w, b, 1};
+    apply_row(p->x.dt, x->y + r * p->y.rs * yes, p->y.cs, x->x + r * p->x.rs * xes, p->x.cs, n, &k);
+  } else if (x->y) {
+    for (int64_t i = 0; i < n; i++) buf[i] = (buf[i] - mean) * rstd * w[i] + b[i];
+    rk_store_row_f64(x->y + r * p->y.rs * yes, p->y.dt, p->y.cs, buf, n);
+  }
+}
+
+/* Rows two at a time: their moment passes run in one loop (the same sums
+ * per row, see rk_moments_lanes2). */
 static void ln_fwd_rows(void *c, int64_t rb, int64_t re) {
   lnctx *x = c;
   const lnplan *p = x->p;
   int64_t n = p->cols;
-  double *buf = malloc(sizeof(double) * (size_t)n * 3);
+  double *buf = malloc(sizeof(double) * (size_t)n * 4);
   if (!buf) {
     x->failed = 1;
     return;
   }
-  double *w = buf + n, *b = buf + 2 * n;
+  double *buf2 = buf + n, *w = buf + 2 * n, *b = buf + 3 * n;
   vload(&p->w, x->w, n, w, 1.0);
   vload(&p->b, x->b, n, b, -0.0); /* x + -0.0 is x, signed zeros too */
-  int64_t xes = (int64_t)tpurt_dtype_size(p->x.dt), yes = (int64_t)tpurt_dtype_size(p->y.dt);
-  for (int64_t r = rb; r < re; r++) {
+  int64_t xes = (int64_t)tpurt_dtype_size(p->x.dt);
+  for (int64_t r = rb; r < re; r += 2) {
+    int two = r + 1 < re;
     rk_load_f64(buf, x->x + r * p->x.rs * xes, p->x.dt, p->x.cs, n);
+    if (two) rk_load_f64(buf2, x->x + (r + 1) * p->x.rs * xes, p->x.dt, p->x.cs, n);
     /* sum and sum of squares; layer norm then sums squared deviations from
      * the mean, RMS norm's mean square is the first pass's */
-    double sum, var, mean = 0.0;
-    rk_moments_lanes(buf, 0.0, n, &sum, &var);
+    double sa, qa, sb = 0.0, qb = 0.0, ma = 0.0, mb = 0.0;
+    if (two)
+      rk_moments_lanes2(buf, 0.0, buf2, 0.0, n, &sa, &qa, &sb, &qb);
+    else
+      rk_moments_lanes(buf, 0.0, n, &sa, &qa);
     if (!p->rms) {
-      mean = sum / (double)n;
-      rk_moments_lanes(buf, mean, n, &sum, &var);
+      ma = sa / (double)n;
+      mb = sb / (double)n;
+      if (two)
+        rk_moments_lanes2(buf, ma, buf2, mb, n, &sa, &qa, &sb, &qb);
+      else
+        rk_moments_lanes(buf, ma, n, &sa, &qa);
     }
-    var /= (double)n;
-    double rstd = 1.0 / sqrt(var + p->eps);
-    vset(&p->mean, x->mean, r, mean);
-    vset(&p->rstd, x->rstd, r, rstd);
-    if (x->y && p->ew_apply) {
-      apply_k k = {mean, rstd, w, b, 1};
-      apply_row(p->x.dt, x->y + r * p->y.rs * yes, p->y.cs, x->x + r * p->x.rs * xes, p->x.cs, n, &k);
-    } else if (x->y) {
-      for (int64_t i = 0; i < n; i++) buf[i] = (buf[i] - mean) * rstd * w[i] + b[i];
-      rk_store_row_f64(x->y + r * p->y.rs * yes, p->y.dt, p->y.cs, buf, n);
-    }
+    ln_fwd_finish(x, r, buf, ma, qa, w, b);
+    if (two) ln_fwd_finish(x, r + 1, buf2, mb, qb, w, b);
   }
   free(buf);
 }

@@ -234,36 +234,78 @@ static inline void rk_lanes_out(__m256d lo, __m256d hi, double *acc) {
   _mm256_storeu_pd(acc + 4, hi);
 }
 #endif
+/* Running lane sums of (a - c) and (a - c)^2 over [0, n) (mom: s[8], q[8]). */
+typedef struct {
+  double s[RK_LANES], q[RK_LANES];
+} rk_mom;
+#ifdef __AVX__
+typedef struct {
+  __m256d s0, s1, q0, q1;
+} rk_mom_v;
+static inline void rk_mom_step(rk_mom_v *m, const double *a, __m256d vc) {
+  __m256d d0 = _mm256_sub_pd(_mm256_loadu_pd(a), vc), d1 = _mm256_sub_pd(_mm256_loadu_pd(a + 4), vc);
+  m->s0 = _mm256_add_pd(m->s0, d0);
+  m->s1 = _mm256_add_pd(m->s1, d1);
+  m->q0 = _mm256_add_pd(m->q0, _mm256_mul_pd(d0, d0));
+  m->q1 = _mm256_add_pd(m->q1, _mm256_mul_pd(d1, d1));
+}
+static inline void rk_mom_out(const rk_mom_v *m, rk_mom *o) {
+  rk_lanes_out(m->s0, m->s1, o->s);
+  rk_lanes_out(m->q0, m->q1, o->q);
+}
+#endif
+/* the lanes' scalar tail from i, and the fold */
+static inline void rk_mom_finish(rk_mom *m, const double *a, double c, int64_t i, int64_t n, double *sum, double *sq) {
+  for (; i < n; i++) {
+    double d = a[i] - c;
+    m->s[i & 7] += d;
+    m->q[i & 7] += d * d;
+  }
+  *sum = RK_FOLD(m->s);
+  *sq = RK_FOLD(m->q);
+}
 /* sum of (a - c) and of (a - c)^2 */
 static inline void rk_moments_lanes(const double *a, double c, int64_t n, double *sum, double *sq) {
-  double s[RK_LANES] = {0}, q[RK_LANES] = {0};
+  rk_mom m = {{0}, {0}};
   int64_t i = 0;
 #ifdef __AVX__
-  __m256d vc = _mm256_set1_pd(c), s0 = _mm256_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
-  for (; i + RK_LANES <= n; i += RK_LANES) {
-    __m256d d0 = _mm256_sub_pd(_mm256_loadu_pd(a + i), vc), d1 = _mm256_sub_pd(_mm256_loadu_pd(a + i + 4), vc);
-    s0 = _mm256_add_pd(s0, d0);
-    s1 = _mm256_add_pd(s1, d1);
-    q0 = _mm256_add_pd(q0, _mm256_mul_pd(d0, d0));
-    q1 = _mm256_add_pd(q1, _mm256_mul_pd(d1, d1));
-  }
-  rk_lanes_out(s0, s1, s);
-  rk_lanes_out(q0, q1, q);
+  __m256d vc = _mm256_set1_pd(c), z = _mm256_setzero_pd();
+  rk_mom_v v = {z, z, z, z};
+  for (; i + RK_LANES <= n; i += RK_LANES) rk_mom_step(&v, a + i, vc);
+  rk_mom_out(&v, &m);
 #else
   for (; i + RK_LANES <= n; i += RK_LANES)
     for (int j = 0; j < RK_LANES; j++) {
       double d = a[i + j] - c;
-      s[j] += d;
-      q[j] += d * d;
+      m.s[j] += d;
+      m.q[j] += d * d;
     }
 #endif
-  for (; i < n; i++) {
-    double d = a[i] - c;
-    s[i & 7] += d;
-    q[i & 7] += d * d;
+  rk_mom_finish(&m, a, c, i, n, sum, sq);
+}
+/* The same for two rows a and b (centers ca, cb) in one loop: each row's
+ * lanes get the same additions in the same order as in rk_moments_lanes
+ * (the same bits), and the two rows' dependent add chains overlap (one
+ * row's chains alone bound a 128-element row by the add latency). */
+static inline void rk_moments_lanes2(const double *a, double ca, const double *b, double cb, int64_t n, double *suma,
+                                     double *sqa, double *sumb, double *sqb) {
+#ifdef __AVX__
+  rk_mom ma = {{0}, {0}}, mb = {{0}, {0}};
+  int64_t i = 0;
+  __m256d va = _mm256_set1_pd(ca), vb = _mm256_set1_pd(cb), z = _mm256_setzero_pd();
+  rk_mom_v xa = {z, z, z, z}, xb = {z, z, z, z};
+  for (; i + RK_LANES <= n; i += RK_LANES) {
+    rk_mom_step(&xa, a + i, va);
+    rk_mom_step(&xb, b + i, vb);
   }
-  *sum = RK_FOLD(s);
-  *sq = RK_FOLD(q);
+  rk_mom_out(&xa, &ma);
+  rk_mom_out(&xb, &mb);
+  rk_mom_finish(&ma, a, ca, i, n, suma, sqa);
+  rk_mom_finish(&mb, b, cb, i, n, sumb, sqb);
+#else
+  rk_moments_lanes(a, ca, n, suma, sqa);
+  rk_moments_lanes(b, cb, n, sumb, sqb);
+#endif
 }
 /* sum of g and of g * (x - c) */
 static inline void rk_gdot_lanes(const double *g, const double *x, double c, int64_t n, double *sum, double *dot) {
