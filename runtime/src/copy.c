@@ -276,6 +276,7 @@ typedef struct {
   const char *s;
   row_fn row;
   const void *aux;
+  int64_t copy_esz; /* element size of a same-dtype copy (row is row_copyN), else 0 */
 } nd_ctx;
 
 /* runs elements [b, e) (linear, row-major over sh) */
@@ -295,9 +296,42 @@ static void nd_chunk(void *c, int64_t b, int64_t e) {
   }
   int in = nd - 1;
   int64_t left = e - b;
+  /* bytes of a whole inner row when it is contiguous in both views and the
+   * copy moves raw elements: such rows go one memcpy each, straight down
+   * the next dim (a head transpose [B, T, H, D] -> [B, H, T, D] is rows of
+   * D floats: the per-row dispatch and carry took more time than the
+   * copying) */
+  int64_t rowb = nd >= 2 && x->copy_esz && sh->dstr[in] == x->copy_esz && sh->sstr[in] == x->copy_esz
+                     ? sh->sizes[in] * x->copy_esz
+                     : 0;
   while (left > 0) {
     int64_t cnt = sh->sizes[in] - idx[in];
     if (cnt > left) cnt = left;
+    if (rowb && idx[in] == 0) {
+      int o = in - 1;
+      int64_t rows = sh->sizes[o] - idx[o], full = left / sh->sizes[in];
+      if (rows > full) rows = full;
+      if (rows > 1) {
+        for (int64_t r = 0; r < rows; r++) memcpy(d + r * sh->dstr[o], s + r * sh->sstr[o], (size_t)rowb);
+        left -= rows * sh->sizes[in];
+        if (left <= 0) break;
+        idx[o] += rows;
+        d += rows * sh->dstr[o];
+        s += rows * sh->sstr[o];
+        /* carry from dim o outward (dim in stays at 0) */
+        for (int k = o; k >= 0 && idx[k] == sh->sizes[k]; k--) {
+          d -= idx[k] * sh->dstr[k];
+          s -= idx[k] * sh->sstr[k];
+          idx[k] = 0;
+          if (k > 0) {
+            idx[k - 1]++;
+            d += sh->dstr[k - 1];
+            s += sh->sstr[k - 1];
+          }
+        }
+        continue;
+      }
+    }
     x->row(d, sh->dstr[in], s, sh->sstr[in], cnt, x->aux);
     left -= cnt;
     if (left <= 0) break;
@@ -405,7 +439,7 @@ static int64_t iabs64(int64_t v) { return v < 0 ? -v : v; }
 
 static void run_nd(const nd_shape *sh, char *d, const char *s, tpurt_dtype ddt, tpurt_dtype sdt) {
   generic_aux aux = {ddt, sdt};
-  nd_ctx x = {sh, d, s, pick_row(ddt, sdt), &aux};
+  nd_ctx x = {sh, d, s, pick_row(ddt, sdt), &aux, ddt == sdt ? (int64_t)tpurt_dtype_size(ddt) : 0};
   int64_t n = shape_numel(sh);
   size_t esz = tpurt_dtype_size(ddt) > tpurt_dtype_size(sdt) ? tpurt_dtype_size(ddt) : tpurt_dtype_size(sdt);
   /* contiguous same-dtype: plain (parallel) memcpy */

@@ -180,6 +180,41 @@ static void test_large(void) {
   free(o);
 }
 
+/* Rows contiguous in both views moved one memcpy each down the next dim
+ * (nd_chunk): an attention head transpose [B, T, H, D] -> [B, H, T, D] with
+ * an odd row length, large enough that the pool's chunks start and end in
+ * the middle of rows and of the row runs, in every dtype size. */
+static void test_row_runs(void) {
+  const int64_t B = 7, T = 53, H = 12, D = 29, n = B * T * H * D;
+  const int es[4] = {1, 2, 4, 8};
+  const tpurt_dtype dts[4] = {TPURT_U8, TPURT_BF16, TPURT_F32, TPURT_F64};
+  unsigned char *h = malloc((size_t)n * 8), *o = malloc((size_t)n * 8);
+  for (int64_t i = 0; i < n * 8; i++) h[i] = (unsigned char)(i * 37 + (i >> 8) * 11 + 5);
+  tpurt_devptr a, b;
+  CHECK_OK(tpurt_malloc(0, (size_t)n * 8, S, &a));
+  CHECK_OK(tpurt_malloc(0, (size_t)n * 8, S, &b));
+  CHECK_OK(tpurt_memcpy_h2d(S, a, h, (size_t)n * 8, 0));
+  for (int t = 0; t < 4; t++) {
+    /* destination [B, H, T, D] contiguous; source [B, T, H, D] read as [B, H, T, D] */
+    int64_t sz[4] = {B, H, T, D}, dst[4] = {H * T * D, T * D, D, 1}, src[4] = {T * H * D, D, H * D, 1};
+    tpurt_view dv = check_view_st(b, dts[t], 4, sz, dst), sv = check_view_st(a, dts[t], 4, sz, src);
+    CHECK_OK(tpurt_copy_strided(S, &dv, &sv));
+    CHECK_OK(tpurt_memcpy_d2h(S, o, b, (size_t)n * es[t], 0));
+    int ok = 1;
+    for (int64_t ib = 0; ib < B; ib++)
+      for (int64_t ih = 0; ih < H; ih++)
+        for (int64_t it = 0; it < T; it++)
+          ok &= !memcmp(o + ((ib * H + ih) * T + it) * D * es[t], h + ((ib * T + it) * H + ih) * D * es[t],
+                        (size_t)(D * es[t]));
+    if (!ok) fprintf(stderr, "row runs: element size %d differs\n", es[t]);
+    CHECK(ok);
+  }
+  CHECK_OK(tpurt_free(a));
+  CHECK_OK(tpurt_free(b));
+  free(h);
+  free(o);
+}
+
 static void test_fill(void) {
   tpurt_devptr d;
   CHECK_OK(tpurt_malloc(0, 1 << 16, S, &d));
@@ -242,6 +277,7 @@ int main(void) {
   test_memcpy();
   test_strided();
   test_large();
+  test_row_runs();
   test_fill();
   CHECK_OK(tpurt_device_synchronize(0));
   TEST_MAIN_END();
