@@ -279,6 +279,20 @@ typedef struct {
   int64_t copy_esz; /* element size of a same-dtype copy (row is row_copyN), else 0 */
 } nd_ctx;
 
+/* Moves the position (idx, *d, *s) n steps along dim k (n <= the steps
+ * left in that dim), wrapping full dims to 0 and carrying outward. */
+static inline void nd_advance(const nd_shape *sh, int64_t *idx, char **d, const char **s, int k, int64_t n) {
+  idx[k] += n;
+  *d += n * sh->dstr[k];
+  *s += n * sh->sstr[k];
+  for (; k > 0 && idx[k] == sh->sizes[k]; k--) {
+    *d += sh->dstr[k - 1] - idx[k] * sh->dstr[k];
+    *s += sh->sstr[k - 1] - idx[k] * sh->sstr[k];
+    idx[k] = 0;
+    idx[k - 1]++;
+  }
+}
+
 /* runs elements [b, e) (linear, row-major over sh) */
 static void nd_chunk(void *c, int64_t b, int64_t e) {
   nd_ctx *x = c;
@@ -305,8 +319,6 @@ static void nd_chunk(void *c, int64_t b, int64_t e) {
                      ? sh->sizes[in] * x->copy_esz
                      : 0;
   while (left > 0) {
-    int64_t cnt = sh->sizes[in] - idx[in];
-    if (cnt > left) cnt = left;
     if (rowb && idx[in] == 0) {
       int o = in - 1;
       int64_t rows = sh->sizes[o] - idx[o], full = left / sh->sizes[in];
@@ -314,40 +326,15 @@ static void nd_chunk(void *c, int64_t b, int64_t e) {
       if (rows > 1) {
         for (int64_t r = 0; r < rows; r++) memcpy(d + r * sh->dstr[o], s + r * sh->sstr[o], (size_t)rowb);
         left -= rows * sh->sizes[in];
-        if (left <= 0) break;
-        idx[o] += rows;
-        d += rows * sh->dstr[o];
-        s += rows * sh->sstr[o];
-        /* carry from dim o outward (dim in stays at 0) */
-        for (int k = o; k >= 0 && idx[k] == sh->sizes[k]; k--) {
-          d -= idx[k] * sh->dstr[k];
-          s -= idx[k] * sh->sstr[k];
-          idx[k] = 0;
-          if (k > 0) {
-            idx[k - 1]++;
-            d += sh->dstr[k - 1];
-            s += sh->sstr[k - 1];
-          }
-        }
+        if (left > 0) nd_advance(sh, idx, &d, &s, o, rows);
         continue;
       }
     }
+    int64_t cnt = sh->sizes[in] - idx[in];
+    if (cnt > left) cnt = left;
     x->row(d, sh->dstr[in], s, sh->sstr[in], cnt, x->aux);
     left -= cnt;
-    if (left <= 0) break;
-    /* advance: inner dim wraps to 0, carry outward */
-    d -= idx[in] * sh->dstr[in];
-    s -= idx[in] * sh->sstr[in];
-    idx[in] = 0;
-    for (int k = in - 1; k >= 0; k--) {
-      idx[k]++;
-      d += sh->dstr[k];
-      s += sh->sstr[k];
-      if (idx[k] < sh->sizes[k]) break;
-      d -= idx[k] * sh->dstr[k];
-      s -= idx[k] * sh->sstr[k];
-      idx[k] = 0;
-    }
+    if (left > 0) nd_advance(sh, idx, &d, &s, in, cnt); /* the inner dim wraps to 0 */
   }
 }
 

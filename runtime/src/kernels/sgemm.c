@@ -862,7 +862,7 @@ static void macro(const panel_job *j, int64_t r0, int64_t r1, int64_t s0, int64_
     for (int64_t t = s0; t < s1; t++) {
       int64_t s_from = 0, jt = j->j0 + t * NR;
       /* two full slivers side by side, each with its C columns in one
-       * image, run their full row slivers as 6 x 32 tiles (AVX-512), a
+       * image, run their full row slivers as 8 x 32 tiles (AVX-512), a
        * partial one below */
       int pair = x->wide && ap && t + 1 < s1 && jt + 2 * NR <= j->j0 + j->nc &&
                  c_one_image(x, jt, NR) && c_one_image(x, jt + NR, NR);
