@@ -5,6 +5,8 @@
  *     KERNEL gemm:    SHAPE M,N,K[,batch]  (f32, C = A @ B, plain layouts)
  *     KERNEL softmax: SHAPE ROWS,D          (f32, along the last dim)
  *     KERNEL layernorm: SHAPE ROWS,D        (f32, over the last dim, no affine)
+ *     KERNEL ew:      SHAPE OP:ROWS,D       (f32 elementwise op by name: a unary op, or an
+ *                                            activation backward "*_backward" of two inputs)
  *
  * On a shared host the speed of the machine moves by tens of percent
  * between (and within) processes, so two builds timed in separate runs
@@ -16,7 +18,7 @@
  * build's median and best rate, and the median and quartiles of the
  * paired ratios new / old — the figure that survives the host's drift.
  * Rates are GFLOP/s for gemm, million rows per second for softmax and
- * layernorm.
+ * layernorm, million elements per second for ew.
  * --rotate N cycles every call over N separate sets of operands (default
  * 1): with N sets larger than the caches, each call reads its operands
  * from memory, as the kernels of a training step do, instead of from the
@@ -48,6 +50,9 @@ typedef struct {
   tpurt_status (*softmax)(tpurt_stream *, const tpurt_view *, const tpurt_view *, int, int);
   tpurt_status (*layer_norm)(tpurt_stream *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
                              const tpurt_view *, const tpurt_view *, const tpurt_view *, int, double, int);
+  tpurt_status (*elementwise)(tpurt_stream *, const tpurt_ew_program *, const tpurt_view *, const tpurt_view *, int,
+                               const double *, int);
+  const char *(*op_name)(tpurt_ew_op);
   tpurt_status (*sync)(tpurt_stream *);
   const char *(*last_error)(void);
   tpurt_stream *s;
@@ -95,6 +100,8 @@ static void load(build *b, const char *path) {
   *(void **)&b->gemm = sym(b, "tpurt_gemm");
   *(void **)&b->softmax = sym(b, "tpurt_softmax");
   *(void **)&b->layer_norm = sym(b, "tpurt_layer_norm");
+  *(void **)&b->elementwise = sym(b, "tpurt_elementwise");
+  *(void **)&b->op_name = sym(b, "tpurt_ew_op_name");
   *(void **)&b->sync = sym(b, "tpurt_stream_synchronize");
   *(void **)&b->last_error = sym(b, "tpurt_last_error");
   ck(b, b->init());
@@ -113,10 +120,12 @@ static tpurt_view view3(tpurt_devptr p, int64_t nb, int64_t n, int64_t c) {
   return v;
 }
 
-enum { K_GEMM, K_SOFTMAX, K_LAYERNORM };
+enum { K_GEMM, K_SOFTMAX, K_LAYERNORM, K_EW };
 typedef struct {
   int kind, nset;
-  int64_t M, N, K, nb; /* softmax: M rows of K */
+  int64_t M, N, K, nb; /* softmax, layernorm, ew: M rows of K */
+  tpurt_ew_program prog; /* ew: load inputs, the op, out of its register */
+  int nin;
   tpurt_devptr a[MAX_ROTATE], b[MAX_ROTATE], c[MAX_ROTATE];
   tpurt_view va[MAX_ROTATE], vb[MAX_ROTATE], vc[MAX_ROTATE];
 } work;
@@ -144,7 +153,8 @@ static void setup(build *b, work *w) {
     } else {
       w->a[i] = upload(b, (size_t)(w->M * w->K), 7);
       w->c[i] = upload(b, (size_t)(w->M * w->K), 3);
-      w->b[i] = 0;
+      w->b[i] = w->kind == K_EW && w->nin == 2 ? upload(b, (size_t)(w->M * w->K), 5) : 0;
+      w->vb[i] = view3(w->b[i], 1, w->M, w->K);
       w->va[i] = view3(w->a[i], 1, w->M, w->K);
       w->vc[i] = view3(w->c[i], 1, w->M, w->K);
     }
@@ -156,7 +166,10 @@ static void run(build *b, const work *w, int q) {
   int i = q % w->nset;
   if (w->kind == K_GEMM)
     ck(b, b->gemm(b->s, &w->vc[i], &w->va[i], &w->vb[i], 1.0, 0.0, TPURT_PRECISION_HIGHEST));
-  else if (w->kind == K_SOFTMAX)
+  else if (w->kind == K_EW) {
+    tpurt_view in[2] = {w->va[i], w->vb[i]};
+    ck(b, b->elementwise(b->s, &w->prog, &w->vc[i], in, w->nin, NULL, 0));
+  } else if (w->kind == K_SOFTMAX)
     ck(b, b->softmax(b->s, &w->vc[i], &w->va[i], 2, 0));
   else
     ck(b, b->layer_norm(b->s, &w->vc[i], NULL, NULL, &w->va[i], NULL, NULL, 1, 1e-5, 0));
@@ -171,12 +184,41 @@ static void teardown(build *b, work *w) {
   }
 }
 
+/* ew: the program for op `name` (len chars): load 1 (2 for "*_backward") inputs, the op, store */
+static int ew_program(build *b, const char *name, size_t len, work *w) {
+  for (int op = 0; op < TPURT_EW_NUM_OPS; op++) {
+    const char *o = b->op_name((tpurt_ew_op)op);
+    if (!o || strlen(o) != len || strncmp(o, name, len)) continue;
+    w->nin = len > 9 && !strncmp(name + len - 9, "_backward", 9) ? 2 : 1;
+    memset(&w->prog, 0, sizeof w->prog);
+    w->prog.compute = TPURT_F32;
+    for (int s = 0; s < w->nin; s++) {
+      w->prog.inst[s].op = TPURT_EW_LOAD;
+      w->prog.inst[s].dst = (uint8_t)s;
+      w->prog.inst[s].p[0] = s;
+    }
+    tpurt_ew_inst *I = &w->prog.inst[w->nin];
+    I->op = (uint16_t)op;
+    I->dst = (uint8_t)w->nin;
+    for (int s = 0; s < w->nin; s++) I->src[s] = (uint8_t)s;
+    w->prog.ninst = w->nin + 1;
+    w->prog.nout = 1;
+    w->prog.out_reg[0] = (uint8_t)w->nin;
+    return 1;
+  }
+  fprintf(stderr, "no elementwise op %.*s\n", (int)len, name);
+  return 0;
+}
+
 static void usage(void) {
   fprintf(stderr,
           "usage: tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so gemm M,N,K[,batch]...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so softmax|layernorm ROWS,D...\n"
+          "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so ew OP:ROWS,D...\n"
           "Times the two runtime builds in one process, alternating samples; prints each build's median\n"
-          "and best rate and the median (quartiles) of the paired ratios new / old. --rotate N: calls\n"
+          "and best rate and the median (quartiles) of the paired ratios new / old. ew: an f32 unary op\n"
+          "(gelu, tanh, silu, ...) or activation backward of two inputs (gelu_backward, ...), by name.\n"
+          "--rotate N: calls\n"
           "cycle over N operand sets (N sets beyond the caches: operands come from memory).\n");
   exit(2);
 }
@@ -194,19 +236,29 @@ int main(int argc, char **argv) {
   }
   if (repeats < 3 || repeats > MAX_REPEATS || nset < 1 || nset > MAX_ROTATE || argc - i < 4) usage();
   const char *kname = argv[i + 2];
-  int kind = !strcmp(kname, "gemm") ? K_GEMM : !strcmp(kname, "softmax") ? K_SOFTMAX : !strcmp(kname, "layernorm") ? K_LAYERNORM : -1;
+  int kind = !strcmp(kname, "gemm")        ? K_GEMM
+             : !strcmp(kname, "softmax")   ? K_SOFTMAX
+             : !strcmp(kname, "layernorm") ? K_LAYERNORM
+             : !strcmp(kname, "ew")        ? K_EW
+                                           : -1;
   if (kind < 0) usage();
   int gemm = kind == K_GEMM;
   build bld[2];
   load(&bld[0], argv[i]);
   load(&bld[1], argv[i + 1]);
   printf("old %s\nnew %s\n%s, %d paired repeats, %d operand set(s) (rates: %s)\n", argv[i], argv[i + 1], kname,
-         repeats, nset, gemm ? "GFLOP/s" : "million rows/s");
+         repeats, nset, gemm ? "GFLOP/s" : kind == K_EW ? "million elements/s" : "million rows/s");
   for (int a = i + 3; a < argc; a++) {
     long long m = 0, n = 0, k = 0, nb = 1;
-    int got = sscanf(argv[a], "%lld,%lld,%lld,%lld", &m, &n, &k, &nb);
+    const char *dims = argv[a], *colon = strchr(argv[a], ':');
     work w[2];
     memset(w, 0, sizeof w);
+    if (kind == K_EW) { /* OP:ROWS,D */
+      if (!colon || !ew_program(&bld[0], argv[a], (size_t)(colon - argv[a]), &w[0])) usage();
+      w[1].prog = w[0].prog, w[1].nin = w[0].nin;
+      dims = colon + 1;
+    }
+    int got = sscanf(dims, "%lld,%lld,%lld,%lld", &m, &n, &k, &nb);
     if (gemm ? got < 3 : got != 2) usage();
     for (int b = 0; b < 2; b++) {
       w[b].kind = kind;
@@ -215,8 +267,9 @@ int main(int argc, char **argv) {
       if (w[b].M <= 0 || w[b].K <= 0 || (gemm && (w[b].N <= 0 || w[b].nb <= 0))) usage();
       setup(&bld[b], &w[b]);
     }
-    double units = gemm ? 2.0 * m * n * k * nb / 1e9 : m / 1e6; /* per call */
-    double work_s = gemm ? units / 100.0 : units / 20.0;    /* seconds per call at ~100 GFLOP/s, 20 M rows/s */
+    double units = gemm ? 2.0 * m * n * k * nb / 1e9 : kind == K_EW ? (double)m * n / 1e6 : m / 1e6; /* per call */
+    /* seconds per call at ~100 GFLOP/s, 20 M rows/s, 2000 M elements/s */
+    double work_s = gemm ? units / 100.0 : kind == K_EW ? units / 2000.0 : units / 20.0;
     int inner = ((int)(0.03 / work_s) / nset + 1) * nset; /* ~30 ms samples, whole rotations */
     double rate[2][MAX_REPEATS], ratio[MAX_REPEATS];
     for (int r = -1; r < repeats; r++) {

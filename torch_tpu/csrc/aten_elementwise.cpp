@@ -1321,6 +1321,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("log_sigmoid_backward.grad_input", TORCH_FN(k_log_sigmoid_backward_out));
   m.impl("silu.out", TORCH_FN(unary_out<TPURT_EW_SILU>));
   m.impl("silu_backward.grad_input", TORCH_FN(backward_out<TPURT_EW_SILU_BACKWARD>));
+  // the functional form has a composite decomposition (sigmoid, 1 - s, three
+  // products, an add: six kernels) that autograd's SiLU backward would take
+  m.impl("silu_backward", TORCH_FN(backward_fn<TPURT_EW_SILU_BACKWARD>));
   m.impl("mish.out", TORCH_FN(unary_out<TPURT_EW_MISH>));
   m.impl("mish_backward", TORCH_FN(backward_fn<TPURT_EW_MISH_BACKWARD>));
   m.impl("softplus.out", TORCH_FN(k_softplus_out));
