@@ -5,8 +5,8 @@
  *     KERNEL gemm:    SHAPE M,N,K[,batch]  (f32, C = A @ B, plain layouts)
  *     KERNEL softmax: SHAPE ROWS,D          (f32, along the last dim)
  *     KERNEL layernorm: SHAPE ROWS,D        (f32, over the last dim, no affine)
- *     KERNEL ew:      SHAPE OP:ROWS,D       (f32 elementwise op by name: a unary op, or an
- *                                            activation backward "*_backward" of two inputs)
+ *     KERNEL ew:      SHAPE OP:ROWS,D       (f32 elementwise op by name: unary, binary,
+ *                                            activation backward or ternary)
  *
  * On a shared host the speed of the machine moves by tens of percent
  * between (and within) processes, so two builds timed in separate runs
@@ -153,7 +153,7 @@ static void setup(build *b, work *w) {
     } else {
       w->a[i] = upload(b, (size_t)(w->M * w->K), 7);
       w->c[i] = upload(b, (size_t)(w->M * w->K), 3);
-      w->b[i] = w->kind == K_EW && w->nin == 2 ? upload(b, (size_t)(w->M * w->K), 5) : 0;
+      w->b[i] = w->kind == K_EW && w->nin >= 2 ? upload(b, (size_t)(w->M * w->K), 5) : 0;
       w->vb[i] = view3(w->b[i], 1, w->M, w->K);
       w->va[i] = view3(w->a[i], 1, w->M, w->K);
       w->vc[i] = view3(w->c[i], 1, w->M, w->K);
@@ -167,7 +167,7 @@ static void run(build *b, const work *w, int q) {
   if (w->kind == K_GEMM)
     ck(b, b->gemm(b->s, &w->vc[i], &w->va[i], &w->vb[i], 1.0, 0.0, TPURT_PRECISION_HIGHEST));
   else if (w->kind == K_EW) {
-    tpurt_view in[2] = {w->va[i], w->vb[i]};
+    tpurt_view in[3] = {w->va[i], w->vb[i], w->vb[i]}; /* a ternary op reads b twice */
     ck(b, b->elementwise(b->s, &w->prog, &w->vc[i], in, w->nin, NULL, 0));
   } else if (w->kind == K_SOFTMAX)
     ck(b, b->softmax(b->s, &w->vc[i], &w->va[i], 2, 0));
@@ -184,12 +184,15 @@ static void teardown(build *b, work *w) {
   }
 }
 
-/* ew: the program for op `name` (len chars): load 1 (2 for "*_backward") inputs, the op, store */
+/* ew: the program for op `name` (len chars): load its inputs, the op, store */
 static int ew_program(build *b, const char *name, size_t len, work *w) {
   for (int op = 0; op < TPURT_EW_NUM_OPS; op++) {
     const char *o = b->op_name((tpurt_ew_op)op);
     if (!o || strlen(o) != len || strncmp(o, name, len)) continue;
-    w->nin = len > 9 && !strncmp(name + len - 9, "_backward", 9) ? 2 : 1;
+    /* sources by the op's section of tpurt_ew_op: binary ops and activation
+     * backwards read 2, where / clamp / lerp / addcmul / addcdiv 3, the others
+     * (unary ops; the special functions) 1 */
+    w->nin = op >= TPURT_EW_ADD && op < TPURT_EW_WHERE ? 2 : op >= TPURT_EW_WHERE && op <= TPURT_EW_ADDCDIV ? 3 : 1;
     memset(&w->prog, 0, sizeof w->prog);
     w->prog.compute = TPURT_F32;
     for (int s = 0; s < w->nin; s++) {
@@ -199,6 +202,7 @@ static int ew_program(build *b, const char *name, size_t len, work *w) {
     }
     tpurt_ew_inst *I = &w->prog.inst[w->nin];
     I->op = (uint16_t)op;
+    I->p[0] = op == TPURT_EW_ADD || op == TPURT_EW_SUB ? 1.0 : 0.0; /* alpha */
     I->dst = (uint8_t)w->nin;
     for (int s = 0; s < w->nin; s++) I->src[s] = (uint8_t)s;
     w->prog.ninst = w->nin + 1;
@@ -216,8 +220,8 @@ static void usage(void) {
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so softmax|layernorm ROWS,D...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so ew OP:ROWS,D...\n"
           "Times the two runtime builds in one process, alternating samples; prints each build's median\n"
-          "and best rate and the median (quartiles) of the paired ratios new / old. ew: an f32 unary op\n"
-          "(gelu, tanh, silu, ...) or activation backward of two inputs (gelu_backward, ...), by name.\n"
+          "and best rate and the median (quartiles) of the paired ratios new / old. ew: an f32\n"
+          "elementwise op by name (gelu, add, gelu_backward, where, ...).\n"
           "--rotate N: calls\n"
           "cycle over N operand sets (N sets beyond the caches: operands come from memory).\n");
   exit(2);
