@@ -30,6 +30,27 @@ def settle(seconds: float = SETTLE_S) -> None:
     time.sleep(seconds)
 
 
+# Consecutive training steps per timed sample (see time_steps).
+STEPS_PER_SAMPLE = 3
+
+
+def time_steps(step: Callable[[], object], device: str, steps: int = STEPS_PER_SAMPLE) -> float:
+    """Seconds per step over `steps` consecutive calls of a training step
+    that ends in loss.item(), the last one followed by a device synchronize.
+    A deferred step's loss.item() returns as soon as the loss is computed:
+    the backward pass and the optimizer go on running on the device while
+    the host records the next step, so a single step timed to its item()
+    would leave its tail to whatever is timed next, and consecutive steps
+    overlap the host's recording with the device's work as a training loop
+    does."""
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if device == "tpu":
+        torch.tpu.synchronize()
+    return (time.perf_counter() - t0) / steps
+
+
 def machine() -> dict[str, str]:
     cpu = platform.processor()
     try:

@@ -4,7 +4,10 @@ ResNet-18-style CNN). One training step = zero_grad, forward, loss,
 backward, AdamW step, loss.item() (the usual logging sync, which is also
 the cut that ends the deferred graph); DeferAndFuse runs by default and
 with pipelined segments (TORCH_TPU_DEFER_SEGMENT_OPS). Configurations alternate inside
-every repeat; the median step time is reported, with peak device memory
+every repeat; a sample is STEPS_PER_SAMPLE consecutive steps and a device
+synchronize (bench.common.time_steps: a deferred step's loss.item() returns
+once the loss is computed, and the rest of the step runs while the host
+records the next); the median step time is reported, with peak device memory
 per mode (each mode's training loop alone on the device: params, grads,
 optimizer state, batches and the step's own memory) and the host time
 spent issuing one step (before its sync)."""
@@ -21,7 +24,7 @@ import torch
 
 import torch_tpu
 from bench import models
-from bench.common import interleaved, markdown_table, settle
+from bench.common import STEPS_PER_SAMPLE, interleaved, markdown_table, settle, time_steps
 
 WORKLOADS = ("mingpt", "llama", "resnet")
 SEGMENT_OPS = 64  # the pipelined configuration (TORCH_TPU_DEFER_SEGMENT_OPS) measured beside the default
@@ -175,11 +178,10 @@ def run(repeats: int, workloads=WORKLOADS, warmup: int = 4) -> tuple[dict, str, 
             for k, r in runners.items():
                 before = _counts()
                 settle()
-                t0 = time.perf_counter()
-                r.step()
-                samples[k].append(time.perf_counter() - t0)
+                samples[k].append(time_steps(r.step, r.device))
                 for c, v in _counts().items():
                     counts[k][c] += v - before[c]
+        steps = repeats * STEPS_PER_SAMPLE
         med = {k: statistics.median(v) for k, v in samples.items()}
         issue = {k: statistics.median(r.issue) for k, r in runners.items()}
         runners.clear()
@@ -199,7 +201,7 @@ def run(repeats: int, workloads=WORKLOADS, warmup: int = 4) -> tuple[dict, str, 
             f"{med['tpu strict'] / med['tpu defer']:.2f}×", f"{med['cpu eager'] / med['tpu defer']:.2f}×",
             f"{peak_strict / 2**20:.1f} / {peak_defer / 2**20:.1f} ({peak_defer / max(1, peak_strict):.2f}×)",
             f"{issue['tpu strict'] * 1e3:.1f} / {issue['tpu defer'] * 1e3:.1f}",
-            f"{stats['ops_recorded'] // max(1, repeats)} → {stats['kernels_launched'] // max(1, repeats)}",
+            f"{stats['ops_recorded'] // max(1, steps)} → {stats['kernels_launched'] // max(1, steps)}",
             f"{stats['graphs_built']} / {stats['cache_hits']}",
         ])
         seg = counts[seg_key]
@@ -208,7 +210,7 @@ def run(repeats: int, workloads=WORKLOADS, warmup: int = 4) -> tuple[dict, str, 
             f"{med['tpu defer'] / med[seg_key]:.2f}×", f"{med['tpu strict'] / med[seg_key]:.2f}×",
             f"{med['cpu eager'] / med[seg_key]:.2f}×",
             f"{peak_defer / max(1, peak_strict):.2f}× / {peak_seg / max(1, peak_strict):.2f}×",
-            f"{seg['kernels_launched'] // max(1, repeats)}", f"{seg['graphs_built']} / {seg['cache_hits']}",
+            f"{seg['kernels_launched'] // max(1, steps)}", f"{seg['graphs_built']} / {seg['cache_hits']}",
         ])
     table = markdown_table([
         "train step", "CPU eager ms", "tpu strict ms", "tpu defer ms", "defer speed / strict (goal ≥ 2.0×)",

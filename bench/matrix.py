@@ -11,7 +11,8 @@ compiler, an op the backend lacks, ...) shows its error in the table cell.
 Training step = zero_grad, forward, loss, backward, AdamW step, loss.item().
 Inference step (Llama, ResNet) = eval-mode forward under inference_mode, then
 a device sync. Configurations alternate inside every repeat (as in
-bench/defer.py); the median step time is reported.
+bench/defer.py); a sample is bench.common.STEPS_PER_SAMPLE consecutive
+steps and a device sync (time_steps), and the median step time is reported.
 
 Peak memory, the same definition on both devices: the configuration's own
 resident tensors (parameters, buffers, gradients, optimizer state, its copy of
@@ -244,9 +245,7 @@ def run_task(name: str, base, batches, loss_fn, train: bool, configs, repeats: i
         for c, r in list(runners.items()):
             try:
                 common.settle()
-                t0 = time.perf_counter()
-                r.step()
-                samples[c].append(time.perf_counter() - t0)
+                samples[c].append(common.time_steps(r.step, r.device))
             except Exception as e:  # noqa: BLE001
                 res["configs"][c].update(status="error", error=_short(e))
                 del runners[c]
@@ -365,7 +364,8 @@ def describe(out: dict) -> str:
     missing = out["missing"]
     head = (f"Preset `{out['preset']}`, {out['repeats']} interleaved repeats per configuration (after "
             f"{out['warmup']} warm-up steps), whole run {out['elapsed_s'] / 60:.1f} min, {load_text(out)}. "
-            "Train step: zero_grad, forward, loss, backward, AdamW, loss.item(); infer: eval forward under inference_mode + sync. Peak MiB = own resident tensors "
+            f"Train step: zero_grad, forward, loss, backward, AdamW, loss.item(); infer: eval forward under inference_mode + sync; "
+            f"a sample is {common.STEPS_PER_SAMPLE} consecutive steps and a device sync. Peak MiB = own resident tensors "
             "(params, buffers, grads, AdamW state, the 4 batches) + largest growth within a step (tpu: "
             "max_memory_allocated; cpu: CPU-allocator bytes from torch.profiler memory events; host memory "
             "outside torch's allocator is not counted). Inductor's first step includes compilation; its FX-graph "

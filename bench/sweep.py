@@ -99,9 +99,7 @@ def run(preset: str = "quick", repeats: int = 3, targets=None, configs=CONFIGS, 
         for _ in range(repeats):
             for c, r in runners.items():
                 common.settle()
-                t0 = time.perf_counter()
-                r.step()
-                samples[c].append(time.perf_counter() - t0)
+                samples[c].append(common.time_steps(r.step, r.device))
         if "tpu defer" in runners:
             st = torch.tpu.defer_stats()
             pt["configs"]["tpu defer"]["defer_stats"] = {k: v for k, v in st.items() if k != "recent_flushes"}

@@ -878,6 +878,27 @@ def test_error_names_op_and_source_line(defer):
     assert (src + 1).sum().item() == 55.0
 
 
+def test_host_read_runs_before_later_ops(defer):
+    # .item() of a value computed early in a graph is read right after the
+    # op that writes it (the host does not wait for the rest of the graph):
+    # ops recorded after it do not change it, and an error in one of them is
+    # raised at the next synchronization, naming it, not by the read
+    src = torch.arange(10.0, device="tpu")
+    y = src * 2
+    total = y.sum()
+    y.add_(1)
+    idx = torch.tensor([0, 12], device="tpu")
+    line = line_of_next()
+    bad = torch.gather(src, 0, idx)
+    assert total.item() == 90.0
+    with pytest.raises((IndexError, RuntimeError)) as info:
+        torch.tpu.synchronize()
+    msg = str(info.value)
+    assert "gather" in msg and f"{HERE}:{line}" in msg, msg
+    del bad
+    assert y.sum().item() == 100.0
+
+
 def test_shape_errors_raise_at_the_op(defer):
     a = torch.ones(3, device="tpu")
     b = torch.ones(4, device="tpu")

@@ -68,7 +68,7 @@ static tpurt_status k_memcpy(void *a, char *err, size_t errlen) {
 static tpurt_status finish_copy(tpurt_stream *s, uint64_t seq, int non_blocking) {
   if (non_blocking) return TPURT_OK;
   tpurt__stream_wait_seq(s, seq);
-  return tpurt__stream_take_error(s);
+  return tpurt__stream_take_error_upto(s, seq);
 }
 
 static tpurt_status launch_memcpy(tpurt_stream *s, memcpy_args *m, const char *name, int non_blocking) {
@@ -76,10 +76,17 @@ static tpurt_status launch_memcpy(tpurt_stream *s, memcpy_args *m, const char *n
   tpurt_status st;
   if (tpurt__deferring()) {
     /* host->device: the data is staged now, so the host buffer is free to
-     * change (pinned or not); device->host: the graph runs first */
+     * change (pinned or not); device->host: the graph runs, the copy placed
+     * right after the last kernel that writes the bytes it reads (the host
+     * goes on while the rest of the graph runs) */
     if (m->dir == DIR_H2D) return tpurt__defer_record_h2d(s, m->dst, m->host, m->n);
     if (m->dir == DIR_D2H) {
-      if ((st = tpurt__defer_flush_device(s->dev, TPURT_FLUSH_TO_HOST))) return st;
+      tpurt__host_read r = {s, name, k_memcpy, m, sizeof *m, m->src, m->n, 0, 0};
+      if ((st = tpurt__defer_flush_for_read(TPURT_FLUSH_TO_HOST, &r))) return st;
+      if (r.placed) {
+        if (atomic_load_explicit(&tpurt__blocking, memory_order_relaxed)) non_blocking = 0;
+        return finish_copy(s, r.seq, non_blocking);
+      }
     } else {
       return tpurt__defer_record_launch(s, name, k_memcpy, m, sizeof *m);
     }

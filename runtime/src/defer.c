@@ -47,6 +47,7 @@ _Atomic int tpurt__defer_on;
 _Thread_local int tpurt__defer_bypass;
 static _Atomic int g_pending_graphs; /* streams with a non-empty pending graph */
 static _Thread_local int t_hint = -1;
+static _Thread_local struct tpurt__host_read *t_read; /* the cut's host read (tpurt__defer_flush_for_read) */
 static _Atomic(tpurt_site_fn) g_site_fn;
 static _Atomic int g_max_ops = 8192;
 static _Atomic int g_seg_ops = 0;
@@ -2241,7 +2242,31 @@ typedef struct exec_ctx {
   dgraph *G;
   plan *P;
   tpurt_devptr *rreal; /* memory of each recomputed copy (0: none) */
+  tpurt__host_read *read; /* a host read to place inside the graph, or NULL */
 } exec_ctx;
+
+/* The step after which a host read of [src, src + n) can run: the last
+ * step whose unit may change those bytes (unit_writes), and not before the
+ * memory of the promise it reads is given (-1: before every step). A
+ * promise recomputed for late readers (remat) is read at the end. */
+static int read_position(const plan *P, const dgraph *G, tpurt_devptr src, size_t n) {
+  int l = local_of(src);
+  if (l >= 0 && P->nremat && P->remat_of[l] >= 0) return P->nsteps - 1;
+  uint64_t lo = src, hi = src + n;
+  int at = -1;
+  for (int i = P->nsteps - 1; i >= 0 && at < 0; i--) {
+    const pstep *S = &P->steps[i];
+    if (S->kind == S_UNIT ? unit_writes(P, G, S->a, lo, hi) : (S->kind == S_ALLOC && S->a == l)) at = i;
+  }
+  return at;
+}
+
+static tpurt_status place_read(exec_ctx *x) {
+  tpurt__host_read *r = x->read;
+  tpurt_status st = tpurt__enqueue(x->s, r->name, r->fn, r->args, r->args_size, &r->seq);
+  if (!st) r->placed = 1;
+  return st;
+}
 
 /* p as unit u reads or writes it: an address in a recomputed promise is
  * redirected to the copy from the copy's remat unit on. */
@@ -2396,7 +2421,10 @@ static tpurt_status run_plan(exec_ctx *x) {
   plan *P = x->P;
   dgraph *G = x->G;
   tpurt_status st = TPURT_OK;
+  int read_at = x->read ? read_position(P, G, x->read->src, x->read->n) : P->nsteps;
+  if (read_at < 0) st = place_read(x);
   for (int i = 0; i < P->nsteps && !st; i++) {
+    if (i - 1 == read_at && (st = place_read(x))) break;
     pstep *S = &P->steps[i];
     if (S->kind == S_UNIT) {
       st = run_unit(x, S->a);
@@ -2415,6 +2443,7 @@ static tpurt_status run_plan(exec_ctx *x) {
       x->rreal[S->a] = 0;
     }
   }
+  if (!st && read_at == P->nsteps - 1) st = place_read(x);
   /* copies a failed run did not release */
   for (int r = 0; r < P->nremat; r++)
     if (x->rreal[r]) tpurt_free(x->rreal[r]);
@@ -2490,7 +2519,8 @@ tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reaso
   }
   uint64_t mat = 0, never = 0, rbytes = 0;
   if (P) {
-    exec_ctx x = {s, G, P, P->nremat ? calloc((size_t)P->nremat, sizeof(tpurt_devptr)) : NULL};
+    exec_ctx x = {s, G, P, P->nremat ? calloc((size_t)P->nremat, sizeof(tpurt_devptr)) : NULL,
+                  t_read && t_read->s == s ? t_read : NULL};
     if (!hit) debug_plan(G, P);
     if (P->nremat && !x.rreal)
       st = tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "deferred graph: out of host memory");
@@ -2591,6 +2621,14 @@ tpurt_status tpurt__defer_flush_device(int dev, tpurt_flush_reason reason) {
   }
   if (!internal) t_hint = -1;
   return first;
+}
+
+tpurt_status tpurt__defer_flush_for_read(tpurt_flush_reason reason, tpurt__host_read *r) {
+  r->placed = 0;
+  t_read = r;
+  tpurt_status st = tpurt__defer_flush_device(r->s->dev, reason);
+  t_read = NULL;
+  return st;
 }
 
 tpurt_status tpurt_flush(int dev, tpurt_flush_reason reason) {

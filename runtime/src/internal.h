@@ -99,6 +99,7 @@ struct tpurt_stream {
   _Alignas(64) tpurt__waiter done_w;  /* synchronizers / full producers */
   _Alignas(64) pthread_mutex_t err_mu;
   tpurt_status err;
+  uint64_t err_seq; /* the command that failed */
   char errmsg[TPURT_ERRMSG_LEN];
   pthread_t thread;
   pthread_mutex_t dmu; /* the pending deferred graph (defer.c) */
@@ -129,6 +130,10 @@ TPURT_INTERNAL tpurt_status tpurt__enqueue(tpurt_stream *s, const char *name, tp
 TPURT_INTERNAL void tpurt__stream_wait_seq(tpurt_stream *s, uint64_t seq);
 /* Takes (and clears) the pending error, setting last_error; TPURT_OK if none. */
 TPURT_INTERNAL tpurt_status tpurt__stream_take_error(tpurt_stream *s);
+/* The same for an error of command seq or an earlier one (a later
+ * command's error stays pending for the next synchronization: a host read
+ * placed inside a deferred graph has later commands queued behind it). */
+TPURT_INTERNAL tpurt_status tpurt__stream_take_error_upto(tpurt_stream *s, uint64_t seq);
 /* Waits for every created stream of dev, without consuming errors. */
 TPURT_INTERNAL void tpurt__device_wait(int dev);
 static inline uint64_t tpurt__stream_enqueued(tpurt_stream *s) {
@@ -233,6 +238,24 @@ TPURT_INTERNAL void tpurt__defer_note(tpurt_devptr p, int64_t lo, int64_t hi);
 TPURT_INTERNAL void tpurt__defer_note_reads(int on);
 TPURT_INTERNAL tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reason);
 TPURT_INTERNAL tpurt_status tpurt__defer_flush_device(int dev, tpurt_flush_reason reason);
+/* A device->host copy that cuts a deferred graph (defer.c): the cut runs
+ * the device's graphs as tpurt__defer_flush_device does, and the copy
+ * command (fn, args) is enqueued on s inside s's graph, right after the
+ * last kernel that may write [src, src + n), so that the host waits for
+ * the value and not for the rest of the graph. placed and seq say where
+ * it went (placed 0: s had no graph, the caller enqueues the copy). */
+typedef struct tpurt__host_read {
+  tpurt_stream *s;
+  const char *name;
+  tpurt_kernel_fn fn;
+  const void *args;
+  size_t args_size;
+  tpurt_devptr src;
+  size_t n;
+  int placed;
+  uint64_t seq;
+} tpurt__host_read;
+TPURT_INTERNAL tpurt_status tpurt__defer_flush_for_read(tpurt_flush_reason reason, tpurt__host_read *r);
 /* Appends instruction op(a, b; p0) to a program built by a kernel; its
  * register is its index. */
 static inline int tpurt__ew_emit(tpurt_ew_program *pr, int op, int a, int b, double p0) {

@@ -36,10 +36,11 @@ static int pred_reached(void *p) {
   return atomic_load_explicit(&c->s->head, memory_order_acquire) >= c->seq;
 }
 
-static void record_error(tpurt_stream *s, const char *name, tpurt_status st, const char *msg) {
+static void record_error(tpurt_stream *s, uint64_t seq, const char *name, tpurt_status st, const char *msg) {
   pthread_mutex_lock(&s->err_mu);
   if (s->err == TPURT_OK) {
     s->err = st;
+    s->err_seq = seq;
     snprintf(s->errmsg, sizeof s->errmsg, "%s: %s", name ? name : "kernel",
              (msg && *msg) ? msg : tpurt_status_name(st));
   }
@@ -72,7 +73,7 @@ static void *worker_main(void *arg) {
     tpurt_status st = is_record ? TPURT_OK : sl->fn(args, err, sizeof err);
     if (st != TPURT_OK) {
       err[sizeof err - 1] = 0;
-      record_error(s, sl->name, st, err);
+      record_error(s, h + 1, sl->name, st, err);
     }
     if (sl->heap_args) {
       free(sl->heap_args);
@@ -244,10 +245,12 @@ void tpurt__stream_wait_seq(tpurt_stream *s, uint64_t seq) {
   tpurt__wait(&s->done_w, pred_reached, &c, TPURT_SPIN_NS);
 }
 
-tpurt_status tpurt__stream_take_error(tpurt_stream *s) {
+tpurt_status tpurt__stream_take_error(tpurt_stream *s) { return tpurt__stream_take_error_upto(s, UINT64_MAX); }
+
+tpurt_status tpurt__stream_take_error_upto(tpurt_stream *s, uint64_t seq) {
   tpurt_status st = TPURT_OK;
   pthread_mutex_lock(&s->err_mu);
-  if (s->err != TPURT_OK) {
+  if (s->err != TPURT_OK && s->err_seq <= seq) {
     st = s->err;
     tpurt__err_str(st, s->errmsg);
     s->err = TPURT_OK;

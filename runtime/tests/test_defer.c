@@ -3,7 +3,11 @@
  * reuse with changing launch scalars, in-place and aliasing hazards, frees
  * of memory that recorded kernels still use, flush reasons, errors. */
 #define _GNU_SOURCE
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "check.h"
 
@@ -313,6 +317,79 @@ static void test_loop_detection(void) {
   CHECK_OK(tpurt_free(x));
 }
 
+/* A kernel that waits until the test opens it (or 20 s pass: an error). */
+static _Atomic int g_gate_open, g_gate_done;
+static tpurt_status k_gate(void *args, char *err, size_t errlen) {
+  (void)args;
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (!atomic_load(&g_gate_open)) {
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    if (t.tv_sec - t0.tv_sec > 20) {
+      snprintf(err, errlen, "gate: never opened");
+      atomic_store(&g_gate_done, 1);
+      return TPURT_ERR_INTERNAL;
+    }
+    usleep(100);
+  }
+  atomic_store(&g_gate_done, 1);
+  return TPURT_OK;
+}
+static void *open_gate_later(void *arg) {
+  (void)arg;
+  usleep(50000);
+  atomic_store(&g_gate_open, 1);
+  return NULL;
+}
+
+/* A device->host copy that cuts a graph runs right after the last kernel
+ * that writes what it reads: the host gets the value while the rest of
+ * the graph (here a kernel that waits for the host) still runs, and a
+ * later write to part of the bytes (another view) still comes first. */
+static void test_early_host_read(void) {
+  static float h[N];
+  tpurt_devptr a, b;
+  tpurt_ew_program cp = un(TPURT_EW_NEG);
+  CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_DEFER));
+  CHECK_OK(tpurt_malloc(0, N * 4, S, &a));
+  CHECK_OK(tpurt_malloc(0, N * 4, S, &b));
+  tpurt_view va = view1(a, N, 1), vb = view1(b, N, 1);
+  CHECK_OK(tpurt_fill(S, &vb, fsc(-7.0)));
+  CHECK_OK(tpurt_elementwise(S, &cp, &va, &vb, 1, NULL, 0)); /* a = 7 */
+  atomic_store(&g_gate_open, 0);
+  atomic_store(&g_gate_done, 0);
+  CHECK_OK(tpurt_launch(S, "gate", k_gate, NULL, 0)); /* writes nothing it names */
+  CHECK_OK(tpurt_fill(S, &vb, fsc(2.0)));
+  CHECK_OK(tpurt_memcpy_d2h(S, h, a, N * 4, 0));
+  CHECK_EQ(atomic_load(&g_gate_done), 0); /* the copy did not wait for the gate */
+  int bad = 0;
+  for (int i = 0; i < N; i++) bad += h[i] != 7.f;
+  CHECK_EQ(bad, 0);
+  atomic_store(&g_gate_open, 1);
+  CHECK_OK(tpurt_memcpy_d2h(S, h, b, N * 4, 0));
+  CHECK_EQ(h[0], 2.f);
+  /* a = 1, gate, second half of a = 5 (another view): the copy of a waits
+   * for the gate, which a thread opens later, and sees the 5s */
+  atomic_store(&g_gate_open, 0);
+  atomic_store(&g_gate_done, 0);
+  CHECK_OK(tpurt_fill(S, &va, fsc(1.0)));
+  CHECK_OK(tpurt_launch(S, "gate", k_gate, NULL, 0));
+  tpurt_view hi = view1(a + (uint64_t)(N / 2) * 4, N / 2, 1);
+  CHECK_OK(tpurt_fill(S, &hi, fsc(5.0)));
+  pthread_t th;
+  CHECK_EQ(pthread_create(&th, NULL, open_gate_later, NULL), 0);
+  CHECK_OK(tpurt_memcpy_d2h(S, h, a, N * 4, 0));
+  CHECK_EQ(atomic_load(&g_gate_done), 1);
+  bad = 0;
+  for (int i = 0; i < N; i++) bad += h[i] != (i < N / 2 ? 1.f : 5.f);
+  CHECK_EQ(bad, 0);
+  pthread_join(th, NULL);
+  CHECK_OK(tpurt_free(a));
+  CHECK_OK(tpurt_free(b));
+  CHECK_OK(tpurt_stream_synchronize(S));
+  CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_STRICT));
+}
+
 int main(void) {
   CHECK_OK(tpurt_init());
   CHECK_OK(tpurt_stream_default(0, &S));
@@ -325,6 +402,7 @@ int main(void) {
   CHECK_EQ(ms.allocated_bytes[0].current, 0);
   test_frees_and_cuts();
   test_loop_detection();
+  test_early_host_read();
   CHECK_ST(tpurt_set_exec_mode((tpurt_exec_mode)7), TPURT_ERR_INVALID_ARGUMENT);
   TEST_MAIN_END();
 }
