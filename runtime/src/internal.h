@@ -66,6 +66,14 @@ typedef struct tpurt__waiter {
 TPURT_INTERNAL void tpurt__notify(tpurt__waiter *w);
 /* Waits until pred(ctx) != 0. */
 TPURT_INTERNAL void tpurt__wait(tpurt__waiter *w, int (*pred)(void *), void *ctx, int64_t spin_ns);
+/* A counter waited for up to targets: a sleeper lowers *wake_at to its
+ * target, and the notifier wakes the sleepers only when the counter has
+ * reached *wake_at (then resets it to UINT64_MAX; woken waiters that are
+ * not done announce their target again). */
+TPURT_INTERNAL void tpurt__wait_until(tpurt__waiter *w, _Atomic uint64_t *v, uint64_t target,
+                                      _Atomic uint64_t *wake_at, int64_t spin_ns);
+/* After storing value into the counter. */
+TPURT_INTERNAL void tpurt__notify_reached(tpurt__waiter *w, uint64_t value, _Atomic uint64_t *wake_at);
 TPURT_INTERNAL int64_t tpurt__now_ns(void);
 #define TPURT_SPIN_NS 50000
 
@@ -97,6 +105,7 @@ struct tpurt_stream {
   _Alignas(64) _Atomic uint64_t head; /* commands completed (= completed seq) */
   _Alignas(64) tpurt__waiter work_w;  /* worker sleeps here */
   _Alignas(64) tpurt__waiter done_w;  /* synchronizers / full producers */
+  _Atomic uint64_t wake_at;           /* the first seq a done_w sleeper waits for */
   _Alignas(64) pthread_mutex_t err_mu;
   tpurt_status err;
   uint64_t err_seq; /* the command that failed */

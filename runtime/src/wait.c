@@ -34,6 +34,47 @@ void tpurt__notify(tpurt__waiter *w) {
   syscall(SYS_futex, (uint32_t *)&w->epoch, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
+/* Lost wake-ups are excluded as above: the waiter reads the epoch,
+ * announces its target, then (full fence) re-reads the counter; the
+ * notifier stores the counter, then (full fence) reads wake_at. A reset of
+ * wake_at that wipes an announcement is followed by the epoch bump, which
+ * the announcing waiter's futex wait (on the epoch read before it
+ * announced) does not sleep through. */
+void tpurt__notify_reached(tpurt__waiter *w, uint64_t value, _Atomic uint64_t *wake_at) {
+  atomic_thread_fence(memory_order_seq_cst);
+  if (value < atomic_load_explicit(wake_at, memory_order_relaxed)) return;
+  atomic_store(wake_at, UINT64_MAX);
+  tpurt__notify(w);
+}
+
+static int reached(_Atomic uint64_t *v, uint64_t target) {
+  return atomic_load_explicit(v, memory_order_acquire) >= target;
+}
+
+void tpurt__wait_until(tpurt__waiter *w, _Atomic uint64_t *v, uint64_t target, _Atomic uint64_t *wake_at,
+                       int64_t spin_ns) {
+  if (reached(v, target)) return;
+  if (spin_ns > 0) {
+    int64_t deadline = tpurt__now_ns() + spin_ns;
+    for (unsigned it = 1;; it++) {
+      tpurt__pause();
+      if (reached(v, target)) return;
+      if ((it & 63) == 0 && tpurt__now_ns() > deadline) break;
+    }
+  }
+  atomic_fetch_add(&w->sleepers, 1);
+  for (;;) {
+    uint32_t e = atomic_load(&w->epoch);
+    uint64_t cur = atomic_load(wake_at);
+    while (target < cur && !atomic_compare_exchange_weak(wake_at, &cur, target)) {
+    }
+    atomic_thread_fence(memory_order_seq_cst);
+    if (reached(v, target)) break;
+    syscall(SYS_futex, (uint32_t *)&w->epoch, FUTEX_WAIT_PRIVATE, e, NULL, NULL, 0);
+  }
+  atomic_fetch_sub(&w->sleepers, 1);
+}
+
 void tpurt__wait(tpurt__waiter *w, int (*pred)(void *), void *ctx, int64_t spin_ns) {
   if (pred(ctx)) return;
   if (spin_ns > 0) {

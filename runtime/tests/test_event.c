@@ -1,7 +1,9 @@
 /* test_event.c — events: query/synchronize, elapsed time, errors, waits
  * across streams (ordering) and on the same stream, destroy while pending. */
+#define _GNU_SOURCE
 #include <sched.h>
 #include <stdatomic.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "check.h"
@@ -137,6 +139,29 @@ int main(void) {
   tpurt_event_destroy(tmp);
   atomic_store(&g_gate, 1);
   CHECK_OK(tpurt_device_synchronize(0));
+
+  /* a synchronizing thread sleeps until the command it waits for, not
+   * woken after every command: 100 kernels of 1 ms, then a synchronize
+   * (the old wake-per-command made ~100 switches here) */
+  int one_ms = 1;
+  for (int i = 0; i < 100; i++) CHECK_OK(tpurt_launch(s, "sleep", k_sleep_ms, &one_ms, sizeof one_ms));
+  struct rusage r0, r1;
+  getrusage(RUSAGE_THREAD, &r0);
+  CHECK_OK(tpurt_stream_synchronize(s));
+  getrusage(RUSAGE_THREAD, &r1);
+  CHECK(r1.ru_nvcsw - r0.ru_nvcsw < 20);
+  /* the same for a producer that finds the ring full: it sleeps until
+   * half of it has drained */
+  int zero_ms = 0;
+  atomic_store(&g_gate, 0);
+  CHECK_OK(tpurt_launch(s, "gate", k_gate, NULL, 0));
+  for (int i = 0; i < 1023; i++) CHECK_OK(tpurt_launch(s, "sleep", k_sleep_ms, &zero_ms, sizeof zero_ms));
+  atomic_store(&g_gate, 1);
+  getrusage(RUSAGE_THREAD, &r0);
+  for (int i = 0; i < 600; i++) CHECK_OK(tpurt_launch(s, "sleep", k_sleep_ms, &zero_ms, sizeof zero_ms));
+  getrusage(RUSAGE_THREAD, &r1);
+  CHECK(r1.ru_nvcsw - r0.ru_nvcsw < 50);
+  CHECK_OK(tpurt_stream_synchronize(s));
 
   tpurt_event_destroy(e);
   tpurt_event_destroy(t0);
