@@ -2443,7 +2443,7 @@ static tpurt_status run_plan(exec_ctx *x) {
       x->rreal[S->a] = 0;
     }
   }
-  if (!st && read_at == P->nsteps - 1) st = place_read(x);
+  if (!st && x->read && !x->read->placed && read_at == P->nsteps - 1) st = place_read(x); /* after the last step */
   /* copies a failed run did not release */
   for (int r = 0; r < P->nremat; r++)
     if (x->rreal[r]) tpurt_free(x->rreal[r]);
