@@ -72,7 +72,8 @@ static tpurt_status finish_copy(tpurt_stream *s, uint64_t seq, int non_blocking)
 }
 
 static tpurt_status launch_memcpy(tpurt_stream *s, memcpy_args *m, const char *name, int non_blocking) {
-  uint64_t seq;
+  uint64_t seq = 0;
+  int placed = 0; /* enqueued inside a deferred graph */
   tpurt_status st;
   if (tpurt__deferring()) {
     /* host->device: the data is staged now, so the host buffer is free to
@@ -80,19 +81,12 @@ static tpurt_status launch_memcpy(tpurt_stream *s, memcpy_args *m, const char *n
      * right after the last kernel that writes the bytes it reads (the host
      * goes on while the rest of the graph runs) */
     if (m->dir == DIR_H2D) return tpurt__defer_record_h2d(s, m->dst, m->host, m->n);
-    if (m->dir == DIR_D2H) {
-      tpurt__host_read r = {s, name, k_memcpy, m, sizeof *m, m->src, m->n, 0, 0};
-      if ((st = tpurt__defer_flush_for_read(TPURT_FLUSH_TO_HOST, &r))) return st;
-      if (r.placed) {
-        if (atomic_load_explicit(&tpurt__blocking, memory_order_relaxed)) non_blocking = 0;
-        return finish_copy(s, r.seq, non_blocking);
-      }
-    } else {
-      return tpurt__defer_record_launch(s, name, k_memcpy, m, sizeof *m);
-    }
+    if (m->dir != DIR_D2H) return tpurt__defer_record_launch(s, name, k_memcpy, m, sizeof *m);
+    tpurt__host_read r = {s, name, k_memcpy, m, sizeof *m, m->src, m->n, 0, 0};
+    if ((st = tpurt__defer_flush_for_read(TPURT_FLUSH_TO_HOST, &r))) return st;
+    placed = r.placed, seq = r.seq;
   }
-  st = tpurt__enqueue(s, name, k_memcpy, m, sizeof *m, &seq);
-  if (st) return st;
+  if (!placed && (st = tpurt__enqueue(s, name, k_memcpy, m, sizeof *m, &seq))) return st;
   if (atomic_load_explicit(&tpurt__blocking, memory_order_relaxed)) non_blocking = 0;
   return finish_copy(s, seq, non_blocking);
 }

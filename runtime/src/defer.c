@@ -2424,7 +2424,6 @@ static tpurt_status run_plan(exec_ctx *x) {
   int read_at = x->read ? read_position(P, G, x->read->src, x->read->n) : P->nsteps;
   if (read_at < 0) st = place_read(x);
   for (int i = 0; i < P->nsteps && !st; i++) {
-    if (i - 1 == read_at && (st = place_read(x))) break;
     pstep *S = &P->steps[i];
     if (S->kind == S_UNIT) {
       st = run_unit(x, S->a);
@@ -2442,8 +2441,8 @@ static tpurt_status run_plan(exec_ctx *x) {
       st = tpurt_free(x->rreal[S->a]);
       x->rreal[S->a] = 0;
     }
+    if (!st && i == read_at) st = place_read(x);
   }
-  if (!st && x->read && !x->read->placed && read_at == P->nsteps - 1) st = place_read(x); /* after the last step */
   /* copies a failed run did not release */
   for (int r = 0; r < P->nremat; r++)
     if (x->rreal[r]) tpurt_free(x->rreal[r]);

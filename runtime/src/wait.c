@@ -47,21 +47,33 @@ void tpurt__notify_reached(tpurt__waiter *w, uint64_t value, _Atomic uint64_t *w
   tpurt__notify(w);
 }
 
-static int reached(_Atomic uint64_t *v, uint64_t target) {
-  return atomic_load_explicit(v, memory_order_acquire) >= target;
-}
-
-void tpurt__wait_until(tpurt__waiter *w, _Atomic uint64_t *v, uint64_t target, _Atomic uint64_t *wake_at,
-                       int64_t spin_ns) {
-  if (reached(v, target)) return;
+/* 1 if pred(ctx) became true within spin_ns of polling (with pause). */
+static int spin_for(int (*pred)(void *), void *ctx, int64_t spin_ns) {
+  if (pred(ctx)) return 1;
   if (spin_ns > 0) {
     int64_t deadline = tpurt__now_ns() + spin_ns;
     for (unsigned it = 1;; it++) {
       tpurt__pause();
-      if (reached(v, target)) return;
+      if (pred(ctx)) return 1;
       if ((it & 63) == 0 && tpurt__now_ns() > deadline) break;
     }
   }
+  return 0;
+}
+
+typedef struct {
+  _Atomic uint64_t *v;
+  uint64_t target;
+} until_ctx;
+static int reached(void *p) {
+  const until_ctx *c = p;
+  return atomic_load_explicit(c->v, memory_order_acquire) >= c->target;
+}
+
+void tpurt__wait_until(tpurt__waiter *w, _Atomic uint64_t *v, uint64_t target, _Atomic uint64_t *wake_at,
+                       int64_t spin_ns) {
+  until_ctx c = {v, target};
+  if (spin_for(reached, &c, spin_ns)) return;
   atomic_fetch_add(&w->sleepers, 1);
   for (;;) {
     uint32_t e = atomic_load(&w->epoch);
@@ -69,22 +81,14 @@ void tpurt__wait_until(tpurt__waiter *w, _Atomic uint64_t *v, uint64_t target, _
     while (target < cur && !atomic_compare_exchange_weak(wake_at, &cur, target)) {
     }
     atomic_thread_fence(memory_order_seq_cst);
-    if (reached(v, target)) break;
+    if (reached(&c)) break;
     syscall(SYS_futex, (uint32_t *)&w->epoch, FUTEX_WAIT_PRIVATE, e, NULL, NULL, 0);
   }
   atomic_fetch_sub(&w->sleepers, 1);
 }
 
 void tpurt__wait(tpurt__waiter *w, int (*pred)(void *), void *ctx, int64_t spin_ns) {
-  if (pred(ctx)) return;
-  if (spin_ns > 0) {
-    int64_t deadline = tpurt__now_ns() + spin_ns;
-    for (unsigned it = 1;; it++) {
-      tpurt__pause();
-      if (pred(ctx)) return;
-      if ((it & 63) == 0 && tpurt__now_ns() > deadline) break;
-    }
-  }
+  if (spin_for(pred, ctx, spin_ns)) return;
   atomic_fetch_add(&w->sleepers, 1);
   atomic_thread_fence(memory_order_seq_cst);
   for (;;) {
