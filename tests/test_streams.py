@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import torch_tpu
+from tests.conftest import run_python
 
 BIG = 1 << 26  # 64M float32 = 256 MiB: long enough to observe asynchrony
 
@@ -117,3 +118,50 @@ def test_launch_blocking_reports_error_at_the_call():
     finally:
         torch_tpu._C._set_launch_blocking(False)
     torch.tpu.synchronize()
+
+
+def _kernel_times(mode: str, setting: str) -> dict[str, tuple[int, float]]:
+    code = f"""
+import torch, torch_tpu
+with torch_tpu.execution_mode({mode!r}):
+    a = torch.randn(64, 64, device="tpu")
+    for _ in range(7):
+        b = (a @ a).relu() + 1  # recorded on one line
+        b.sum().item()
+torch.tpu.synchronize()
+"""
+    out = run_python(code, {"TORCH_TPU_KERNEL_TIMES": setting})
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stderr.splitlines()
+    head = [i for i, ln in enumerate(lines) if ln.startswith("torch_tpu kernel times")]
+    assert len(head) == 1, out.stderr[-3000:]
+    rows = {}
+    for ln in lines[head[0] + 2:]:
+        total_ms, calls, _per, _share, name = ln.split(None, 4)
+        rows[name] = (int(calls), float(total_ms))
+    return rows
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer"])
+def test_kernel_times_count_every_command_by_name(mode):
+    # TORCH_TPU_KERNEL_TIMES=1: at exit, stderr lists the device's commands
+    # by name with their calls and wall time; a deferred unit's recording
+    # site is dropped from its name (one row per op or fused group) unless
+    # the setting is "sites"
+    rows = _kernel_times(mode, "1")
+    assert rows["gemm"][0] == 7 and rows["gemm"][1] > 0, rows
+    assert not any("recorded at" in n for n in rows), rows
+    if mode == "strict":
+        assert rows["relu"][0] == 7 and rows["add"][0] == 7, rows
+    else:  # relu and + 1 are one kernel
+        assert sum(c for n, (c, _) in rows.items() if n.startswith("fused(") and "relu" in n) == 7, rows
+    sites = _kernel_times(mode, "sites")
+    if mode == "defer":
+        assert any("recorded at" in n and "test_streams" not in n and "<string>:6" in n for n in sites), sites
+    assert sum(c for _, (c, _) in sites.items()) == sum(c for _, (c, _) in rows.items()), (sites, rows)
+
+
+def test_kernel_times_are_off_by_default():
+    out = run_python("import torch, torch_tpu\n(torch.ones(3, device='tpu') + 1).cpu()\n",
+                     {"TORCH_TPU_KERNEL_TIMES": "0"})
+    assert out.returncode == 0 and "kernel times" not in out.stderr, out.stderr[-2000:]

@@ -7,6 +7,10 @@
  *     KERNEL layernorm: SHAPE ROWS,D        (f32, over the last dim, no affine)
  *     KERNEL ew:      SHAPE OP:ROWS,D       (f32 elementwise op by name: unary, binary,
  *                                            activation backward or ternary)
+ *     KERNEL conv:    SHAPE N,C,HW,CO,K,S,PASS (f32 2-D convolution of N images C x HW x HW
+ *                                            to CO channels, K x K kernel, stride S, padding
+ *                                            K / 2; PASS 0 forward, 1 input gradient,
+ *                                            2 weight gradient)
  *
  * On a shared host the speed of the machine moves by tens of percent
  * between (and within) processes, so two builds timed in separate runs
@@ -50,6 +54,8 @@ typedef struct {
   tpurt_status (*softmax)(tpurt_stream *, const tpurt_view *, const tpurt_view *, int, int);
   tpurt_status (*layer_norm)(tpurt_stream *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
                              const tpurt_view *, const tpurt_view *, const tpurt_view *, int, double, int);
+  tpurt_status (*conv[3])(tpurt_stream *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
+                          const tpurt_view *, const tpurt_conv_params *, tpurt_precision);
   tpurt_status (*elementwise)(tpurt_stream *, const tpurt_ew_program *, const tpurt_view *, const tpurt_view *, int,
                                const double *, int);
   const char *(*op_name)(tpurt_ew_op);
@@ -101,6 +107,9 @@ static void load(build *b, const char *path) {
   *(void **)&b->softmax = sym(b, "tpurt_softmax");
   *(void **)&b->layer_norm = sym(b, "tpurt_layer_norm");
   *(void **)&b->elementwise = sym(b, "tpurt_elementwise");
+  *(void **)&b->conv[0] = sym(b, "tpurt_conv2d");
+  *(void **)&b->conv[1] = sym(b, "tpurt_conv2d_backward_input");
+  *(void **)&b->conv[2] = sym(b, "tpurt_conv2d_backward_weight");
   *(void **)&b->op_name = sym(b, "tpurt_ew_op_name");
   *(void **)&b->sync = sym(b, "tpurt_stream_synchronize");
   *(void **)&b->last_error = sym(b, "tpurt_last_error");
@@ -120,10 +129,20 @@ static tpurt_view view3(tpurt_devptr p, int64_t nb, int64_t n, int64_t c) {
   return v;
 }
 
-enum { K_GEMM, K_SOFTMAX, K_LAYERNORM, K_EW };
+/* an f32 NCHW view of n images c x h x w */
+static tpurt_view view4(tpurt_devptr p, int64_t n, int64_t c, int64_t h, int64_t w) {
+  tpurt_view v = view3(p, n, c, h * w);
+  v.ndim = 4;
+  v.sizes[2] = h, v.sizes[3] = w;
+  v.strides[2] = w, v.strides[3] = 1;
+  return v;
+}
+
+enum { K_GEMM, K_SOFTMAX, K_LAYERNORM, K_EW, K_CONV };
 typedef struct {
   int kind, nset;
   int64_t M, N, K, nb; /* softmax, layernorm, ew: M rows of K */
+  int64_t cv[7];       /* conv: N, C, HW, CO, K, S, pass */
   tpurt_ew_program prog; /* ew: load inputs, the op, out of its register */
   int nin;
   tpurt_devptr a[MAX_ROTATE], b[MAX_ROTATE], c[MAX_ROTATE];
@@ -143,7 +162,15 @@ static tpurt_devptr upload(build *b, size_t n, unsigned mul) {
 
 static void setup(build *b, work *w) {
   for (int i = 0; i < w->nset; i++) {
-    if (w->kind == K_GEMM) {
+    if (w->kind == K_CONV) { /* a: x, b: w, c: y */
+      const int64_t *g = w->cv, ho = (g[2] + 2 * (g[4] / 2) - g[4]) / g[5] + 1;
+      w->a[i] = upload(b, (size_t)(g[0] * g[1] * g[2] * g[2]), 7);
+      w->b[i] = upload(b, (size_t)(g[3] * g[1] * g[4] * g[4]), 5);
+      w->c[i] = upload(b, (size_t)(g[0] * g[3] * ho * ho), 3);
+      w->va[i] = view4(w->a[i], g[0], g[1], g[2], g[2]);
+      w->vb[i] = view4(w->b[i], g[3], g[1], g[4], g[4]);
+      w->vc[i] = view4(w->c[i], g[0], g[3], ho, ho);
+    } else if (w->kind == K_GEMM) {
       w->a[i] = upload(b, (size_t)(w->nb * w->M * w->K), 7);
       w->b[i] = upload(b, (size_t)(w->nb * w->K * w->N), 5);
       w->c[i] = upload(b, (size_t)(w->nb * w->M * w->N), 3);
@@ -164,7 +191,14 @@ static void setup(build *b, work *w) {
 /* call q of a sample: operand set q % nset */
 static void run(build *b, const work *w, int q) {
   int i = q % w->nset;
-  if (w->kind == K_GEMM)
+  if (w->kind == K_CONV) {
+    int64_t k = w->cv[4], st = w->cv[5];
+    tpurt_conv_params p = {{st, st}, {k / 2, k / 2}, {1, 1}, 1};
+    const tpurt_view *x = &w->va[i], *wt = &w->vb[i], *y = &w->vc[i];
+    if (w->cv[6] == 0) ck(b, b->conv[0](b->s, y, x, wt, NULL, &p, TPURT_PRECISION_HIGHEST));
+    else if (w->cv[6] == 1) ck(b, b->conv[1](b->s, x, y, wt, NULL, &p, TPURT_PRECISION_HIGHEST));
+    else ck(b, b->conv[2](b->s, wt, NULL, y, x, &p, TPURT_PRECISION_HIGHEST));
+  } else if (w->kind == K_GEMM)
     ck(b, b->gemm(b->s, &w->vc[i], &w->va[i], &w->vb[i], 1.0, 0.0, TPURT_PRECISION_HIGHEST));
   else if (w->kind == K_EW) {
     tpurt_view in[3] = {w->va[i], w->vb[i], w->vb[i]}; /* a ternary op reads b twice */
@@ -219,9 +253,11 @@ static void usage(void) {
           "usage: tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so gemm M,N,K[,batch]...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so softmax|layernorm ROWS,D...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so ew OP:ROWS,D...\n"
+          "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so conv N,C,HW,CO,K,S,PASS...\n"
           "Times the two runtime builds in one process, alternating samples; prints each build's median\n"
           "and best rate and the median (quartiles) of the paired ratios new / old. ew: an f32\n"
-          "elementwise op by name (gelu, add, gelu_backward, where, ...).\n"
+          "elementwise op by name (gelu, add, gelu_backward, where, ...). conv: N images C x HW x HW to CO\n"
+          "channels, K x K kernel, stride S, padding K / 2; PASS 0 forward, 1 input gradient, 2 weight gradient.\n"
           "--rotate N: calls\n"
           "cycle over N operand sets (N sets beyond the caches: operands come from memory).\n");
   exit(2);
@@ -244,9 +280,10 @@ int main(int argc, char **argv) {
              : !strcmp(kname, "softmax")   ? K_SOFTMAX
              : !strcmp(kname, "layernorm") ? K_LAYERNORM
              : !strcmp(kname, "ew")        ? K_EW
+             : !strcmp(kname, "conv")      ? K_CONV
                                            : -1;
   if (kind < 0) usage();
-  int gemm = kind == K_GEMM;
+  int gemm = kind == K_GEMM || kind == K_CONV; /* rates in GFLOP/s */
   build bld[2];
   load(&bld[0], argv[i]);
   load(&bld[1], argv[i + 1]);
@@ -262,9 +299,20 @@ int main(int argc, char **argv) {
       w[1].prog = w[0].prog, w[1].nin = w[0].nin;
       dims = colon + 1;
     }
-    int got = sscanf(dims, "%lld,%lld,%lld,%lld", &m, &n, &k, &nb);
-    if (gemm ? got < 3 : got != 2) usage();
+    long long g[7] = {0};
+    if (kind == K_CONV) { /* as a product: M = CO, N = N * Ho * Wo, K = C * K * K */
+      if (sscanf(dims, "%lld,%lld,%lld,%lld,%lld,%lld,%lld", &g[0], &g[1], &g[2], &g[3], &g[4], &g[5], &g[6]) != 7 ||
+          g[0] <= 0 || g[1] <= 0 || g[2] <= 0 || g[3] <= 0 || g[4] <= 0 || g[5] <= 0 || g[6] < 0 || g[6] > 2 ||
+          g[2] + 2 * (g[4] / 2) < g[4])
+        usage();
+      long long ho = (g[2] + 2 * (g[4] / 2) - g[4]) / g[5] + 1;
+      m = g[3], n = g[0] * ho * ho, k = g[1] * g[4] * g[4];
+    } else {
+      int got = sscanf(dims, "%lld,%lld,%lld,%lld", &m, &n, &k, &nb);
+      if (gemm ? got < 3 : got != 2) usage();
+    }
     for (int b = 0; b < 2; b++) {
+      for (int q = 0; q < 7; q++) w[b].cv[q] = g[q];
       w[b].kind = kind;
       w[b].nset = nset;
       w[b].M = m, w[b].N = gemm ? n : 0, w[b].K = gemm ? k : n, w[b].nb = gemm ? nb : 1;

@@ -75,6 +75,9 @@ TPURT_INTERNAL void tpurt__wait_until(tpurt__waiter *w, _Atomic uint64_t *v, uin
 /* After storing value into the counter. */
 TPURT_INTERNAL void tpurt__notify_reached(tpurt__waiter *w, uint64_t value, _Atomic uint64_t *wake_at);
 TPURT_INTERNAL int64_t tpurt__now_ns(void);
+/* ktimes.c: per-name command times (TORCH_TPU_KERNEL_TIMES=1), printed at exit */
+TPURT_INTERNAL int tpurt__ktimes_on(void);
+TPURT_INTERNAL void tpurt__ktimes_add(const char *name, int64_t ns);
 #define TPURT_SPIN_NS 50000
 
 static inline void tpurt__pause(void) {

@@ -66,7 +66,9 @@ static void *worker_main(void *arg) {
     int is_record = sl->fn == k_event_record;
     unsigned char record_args[EVENT_CMD_BYTES];
     if (is_record) memcpy(record_args, args, sizeof record_args);
+    int64_t t0 = tpurt__ktimes_on() ? tpurt__now_ns() : 0;
     tpurt_status st = is_record ? TPURT_OK : sl->fn(args, err, sizeof err);
+    if (t0) tpurt__ktimes_add(sl->name, tpurt__now_ns() - t0);
     if (st != TPURT_OK) {
       err[sizeof err - 1] = 0;
       record_error(s, h + 1, sl->name, st, err);
