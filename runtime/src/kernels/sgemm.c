@@ -928,7 +928,17 @@ static void macro(const panel_job *j, int64_t r0, int64_t r1, int64_t s0, int64_
 static void panel_tasks(void *p, int64_t b, int64_t e) {
   panel_job *j = p;
   if (j->cols) {
-    macro(j, 0, j->mu * j->x->mr, j->nsl * b / j->ns, j->nsl * e / j->ns);
+    /* column parts [b, e) over every K chunk in order: each chunk's
+     * products are added to C as in a region per chunk (the same bits),
+     * without a pool handoff per chunk, and the parts' C columns stay in
+     * this thread's cache from one chunk to the next */
+    panel_job c = *j;
+    for (int64_t p0 = 0; p0 < j->x->K; p0 += j->kc) {
+      c.p0 = p0;
+      c.kc = j->x->K - p0 < j->kc ? j->x->K - p0 : j->kc;
+      c.beta = p0 == 0 ? j->x->beta : 1.0f;
+      macro(&c, 0, j->mu * j->x->mr, j->nsl * b / j->ns, j->nsl * e / j->ns);
+    }
     return;
   }
   pack_panel(j);
@@ -960,15 +970,20 @@ static void run_product(const prod *x, ukr_fn ukr, blocks bl, int par) {
    * 0.02. The chunk boundaries still depend on K alone. */
   int64_t nk = (x->K + KC - 1) / KC;
   KC = ((x->K + nk - 1) / nk + 7) / 8 * 8;
+  /* One A block (M <= MC): every B sliver meets A once, so no panel is
+   * shared; each task packs its own slivers where it uses them (a 16 KiB
+   * sliver in L1 instead of a panel in L3) and runs the K chunks of its
+   * columns one after the other. All of N and K in one pool region: a
+   * weight gradient (K = 16384 positions) was 64 regions of ~25 us and a
+   * 32-channel convolution 32, each ending in a wait for the slower
+   * thread. */
+  int cols = x->M <= bl.mc && x->N >= 2 * x->M * nth;
+  if (cols) NC = (x->N + NR - 1) / NR * NR;
   for (int64_t j0 = 0; j0 < x->N; j0 += NC) {
     int64_t nc = x->N - j0 < NC ? x->N - j0 : NC;
     int64_t nsl = (nc + NR - 1) / NR;
     for (int64_t p0 = 0; p0 < x->K; p0 += KC) {
       int64_t kc = x->K - p0 < KC ? x->K - p0 : KC;
-      /* One A block (M <= MC): every B sliver meets A once, so no panel is
-       * shared; each task packs its own slivers where it uses them (a 16
-       * KiB sliver in L1 instead of a panel in L3). */
-      int cols = x->M <= bl.mc && nsl * NR >= 2 * x->M * nth;
       /* Few rows (M <= 2 MC): each B element serves at most 2 MC rows, and
        * copying B into a panel cost up to a fifth of the product (weight
        * gradients: M = features, K = tokens); a plain B is read in place,
@@ -977,19 +992,21 @@ static void run_product(const prod *x, ukr_fn ukr, blocks bl, int par) {
       float *bp = x->nobuf || cols || bdirect ? NULL : buf(0, (size_t)nsl * NR * kc);
       panel_job j = {x, ukr, bp, j0, nc, p0, kc, bl.mc, p0 == 0 ? x->beta : 1.0f, (x->M + mr - 1) / mr, 1, nsl, cols,
                      bdirect, 0, 0};
-      if (cols) {
+      if (cols) { /* all chunks from p0 = 0 (kc: the chunk depth) */
         /* column parts of >= CHUNK_MACS, at most 4 per thread, and wide
          * enough that packing A (M x kc) for each costs at most half of
          * packing its B slivers (the condition above: >= 1 part per thread) */
-        int64_t sl_macs = j.mu * mr * kc * NR, per = CHUNK_MACS / sl_macs + 1;
+        int64_t sl_macs = j.mu * mr * x->K * NR, per = CHUNK_MACS / sl_macs + 1;
         if (per < (2 * x->M + NR - 1) / NR) per = (2 * x->M + NR - 1) / NR;
-        int64_t ns = (nsl + per - 1) / per;
-        j.ns = ns < 4 * nth ? ns : 4 * nth;
+        int64_t ns = nsl / per > 1 ? nsl / per : 1;
+        /* a multiple of the threads when there are more parts than threads
+         * (5 parts on 2 threads left one idle for a fifth of the product) */
+        j.ns = ns < 4 * nth ? (ns > nth ? ns / nth * nth : ns) : 4 * nth;
         if (nth > 1 && j.ns > 1)
           tpurt_parallel_for(j.ns, 1, panel_tasks, &j);
         else
           panel_tasks(&j, 0, j.ns);
-        continue;
+        break;
       }
       /* few row slivers: split the panel's columns too */
       if (nth > 1 && j.mu < 4 * nth) {
