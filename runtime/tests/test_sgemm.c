@@ -308,6 +308,47 @@ static void test_determinism(const char *self, const char *mode) {
   CHECK(c3 == h0);
 }
 
+/* Hash of one product in a TORCH_TPU_SGEMM mode (NULL: automatic choice). */
+static uint64_t one_hash(const char *mode, int64_t nb, int64_t M, int64_t N, int64_t K) {
+  if (mode)
+    setenv("TORCH_TPU_SGEMM", mode, 1);
+  else
+    unsetenv("TORCH_TPU_SGEMM");
+  g_seed = 4242;
+  prob p = P(nb, M, N, K, 0, 0);
+  bufs b;
+  setup(&p, &b);
+  float *out = malloc(b.nc * 4);
+  run_dev(&p, &b, out);
+  uint64_t h = fnv(out, b.nc, 0xcbf29ce484222325ull);
+  free(out);
+  free_bufs(&b);
+  return h;
+}
+
+/* On an AVX-512 CPU whose library runs AVX2 kernels (a CPU model the
+ * library does not know), the automatic choice takes the own kernel for
+ * small batched and thin products (gemm.c, use_own). Observed by bits:
+ * the automatic result equals the own kernel's and, for these operands,
+ * not the library tiles'. */
+static void test_choice_by_library_width(void) {
+  const char *lib = tpurt_gemm_library();
+  int narrow = strstr(lib, "AVX-512") && !strcasestr(lib, "skylakex") && !strcasestr(lib, "cooperlake") &&
+               !strcasestr(lib, "sapphirerapids");
+  if (!narrow) {
+    printf("choice by library width: not this machine (%s)\n", lib);
+    return;
+  }
+  static const int64_t sh[][4] = {{64, 64, 64, 32}, {256, 32, 32, 32}, {1, 16, 96, 128}, {1, 512, 12, 512}};
+  for (size_t s = 0; s < sizeof sh / sizeof *sh; s++) {
+    uint64_t a = one_hash(NULL, sh[s][0], sh[s][1], sh[s][2], sh[s][3]);
+    uint64_t own = one_hash("own", sh[s][0], sh[s][1], sh[s][2], sh[s][3]);
+    uint64_t tiles = one_hash("blas", sh[s][0], sh[s][1], sh[s][2], sh[s][3]);
+    CHECK(own != tiles); /* else the bits could not tell the two apart */
+    CHECK(a == own);
+  }
+}
+
 int main(int argc, char **argv) {
   if (!getenv("TORCH_TPU_SGEMM")) setenv("TORCH_TPU_SGEMM", "own", 1);
   CHECK_OK(tpurt_init());
@@ -319,6 +360,7 @@ int main(int argc, char **argv) {
   /* the runtime reports its own kernel */
   printf("gemm library: %s\n", tpurt_gemm_library());
   CHECK(strstr(tpurt_gemm_library(), "tpurt sgemm") != NULL);
+  test_choice_by_library_width();
   /* nobuf: the path taken when the packing buffers cannot be allocated */
   const char *modes[] = {"own", "scalar", "nobuf", "narrow"};
   for (int m = 0; m < 4; m++) {

@@ -27,6 +27,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <strings.h>
 
 #include <cblas.h>
 
@@ -37,6 +38,7 @@
 static pthread_once_t g_lib_once = PTHREAD_ONCE_INIT;
 static char g_lib_name[160];
 static int g_lib_threads = 1;
+static int g_lib_narrow; /* the library's f32 kernels are narrower than the own kernel's (lib_init) */
 
 /* Library threads: f32 products run single-threaded calls on the pool's
  * tiles (below); f64 products below SERIAL_MNK multiply-adds run on the
@@ -68,6 +70,14 @@ static void lib_init(void) {
   size_t l = strlen(v);
   while (l && v[l - 1] == ' ') v[--l] = 0;
   const char *core = scipy_openblas_get_corename();
+  /* The library picks its kernels by CPU model: a CPU it does not know
+   * (Zen 5 with OpenBLAS 0.3.34: "Haswell") gets its AVX2 kernels even
+   * where the CPU has AVX-512, and the own kernel's 8 x 32 tiles are
+   * twice as wide (use_own). Its AVX-512 targets are these three. */
+  static const char *const wide[] = {"skylakex", "cooperlake", "sapphirerapids"};
+  int lib_wide = 0;
+  for (size_t i = 0; core && i < sizeof wide / sizeof *wide; i++) lib_wide |= !strcasecmp(core, wide[i]);
+  g_lib_narrow = tpurt__cpu_has_avx512() && !lib_wide;
   snprintf(g_lib_name, sizeof g_lib_name, "tpurt sgemm (%s) + %s (%s, %d threads)", tpurt__sgemm_kernel_name(),
            v, core ? core : "?", n);
 }
@@ -286,6 +296,17 @@ static int use_own(int64_t nb, int64_t M, int64_t N, int64_t K) {
    * 1024x1024x64 x4 218 vs 185, 192x192x128 x16 215 vs 154; smaller ones stay
    * on the tiles: 64x64x64 x64 183 vs 219, 128x64x64 x32 209 vs 240,
    * 128x128x32 x32 223 vs 251, 64x64x128 x64 227 vs 268. */
+  /* Against the library's AVX2 kernels on an AVX-512 CPU (g_lib_narrow)
+   * the own kernel wins every batched product and every single one but
+   * the matrix-vector-like: Zen 5, OpenBLAS "Haswell", 2 threads,
+   * bench_sgemm median of 9 (own vs tiles GFLOP/s): batched 64x64x32 x64
+   * 258 vs 118, 64x32x64 x64 282 vs 137, 64x64x64 x64 190 vs 103,
+   * 32x32x32 x256 187 vs 89, 16x64x64 x64 278 vs 105, 64x16x64 x64 180 vs
+   * 103; single 48^3 61 vs 53, 32x4096x256 164 vs 142, 512x12x512 115 vs
+   * 86, 16x96x128 156 vs 67, 1024x16x128 182 vs 135, 128^3 234 vs 148, but
+   * 4x1024x1024 67 vs 71 and 1024x4x1024 46 vs 61. */
+  tpurt__gemm_lib_init();
+  if (g_lib_narrow) return nb > 1 || (M >= 8 && N >= 8);
   double macs = (double)M * (double)N * (double)K;
   if (nb > 1) return tpurt__cpu_has_avx512() && M >= 64 && N >= 32 && macs >= (double)(1 << 20);
   return M >= 64 && N >= 32 && macs >= (double)(1 << 18);
