@@ -376,7 +376,9 @@ static void test_direct(void) {
  * input gradient at unit stride as a convolution with flipped weights.
  * Forward, input and weight gradients against f64 loops, in every mode:
  * implicit AVX2, implicit portable, implicit without packing buffers,
- * im2col + GEMM. */
+ * im2col + GEMM, implicit with the column matrix always packed (the same
+ * bits as the default, which reads it in place from the images where
+ * output rows hold whole 16-column slivers at column stride 1). */
 static void implicit_case(int64_t N, int64_t Ci, int64_t H, int64_t W, int64_t Co, int64_t kh, int64_t kw,
                           int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t G) {
   int64_t Ho = (H + 2 * ph - dh * (kh - 1) - 1) / sh + 1, Wo = (W + 2 * pw - dw * (kw - 1) - 1) / sw + 1;
@@ -412,10 +414,12 @@ static void implicit_case(int64_t N, int64_t Ci, int64_t H, int64_t W, int64_t C
   tpurt_view Y = v4(dy, TPURT_F32, N, Co, Ho, Wo), GY = v4(dgy, TPURT_F32, N, Co, Ho, Wo);
   tpurt_view GX = v4(dgx, TPURT_F32, N, Ci, H, W), GW = v4(dgw, TPURT_F32, Co, Cig, kh, kw);
   tpurt_conv_params p = {{sh, sw}, {ph, pw}, {dh, dw}, G};
-  float *got = malloc((nx > ny ? (nx > nw ? nx : nw) : (ny > nw ? ny : nw)) * 4);
-  const char *modes[5][2] = {{"1", "auto"}, {"portable", "auto"}, {"1", "nobuf"}, {"0", "auto"}, {"1", "narrow"}};
+  size_t nmax = nx > ny ? (nx > nw ? nx : nw) : (ny > nw ? ny : nw);
+  float *got = malloc(nmax * 4), *first[3] = {malloc(ny * 4), malloc(nx * 4), malloc(nw * 4)};
+  const char *modes[6][2] = {{"1", "auto"},   {"portable", "auto"}, {"1", "nobuf"},
+                             {"0", "auto"},   {"1", "narrow"},      {"1", "packed"}};
   int bad = 0;
-  for (int m = 0; m < 5; m++) {
+  for (int m = 0; m < 6; m++) {
     setenv("TORCH_TPU_CONV_IMPLICIT", modes[m][0], 1);
     setenv("TORCH_TPU_SGEMM", modes[m][1], 1);
     CHECK_OK(tpurt_conv2d(S, &Y, &X, &Wv, NULL, &p, TPURT_PRECISION_HIGHEST));
@@ -425,6 +429,10 @@ static void implicit_case(int64_t N, int64_t Ci, int64_t H, int64_t W, int64_t C
       if (what == 1) CHECK_OK(tpurt_conv2d_backward_input(S, &GX, &GY, &Wv, NULL, &p, TPURT_PRECISION_HIGHEST));
       if (what == 2) CHECK_OK(tpurt_conv2d_backward_weight(S, &GW, NULL, &GY, &X, &p, TPURT_PRECISION_HIGHEST));
       check_down(S, got, what == 0 ? dy : what == 1 ? dgx : dgw, n * 4);
+      if (m == 0) memcpy(first[what], got, n * 4);
+      if (m == 5 && memcmp(first[what], got, n * 4) && bad++ < 3)
+        fprintf(stderr, "implicit_case N%lld Ci%lld %lldx%lld Co%lld: %s packed differs from auto\n", (long long)N,
+                (long long)Ci, (long long)H, (long long)W, (long long)Co, what == 0 ? "y" : what == 1 ? "dx" : "dw");
       double mag = 0;
       for (size_t i = 0; i < n; i++) mag = fmax(mag, fabs(ref[i]));
       for (size_t i = 0; i < n; i++)
@@ -440,10 +448,19 @@ static void implicit_case(int64_t N, int64_t Ci, int64_t H, int64_t W, int64_t C
   unsetenv("TORCH_TPU_SGEMM");
   CHECK(bad == 0);
   tpurt_free(dx), tpurt_free(dwt), tpurt_free(dgy), tpurt_free(dy), tpurt_free(dgx), tpurt_free(dgw);
-  free(x), free(w), free(gy), free(y), free(gx), free(gw), free(got);
+  free(x), free(w), free(gy), free(y), free(gx), free(gw), free(got), free(first[0]), free(first[1]), free(first[2]);
 }
 
 static void test_implicit(void) {
+  /* read in place (Wo a multiple of 16, column stride 1): padded, unpadded,
+   * row stride 2, dilation, groups, partial row slivers, odd sliver
+   * counts, several images per sliver pair */
+  implicit_case(3, 5, 16, 16, 13, 3, 3, 1, 1, 1, 1, 1, 1, 1);  /* M 13: partial row slivers */
+  implicit_case(2, 7, 18, 18, 9, 3, 3, 1, 1, 0, 0, 1, 1, 1);   /* no padding: the images themselves */
+  implicit_case(2, 6, 33, 32, 10, 3, 3, 2, 1, 1, 1, 1, 1, 1);  /* row stride 2 */
+  implicit_case(1, 4, 20, 32, 8, 3, 3, 1, 1, 2, 2, 2, 2, 1);   /* dilation 2 */
+  implicit_case(3, 12, 16, 48, 18, 3, 3, 1, 1, 1, 1, 1, 1, 3); /* groups; 3 slivers a row */
+  implicit_case(1, 3, 1, 16, 5, 1, 3, 1, 1, 0, 1, 1, 1, 1);    /* one row a image: odd slivers */
   implicit_case(2, 16, 32, 32, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1); /* runs of 8, two per output row */
   implicit_case(3, 8, 8, 8, 24, 3, 3, 1, 1, 1, 1, 1, 1, 1);    /* runs of 8, one per row */
   implicit_case(2, 8, 4, 4, 12, 3, 3, 1, 1, 1, 1, 1, 1, 1);    /* runs of 4 */

@@ -318,6 +318,7 @@ static void sgemm_batched_k(int ta, int tb, int64_t nb, int64_t M, int64_t N, in
                           int64_t lda, int64_t sa, const float *B, int64_t ldb, int64_t sb, float beta, float *C,
                           int64_t ldc, int64_t sc) {
   int mode = tpurt__sgemm_mode();
+  if (mode == 6) mode = 0; /* "packed": the automatic choice (it concerns convolutions only) */
   if (mode == 1 || mode == 3 || mode == 4 || mode == 5 || (mode == 0 && use_own(nb, M, N, K))) {
     tpurt__sgemm_own(ta, tb, nb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc,
                      (mode == 3 ? 1 : 0) | (mode == 4 ? 2 : 0));
