@@ -9,8 +9,10 @@
  * runtime's own kernel: per group, y = w_g @ col with the images of the
  * batch side by side as columns, where col [C_in/g * kH * kW, N * Ho * Wo]
  * is never stored: the GEMM gathers each 16-column sliver from the images
- * when it packs it (tpurt__sgemm_conv). The weight gradient is dy @ col^T
- * the same way; the input gradient at unit stride is the convolution of
+ * when it packs it (tpurt__sgemm_conv), or reads it from the images in
+ * place where its slivers are runs of image rows. The weight gradient is
+ * dy @ col^T the same way, or (up to 128 output channels) dw^T = col @
+ * dy^T with col read in place; the input gradient at unit stride is the convolution of
  * dy with the weights transposed and flipped (no col2im). Measured on the
  * ResNet bench step (2 cores): 250 -> 188 ms, im2col/col2im were ~20 % of
  * it. TORCH_TPU_CONV_IMPLICIT=0 keeps the path below.
