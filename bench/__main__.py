@@ -21,7 +21,9 @@ or ``--full`` (full presets, 10 repeats, sweep up to 100M), e.g.
 
 Figures are medians of interleaved repeats (configs alternate in every
 repeat; 20 ms idle before each sample lets the previous config's threads
-park — CPU torch keeps OpenMP's default waiting, as its users run it).
+park — CPU torch keeps OpenMP's default waiting, as its users run it;
+GEMM and convolution samples then start with one untimed call of their
+config, so that they time back-to-back throughput, not the cores waking).
 ``--record`` appends the Markdown tables to BENCHMARKS.md with the
 machine description and the command. JSON goes to bench/results/.
 """

@@ -80,7 +80,8 @@ def machine() -> dict[str, str]:
 
 def interleaved(configs: dict[str, Callable[[], None]], repeats: int, inner: int | dict[str, int] = 1,
                 warmup: int = 2, finish: dict[str, Callable[[], None]] | None = None,
-                gap_s: float = SETTLE_S, raw: dict[str, list[float]] | None = None) -> dict[str, float]:
+                gap_s: float = SETTLE_S, raw: dict[str, list[float]] | None = None,
+                prime: bool = False) -> dict[str, float]:
     """Median seconds per call of each config; configs alternate within every
     repeat so that machine noise hits them alike. `inner` calls make a sample
     (a dict gives it per config; absent configs take 1). finish[name], when
@@ -94,7 +95,12 @@ def interleaved(configs: dict[str, Callable[[], None]], repeats: int, inner: int
     latency measurements that involve no CPU torch parallel region pass
     gap_s=0.
     `raw`, when given, receives every sample (seconds per call, in repeat
-    order: pairing the same repeat of two configs cancels slow drift)."""
+    order: pairing the same repeat of two configs cancels slow drift).
+    `prime`: one untimed call (and finish) after the pause, before the timed
+    ones, for every config alike — for throughput samples of a few
+    milliseconds: after an idle pause a 2-core VM's second vCPU can take
+    milliseconds to run again, so a 3-product sample of 4096x1024 @
+    1024x256 read 175-190 GFLOP/s against 330-370 back to back."""
     finish = finish or {}
     counts = inner if isinstance(inner, dict) else dict.fromkeys(configs, inner)
     for name, fn in configs.items():
@@ -107,6 +113,10 @@ def interleaved(configs: dict[str, Callable[[], None]], repeats: int, inner: int
         for name, fn in configs.items():
             if gap_s:
                 settle(gap_s)
+            if prime:
+                fn()
+                if name in finish:
+                    finish[name]()
             t0 = time.perf_counter()
             n = counts.get(name, 1)
             for _ in range(n):

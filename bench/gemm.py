@@ -133,7 +133,7 @@ def library_choice(repeats: int) -> tuple[dict, str]:
         configs = {"torch": lambda: torch.matmul(ta, tb)}
         for lib in libs:
             configs[lib.name] = (lambda lib=lib: lib.sgemm(a, b, c))
-        t = interleaved(configs, repeats=repeats, inner=_reps(flops))
+        t = interleaved(configs, repeats=repeats, inner=_reps(flops), prime=True)
         gf = {k_: flops / v / 1e9 for k_, v in t.items()}
         res.append({"shape": [m, n, k], "gflops": gf})
         rows.append([f"{m}×{k} @ {k}×{n}", f"{gf['torch']:.1f}"] +
@@ -166,7 +166,7 @@ def gemm(repeats: int, sizes: list[int]) -> tuple[dict, str]:
                 fma, fma_flops = fma_sampler(threads, inner * flops / 2)
                 t = interleaved({"cpu": lambda: torch.matmul(a, b), "tpu": lambda: torch.matmul(da, db),
                                  "peak": fma}, repeats=repeats, inner={"cpu": inner, "tpu": inner, "peak": 1},
-                                finish={"tpu": torch.tpu.synchronize}, gap_s=0.03, raw=raw)
+                                finish={"tpu": torch.tpu.synchronize}, gap_s=0.03, raw=raw, prime=True)
                 gf = {k_: flops / v / 1e9 for k_, v in t.items() if k_ != "peak"}
                 gf["peak"] = fma_flops / t["peak"] / 1e9
                 # tpu / peak of the same repeat (adjacent samples), median over repeats
@@ -212,7 +212,7 @@ def conv(repeats: int, batch: int) -> tuple[dict, str]:
             t = interleaved({"cpu": lambda: torch.nn.functional.conv2d(x, w, stride=s, padding=p),
                              "tpu": lambda: torch.nn.functional.conv2d(dx, dw, stride=s, padding=p)},
                             repeats=repeats, inner=_reps(flops), finish={"tpu": torch.tpu.synchronize},
-                            gap_s=0.03)
+                            gap_s=0.03, prime=True)
             gf = {k_: flops / v / 1e9 for k_, v in t.items()}
             res.append({"shape": [batch, ci, h, co, k, s, p], "gflops": gf})
             rows.append([f"{ci}→{co}, {h}×{h}, k{k} s{s} p{p}", f"{t['cpu'] * 1e3:.2f}", f"{t['tpu'] * 1e3:.2f}",

@@ -1,5 +1,5 @@
 """The sampling helpers of bench/: `interleaved` (per-config call counts,
-finish hooks, raw samples in repeat order, the idle gap) and the FMA peak
+finish hooks, raw samples in repeat order, the idle gap, priming) and the FMA peak
 loop that bench/gemm.py samples between GEMM samples."""
 from __future__ import annotations
 
@@ -41,6 +41,29 @@ def test_interleaved_gap_idles_before_every_sample_outside_the_timing():
     elapsed = time.perf_counter() - t0
     assert elapsed >= 4 * 0.05  # one gap before each of the 4 samples
     assert max(raw["x"] + raw["y"]) < 0.05  # but the gap is not part of any sample
+
+
+def test_interleaved_prime_runs_one_untimed_call_before_every_sample():
+    calls = {"a": 0, "fin": 0}
+
+    def a():  # every other call is slow, starting with the first
+        calls["a"] += 1
+        if calls["a"] % 2:
+            time.sleep(0.05)
+
+    def fin():
+        calls["fin"] += 1
+
+    for prime in (False, True):
+        calls.update(a=0, fin=0)
+        raw: dict[str, list[float]] = {}
+        common.interleaved({"a": a}, repeats=3, warmup=0, finish={"a": fin}, raw=raw, gap_s=0, prime=prime)
+        if prime:  # per repeat: the primed (slow) call and its finish, then the timed (fast) call and its finish
+            assert calls == {"a": 6, "fin": 1 + 6}  # (+ the warm-up finish)
+            assert max(raw["a"]) < 0.04
+        else:  # the timed calls alternate slow, fast, slow
+            assert calls == {"a": 3, "fin": 1 + 3}
+            assert max(raw["a"]) >= 0.05
 
 
 def test_fma_loop_reports_the_flops_it_ran():
