@@ -1,3 +1,4 @@
+#define _GNU_SOURCE
 /* test_gemm.c — tpurt_gemm against a naive double reference: plain,
  * transposed, strided and broadcast-batch views, alpha/beta (beta 0 ignores
  * NaN), f64, f16/bf16 operands (f32 or rounded output), integers (wrapping),
@@ -350,9 +351,135 @@ static void test_tiled(void) {
   dmat_free(&a), dmat_free(&b), dmat_free(&c);
 }
 
-int main(void) {
+/* ------------------------------------------- bf16 dot-product kernel */
+
+/* The bf16 values a product multiplies: the element itself (bf16 data),
+ * rounded (f32 at DEFAULT) or split into hi and lo (f32 at HIGH). */
+static double hi_of(double v) { return bf16r((float)v); }
+static double lo_of(double v) { return bf16r((float)(v - hi_of(v))); }
+
+/* One product (B batches, A M x K, B K x N in the given layouts, C f32 row-major,
+ * f32 column-major or bf16) against a double reference of the products of
+ * bf16 values: every element within 2^-18 of the sum of its terms'
+ * magnitudes (f32 accumulation), bf16 results within their rounding.
+ * Returns a hash of C's bits. */
+static uint64_t bdot_case(int64_t B, int64_t M, int64_t N, int64_t K, int la, int lb, int lc, tpurt_dtype dt,
+                          tpurt_precision prec, double alpha, double beta) {
+  dmat a, b, c;
+  if (la == 0) dmat_init(&a, dt, B, M, K, M * K, K, 1);
+  else if (la == 1) dmat_init(&a, dt, B, M, K, M * K, 1, M);
+  else dmat_init(&a, dt, B, M, K, 2 * M * K, 2 * K, 2);
+  if (lb == 0) dmat_init(&b, dt, B, K, N, K * N, N, 1);
+  else if (lb == 1) dmat_init(&b, dt, B, K, N, K * N, 1, K);
+  else if (lb == 2) dmat_init(&b, dt, B, K, N, 0, 2 * N + 1, 2); /* broadcast batch, general strides */
+  else dmat_init(&b, dt, B, K, N, 0, N, 1);                      /* broadcast batch */
+  if (lc == 0) dmat_init(&c, TPURT_F32, B, M, N, M * N, N, 1);
+  else if (lc == 1) dmat_init(&c, TPURT_F32, B, M, N, M * N, 1, M);
+  else dmat_init(&c, TPURT_BF16, B, M, N, M * N, N, 1);
+  fill(&a, 61 + (unsigned)(la + M), 0), fill(&b, 67 + (unsigned)(lb + N), 0), fill(&c, 71, 0);
+  int high = dt == TPURT_F32 && prec == TPURT_PRECISION_HIGH;
+  double *ref = malloc(sizeof(double) * (size_t)(B * M * N)), *mag = malloc(sizeof(double) * (size_t)(B * M * N));
+  for (int64_t bi = 0; bi < B; bi++)
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < N; j++) {
+        double sum = 0, m = 0;
+        for (int64_t k = 0; k < K; k++) {
+          double x = get(&a, bi, i, k), y = get(&b, bi, k, j), t;
+          if (high)
+            t = hi_of(x) * hi_of(y) + hi_of(x) * lo_of(y) + lo_of(x) * hi_of(y);
+          else
+            t = hi_of(x) * hi_of(y);
+          sum += t;
+          m += fabs(hi_of(x) * hi_of(y));
+        }
+        int64_t o = (bi * M + i) * N + j;
+        ref[o] = alpha * sum + (beta == 0 ? 0 : beta * get(&c, bi, i, j));
+        mag[o] = fabs(alpha) * m + fabs(beta * get(&c, bi, i, j));
+      }
+  up(&a), up(&b), up(&c);
+  tpurt_view cv = vw(&c), av = vw(&a), bv = vw(&b);
+  CHECK_OK(tpurt_gemm(S, &cv, &av, &bv, alpha, beta, prec));
+  CHECK_OK(tpurt_stream_synchronize(S));
+  down(&c);
+  int bad = 0;
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (int64_t bi = 0; bi < B; bi++)
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < N; j++) {
+        int64_t o = (bi * M + i) * N + j;
+        double got = get(&c, bi, i, j), tol = ldexp(mag[o], -18) + (lc == 2 ? ldexp(fabs(ref[o]), -8) : 0) + 1e-30;
+        if (!(fabs(got - ref[o]) <= tol) && bad++ < 3)
+          fprintf(stderr, "bf16 dot B%lld M%lld N%lld K%lld la%d lb%d lc%d dt%d prec%d: [%lld,%lld,%lld] = %.9g, want %.9g\n",
+                  (long long)B, (long long)M, (long long)N, (long long)K, la, lb, lc, (int)dt, (int)prec,
+                  (long long)bi, (long long)i, (long long)j, got, ref[o]);
+        float f = (float)got;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        h = (h ^ u) * 0x100000001b3ull;
+      }
+  CHECK(bad == 0);
+  free(ref), free(mag);
+  dmat_free(&a), dmat_free(&b), dmat_free(&c);
+  return h;
+}
+
+/* Products of bf16 values (bf16 data; f32 at DEFAULT and HIGH precision)
+ * in every layout, edge and batching case the bf16 dot-product kernel
+ * handles (bgemm.c); on a CPU with AVX512-BF16 they run on it (their bits
+ * differ from the f32 path's, TORCH_TPU_BGEMM=0). Returns a hash of all
+ * results. */
+static uint64_t bdot_all(void) {
+  static const int64_t sh[][4] = {{1, 1, 1, 1},   {1, 7, 5, 3},    {1, 8, 16, 2},   {2, 9, 33, 17},
+                                  {1, 64, 48, 256}, {1, 130, 70, 1031}, {3, 5, 200, 64}, {64, 16, 16, 16},
+                                  {1, 40, 1100, 40}, {1, 136, 100, 520}};
+  uint64_t h = 0;
+  for (size_t s = 0; s < sizeof sh / sizeof *sh; s++)
+    for (int l = 0; l < 4; l++) {
+      const int64_t *d = sh[s];
+      h = h * 31 + bdot_case(d[0], d[1], d[2], d[3], l % 3, l, l % 3, TPURT_BF16, TPURT_PRECISION_HIGHEST,
+                             1.0, l == 3 ? 0.5 : 0.0);
+      if (l < 2) {
+        h = h * 31 + bdot_case(d[0], d[1], d[2], d[3], l, l, l, TPURT_F32, TPURT_PRECISION_DEFAULT, 0.5, 0.0);
+        h = h * 31 + bdot_case(d[0], d[1], d[2], d[3], l, 1 - l, 0, TPURT_F32, TPURT_PRECISION_HIGH, 1.0, 2.0);
+      }
+    }
+  return h;
+}
+
+static void test_bf16_dot(const char *self) {
+  uint64_t h = bdot_all();
+  /* the same bits at 1 and 3 pool threads (threads split rows and columns only) */
+  for (int t = 1; t <= 3; t += 2) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "TPU_NUM_THREADS=%d '%s' --bdot-hash", t, self);
+    FILE *f = popen(cmd, "r");
+    unsigned long long v = 0;
+    CHECK(f != NULL);
+    if (f && fscanf(f, "%llx", &v) != 1) g_failures++;
+    if (f) CHECK(pclose(f) == 0);
+    CHECK(v == h);
+  }
+  int cpu_bf16 = 0;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  cpu_bf16 = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+#endif
+  setenv("TORCH_TPU_BGEMM", "0", 1);
+  uint64_t h_f32 = bdot_all(); /* the f32 path: within the same bounds */
+  unsetenv("TORCH_TPU_BGEMM");
+  if (cpu_bf16)
+    CHECK(h_f32 != h); /* else the kernel did not run */
+  else
+    printf("bf16 dot product: not on this CPU\n");
+}
+
+int main(int argc, char **argv) {
   CHECK_OK(tpurt_init());
   CHECK_OK(tpurt_stream_default(0, &S));
+  if (argc > 1 && !strcmp(argv[1], "--bdot-hash")) {
+    printf("%llx\n", (unsigned long long)bdot_all());
+    return g_failures ? 1 : 0;
+  }
   CHECK(strlen(tpurt_gemm_library()) > 0);
   printf("gemm library: %s\n", tpurt_gemm_library());
   test_layouts();
@@ -363,6 +490,7 @@ int main(void) {
   test_edges();
   test_large_parallel();
   test_tiled();
+  test_bf16_dot(argv[0]);
   if (g_failures) {
     fprintf(stderr, "%d failure(s)\n", g_failures);
     return 1;

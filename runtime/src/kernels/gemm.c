@@ -17,7 +17,9 @@
  *            GEMM over K tripled: [a_hi a_hi a_lo] @ [b_hi; b_lo; b_hi]
  *   DEFAULT  1-pass: operands rounded to bf16, f32 GEMM
  * bf16*bf16 products are exact in f32, so the only rounding left is the
- * f32 accumulation, like the MXU.
+ * f32 accumulation, like the MXU. Products of bf16 values (bf16 data, or
+ * f32 at DEFAULT / HIGH) run on the bf16 dot-product kernel of bgemm.c
+ * where the CPU has one (AVX512-BF16), else on the f32 kernel as above.
  *
  * OpenBLAS runs its own worker threads: their count is set once, at first
  * use, to the runtime's pool size (the usable cores). The runtime's pool is
@@ -374,6 +376,11 @@ void tpurt__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, 
   }
   if (prec != TPURT_PRECISION_HIGHEST) {
     int high = prec == TPURT_PRECISION_HIGH;
+    if (tpurt__bgemm_applies()) {
+      tpurt__bmat ma = {A, TPURT_F32, ta ? 1 : lda, ta ? lda : 1}, mb = {B, TPURT_F32, tb ? 1 : ldb, tb ? ldb : 1};
+      tpurt__bmat mc = {C, TPURT_F32, ldc, 1};
+      if (tpurt__bgemm(1, M, N, K, alpha, &ma, 0, &mb, 0, high, beta, &mc, 0)) return;
+    }
     float *pa = tpurt__scratch(6, (size_t)M * K * (high ? 3 : 1) * 4);
     float *pb = tpurt__scratch(7, (size_t)K * N * (high ? 3 : 1) * 4);
     tpurt__pack_f32(pa, A, TPURT_F32, M, K, ta ? 1 : lda, ta ? lda : 1, high ? 2 : 1);
@@ -459,6 +466,18 @@ static void gemm_float(const gemm_args *g) {
   int mode_b = mode_a == 2 ? 3 : mode_a;
   int64_t k2 = mode_a == 2 ? 3 * K : K;
   const float *pb_cached = NULL;
+  /* bf16 values (bf16 data, or f32 rounded at DEFAULT / split at HIGH):
+   * the bf16 dot-product kernel where the CPU has one */
+  int bvals_a = av->dtype == TPURT_BF16 || (av->dtype == TPURT_F32 && mode_a != 0);
+  int bvals_b = bv->dtype == TPURT_BF16 || (bv->dtype == TPURT_F32 && mode_b != 0);
+  if (K > 0 && bvals_a && bvals_b && cv->dtype != TPURT_F64 && (B == 1 || cv->strides[0] != 0) &&
+      tpurt__bgemm_applies()) {
+    mat a = batch_mat(av, 0), b = batch_mat(bv, 0), c = batch_mat(cv, 0);
+    tpurt__bmat ma = {a.p, av->dtype, a.rs, a.cs}, mb = {b.p, bv->dtype, b.rs, b.cs}, mc = {c.p, cv->dtype, c.rs, c.cs};
+    if (tpurt__bgemm(B, M, N, K, alpha, &ma, av->strides[0], &mb, bv->strides[0], mode_a == 2, beta, &mc,
+                     cv->strides[0]))
+      return;
+  }
   if (K > 0 && mode_a == 0 && av->dtype == TPURT_F32 && bv->dtype == TPURT_F32 && cv->dtype == TPURT_F32 &&
       (B == 1 || cv->strides[0] != 0)) {
     /* every batch has the same layout: one tiled region over all of them */

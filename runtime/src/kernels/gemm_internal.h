@@ -61,6 +61,23 @@ TPURT_INTERNAL int tpurt__cpu_has_avx512(void);
 /* "8x32 + 8x16 AVX-512", "6x16 AVX2/FMA" or "6x16 portable": the
  * micro-kernels chosen for this CPU. */
 TPURT_INTERNAL const char *tpurt__sgemm_kernel_name(void);
+/* A strided matrix of bf16 or f32 elements (host pointer; strides in
+ * elements), an operand or result of tpurt__bgemm. */
+typedef struct {
+  const void *p;
+  tpurt_dtype dt;
+  int64_t rs, cs;
+} tpurt__bmat;
+/* The CPU has the bf16 dot product (AVX512-BF16) and TORCH_TPU_BGEMM is not 0. */
+TPURT_INTERNAL int tpurt__bgemm_applies(void);
+/* nb products C_i = alpha op(A_i) op(B_i) + beta C_i on bf16 values with f32
+ * accumulation (bgemm.c): A (M x K) and B (K x N) bf16 or f32 (rounded to
+ * bf16; split != 0: HIGH precision's hi/lo split, K tripled), C f32, bf16
+ * or f16; batch strides sa, sb, sc in elements. 0 (nothing written) when
+ * its buffers cannot be allocated. */
+TPURT_INTERNAL int tpurt__bgemm(int64_t nb, int64_t M, int64_t N, int64_t K, float alpha, const tpurt__bmat *A,
+                                int64_t sa, const tpurt__bmat *B, int64_t sb, int split, float beta,
+                                const tpurt__bmat *C, int64_t sc);
 TPURT_INTERNAL void tpurt__dgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const double *A,
                                  int64_t lda, const double *B, int64_t ldb, double beta, double *C, int64_t ldc);
 /* Validates a view of ndim dims (dtype, sizes, device range). */

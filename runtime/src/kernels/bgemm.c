@@ -1,0 +1,530 @@
+/*
+ * bgemm.c — f32-accumulating GEMM on bf16 values with the CPU's bf16 dot
+ * product (AVX512-BF16 vdpbf16ps: per f32 lane, two bf16 products added in
+ * one instruction — twice the multiply-adds of an f32 FMA).
+ *
+ * It takes the products whose operands are bf16 values: bf16 tensors, f32
+ * tensors at DEFAULT precision (each operand rounded to bf16: one pass)
+ * and at HIGH precision (x = hi + lo, both bf16; hi*hi + hi*lo + lo*hi as
+ * one product over K tripled, the split of gemm.c's f32 path). A product
+ * of two bf16 values is exact in f32 and every lane accumulates in f32, as
+ * a TPU's MXU does. Before this kernel these products converted both
+ * operands to f32 matrices and ran the f32 GEMM (half the multiply-adds
+ * per instruction) with a serial conversion of the result.
+ *
+ * Structure of sgemm.c (GotoBLAS): B panels of KC x NC packed into 16-wide
+ * slivers of k pairs (b[p * 16 + j] holds B[2p, j] and B[2p + 1, j]), A
+ * blocks of MC x KC into 8-row slivers of k pairs (a[p * 8 + i]), an 8 x 32
+ * micro-tile in 16 zmm accumulators (per k pair: 2 loads, 8 broadcasts, 16
+ * dot products) and an 8 x 16 one for a single sliver. Threads split rows
+ * and columns of C, never K; each element's sum runs over the K chunks in
+ * order (boundaries from K alone) and a micro-tile is full or partial by
+ * shape alone, so the bits do not depend on the thread count.
+ *
+ * Numerics of the instruction: each lane adds the odd pair member's
+ * product, then the even one's, rounding to nearest even; subnormal
+ * inputs and results are flushed to zero.
+ *
+ * TORCH_TPU_BGEMM=0 turns it off (the f32 path runs these products:
+ * tests, measurements).
+ */
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gemm_internal.h"
+
+#define BMR 8
+#define BNR 16
+#define BKC 512  /* k's of a panel (even) */
+#define BMC 128  /* rows of an A block (multiple of BMR) */
+#define BNC 1024 /* columns of a B panel (multiple of 2 * BNR) */
+
+/* ------------------------------------------------------------ mode */
+
+int tpurt__bgemm_applies(void) {
+  static _Atomic int g_cpu = -1;
+  int v = atomic_load_explicit(&g_cpu, memory_order_relaxed);
+  if (v < 0) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512bf16");
+#else
+    v = 0;
+#endif
+    atomic_store_explicit(&g_cpu, v, memory_order_relaxed);
+  }
+  if (!v) return 0;
+  const char *e = getenv("TORCH_TPU_BGEMM");
+  return !(e && !strcmp(e, "0"));
+}
+
+/* ------------------------------------------------------------ operands */
+
+typedef struct {
+  tpurt__bmat a, b;
+  int64_t M, N, K; /* K of the operands */
+  int64_t K2;      /* k's of the product: K, or 3 K when split */
+  int split;
+  float alpha, beta;
+  float *c; /* f32, row-major */
+  int64_t ldc;
+} bprod;
+
+static inline float mat_get(const tpurt__bmat *m, int64_t r, int64_t c) {
+  int64_t o = r * m->rs + c * m->cs;
+  return m->dt == TPURT_BF16 ? tpurt__bf16_to_f32(((const uint16_t *)m->p)[o]) : ((const float *)m->p)[o];
+}
+
+/* Element k of A's row i / B's column j as bf16: rounded (exact for bf16
+ * data), or, split, the hi or lo part by the k's third: A [hi | hi | lo],
+ * B [hi; lo; hi]. 0 past the matrix. */
+static inline uint16_t a_elem(const bprod *x, int64_t i, int64_t k) {
+  if (i >= x->M || k >= x->K2) return 0;
+  int64_t seg = x->split ? k / x->K : 0;
+  float v = mat_get(&x->a, i, k - seg * x->K);
+  uint16_t h = tpurt__f32_to_bf16(v);
+  return seg == 2 ? tpurt__f32_to_bf16(v - tpurt__bf16_to_f32(h)) : h;
+}
+static inline uint16_t b_elem(const bprod *x, int64_t k, int64_t j) {
+  if (j >= x->N || k >= x->K2) return 0;
+  int64_t seg = x->split ? k / x->K : 0;
+  float v = mat_get(&x->b, k - seg * x->K, j);
+  uint16_t h = tpurt__f32_to_bf16(v);
+  return seg == 1 ? tpurt__f32_to_bf16(v - tpurt__bf16_to_f32(h)) : h;
+}
+
+static inline uint32_t pair(uint16_t lo, uint16_t hi) { return (uint32_t)lo | (uint32_t)hi << 16; }
+
+static inline uint32_t load_u32(const uint16_t *p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+
+/* Rows i0..i0+7 of A, k's k0..k0+kc-1 (kc even) -> d[p * 8 + i]. */
+static void pack_a(uint32_t *restrict d, const bprod *x, int64_t i0, int64_t k0, int64_t kc) {
+  int64_t kp = kc / 2;
+  int plain = x->a.dt == TPURT_BF16 && !x->split && x->a.cs == 1;
+  for (int i = 0; i < BMR; i++) {
+    int64_t r = i0 + i;
+    if (plain && r < x->M) {
+      const uint16_t *row = (const uint16_t *)x->a.p + r * x->a.rs + k0;
+      int64_t full = k0 + kc <= x->K ? kp : (x->K - k0) / 2;
+      for (int64_t p = 0; p < full; p++) d[p * BMR + i] = load_u32(row + 2 * p);
+      for (int64_t p = full; p < kp; p++) d[p * BMR + i] = pair(a_elem(x, r, k0 + 2 * p), a_elem(x, r, k0 + 2 * p + 1));
+    } else {
+      for (int64_t p = 0; p < kp; p++) d[p * BMR + i] = pair(a_elem(x, r, k0 + 2 * p), a_elem(x, r, k0 + 2 * p + 1));
+    }
+  }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+/* 16 columns of two bf16 rows interleaved into pairs (d[j] = r0[j] | r1[j] << 16). */
+__attribute__((target("avx512f,avx512bw"))) static inline void interleave16(uint32_t *d, const uint16_t *r0,
+                                                                            const uint16_t *r1) {
+  const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                       37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  __m512i lo = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)r0));
+  __m512i hi = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)r1));
+  _mm512_storeu_si512(d, _mm512_permutex2var_epi16(lo, idx, hi));
+}
+#endif
+
+/* Columns j0..j0+15 of B, k's k0..k0+kc-1 (kc even) -> d[p * 16 + j]. */
+static void pack_b(uint32_t *restrict d, const bprod *x, int64_t j0, int64_t k0, int64_t kc) {
+  int64_t kp = kc / 2;
+  int bf = x->b.dt == TPURT_BF16 && !x->split;
+  int64_t full = k0 + kc <= x->K ? kp : (x->K - k0) / 2; /* pairs inside the matrix */
+  if (bf && x->b.cs == 1 && j0 + BNR <= x->N) {          /* rows of B contiguous */
+    for (int64_t p = 0; p < full; p++) {
+      const uint16_t *r0 = (const uint16_t *)x->b.p + (k0 + 2 * p) * x->b.rs + j0;
+#if defined(__x86_64__) || defined(__i386__)
+      interleave16(d + p * BNR, r0, r0 + x->b.rs);
+#else
+      for (int j = 0; j < BNR; j++) d[p * BNR + j] = pair(r0[j], r0[x->b.rs + j]);
+#endif
+    }
+  } else if (bf && x->b.rs == 1) { /* columns of B contiguous: pairs in place */
+    for (int j = 0; j < BNR; j++) {
+      if (j0 + j >= x->N) {
+        for (int64_t p = 0; p < full; p++) d[p * BNR + j] = 0;
+        continue;
+      }
+      const uint16_t *col = (const uint16_t *)x->b.p + (j0 + j) * x->b.cs + k0;
+      for (int64_t p = 0; p < full; p++) d[p * BNR + j] = load_u32(col + 2 * p);
+    }
+  } else {
+    full = 0;
+  }
+  for (int64_t p = full; p < kp; p++)
+    for (int j = 0; j < BNR; j++)
+      d[p * BNR + j] = pair(b_elem(x, k0 + 2 * p, j0 + j), b_elem(x, k0 + 2 * p + 1, j0 + j));
+}
+
+/* ------------------------------------------------------ micro-kernels */
+
+#if defined(__x86_64__) || defined(__i386__)
+/* Rows of a micro-tile: F(i, AP) for each row i, AP(i) the row's pair of
+ * A at depth p: packed (AP_PACKED) or read in place from bf16 rows
+ * (AP_ROWS: r[i] + 2 p, the chunk's k's inside the matrix). Both kernels
+ * run the same dot products on the same values: the same bits. */
+#define BROWS(F, AP) F(0, AP) F(1, AP) F(2, AP) F(3, AP) F(4, AP) F(5, AP) F(6, AP) F(7, AP)
+#define AP_PACKED(i) a[p * BMR + (i)]
+#define AP_ROWS(i) load_u32(r[(i)] + 2 * p)
+#define BBCAST(AP, i) ((__m512bh)_mm512_set1_epi32((int)AP(i)))
+#define BZERO2(i, AP) __m512 c##i##0 = _mm512_setzero_ps(), c##i##1 = _mm512_setzero_ps();
+#define BROW2(i, AP)                                                               \
+  {                                                                                \
+    __m512bh ai = BBCAST(AP, i);                                                   \
+    c##i##0 = _mm512_dpbf16_ps(c##i##0, ai, x0);                                   \
+    c##i##1 = _mm512_dpbf16_ps(c##i##1, ai, x1);                                   \
+  }
+#define BSTORE2(i, AP)                                                             \
+  {                                                                                \
+    float *o = c + (i) * ldc, *oh = ch + (i) * ldc;                                \
+    if (beta == 0.0f) {                                                            \
+      _mm512_storeu_ps(o, _mm512_mul_ps(va, c##i##0));                             \
+      _mm512_storeu_ps(oh, _mm512_mul_ps(va, c##i##1));                            \
+    } else {                                                                       \
+      _mm512_storeu_ps(o, _mm512_fmadd_ps(va, c##i##0, _mm512_mul_ps(vb, _mm512_loadu_ps(o))));   \
+      _mm512_storeu_ps(oh, _mm512_fmadd_ps(va, c##i##1, _mm512_mul_ps(vb, _mm512_loadu_ps(oh)))); \
+    }                                                                              \
+  }
+/* c[8 x 32] = alpha * A.(b0 | b1) + beta * c over kp k pairs (the right
+ * half's columns at ch); beta == 0 does not read c. */
+#define BKR2_BODY(AP)                                                              \
+  BROWS(BZERO2, AP)                                                                \
+  _Pragma("GCC unroll 2") for (int64_t p = 0; p < kp; p++) {                       \
+    __m512bh x0 = (__m512bh)_mm512_loadu_si512(b0 + p * BNR);                      \
+    __m512bh x1 = (__m512bh)_mm512_loadu_si512(b1 + p * BNR);                      \
+    BROWS(BROW2, AP)                                                               \
+  }                                                                                \
+  __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);                    \
+  BROWS(BSTORE2, AP)
+#define BZERO1(i, AP) __m512 c##i = _mm512_setzero_ps();
+#define BROW1(i, AP) c##i = _mm512_dpbf16_ps(c##i, BBCAST(AP, i), x);
+#define BSTORE1(i, AP)                                                             \
+  {                                                                                \
+    float *o = c + (i) * ldc;                                                      \
+    _mm512_storeu_ps(o, beta == 0.0f ? _mm512_mul_ps(va, c##i)                     \
+                                     : _mm512_fmadd_ps(va, c##i, _mm512_mul_ps(vb, _mm512_loadu_ps(o)))); \
+  }
+/* The same for one sliver: c[8 x 16], the same bits per element. */
+#define BKR1_BODY(AP)                                                              \
+  BROWS(BZERO1, AP)                                                                \
+  _Pragma("GCC unroll 2") for (int64_t p = 0; p < kp; p++) {                       \
+    __m512bh x = (__m512bh)_mm512_loadu_si512(b + p * BNR);                        \
+    BROWS(BROW1, AP)                                                               \
+  }                                                                                \
+  __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);                    \
+  BROWS(BSTORE1, AP)
+
+#define BKR_TARGET __attribute__((target("avx512f,avx512bf16")))
+BKR_TARGET static void bkr2(int64_t kp, const uint32_t *restrict a, const uint32_t *restrict b0,
+                            const uint32_t *restrict b1, float *restrict c, float *restrict ch, int64_t ldc,
+                            float alpha, float beta) {
+  BKR2_BODY(AP_PACKED)
+}
+BKR_TARGET static void bkr2_rows(int64_t kp, const uint16_t *const *restrict r, const uint32_t *restrict b0,
+                                 const uint32_t *restrict b1, float *restrict c, float *restrict ch, int64_t ldc,
+                                 float alpha, float beta) {
+  BKR2_BODY(AP_ROWS)
+}
+BKR_TARGET static void bkr1(int64_t kp, const uint32_t *restrict a, const uint32_t *restrict b, float *restrict c,
+                            int64_t ldc, float alpha, float beta) {
+  BKR1_BODY(AP_PACKED)
+}
+BKR_TARGET static void bkr1_rows(int64_t kp, const uint16_t *const *restrict r, const uint32_t *restrict b,
+                                 float *restrict c, int64_t ldc, float alpha, float beta) {
+  BKR1_BODY(AP_ROWS)
+}
+#undef BROWS
+#undef AP_PACKED
+#undef AP_ROWS
+#undef BBCAST
+#undef BZERO2
+#undef BROW2
+#undef BSTORE2
+#undef BKR2_BODY
+#undef BZERO1
+#undef BROW1
+#undef BSTORE1
+#undef BKR1_BODY
+#undef BKR_TARGET
+#endif
+
+/* ------------------------------------------------------------ buffers */
+
+/* Grow-only buffer of the calling thread: every buffer of a call is cut
+ * from it before anything is written, so a product either runs or returns
+ * 0 untouched (host memory exhausted: the caller runs the f32 path). */
+static _Thread_local struct {
+  void *p;
+  size_t n;
+} t_buf;
+
+static void *buf(size_t bytes) {
+  if (t_buf.n < bytes) {
+    free(t_buf.p);
+    size_t n = (bytes + 4095) & ~(size_t)4095;
+    t_buf.p = aligned_alloc(64, n);
+    t_buf.n = t_buf.p ? n : 0;
+  }
+  return t_buf.p;
+}
+
+/* ------------------------------------------------------ macro-kernel */
+
+typedef struct {
+  const bprod *x;
+  uint32_t *bp; /* the panel: sliver s at bp + s * kp * BNR */
+  int64_t j0, nc, k0, kc, nsl, mb, np;
+  float beta;
+} bpanel;
+
+static void pack_panel(void *p, int64_t b, int64_t e) {
+  const bpanel *j = p;
+  for (int64_t s = b; s < e; s++) pack_b(j->bp + s * (j->kc / 2) * BNR, j->x, j->j0 + s * BNR, j->k0, j->kc);
+}
+
+/* The tile at rows r0.. (m valid), columns c0.. (n valid, <= 32): full
+ * tiles straight into C, partial ones through a temporary with the full
+ * tiles' final step (the same rounding, so the same bits per element). */
+static void tile(const bpanel *j, const uint32_t *as, const uint16_t *const *rows, const uint32_t *b0, int64_t r0,
+                 int64_t m, int64_t c0, int64_t n) {
+  const bprod *x = j->x;
+  int64_t kp = j->kc / 2;
+  float *c = x->c + r0 * x->ldc + c0;
+#if defined(__x86_64__) || defined(__i386__)
+#define BTILE(C, CH, LDC, ALPHA, BETA, TWO)                                                \
+  do {                                                                                     \
+    if (TWO && rows)                                                                       \
+      bkr2_rows(kp, rows, b0, b0 + kp * BNR, C, CH, LDC, ALPHA, BETA);                     \
+    else if (TWO)                                                                          \
+      bkr2(kp, as, b0, b0 + kp * BNR, C, CH, LDC, ALPHA, BETA);                            \
+    else if (rows)                                                                         \
+      bkr1_rows(kp, rows, b0, C, LDC, ALPHA, BETA);                                        \
+    else                                                                                   \
+      bkr1(kp, as, b0, C, LDC, ALPHA, BETA);                                               \
+  } while (0)
+  if (m == BMR && (n == 2 * BNR || n == BNR)) {
+    BTILE(c, c + BNR, x->ldc, x->alpha, j->beta, n == 2 * BNR);
+    return;
+  }
+  _Alignas(64) float t[BMR * 2 * BNR];
+  BTILE(t, t + BNR, 2 * BNR, 1.0f, 0.0f, n > BNR);
+#undef BTILE
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t q = 0; q < n; q++) {
+      float v = t[i * 2 * BNR + q], *e = c + i * x->ldc + q;
+      *e = j->beta == 0.0f ? x->alpha * v : __builtin_fmaf(x->alpha, v, j->beta * *e);
+    }
+#endif
+}
+
+/* Task t: row block t / np, column part t % np. Each A sliver is packed
+ * on the stack (8 KiB at KC 512) and used for the part's slivers, which
+ * stay in L2 — or, for bf16 rows whose chunk of k's lies inside the
+ * matrix, read in place (the rows past M repeat the last row; their
+ * results are never stored). */
+static void panel_tasks(void *p, int64_t b, int64_t e) {
+  const bpanel *j = p;
+  const bprod *x = j->x;
+  int64_t kp = j->kc / 2;
+  _Alignas(64) uint32_t as[BMR * (BKC / 2)];
+  for (int64_t t = b; t < e; t++) {
+    int64_t ib = t / j->np, part = t % j->np;
+    int64_t i0 = ib * BMC, mc = x->M - i0 < BMC ? x->M - i0 : BMC;
+    int64_t npair = (j->nsl + 1) / 2, s0 = 2 * (npair * part / j->np), s1 = 2 * (npair * (part + 1) / j->np);
+    if (s1 > j->nsl) s1 = j->nsl;
+    int in_place = x->a.dt == TPURT_BF16 && !x->split && x->a.cs == 1 && j->k0 + j->kc <= x->K;
+    for (int64_t r = 0; r < mc; r += BMR) {
+      const uint16_t *rows[BMR];
+      if (in_place)
+        for (int i = 0; i < BMR; i++)
+          rows[i] = (const uint16_t *)x->a.p + (i0 + r + i < x->M ? i0 + r + i : x->M - 1) * x->a.rs + j->k0;
+      else
+        pack_a(as, x, i0 + r, j->k0, j->kc);
+      for (int64_t s = s0; s < s1; s += 2) {
+        int64_t c0 = s * BNR, n = j->nc - c0 < 2 * BNR ? j->nc - c0 : 2 * BNR;
+        tile(j, as, in_place ? rows : NULL, j->bp + s * kp * BNR, i0 + r, mc - r < BMR ? mc - r : BMR, j->j0 + c0,
+             n);
+      }
+    }
+  }
+}
+
+/* The K chunks of a product of k2 k's: chunk depth (even; boundaries
+ * depend on k2 alone). */
+static int64_t chunk_k(int64_t k2) {
+  int64_t nk = (k2 + BKC - 1) / BKC;
+  return ((k2 + nk - 1) / nk + 7) / 8 * 8;
+}
+
+/* uint32s of the B panel of a product of n columns and k2 k's. */
+static size_t panel_words(int64_t n, int64_t k2) {
+  int64_t nc = n < BNC ? n : BNC;
+  return (size_t)((nc + BNR - 1) / BNR) * (size_t)(chunk_k(k2) / 2) * BNR;
+}
+
+/* One product (C f32 row-major) with its B panel at bp; parallel over the
+ * pool when `par`. */
+static void run_bprod(const bprod *x, uint32_t *bp, int par) {
+  int64_t nth = par ? tpurt_num_threads() : 1, KC = chunk_k(x->K2);
+  for (int64_t j0 = 0; j0 < x->N; j0 += BNC) {
+    int64_t nc = x->N - j0 < BNC ? x->N - j0 : BNC, nsl = (nc + BNR - 1) / BNR;
+    for (int64_t k0 = 0; k0 < x->K2; k0 += KC) {
+      int64_t kc = x->K2 - k0 < KC ? x->K2 - k0 : KC;
+      kc += kc & 1;
+      bpanel j = {x, bp, j0, nc, k0, kc, nsl, (x->M + BMC - 1) / BMC, 1, k0 == 0 ? x->beta : 1.0f};
+      /* column parts: >= 4 tasks per thread where the panel is wide
+       * enough, and at most 8 sliver pairs each (256 KiB of the panel at
+       * KC 512: in L2 while the part's rows go by) */
+      int64_t npair = (nsl + 1) / 2, want = (4 * nth + j.mb - 1) / j.mb;
+      if (nth > 1 && j.mb < 4 * nth) j.np = want < npair ? want : npair;
+      if (j.np < (npair + 7) / 8) j.np = (npair + 7) / 8;
+      if (nth > 1 && x->M * nc * kc >= (1 << 18)) {
+        tpurt_parallel_for(nsl, 1, pack_panel, &j);
+        tpurt_parallel_for(j.mb * j.np, 1, panel_tasks, &j);
+      } else {
+        pack_panel(&j, 0, nsl);
+        panel_tasks(&j, 0, j.mb * j.np);
+      }
+    }
+  }
+}
+
+/* c (any dtype and strides) = t + beta * c (t: alpha applied; one fused
+ * rounding, then the dtype's) */
+typedef struct {
+  const float *t;
+  const tpurt__bmat *c;
+  int64_t N;
+  float beta;
+} epi_job;
+
+#if defined(__x86_64__) || defined(__i386__)
+/* d[0..15] (bf16) = bf16(v + beta * d) — beta == 0 does not read d —
+ * rounded as tpurt__f32_to_bf16 (nearest even, NaN quiet). */
+__attribute__((target("avx512f"))) static inline void store_bf16x16(uint16_t *d, __m512 v, float beta) {
+  if (beta != 0.0f) {
+    __m512 old = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)d)), 16));
+    v = _mm512_fmadd_ps(_mm512_set1_ps(beta), old, v);
+  }
+  __m512i x = _mm512_castps_si512(v), hi = _mm512_srli_epi32(x, 16);
+  __m512i r = _mm512_srli_epi32(
+      _mm512_add_epi32(x, _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fff))),
+      16);
+  __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)),
+                                          _mm512_set1_epi32(0x7f800000));
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+  _mm256_storeu_si256((__m256i *)d, _mm512_cvtepi32_epi16(r));
+}
+#endif
+
+static void epi_rows(void *p, int64_t b, int64_t e) {
+  const epi_job *j = p;
+  const tpurt__bmat *c = j->c;
+  float beta = j->beta;
+  for (int64_t i = b; i < e; i++) {
+    const float *t = j->t + i * j->N;
+    int64_t q = 0;
+#if defined(__x86_64__) || defined(__i386__)
+    if (c->dt == TPURT_BF16 && c->cs == 1) {
+      uint16_t *d = (uint16_t *)c->p + i * c->rs;
+      for (; q + 16 <= j->N; q += 16) store_bf16x16(d + q, _mm512_loadu_ps(t + q), beta);
+    }
+#endif
+    for (; q < j->N; q++) {
+      float v = t[q];
+      int64_t o = i * c->rs + q * c->cs;
+      if (c->dt == TPURT_F32) {
+        float *d = (float *)c->p + o;
+        *d = beta == 0.0f ? v : __builtin_fmaf(beta, *d, v);
+      } else if (c->dt == TPURT_BF16) {
+        uint16_t *d = (uint16_t *)c->p + o;
+        *d = tpurt__f32_to_bf16(beta == 0.0f ? v : __builtin_fmaf(beta, tpurt__bf16_to_f32(*d), v));
+      } else {
+        uint16_t *d = (uint16_t *)c->p + o;
+        *d = tpurt__f32_to_f16(beta == 0.0f ? v : __builtin_fmaf(beta, tpurt__f16_to_f32(*d), v));
+      }
+    }
+  }
+}
+
+typedef struct {
+  int64_t M, N, K;
+  float alpha, beta;
+  tpurt__bmat a, b, c;
+  int64_t sa, sb, sc;
+  int split, par, direct; /* direct: C is plain f32 (no f32 result first) */
+  char *mem;              /* per slot: the B panel, then the f32 result */
+  size_t slot_bytes, panel_bytes;
+  _Atomic uint64_t busy; /* slots in use (batch tasks) */
+} bbatch;
+
+static void one_product(bbatch *bb, int64_t bi, int slot) {
+  size_t ea = tpurt_dtype_size(bb->a.dt), eb = tpurt_dtype_size(bb->b.dt), ec = tpurt_dtype_size(bb->c.dt);
+  bprod x = {bb->a, bb->b, bb->M, bb->N, bb->K, bb->split ? 3 * bb->K : bb->K, bb->split, bb->alpha, bb->beta, NULL, 0};
+  x.a.p = (const char *)bb->a.p + (ptrdiff_t)(bi * bb->sa) * (ptrdiff_t)ea;
+  x.b.p = (const char *)bb->b.p + (ptrdiff_t)(bi * bb->sb) * (ptrdiff_t)eb;
+  tpurt__bmat c = bb->c;
+  c.p = (const char *)bb->c.p + (ptrdiff_t)(bi * bb->sc) * (ptrdiff_t)ec;
+  char *mem = bb->mem + (size_t)slot * bb->slot_bytes;
+  if (bb->direct) {
+    x.c = (float *)c.p;
+    x.ldc = c.rs;
+    run_bprod(&x, (uint32_t *)mem, bb->par);
+    return;
+  }
+  /* another dtype or layout: an f32 result first (alpha applied), then C */
+  float *t = (float *)(mem + bb->panel_bytes);
+  x.c = t;
+  x.ldc = bb->N;
+  x.beta = 0.0f;
+  run_bprod(&x, (uint32_t *)mem, bb->par);
+  epi_job ej = {t, &c, bb->N, bb->beta};
+  if (bb->par && bb->M * bb->N >= (1 << 15))
+    tpurt_parallel_for(bb->M, (1 << 14) / bb->N + 1, epi_rows, &ej);
+  else
+    epi_rows(&ej, 0, bb->M);
+}
+
+/* Products [b, e), each on this thread with a free slot's buffers (at most
+ * one task per pool thread runs at a time, and there are as many slots). */
+static void batch_tasks(void *p, int64_t b, int64_t e) {
+  bbatch *bb = p;
+  int slot = 0;
+  for (;;) {
+    uint64_t m = atomic_load(&bb->busy);
+    while (m >> slot & 1) slot++;
+    if (atomic_compare_exchange_weak(&bb->busy, &m, m | (uint64_t)1 << slot)) break;
+    slot = 0;
+  }
+  for (int64_t i = b; i < e; i++) one_product(bb, i, slot);
+  atomic_fetch_and(&bb->busy, ~((uint64_t)1 << slot));
+}
+
+int tpurt__bgemm(int64_t nb, int64_t M, int64_t N, int64_t K, float alpha, const tpurt__bmat *A, int64_t sa,
+                 const tpurt__bmat *B, int64_t sb, int split, float beta, const tpurt__bmat *C, int64_t sc) {
+  if (nb <= 0 || M <= 0 || N <= 0 || K <= 0) return 0;
+  bbatch bb = {M, N, K, alpha, beta, *A, *B, *C, sa, sb, sc, split, 0, 0, NULL, 0, 0, 0};
+  bb.direct = C->dt == TPURT_F32 && C->cs == 1 && C->rs >= N;
+  int64_t nth = tpurt_num_threads(), k2 = split ? 3 * K : K;
+  int par = nth > 1 && !tpurt__pool_nested();
+  double macs = (double)M * (double)N * (double)k2;
+  int batch = nb > 1 && par && nth <= 64 && (nb >= 4 * nth || (macs < (double)(1 << 22) && nb >= nth));
+  bb.panel_bytes = (panel_words(N, k2) * 4 + 63) & ~(size_t)63;
+  bb.slot_bytes = bb.panel_bytes + (bb.direct ? 0 : (size_t)(M * N) * 4);
+  bb.mem = buf(bb.slot_bytes * (size_t)(batch ? nth : 1));
+  if (!bb.mem) return 0;
+  if (batch) { /* many products, or small ones: one per task, each on one thread */
+    tpurt_parallel_for(nb, (int64_t)((double)(1 << 18) / macs) + 1, batch_tasks, &bb);
+    return 1;
+  }
+  bb.par = par;
+  for (int64_t i = 0; i < nb; i++) one_product(&bb, i, 0);
+  return 1;
+}
