@@ -304,6 +304,16 @@ static void test_edges(void) {
   av = vw(&a);
   av.ndim = 2;
   CHECK_ST(tpurt_gemm(S, &cv, &av, &bv, 1.0, 0.0, TPURT_PRECISION_HIGHEST), TPURT_ERR_INVALID_ARGUMENT);
+  /* a failing view's message names the operand: "gemm (b)" for a bad
+   * view, "gemm (output)" for a range outside the device's memory */
+  cv = vw(&c), av = vw(&a), bv = vw(&b);
+  bv.sizes[2] = -1;
+  CHECK_ST(tpurt_gemm(S, &cv, &av, &bv, 1.0, 0.0, TPURT_PRECISION_HIGHEST), TPURT_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(tpurt_last_error(), "gemm (b)") != NULL);
+  bv = vw(&b);
+  cv.strides[0] = (int64_t)1 << 40;
+  CHECK_ST(tpurt_gemm(S, &cv, &av, &bv, 1.0, 0.0, TPURT_PRECISION_HIGHEST), TPURT_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(tpurt_last_error(), "gemm (output)") != NULL);
   CHECK_OK(tpurt_stream_synchronize(S));
   dmat_free(&a), dmat_free(&b), dmat_free(&c);
 }
