@@ -378,7 +378,7 @@ def test_layer_norm_backward_in_row_parts(mask):
     no_family_fallback()
 
 
-@pytest.mark.parametrize("shape", [(4, 3, 5, 6), (6, 4), (2, 3, 7)])
+@pytest.mark.parametrize("shape", [(4, 3, 5, 6), (6, 4), (2, 3, 7), (3, 5, 9, 7), (2, 4, 32, 33)])
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_batch_norm_module(shape, channels_last):
     if channels_last and len(shape) != 4:
