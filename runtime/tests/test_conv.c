@@ -376,7 +376,8 @@ static void test_direct(void) {
  * input gradient at unit stride as a convolution with flipped weights.
  * Forward, input and weight gradients against f64 loops, in every mode:
  * implicit AVX2, implicit portable, implicit without packing buffers,
- * im2col + GEMM, implicit with the column matrix always packed (the same
+ * im2col + GEMM, strided input gradients by GEMM + col2im instead of by
+ * phases, implicit with the column matrix always packed (the same
  * bits as the default, which reads it in place from the images where
  * output rows hold whole 16-column slivers at column stride 1). */
 static void implicit_case(int64_t N, int64_t Ci, int64_t H, int64_t W, int64_t Co, int64_t kh, int64_t kw,
@@ -416,12 +417,13 @@ static void implicit_case(int64_t N, int64_t Ci, int64_t H, int64_t W, int64_t C
   tpurt_conv_params p = {{sh, sw}, {ph, pw}, {dh, dw}, G};
   size_t nmax = nx > ny ? (nx > nw ? nx : nw) : (ny > nw ? ny : nw);
   float *got = malloc(nmax * 4), *first[3] = {malloc(ny * 4), malloc(nx * 4), malloc(nw * 4)};
-  const char *modes[6][2] = {{"1", "auto"},   {"portable", "auto"}, {"1", "nobuf"},
-                             {"0", "auto"},   {"1", "narrow"},      {"1", "packed"}};
+  const char *modes[7][2] = {{"1", "auto"}, {"portable", "auto"}, {"1", "nobuf"}, {"0", "auto"},
+                             {"1", "narrow"}, {"1", "packed"},      {"1", "auto"}};
   int bad = 0;
-  for (int m = 0; m < 6; m++) {
+  for (int m = 0; m < 7; m++) {
     setenv("TORCH_TPU_CONV_IMPLICIT", modes[m][0], 1);
     setenv("TORCH_TPU_SGEMM", modes[m][1], 1);
+    setenv("TORCH_TPU_CONV_PHASES", m == 6 ? "0" : "1", 1); /* 6: strided input gradients by GEMM + col2im */
     CHECK_OK(tpurt_conv2d(S, &Y, &X, &Wv, NULL, &p, TPURT_PRECISION_HIGHEST));
     for (int what = 0; what < 3; what++) {
       const double *ref = what == 0 ? y : what == 1 ? gx : gw;
@@ -446,6 +448,7 @@ static void implicit_case(int64_t N, int64_t Ci, int64_t H, int64_t W, int64_t C
   }
   unsetenv("TORCH_TPU_CONV_IMPLICIT");
   unsetenv("TORCH_TPU_SGEMM");
+  unsetenv("TORCH_TPU_CONV_PHASES");
   CHECK(bad == 0);
   tpurt_free(dx), tpurt_free(dwt), tpurt_free(dgy), tpurt_free(dy), tpurt_free(dgx), tpurt_free(dgw);
   free(x), free(w), free(gy), free(y), free(gx), free(gw), free(got), free(first[0]), free(first[1]), free(first[2]);
@@ -478,6 +481,13 @@ static void test_implicit(void) {
   implicit_case(1, 5, 20, 24, 4, 9, 9, 1, 1, 4, 4, 1, 1, 1);   /* 81 taps: gathers */
   implicit_case(1, 6, 13, 14, 5, 3, 3, 3, 3, 1, 1, 1, 1, 1);   /* stride 3: gathers */
   implicit_case(2, 8, 8, 6, 8, 3, 3, 1, 2, 1, 1, 1, 1, 1);     /* mixed strides */
+  /* strided input gradients by phases */
+  implicit_case(2, 8, 32, 32, 16, 3, 3, 2, 2, 1, 1, 1, 1, 1);  /* phase rows of 16, read past the padding */
+  implicit_case(2, 6, 21, 19, 7, 3, 3, 2, 2, 2, 2, 2, 2, 1);   /* dilation 2 at stride 2 */
+  implicit_case(1, 5, 22, 23, 6, 3, 3, 2, 2, 3, 3, 3, 3, 1);   /* dilation 3: phase taps dilated */
+  implicit_case(2, 4, 13, 14, 5, 2, 2, 3, 3, 0, 0, 1, 1, 1);   /* stride 3 > kernel: phases no tap reaches */
+  implicit_case(2, 6, 16, 18, 6, 4, 4, 2, 2, 1, 1, 1, 1, 2);   /* even kernel, groups */
+  implicit_case(1, 9, 12, 13, 4, 1, 1, 3, 3, 0, 0, 1, 1, 1);   /* 1x1 stride 3 */
 }
 
 int main(void) {

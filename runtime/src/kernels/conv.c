@@ -12,7 +12,9 @@
  * when it packs it (tpurt__sgemm_conv), or reads it from the images in
  * place where its slivers are runs of image rows. The weight gradient is
  * dy @ col^T the same way, or (up to 128 output channels) dw^T = col @
- * dy^T with col read in place; the input gradient at unit stride is the convolution of
+ * dy^T with col read in place; the input gradient at other strides, for
+ * few input channels, is one such convolution per phase of dx
+ * (bwd_input_phases); the input gradient at unit stride is the convolution of
  * dy with the weights transposed and flipped (no col2im). Measured on the
  * ResNet bench step (2 cores): 250 -> 188 ms, im2col/col2im were ~20 % of
  * it. TORCH_TPU_CONV_IMPLICIT=0 keeps the path below.
@@ -57,6 +59,7 @@ typedef struct {
   tpurt_precision prec;
   int direct_mode; /* forward algorithm: 1 auto, 0 im2col + GEMM only, 2 direct with portable loops */
   int implicit;    /* f32 2-D: 1 implicit GEMM, 2 with the portable kernels, 0 im2col + GEMM */
+  int phases;      /* strided f32 2-D input gradient: 1 by phases (implicit GEMMs), 0 GEMM + col2im */
 } conv_args;
 
 /* ------------------------------------------------ layout helpers */
@@ -287,6 +290,129 @@ static void gather_cl(char *dst, const char *src, int64_t C, int64_t L, int64_t 
 
 #define COL_BUDGET ((int64_t)128 << 20) /* bytes of column matrix per chunk of images */
 
+/* ------------------------------------ strided input gradient by phases */
+
+/* The taps of one kernel dimension that reach input positions of phase a
+ * (positions a, a + s, a + 2 s, ...): tap r reaches them when a + pad -
+ * r * dil is a multiple of s, from output row (a + pad - r * dil) / s +
+ * i for phase row i. Returns their count; tap[t] in increasing order of
+ * that offset (decreasing r), *off0 the first offset, *step the next ones'
+ * increment (dil / gcd(dil, s)). */
+static int64_t phase_taps(int64_t a, int64_t s, int64_t pad, int64_t dil, int64_t k, int64_t *tap, int64_t *off0,
+                          int64_t *step) {
+  int64_t n = 0;
+  for (int64_t r = k - 1; r >= 0; r--) {
+    int64_t d = a + pad - r * dil;
+    if (((d % s) + s) % s) continue;
+    if (n == 0) *off0 = d >= 0 ? d / s : -((-d) / s);
+    tap[n++] = r;
+  }
+  int64_t g = s, h = dil;
+  while (h) {
+    int64_t t = g % h;
+    g = h;
+    h = t;
+  }
+  *step = dil / g;
+  return n;
+}
+
+#define MAX_PHASES 16    /* sh * sw up to this: phases (else GEMM + col2im) */
+#define PHASE_MAX_CIN 96 /* input channels per group up to this: phases (measured, k_conv) */
+
+typedef struct {
+  float *dx;
+  const float *ph[MAX_PHASES]; /* phase (ah, aw) at [ah * sw + aw]: [N, Ci, hq, wq], NULL: no tap reaches it */
+  int64_t hq[MAX_PHASES], wq[MAX_PHASES];
+  int64_t H, W, sh, sw;
+} phase_scatter;
+
+/* (image, channel) planes [b, e) of dx from the phases, one pass: row ih
+ * of a plane interleaves the rows ih / sh of phases (ih % sh, 0..sw-1) */
+static void scatter_planes(void *p, int64_t b, int64_t e) {
+  const phase_scatter *q = p;
+  for (int64_t u = b; u < e; u++)
+    for (int64_t ih = 0; ih < q->H; ih++) {
+      float *d = q->dx + (u * q->H + ih) * q->W;
+      int64_t ah = ih % q->sh, i = ih / q->sh;
+      const float *r[MAX_PHASES];
+      int any = 0;
+      for (int64_t aw = 0; aw < q->sw; aw++) {
+        int64_t k = ah * q->sw + aw;
+        r[aw] = aw < q->W && q->ph[k] ? q->ph[k] + (u * q->hq[k] + i) * q->wq[k] : NULL;
+        any |= r[aw] != NULL;
+      }
+      if (!any) { /* a row no tap reaches (1 x 1 kernels: all but one in sh) */
+        memset(d, 0, sizeof(float) * (size_t)q->W);
+        continue;
+      }
+      if (q->sw == 2 && q->wq[ah * 2] == q->W / 2 + (q->W & 1)) { /* pairs (the common stride 2) */
+        static const float zero[1] = {0.0f};
+        const float *a = r[0] ? r[0] : zero, *c = r[1] ? r[1] : zero;
+        int64_t sa = r[0] != NULL, sb = r[1] != NULL, half = q->W / 2;
+        for (int64_t j = 0; j < half; j++) {
+          d[2 * j] = a[j * sa];
+          d[2 * j + 1] = c[j * sb];
+        }
+        if (q->W & 1) d[q->W - 1] = a[half * sa];
+        continue;
+      }
+      for (int64_t aw = 0; aw < q->sw && aw < q->W; aw++) {
+        int64_t k = ah * q->sw + aw, wq = q->wq[k];
+        const float *src = q->ph[k] ? q->ph[k] + (u * q->hq[k] + i) * wq : NULL;
+        if (src)
+          for (int64_t j = 0; j < wq; j++) d[aw + j * q->sw] = src[j];
+        else
+          for (int64_t j = 0; j < wq; j++) d[aw + j * q->sw] = 0.0f;
+      }
+    }
+}
+
+/* dx of a strided 2-D f32 convolution (groups G) as sh x sw unit-stride
+ * convolutions of dy, one per phase of dx's positions, each with the
+ * weights of the taps that reach it (transposed, in decreasing tap order),
+ * then interleaved into dx in one pass: the implicit GEMM of the forward
+ * pass, instead of a column matrix of Kd x positions written by a GEMM and
+ * added back by col2im. 0 (nothing written) when scratch memory is short
+ * or the strides have too many phases. */
+static int bwd_input_phases(const float *dy, const float *w, float *dx, int64_t N, int64_t Ci, int64_t H, int64_t W,
+                            int64_t Co, int64_t Ho, int64_t Wo, int64_t kh, int64_t kw, int64_t G,
+                            const tpurt_conv3d_params *p, int flags) {
+  int64_t Cig = Ci / G, Cog = Co / G, sh = p->stride[1], sw = p->stride[2];
+  if (sh * sw > MAX_PHASES || kh > 64 || kw > 64) return 0;
+  float *wt = tpurt__scratch(3, sizeof(float) * (size_t)(Cig * Cog * kh * kw));
+  float *buf = tpurt__scratch(5, sizeof(float) * (size_t)(N * Ci * H * W)); /* the phases: dx's size in all */
+  if (!wt || !buf) return 0;
+  phase_scatter sc = {.dx = dx, .H = H, .W = W, .sh = sh, .sw = sw};
+  float *next = buf;
+  for (int64_t ah = 0; ah < sh; ah++)
+    for (int64_t aw = 0; aw < sw; aw++) {
+      int64_t th[64], tw[64], oh = 0, ow = 0, dh = 1, dw = 1, k = ah * sw + aw;
+      int64_t nh = phase_taps(ah, sh, p->padding[1], p->dilation[1], kh, th, &oh, &dh);
+      int64_t nw = phase_taps(aw, sw, p->padding[2], p->dilation[2], kw, tw, &ow, &dw);
+      int64_t hq = H > ah ? (H - ah + sh - 1) / sh : 0, wq = W > aw ? (W - aw + sw - 1) / sw : 0;
+      sc.hq[k] = hq, sc.wq[k] = wq, sc.ph[k] = NULL;
+      if (!nh || !nw || !hq || !wq) continue;
+      float *ph = next;
+      next += N * Ci * hq * wq;
+      sc.ph[k] = ph;
+      const int64_t st[3] = {1, 1, 1}, pad[3] = {0, -oh, -ow}, dil[3] = {1, dh, dw};
+      for (int64_t g = 0; g < G; g++) {
+        const float *wg = w + g * Cog * Cig * kh * kw;
+        for (int64_t ci = 0; ci < Cig; ci++)
+          for (int64_t co = 0; co < Cog; co++)
+            for (int64_t a = 0; a < nh; a++)
+              for (int64_t b = 0; b < nw; b++)
+                wt[((ci * Cog + co) * nh + a) * nw + b] = wg[((co * Cig + ci) * kh + th[a]) * kw + tw[b]];
+        tpurt_conv_cols cc = conv_cols(dy + g * Cog * Ho * Wo, Co * Ho * Wo, Cog, Ho, Wo, N, hq, wq, nh, nw, st, pad,
+                                       dil);
+        tpurt__sgemm_conv(0, &cc, Cig, wt, Cog * nh * nw, ph + g * Cig * hq * wq, Ci * hq * wq, 0.0f, flags);
+      }
+    }
+  tpurt_parallel_for(N * Ci, 1 + 4096 / (H * W + 1), scatter_planes, &sc);
+  return 1;
+}
+
 /* ---------------------------------------------------------- kernel */
 
 static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
@@ -433,6 +559,17 @@ static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
       if (!wt) return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "conv: no host memory for %" PRId64 " weights",
                                  Cig * Cog * kk);
     }
+    /* other strides, few input channels per group: one unit-stride
+     * implicit GEMM per phase of dx. Paired (tpurt_bench_ab conv, 3 x 3
+     * stride 2, phases / GEMM + col2im): 32 -> 64 channels 1.32-1.41,
+     * 64 -> 128 1.11-1.15 (1.33 at 56 x 56), 96 -> 96 1.24, but 128 ->
+     * 256 0.72-0.79 and 256 -> 512 0.27 (rearranging many weights per
+     * phase, one product per phase), and 1 x 1 kernels 0.77-1.06 (three
+     * phases of four are zeros: dx is all scatter). */
+    if (implicit && !flipped && !one && a->phases && Cig <= PHASE_MAX_CIN && kh * kw > 1 &&
+        bwd_input_phases((const float *)dy, (const float *)w, (float *)dx, N, Ci, H, W, Co, Ho, Wo, kh, kw, G, p,
+                         ig_flags))
+      flipped = 1; /* done */
     char *col = one || flipped ? NULL : tpurt__scratch(3, (size_t)(Kd * L * nb) * es);
     char *dyp = one || flipped ? NULL : tpurt__scratch(5, (size_t)(Cog * L * nb) * es);
     for (int64_t g = 0; g < G && !flipped; g++) {
@@ -621,7 +758,9 @@ static tpurt_status check_bias(const tpurt_view *b, int64_t n, const char *op) {
  * the host: "0" off, "portable" without AVX2, anything else on (1).
  * TORCH_TPU_CONV_DIRECT: the direct forward / weight gradient for few
  * input channels (else im2col + GEMM); TORCH_TPU_CONV_IMPLICIT: the
- * implicit GEMM for f32 2-D (else im2col + GEMM + col2im). */
+ * implicit GEMM for f32 2-D (else im2col + GEMM + col2im);
+ * TORCH_TPU_CONV_PHASES: a strided input gradient by phases (else GEMM
+ * + col2im). */
 static int conv_env_mode(const char *name) {
   const char *e = getenv(name);
   if (!e || !*e) return 1;
@@ -631,6 +770,7 @@ static int conv_env_mode(const char *name) {
 }
 #define conv_direct_mode() conv_env_mode("TORCH_TPU_CONV_DIRECT")
 #define conv_implicit_mode() conv_env_mode("TORCH_TPU_CONV_IMPLICIT")
+#define conv_phases_mode() (conv_env_mode("TORCH_TPU_CONV_PHASES") != 0)
 
 tpurt_status tpurt_conv3d(tpurt_stream *s, const tpurt_view *y, const tpurt_view *x, const tpurt_view *w,
                           const tpurt_view *bias, const tpurt_conv3d_params *p, tpurt_precision precision) {
@@ -645,6 +785,7 @@ tpurt_status tpurt_conv3d(tpurt_stream *s, const tpurt_view *y, const tpurt_view
   memset(&a, 0, sizeof a);
   a.kind = CONV_FWD;
   a.implicit = conv_implicit_mode();
+  a.phases = conv_phases_mode();
   a.direct_mode = conv_direct_mode();
   a.out0 = *y;
   a.in0 = *x;
@@ -675,6 +816,7 @@ tpurt_status tpurt_conv3d_backward_input(tpurt_stream *s, const tpurt_view *dx, 
   memset(&a, 0, sizeof a);
   a.kind = CONV_BWD_IN;
   a.implicit = conv_implicit_mode();
+  a.phases = conv_phases_mode();
   a.out0 = *dx;
   a.in0 = *dy;
   a.in1 = *w;
@@ -698,6 +840,7 @@ tpurt_status tpurt_conv3d_backward_weight(tpurt_stream *s, const tpurt_view *dw,
   memset(&a, 0, sizeof a);
   a.kind = CONV_BWD_W;
   a.implicit = conv_implicit_mode();
+  a.phases = conv_phases_mode();
   a.direct_mode = conv_direct_mode();
   a.in0 = *dy;
   if (db) a.has1 = 1, a.out1 = *db;

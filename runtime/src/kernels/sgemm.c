@@ -1266,8 +1266,15 @@ typedef struct {
 } padded;
 
 static int pad_images(const tpurt_conv_cols *g, int par, padded *o) {
-  int pad = g->ph > 0 || g->pw > 0;
-  int64_t hp = g->H + 2 * g->ph, wp = g->W + 2 * g->pw, plane = pad ? hp * wp : g->H * g->W;
+  if (g->ph < 0 || g->pw < 0) return 0;
+  /* rows and columns the convolution reads, from -ph / -pw: the padding
+   * below and right is what they need (a phase of a strided input
+   * gradient reads past the images' symmetric padding, tpurt_conv's
+   * bwd_input_phases) */
+  int64_t rh = (g->Ho - 1) * g->sh + (g->kh - 1) * g->dh + 1, rw = (g->Wo - 1) * g->sw + (g->kw - 1) * g->dw + 1;
+  int64_t hp = g->H + 2 * g->ph > rh ? g->H + 2 * g->ph : rh, wp = g->W + 2 * g->pw > rw ? g->W + 2 * g->pw : rw;
+  int pad = g->ph > 0 || g->pw > 0 || hp > g->H || wp > g->W;
+  int64_t plane = pad ? hp * wp : g->H * g->W;
   int64_t img = pad ? g->C * plane : g->img, kk = g->kh * g->kw, Kd = g->C * kk, w = pad ? wp : g->W;
   if ((pad && g->N * img * (int64_t)sizeof(float) > PAD_MAX_BYTES) || g->N * img >= ((int64_t)1 << 31)) return 0;
   int32_t *off = (int32_t *)buf(3, (size_t)Kd);
