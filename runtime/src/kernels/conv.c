@@ -290,6 +290,15 @@ static void gather_cl(char *dst, const char *src, int64_t C, int64_t L, int64_t 
 
 #define COL_BUDGET ((int64_t)128 << 20) /* bytes of column matrix per chunk of images */
 
+/* Weights [Cog, Cig, kk taps] -> [Cig, Cog, nt]: wt[(ci * Cog + co) * nt +
+ * t] = w[(co * Cig + ci) * kk + tap[t]] (the taps of one phase). */
+static void transpose_taps(float *restrict wt, const float *restrict w, int64_t Cog, int64_t Cig, int64_t kk,
+                           const int64_t *tap, int64_t nt) {
+  for (int64_t ci = 0; ci < Cig; ci++)
+    for (int64_t co = 0; co < Cog; co++)
+      for (int64_t t = 0; t < nt; t++) wt[(ci * Cog + co) * nt + t] = w[(co * Cig + ci) * kk + tap[t]];
+}
+
 /* ------------------------------------ strided input gradient by phases */
 
 /* The taps of one kernel dimension that reach input positions of phase a
@@ -398,12 +407,10 @@ static int bwd_input_phases(const float *dy, const float *w, float *dx, int64_t 
       sc.ph[k] = ph;
       const int64_t st[3] = {1, 1, 1}, pad[3] = {0, -oh, -ow}, dil[3] = {1, dh, dw};
       for (int64_t g = 0; g < G; g++) {
-        const float *wg = w + g * Cog * Cig * kh * kw;
-        for (int64_t ci = 0; ci < Cig; ci++)
-          for (int64_t co = 0; co < Cog; co++)
-            for (int64_t a = 0; a < nh; a++)
-              for (int64_t b = 0; b < nw; b++)
-                wt[((ci * Cog + co) * nh + a) * nw + b] = wg[((co * Cig + ci) * kh + th[a]) * kw + tw[b]];
+        int64_t tap[64 * 64];
+        for (int64_t a = 0; a < nh; a++)
+          for (int64_t b = 0; b < nw; b++) tap[a * nw + b] = th[a] * kw + tw[b];
+        transpose_taps(wt, w + g * Cog * Cig * kh * kw, Cog, Cig, kh * kw, tap, nh * nw);
         tpurt_conv_cols cc = conv_cols(dy + g * Cog * Ho * Wo, Co * Ho * Wo, Cog, Ho, Wo, N, hq, wq, nh, nw, st, pad,
                                        dil);
         tpurt__sgemm_conv(0, &cc, Cig, wt, Cog * nh * nw, ph + g * Cig * hq * wq, Ci * hq * wq, 0.0f, flags);
