@@ -79,3 +79,20 @@ def test_fma_loop_reports_the_flops_it_ran():
     # the loop's own figure is flops over its own timing, which lies inside the call
     assert flops / gflops / 1e9 <= wall * 1.01
     assert lib.tpurt_bench_fma_gflops(1, 0) >= 0.0
+
+
+def test_ab_env_pairs_two_settings_and_restores_the_environment(monkeypatch):
+    from bench import ab_env
+    monkeypatch.setenv("TORCH_TPU_DEFER_EPILOGUE", "keep")
+    seen = []
+    real = ab_env.time_steps
+
+    def spy(step, device):
+        seen.append(__import__("os").environ["TORCH_TPU_DEFER_EPILOGUE"])
+        return real(step, device)
+
+    monkeypatch.setattr(ab_env, "time_steps", spy)
+    r = ab_env.ab("TORCH_TPU_DEFER_EPILOGUE", ("0", "1"), "mingpt", repeats=2, batch=2, warmup=1)
+    assert seen == ["0", "1", "1", "0"]  # each sample under its runner's value, the order alternating
+    assert __import__("os").environ["TORCH_TPU_DEFER_EPILOGUE"] == "keep"
+    assert all(ms > 0 for ms in r["ms"]) and r["ratio"][0] <= r["ratio"][1] <= r["ratio"][2]

@@ -905,3 +905,75 @@ def test_shape_errors_raise_at_the_op(defer):
     with pytest.raises(RuntimeError, match="must match the size"):
         a + b
     assert (a * 2).sum().item() == 6.0
+
+
+# ------------------------------------------------------- GEMM epilogues
+
+
+@pytest.fixture
+def epilogues(defer, monkeypatch):
+    monkeypatch.setenv("TORCH_TPU_DEFER_EPILOGUE", "1")
+
+
+def _mlp_step(x, w1, b1, w2, b2, res):
+    h = F.gelu(F.linear(x, w1, b1))
+    y = F.dropout(F.linear(h, w2, b2), 0.1) + res
+    y.sum().backward()
+    return y.detach().cpu(), x.grad.cpu(), w1.grad.cpu(), b1.grad.cpu(), w2.grad.cpu()
+
+
+@pytest.mark.parametrize("sgemm", ["own", "blas"])
+def test_gemm_runs_the_next_group_as_its_epilogue_with_strict_bits(epilogues, monkeypatch, sgemm):
+    # product + bias + GELU, product + bias + dropout + residual, and the
+    # backward products: with TORCH_TPU_DEFER_EPILOGUE=1 the groups that
+    # read a product's output in order run inside it (fewer kernels) and
+    # every value keeps strict mode's bits, on the own kernel and on the
+    # library tiles
+    monkeypatch.setenv("TORCH_TPU_SGEMM", sgemm)
+    g = torch.Generator().manual_seed(5)
+    host = [torch.randn(s, generator=g) for s in ((300, 96), (160, 96), (160,), (96, 160), (96,), (300, 96))]
+
+    def run(mode, epilogue):
+        monkeypatch.setenv("TORCH_TPU_DEFER_EPILOGUE", epilogue)
+        with torch_tpu.execution_mode(mode):
+            torch.tpu.manual_seed(11)
+            t = [h.to("tpu").requires_grad_(i < 5) for i, h in enumerate(host)]
+            torch.tpu.reset_defer_stats()
+            out = _mlp_step(*t)
+            return out, torch.tpu.defer_stats()["kernels_launched"]
+
+    ref, _ = run("strict", "1")
+    got, kernels = run("defer", "1")
+    unfused, kernels_unfused = run("defer", "0")
+    for a, b, c in zip(got, ref, unfused):
+        assert torch.equal(a, b) and torch.equal(c, b)
+    assert kernels < kernels_unfused, (kernels, kernels_unfused)
+
+
+@pytest.mark.parametrize("case", ["writes_b", "writes_a", "reads_transposed"])
+def test_group_is_not_an_epilogue_where_blocks_would_see_unfinished_memory(epilogues, case):
+    # a group that writes the product's operands, or reads its output in
+    # another order, runs after the product: the same values as strict
+    # (a group that reads C only in another order is no epilogue candidate)
+    # writes_b: a [128, 128] @ b [128, 1100] reads B in place (few rows),
+    # every row of it for every block of C
+    g = torch.Generator().manual_seed(6)
+    m = 128 if case == "writes_b" else 1100
+    a0, b0, e0 = (torch.randn(s, generator=g) for s in ((m, m), (m, 1100), (1100, 1100)))
+
+    def run(mode):
+        with torch_tpu.execution_mode(mode):
+            a, b, e = a0.to("tpu"), b0.to("tpu"), e0.to("tpu")
+            c = a @ b
+            if case == "writes_b":
+                b.add_(c)
+            elif case == "writes_a":
+                a.add_(c)
+            else:  # in C's order and transposed
+                e = c + c.t() + e
+            return a.cpu(), b.cpu(), c.cpu(), e.cpu()
+
+    ref = run("strict")
+    got = run("defer")
+    for x, y in zip(got, ref):
+        assert torch.equal(x, y)

@@ -287,6 +287,34 @@ TPURT_INTERNAL tpurt_status tpurt__elementwise_named(tpurt_stream *s, const tpur
                                                     const tpurt_view *outs, const tpurt_view *ins, int nin,
                                                     const double *scalars, int nscalars, const char *name);
 
+/* An elementwise launch run inside another kernel (a GEMM's epilogue,
+ * kernels/gemm.c): its arguments (malloc'd, *bytes long; views and program
+ * checked as tpurt_elementwise does), the whole launch as its kernel runs
+ * it, and a run by ranges of its row-major iteration space on the calling
+ * thread. tpurt__ew_epi_begin is NULL where ranges cannot run (programs
+ * over rows shorter than 8 elements, no host memory): run it whole.
+ * Elements computed by ranges have the bits the whole launch gives them. */
+TPURT_INTERNAL tpurt_status tpurt__ew_args(const tpurt_ew_program *prog, const tpurt_view *outs, const tpurt_view *ins,
+                                          int nin, const double *scalars, int nscalars, void **args, size_t *bytes);
+TPURT_INTERNAL tpurt_status tpurt__ew_kernel(void *args, char *err, size_t errlen);
+typedef struct tpurt__ew_epi tpurt__ew_epi;
+TPURT_INTERNAL tpurt__ew_epi *tpurt__ew_epi_begin(const void *args);
+TPURT_INTERNAL void tpurt__ew_epi_range(tpurt__ew_epi *e, int64_t lo, int64_t hi);
+/* Frees e; the error of a failed range, if any. */
+TPURT_INTERNAL tpurt_status tpurt__ew_epi_end(tpurt__ew_epi *e, char *err, size_t errlen);
+/* A GEMM whose output an elementwise launch reads (kernels/gemm.c, for
+ * DeferAndFuse): tpurt__gemm_fn is the GEMM kernel's function; the C view
+ * (and the A, B views) of its arguments when its f32 product can run the launch as its
+ * epilogue (f32 operands, HIGHEST precision, C dense row-major); a
+ * structure hash for plan keys; and the enqueue of the pair as one kernel
+ * (the launch runs on each block of C as soon as the block is final, or
+ * after the product where that path is not taken). */
+TPURT_INTERNAL tpurt_kernel_fn tpurt__gemm_fn(void);
+TPURT_INTERNAL int tpurt__gemm_epi_target(const void *gemm_args, tpurt_view *c, tpurt_view ab[2]);
+TPURT_INTERNAL uint64_t tpurt__gemm_signature(const void *gemm_args);
+TPURT_INTERNAL tpurt_status tpurt__gemm_epi_enqueue(tpurt_stream *s, const char *name, const void *gemm_args,
+                                                   size_t gemm_size, const void *ew_args, size_t ew_size);
+
 /* Launch-side view checks (view.c). */
 TPURT_INTERNAL int64_t tpurt__view_numel(const tpurt_view *v);
 /* Byte extent [lo, hi) of a non-empty view relative to its pointer. */

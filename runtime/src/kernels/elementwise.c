@@ -989,13 +989,13 @@ static inline void next_index(const ew_ctx *x, int nops, int top, int64_t *idx, 
   }
 }
 
-/* row mode with short rows: unit = kpb whole rows (a block of up to EW_BLK
+/* row mode with short rows: rows [row_b, row_e) in blocks of kpb whole rows (up to EW_BLK
  * elements), so that the per-block work (offsets, instruction dispatch)
  * and each instruction's loop cover many short rows at once (broadcasts
  * against [..., 1] or [C] shapes: rows of the width). Row offsets are
  * walked with carries; an operand whose rows follow each other reads and
  * writes the block as one run. */
-static void multirow_chunk(ew_ctx *x, int64_t b, int64_t e, char *scratch) {
+static void multirow_rows(ew_ctx *x, int64_t row_b, int64_t row_e, char *scratch) {
   const ew_hdr *h = x->h;
   int nops = h->nops, inner = h->ndim - 1, kpb = (int)x->kpb;
   int64_t roff[EW_MAX_OPS * EW_KPB_MAX];
@@ -1007,17 +1007,16 @@ static void multirow_chunk(ew_ctx *x, int64_t b, int64_t e, char *scratch) {
   }
   /* the chunk's first row; later rows follow by carries */
   int64_t idx[TPURT_MAX_DIMS], cur[EW_MAX_OPS];
-  int64_t rem = b * kpb;
+  int64_t rem = row_b;
   for (int o = 0; o < nops; o++) cur[o] = 0;
   for (int d = inner - 1; d >= 0; d--) {
     idx[d] = rem % x->sizes[d];
     rem /= x->sizes[d];
     for (int o = 0; o < nops; o++) cur[o] += idx[d] * x->bstr[o][d];
   }
-  for (int64_t bi = b; bi < e; bi++) {
+  for (int64_t row0 = row_b; row0 < row_e; row0 += kpb) {
     if (atomic_load_explicit(&x->err, memory_order_relaxed)) return;
-    int64_t row0 = bi * kpb;
-    int k = x->rows - row0 < kpb ? (int)(x->rows - row0) : kpb;
+    int k = row_e - row0 < kpb ? (int)(row_e - row0) : kpb;
     unsigned dense = all, same = all;
     int d1 = inner - 1; /* the dimension the rows step along */
     if (idx[d1] + k < x->sizes[d1]) {
@@ -1050,36 +1049,41 @@ static void multirow_chunk(ew_ctx *x, int64_t b, int64_t e, char *scratch) {
   }
 }
 
+/* Row mode: the n <= EW_BLK elements from column col of row `row` (row-major
+ * index row * inner + col). 0 (error noted in x->err) when the block failed. */
+static int row_block(ew_ctx *x, int64_t row, int64_t col, int64_t n, char *scratch) {
+  int nops = x->h->nops, inner = x->h->ndim - 1;
+  int64_t offs[EW_MAX_OPS];
+  for (int o = 0; o < nops; o++) offs[o] = col * x->bstr[o][inner];
+  int64_t rem = row;
+  for (int k = inner - 1; k >= 0 && rem; k--) {
+    int64_t ik = rem % x->sizes[k];
+    rem /= x->sizes[k];
+    for (int o = 0; o < nops; o++) offs[o] += ik * x->bstr[o][k];
+  }
+  if (run_block(x, offs, 1, ~0u, 0, NULL, (int)n, scratch, row * x->inner + col)) {
+    atomic_store(&x->err, 1);
+    return 0;
+  }
+  return 1;
+}
+
 /* row mode: unit = a block inside one row of the innermost dimension */
 static void rows_chunk(void *c, int64_t b, int64_t e) {
   ew_ctx *x = c;
-  const ew_hdr *h = x->h;
-  int nops = h->nops, inner = h->ndim - 1;
-  char *scratch = scratch_of(h);
-  int64_t offs[EW_MAX_OPS];
+  char *scratch = scratch_of(x->h);
   if (!scratch) {
     atomic_store(&x->err, 2);
     return;
   }
   if (x->kpb > 1) {
-    multirow_chunk(x, b, e, scratch);
+    multirow_rows(x, b * x->kpb, e * x->kpb < x->rows ? e * x->kpb : x->rows, scratch);
     return;
   }
   for (int64_t bi = b; bi < e; bi++) {
     if (atomic_load_explicit(&x->err, memory_order_relaxed)) return;
     int64_t row = bi / x->bpr, col = (bi % x->bpr) * EW_BLK;
-    int64_t n = x->inner - col < EW_BLK ? x->inner - col : EW_BLK;
-    for (int o = 0; o < nops; o++) offs[o] = col * x->bstr[o][inner];
-    int64_t rem = row;
-    for (int k = inner - 1; k >= 0 && rem; k--) {
-      int64_t ik = rem % x->sizes[k];
-      rem /= x->sizes[k];
-      for (int o = 0; o < nops; o++) offs[o] += ik * x->bstr[o][k];
-    }
-    if (run_block(x, offs, 1, ~0u, 0, NULL, (int)n, scratch, row * x->inner + col)) {
-      atomic_store(&x->err, 1);
-      return;
-    }
+    if (!row_block(x, row, col, x->inner - col < EW_BLK ? x->inner - col : EW_BLK, scratch)) return;
   }
 }
 
@@ -1141,7 +1145,8 @@ static void gather_chunk(void *c, int64_t b, int64_t e) {
   if (goff != small) free(goff);
 }
 
-static tpurt_status k_elementwise(void *args, char *err, size_t errlen) {
+/* x over the serialized launch `args`; row-mode geometry set up unless gather mode. */
+static void ew_ctx_init(ew_ctx *x, const void *args) {
   const ew_hdr *h = args;
   const char *p = (const char *)(h + 1);
   const tpurt_devptr *ptr = (const tpurt_devptr *)p;
@@ -1150,35 +1155,30 @@ static tpurt_status k_elementwise(void *args, char *err, size_t errlen) {
   p += sizeof(int64_t) * (size_t)h->ndim;
   const int64_t *str = (const int64_t *)p;
   p += sizeof(int64_t) * (size_t)(h->ndim * h->nops);
-  ew_ctx x;
-  memset(&x, 0, sizeof x);
-  x.h = h;
-  x.sizes = sizes;
-  x.inst = (const tpurt_ew_inst *)p;
+  memset(x, 0, sizeof *x);
+  x->h = h;
+  x->sizes = sizes;
+  x->inst = (const tpurt_ew_inst *)p;
   for (int o = 0; o < h->nops; o++) {
-    x.base[o] = tpurt__host_view(ptr[o]);
+    x->base[o] = tpurt__host_view(ptr[o]);
     int64_t es = (int64_t)tpurt_dtype_size((tpurt_dtype)h->dt[o]);
-    for (int k = 0; k < h->ndim; k++) x.bstr[o][k] = str[o * h->ndim + k] * es;
-    x.est[o] = h->ndim ? str[o * h->ndim + h->ndim - 1] : 0;
+    for (int k = 0; k < h->ndim; k++) x->bstr[o][k] = str[o * h->ndim + k] * es;
+    x->est[o] = h->ndim ? str[o * h->ndim + h->ndim - 1] : 0;
   }
-  for (int r = 0; r < TPURT_EW_MAX_REGS; r++) x.zc[r] = 1;
-  for (int k = 0; k < h->nout; k++) x.zc[h->out_reg[k]] = 0;
-  atomic_init(&x.err, 0);
-  if (h->gather) {
-    int64_t nb = (h->numel + EW_BLK - 1) / EW_BLK;
-    tpurt_parallel_for(nb, EW_GRAIN / EW_BLK, gather_chunk, &x);
-  } else {
-    x.inner = sizes[h->ndim - 1];
-    x.bpr = (x.inner + EW_BLK - 1) / EW_BLK;
-    x.rows = h->numel / x.inner;
-    x.kpb = h->ndim > 1 && x.inner <= EW_BLK / 2 ? EW_BLK / x.inner : 1;
-    if (x.kpb > EW_KPB_MAX) x.kpb = EW_KPB_MAX;
-    int64_t per = x.inner < EW_BLK ? x.inner * x.kpb : EW_BLK;
-    int64_t grain = EW_GRAIN / per;
-    int64_t units = x.kpb > 1 ? (x.rows + x.kpb - 1) / x.kpb : x.rows * x.bpr;
-    tpurt_parallel_for(units, grain < 1 ? 1 : grain, rows_chunk, &x);
+  for (int r = 0; r < TPURT_EW_MAX_REGS; r++) x->zc[r] = 1;
+  for (int k = 0; k < h->nout; k++) x->zc[h->out_reg[k]] = 0;
+  atomic_init(&x->err, 0);
+  if (!h->gather) {
+    x->inner = sizes[h->ndim - 1];
+    x->bpr = (x->inner + EW_BLK - 1) / EW_BLK;
+    x->rows = h->numel / x->inner;
+    x->kpb = h->ndim > 1 && x->inner <= EW_BLK / 2 ? EW_BLK / x->inner : 1;
+    if (x->kpb > EW_KPB_MAX) x->kpb = EW_KPB_MAX;
   }
-  int e = atomic_load(&x.err);
+}
+
+static tpurt_status ew_status(const ew_ctx *x, char *err, size_t errlen) {
+  int e = atomic_load(&x->err);
   if (e == 1) {
     snprintf(err, errlen, "ZeroDivisionError");
     return TPURT_ERR_KERNEL;
@@ -1188,6 +1188,65 @@ static tpurt_status k_elementwise(void *args, char *err, size_t errlen) {
     return TPURT_ERR_OUT_OF_MEMORY;
   }
   return TPURT_OK;
+}
+
+static tpurt_status k_elementwise(void *args, char *err, size_t errlen) {
+  const ew_hdr *h = args;
+  ew_ctx x;
+  ew_ctx_init(&x, args);
+  if (h->gather) {
+    int64_t nb = (h->numel + EW_BLK - 1) / EW_BLK;
+    tpurt_parallel_for(nb, EW_GRAIN / EW_BLK, gather_chunk, &x);
+  } else {
+    int64_t per = x.inner < EW_BLK ? x.inner * x.kpb : EW_BLK;
+    int64_t grain = EW_GRAIN / per;
+    int64_t units = x.kpb > 1 ? (x.rows + x.kpb - 1) / x.kpb : x.rows * x.bpr;
+    tpurt_parallel_for(units, grain < 1 ? 1 : grain, rows_chunk, &x);
+  }
+  return ew_status(&x, err, errlen);
+}
+
+tpurt_status tpurt__ew_kernel(void *args, char *err, size_t errlen) { return k_elementwise(args, err, errlen); }
+
+/* ----------------------------------------------- epilogue of another kernel */
+
+struct tpurt__ew_epi {
+  ew_ctx x;
+};
+
+tpurt__ew_epi *tpurt__ew_epi_begin(const void *args) {
+  if (((const ew_hdr *)args)->gather) return NULL; /* per-element offsets: whole launches only */
+  tpurt__ew_epi *e = malloc(sizeof *e);
+  if (e) ew_ctx_init(&e->x, args);
+  return e;
+}
+
+void tpurt__ew_epi_range(tpurt__ew_epi *e, int64_t lo, int64_t hi) {
+  ew_ctx *x = &e->x;
+  char *scratch = scratch_of(x->h);
+  if (!scratch) {
+    atomic_store(&x->err, 2);
+    return;
+  }
+  while (lo < hi && !atomic_load_explicit(&x->err, memory_order_relaxed)) {
+    int64_t row = lo / x->inner, col = lo % x->inner, n = x->inner - col;
+    if (col == 0 && x->kpb > 1 && hi - lo >= 2 * x->inner) { /* whole short rows, several to a block */
+      int64_t rows = (hi - lo) / x->inner;
+      multirow_rows(x, row, row + rows, scratch);
+      lo += rows * x->inner;
+      continue;
+    }
+    if (n > hi - lo) n = hi - lo;
+    if (n > EW_BLK) n = EW_BLK;
+    if (!row_block(x, row, col, n, scratch)) return;
+    lo += n;
+  }
+}
+
+tpurt_status tpurt__ew_epi_end(tpurt__ew_epi *e, char *err, size_t errlen) {
+  tpurt_status st = ew_status(&e->x, err, errlen);
+  free(e);
+  return st;
 }
 
 /* ------------------------------------------------------------- launch */
@@ -1282,40 +1341,18 @@ tpurt_status tpurt_elementwise(tpurt_stream *s, const tpurt_ew_program *prog, co
   return tpurt__elementwise_named(s, prog, outs, ins, nin, scalars, nscalars, NULL);
 }
 
-tpurt_status tpurt__elementwise_named(tpurt_stream *s, const tpurt_ew_program *prog, const tpurt_view *outs,
-                                      const tpurt_view *ins, int nin, const double *scalars, int nscalars,
-                                      const char *kname) {
-  TPURT__INIT_OR_RETURN();
-  tpurt_status st;
-  if (!prog || !outs || (nin > 0 && !ins) || (nscalars > 0 && !scalars))
-    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "elementwise: NULL program, views or scalars");
-  if ((st = validate(prog, nin, nscalars))) return st;
+/* Serializes a validated launch (ew_hdr and what follows it) into *bufp
+ * when it fits in *cap bytes, else into malloc'd memory (*bufp replaced);
+ * *cap becomes the size. Scalars are baked into the instructions. */
+static tpurt_status ew_pack(const tpurt_ew_program *prog, const tpurt_view *outs, const tpurt_view *ins, int nin,
+                            const double *scalars, unsigned char **bufp, size_t *cap) {
   int nout = prog->nout, nops = nout + nin;
   const tpurt_view *v[EW_MAX_OPS];
   for (int i = 0; i < nout; i++) v[i] = &outs[i];
   for (int i = 0; i < nin; i++) v[nout + i] = &ins[i];
-  for (int i = 0; i < nops; i++)
-    if ((st = check_view(v[i], i < nout ? "output" : "input", i < nout ? i : i - nout))) return st;
   const tpurt_view *o0 = &outs[0];
-  for (int i = 1; i < nops; i++) {
-    if (v[i]->ndim != o0->ndim)
-      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
-                        "elementwise: %s %d has %d dimensions but the output has %d (broadcast with stride 0)",
-                        i < nout ? "output" : "input", i < nout ? i : i - nout, v[i]->ndim, o0->ndim);
-    for (int k = 0; k < o0->ndim; k++)
-      if (v[i]->sizes[k] != o0->sizes[k])
-        return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
-                          "elementwise: %s %d has size %" PRId64 " in dimension %d but the output has %" PRId64,
-                          i < nout ? "output" : "input", i < nout ? i : i - nout, v[i]->sizes[k], k, o0->sizes[k]);
-  }
-  if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(o0->ptr)))) return st;
   int64_t numel = 1;
   for (int k = 0; k < o0->ndim; k++) numel *= o0->sizes[k];
-  if (numel == 0) return TPURT_OK;
-  for (int i = 0; i < nops; i++)
-    if ((st = check_range(s->dev, v[i], i < nout ? "elementwise (output)" : "elementwise (input)"))) return st;
-  if (tpurt__deferring()) return tpurt__defer_record_ew(s, prog, outs, ins, nin, scalars, nscalars, kname);
-
   /* coalesce: drop size-1 dims, merge a dim into the next inner one when
    * every view is contiguous across the pair */
   int64_t sizes[TPURT_MAX_DIMS], str[EW_MAX_OPS][TPURT_MAX_DIMS];
@@ -1349,9 +1386,10 @@ tpurt_status tpurt__elementwise_named(tpurt_stream *s, const tpurt_ew_program *p
   }
   size_t bytes = sizeof(ew_hdr) + sizeof(tpurt_devptr) * (size_t)nops + sizeof(int64_t) * (size_t)nd +
                  sizeof(int64_t) * (size_t)(nd * nops) + sizeof(tpurt_ew_inst) * (size_t)prog->ninst;
-  _Alignas(16) unsigned char stackbuf[2048];
-  unsigned char *buf = bytes <= sizeof stackbuf ? stackbuf : malloc(bytes);
+  unsigned char *buf = bytes <= *cap ? *bufp : malloc(bytes);
   if (!buf) return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "elementwise: out of host memory");
+  *bufp = buf;
+  *cap = bytes;
   ew_hdr *h = (ew_hdr *)buf;
   memset(h, 0, sizeof *h);
   h->compute = prog->compute;
@@ -1396,6 +1434,71 @@ tpurt_status tpurt__elementwise_named(tpurt_stream *s, const tpurt_ew_program *p
     }
     memcpy(&inst[k], &I, sizeof I);
   }
+  return TPURT_OK;
+}
+
+/* The checks of a launch that need no device: program, views, shapes. */
+static tpurt_status ew_check(const tpurt_ew_program *prog, const tpurt_view *outs, const tpurt_view *ins, int nin,
+                             const double *scalars, int nscalars) {
+  tpurt_status st;
+  if (!prog || !outs || (nin > 0 && !ins) || (nscalars > 0 && !scalars))
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "elementwise: NULL program, views or scalars");
+  if ((st = validate(prog, nin, nscalars))) return st;
+  int nout = prog->nout, nops = nout + nin;
+  const tpurt_view *v[EW_MAX_OPS];
+  for (int i = 0; i < nout; i++) v[i] = &outs[i];
+  for (int i = 0; i < nin; i++) v[nout + i] = &ins[i];
+  for (int i = 0; i < nops; i++)
+    if ((st = check_view(v[i], i < nout ? "output" : "input", i < nout ? i : i - nout))) return st;
+  const tpurt_view *o0 = &outs[0];
+  for (int i = 1; i < nops; i++) {
+    if (v[i]->ndim != o0->ndim)
+      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
+                        "elementwise: %s %d has %d dimensions but the output has %d (broadcast with stride 0)",
+                        i < nout ? "output" : "input", i < nout ? i : i - nout, v[i]->ndim, o0->ndim);
+    for (int k = 0; k < o0->ndim; k++)
+      if (v[i]->sizes[k] != o0->sizes[k])
+        return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
+                          "elementwise: %s %d has size %" PRId64 " in dimension %d but the output has %" PRId64,
+                          i < nout ? "output" : "input", i < nout ? i : i - nout, v[i]->sizes[k], k, o0->sizes[k]);
+  }
+  return TPURT_OK;
+}
+
+tpurt_status tpurt__ew_args(const tpurt_ew_program *prog, const tpurt_view *outs, const tpurt_view *ins, int nin,
+                            const double *scalars, int nscalars, void **args, size_t *bytes) {
+  tpurt_status st = ew_check(prog, outs, ins, nin, scalars, nscalars);
+  if (st) return st;
+  unsigned char *buf = NULL;
+  size_t cap = 0;
+  if ((st = ew_pack(prog, outs, ins, nin, scalars, &buf, &cap))) return st;
+  *args = buf;
+  *bytes = cap;
+  return TPURT_OK;
+}
+
+tpurt_status tpurt__elementwise_named(tpurt_stream *s, const tpurt_ew_program *prog, const tpurt_view *outs,
+                                      const tpurt_view *ins, int nin, const double *scalars, int nscalars,
+                                      const char *kname) {
+  TPURT__INIT_OR_RETURN();
+  tpurt_status st;
+  if ((st = ew_check(prog, outs, ins, nin, scalars, nscalars))) return st;
+  int nout = prog->nout, nops = nout + nin;
+  const tpurt_view *v[EW_MAX_OPS];
+  for (int i = 0; i < nout; i++) v[i] = &outs[i];
+  for (int i = 0; i < nin; i++) v[nout + i] = &ins[i];
+  const tpurt_view *o0 = &outs[0];
+  if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(o0->ptr)))) return st;
+  int64_t numel = 1;
+  for (int k = 0; k < o0->ndim; k++) numel *= o0->sizes[k];
+  if (numel == 0) return TPURT_OK;
+  for (int i = 0; i < nops; i++)
+    if ((st = check_range(s->dev, v[i], i < nout ? "elementwise (output)" : "elementwise (input)"))) return st;
+  if (tpurt__deferring()) return tpurt__defer_record_ew(s, prog, outs, ins, nin, scalars, nscalars, kname);
+  _Alignas(16) unsigned char stackbuf[2048];
+  unsigned char *buf = stackbuf;
+  size_t bytes = sizeof stackbuf;
+  if ((st = ew_pack(prog, outs, ins, nin, scalars, &buf, &bytes))) return st;
   const char *name = kname ? kname : "elementwise";
   for (int k = prog->ninst - 1; k >= 0 && !kname; k--)
     if (prog->inst[k].op > TPURT_EW_CONST && prog->inst[k].op != TPURT_EW_UNIFORM) {

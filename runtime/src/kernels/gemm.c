@@ -242,6 +242,7 @@ typedef struct {
   int64_t sa, sb, sc; /* batch strides (elements) */
   int64_t mt, nt;     /* tile size */
   int64_t tm, tn;     /* tiles per batch along M, N */
+  const tpurt__gemm_epi *epi;
 } sgemm_job;
 
 /* Below this many multiply-adds a product runs as one call (tiles would
@@ -259,6 +260,7 @@ static void sgemm_tiles(void *p, int64_t t0, int64_t t1) {
     float *c = j->C + bi * j->sc + i0 * j->ldc + j0;
     scipy_cblas_sgemm(CblasRowMajor, tr(j->ta), tr(j->tb), (int)m, (int)n, (int)j->K, j->alpha, a, (int)j->lda, b,
                       (int)j->ldb, j->beta, c, (int)j->ldc);
+    if (j->epi) j->epi->fn(j->epi->ctx, bi, i0, i0 + m, j0, j0 + n);
   }
 }
 
@@ -315,18 +317,19 @@ static int use_own(int64_t nb, int64_t M, int64_t N, int64_t K) {
 }
 
 /* nb products C_i = alpha op(A_i) op(B_i) + beta C_i (K > 0, row-major,
- * batch strides in elements; sc != 0 unless nb == 1). */
+ * batch strides in elements; sc != 0 unless nb == 1), with an epilogue
+ * on each final block of C when epi is not NULL. */
 static void sgemm_batched_k(int ta, int tb, int64_t nb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                           int64_t lda, int64_t sa, const float *B, int64_t ldb, int64_t sb, float beta, float *C,
-                          int64_t ldc, int64_t sc) {
+                          int64_t ldc, int64_t sc, const tpurt__gemm_epi *epi) {
   int mode = tpurt__sgemm_mode();
   if (mode == 6) mode = 0; /* "packed": the automatic choice (it concerns convolutions only) */
   if (mode == 1 || mode == 3 || mode == 4 || mode == 5 || (mode == 0 && use_own(nb, M, N, K))) {
     tpurt__sgemm_own(ta, tb, nb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc,
-                     (mode == 3 ? 1 : 0) | (mode == 4 ? 2 : 0));
+                     (mode == 3 ? 1 : 0) | (mode == 4 ? 2 : 0), epi);
     return;
   }
-  sgemm_job j = {ta, tb, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, sa, sb, sc, M, N, 1, 1};
+  sgemm_job j = {ta, tb, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, sa, sb, sc, M, N, 1, 1, epi};
   int64_t nth = tpurt_num_threads();
   double macs = (double)M * (double)N * (double)K;
   if (nth > 1 && !tpurt__pool_nested() && macs * (double)nb >= (double)(2 * TILE_MIN_MACS)) {
@@ -361,7 +364,7 @@ void tpurt__sgemm_batched(int ta, int tb, int64_t nb, int64_t M, int64_t N, int6
                                                      TPURT_PRECISION_HIGHEST);
     return;
   }
-  sgemm_batched_k(ta, tb, nb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc);
+  sgemm_batched_k(ta, tb, nb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, NULL);
 }
 
 /* Row-major C[M,N] = alpha op(A) op(B) + beta C on f32 data, with the
@@ -386,10 +389,10 @@ void tpurt__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, 
     tpurt__pack_f32(pa, A, TPURT_F32, M, K, ta ? 1 : lda, ta ? lda : 1, high ? 2 : 1);
     tpurt__pack_f32(pb, B, TPURT_F32, K, N, tb ? 1 : ldb, tb ? ldb : 1, high ? 3 : 1);
     int64_t k2 = high ? 3 * K : K;
-    sgemm_batched_k(0, 0, 1, M, N, k2, alpha, pa, k2, 0, pb, N, 0, beta, C, ldc, 0);
+    sgemm_batched_k(0, 0, 1, M, N, k2, alpha, pa, k2, 0, pb, N, 0, beta, C, ldc, 0, NULL);
     return;
   }
-  sgemm_batched_k(ta, tb, 1, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0);
+  sgemm_batched_k(ta, tb, 1, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, NULL);
 }
 
 void tpurt__dgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const double *A, int64_t lda,
@@ -457,7 +460,22 @@ static void epilogue_f32(const float *t, mat c, tpurt_dtype dt, int64_t M, int64
   }
 }
 
-static void gemm_float(const gemm_args *g) {
+/* Can an epilogue run on the blocks of this product (tpurt__gemm_epi)? An
+ * f32 product at HIGHEST precision (the own kernel or the library tiles,
+ * which hand out final blocks) into a dense row-major C [B, M, N], so that
+ * element (b, i, j) is element (b * M + i) * N + j of the launch run as
+ * the epilogue. */
+static int epi_ok(const gemm_args *g) {
+  const tpurt_view *c = &g->c;
+  int64_t M = c->sizes[1], N = c->sizes[2];
+  return g->a.dtype == TPURT_F32 && g->b.dtype == TPURT_F32 && c->dtype == TPURT_F32 && g->a.sizes[2] > 0 &&
+         g->prec == TPURT_PRECISION_HIGHEST && (c->sizes[0] == 1 || c->strides[0] == M * N) &&
+         (M == 1 || c->strides[1] == N) && (N == 1 || c->strides[2] == 1);
+}
+
+/* Returns 1 when epi (or NULL) ran on every block of C: the plain f32
+ * product into a dense row-major C (epi_ok); 0 when epi was not run. */
+static int gemm_float(const gemm_args *g, const tpurt__gemm_epi *epi) {
   const tpurt_view *cv = &g->c, *av = &g->a, *bv = &g->b;
   int64_t B = cv->sizes[0], M = cv->sizes[1], N = cv->sizes[2], K = av->sizes[2];
   float alpha = (float)g->alpha, beta = (float)g->beta;
@@ -476,7 +494,7 @@ static void gemm_float(const gemm_args *g) {
     tpurt__bmat ma = {a.p, av->dtype, a.rs, a.cs}, mb = {b.p, bv->dtype, b.rs, b.cs}, mc = {c.p, cv->dtype, c.rs, c.cs};
     if (tpurt__bgemm(B, M, N, K, alpha, &ma, av->strides[0], &mb, bv->strides[0], mode_a == 2, beta, &mc,
                      cv->strides[0]))
-      return;
+      return !epi;
   }
   if (K > 0 && mode_a == 0 && av->dtype == TPURT_F32 && bv->dtype == TPURT_F32 && cv->dtype == TPURT_F32 &&
       (B == 1 || cv->strides[0] != 0)) {
@@ -486,13 +504,14 @@ static void gemm_float(const gemm_args *g) {
     int64_t lda, ldb, ldc;
     if (blas_layout(M, K, a.rs, a.cs, &ta, &lda) && blas_layout(K, N, b.rs, b.cs, &tb, &ldb) &&
         blas_layout(M, N, c.rs, c.cs, &tc, &ldc)) {
+      int with_epi = epi && !tc && epi_ok(g);
       if (!tc)
         sgemm_batched_k(ta, tb, B, M, N, K, alpha, (const float *)a.p, lda, av->strides[0], (const float *)b.p, ldb,
-                      bv->strides[0], beta, (float *)c.p, ldc, cv->strides[0]);
+                      bv->strides[0], beta, (float *)c.p, ldc, cv->strides[0], with_epi ? epi : NULL);
       else /* C^T = op(B)^T op(A)^T */
         sgemm_batched_k(!tb, !ta, B, N, M, K, alpha, (const float *)b.p, ldb, bv->strides[0], (const float *)a.p, lda,
-                      av->strides[0], beta, (float *)c.p, ldc, cv->strides[0]);
-      return;
+                      av->strides[0], beta, (float *)c.p, ldc, cv->strides[0], NULL);
+      return with_epi || !epi;
     }
   }
   for (int64_t bi = 0; bi < B; bi++) {
@@ -540,6 +559,7 @@ static void gemm_float(const gemm_args *g) {
       epilogue_f32(t, c, cv->dtype, M, N, alpha, beta);
     }
   }
+  return !epi;
 }
 
 static void pack_f64(double *dst, mat m, int64_t rows, int64_t cols) {
@@ -681,12 +701,95 @@ static tpurt_status k_gemm(void *p, char *err, size_t errlen) {
   switch (g->a.dtype) {
     case TPURT_F32:
     case TPURT_F16:
-    case TPURT_BF16: gemm_float(g); break;
+    case TPURT_BF16: gemm_float(g, NULL); break;
     case TPURT_F64: gemm_double(g); break;
     default: gemm_int(g); break;
   }
   tpurt__scratch_trim();
   return TPURT_OK;
+}
+
+/* A product and an elementwise launch that reads its output, as one
+ * kernel (DeferAndFuse, defer.c): arguments gemm_args, then the launch's
+ * (tpurt__ew_args). The launch runs on each block of C as soon as the
+ * block is final, while it is in this core's cache, instead of in a pass
+ * of its own over C; where the product takes another path (epi_ok, rows
+ * the launch cannot run by ranges) it runs whole after the product. */
+typedef struct {
+  tpurt__ew_epi *ew;
+  int64_t M, N;
+} epi_rows;
+
+static void run_epi_rows(void *p, int64_t bi, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  const epi_rows *e = p;
+  if (c0 == 0 && c1 == e->N) { /* whole rows: one range */
+    tpurt__ew_epi_range(e->ew, (bi * e->M + r0) * e->N, (bi * e->M + r1) * e->N);
+    return;
+  }
+  for (int64_t r = r0; r < r1; r++) {
+    int64_t base = (bi * e->M + r) * e->N;
+    tpurt__ew_epi_range(e->ew, base + c0, base + c1);
+  }
+}
+
+static tpurt_status k_gemm_epi(void *p, char *err, size_t errlen) {
+  gemm_args *g = p;
+  void *ew_args = (char *)p + sizeof(gemm_args);
+  tpurt__gemm_lib_init();
+  int done = 0;
+  tpurt_status st = TPURT_OK;
+  epi_rows er = {g->a.dtype == TPURT_F32 && epi_ok(g) ? tpurt__ew_epi_begin(ew_args) : NULL, g->c.sizes[1],
+                 g->c.sizes[2]};
+  if (er.ew) {
+    tpurt__gemm_epi epi = {run_epi_rows, &er};
+    done = gemm_float(g, &epi);
+    st = tpurt__ew_epi_end(er.ew, err, errlen);
+  } else {
+    k_gemm(g, err, errlen);
+  }
+  tpurt__scratch_trim();
+  if (!st && !done) st = tpurt__ew_kernel(ew_args, err, errlen);
+  return st;
+}
+
+tpurt_kernel_fn tpurt__gemm_fn(void) { return k_gemm; }
+
+int tpurt__gemm_epi_target(const void *args, tpurt_view *c, tpurt_view ab[2]) {
+  const gemm_args *g = args;
+  if (!epi_ok(g)) return 0;
+  *c = g->c;
+  ab[0] = g->a;
+  ab[1] = g->b;
+  return 1;
+}
+
+uint64_t tpurt__gemm_signature(const void *args) {
+  const gemm_args *g = args;
+  const tpurt_view *v[3] = {&g->c, &g->a, &g->b};
+  uint64_t h = 0x67656d6dull ^ (uint64_t)g->prec;
+  for (int i = 0; i < 3; i++) {
+    h = (h ^ (uint64_t)v[i]->dtype) * 0x100000001b3ull;
+    for (int k = 0; k < v[i]->ndim; k++) {
+      h = (h ^ (uint64_t)v[i]->sizes[k]) * 0x100000001b3ull;
+      h = (h ^ (uint64_t)v[i]->strides[k]) * 0x100000001b3ull;
+    }
+  }
+  return h;
+}
+
+tpurt_status tpurt__gemm_epi_enqueue(tpurt_stream *s, const char *name, const void *args, size_t gemm_size,
+                                     const void *ew_args, size_t ew_size) {
+  if (gemm_size != sizeof(gemm_args))
+    return tpurt__err(TPURT_ERR_INTERNAL, "%s: not the arguments of a gemm", name);
+  _Alignas(16) unsigned char stackbuf[4096];
+  size_t n = sizeof(gemm_args) + ew_size;
+  unsigned char *buf = n <= sizeof stackbuf ? stackbuf : malloc(n);
+  if (!buf) return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory", name);
+  memcpy(buf, args, sizeof(gemm_args));
+  memcpy(buf + sizeof(gemm_args), ew_args, ew_size);
+  tpurt_status st = tpurt__enqueue(s, name, k_gemm_epi, buf, n, NULL);
+  if (buf != stackbuf) free(buf);
+  return st;
 }
 
 /* ------------------------------------------------------------- launch */

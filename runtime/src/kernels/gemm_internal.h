@@ -24,12 +24,22 @@ TPURT_INTERNAL void tpurt__sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K
 TPURT_INTERNAL void tpurt__sgemm_batched(int ta, int tb, int64_t nb, int64_t M, int64_t N, int64_t K, float alpha,
                                          const float *A, int64_t lda, int64_t sa, const float *B, int64_t ldb,
                                          int64_t sb, float beta, float *C, int64_t ldc, int64_t sc);
+/* An epilogue of an f32 product: fn(ctx, bi, r0, r1, c0, c1) runs once
+ * for each block of a partition of C, on the thread that computed the
+ * block, as soon as rows [r0, r1) x columns [c0, c1) of product bi hold
+ * their final values. */
+typedef struct {
+  void (*fn)(void *ctx, int64_t bi, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+  void *ctx;
+} tpurt__gemm_epi;
 /* The runtime's own packed f32 GEMM (sgemm.c): same contract as
  * tpurt__sgemm_batched with K > 0; flags: 1 the portable micro-kernel, 2
- * the path taken when its packing buffers cannot be allocated. */
+ * the path taken when its packing buffers cannot be allocated; epi: an
+ * epilogue or NULL. */
 TPURT_INTERNAL void tpurt__sgemm_own(int ta, int tb, int64_t nb, int64_t M, int64_t N, int64_t K, float alpha,
                                      const float *A, int64_t lda, int64_t sa, const float *B, int64_t ldb, int64_t sb,
-                                     float beta, float *C, int64_t ldc, int64_t sc, int flags);
+                                     float beta, float *C, int64_t ldc, int64_t sc, int flags,
+                                     const tpurt__gemm_epi *epi);
 /* Implicit-GEMM convolution on the own kernel (sgemm.c): the column
  * matrix of a 2-D convolution is never stored, its panels are gathered
  * from the images while the GEMM packs them. One group's geometry:

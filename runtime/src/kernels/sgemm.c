@@ -406,6 +406,8 @@ typedef struct {
   const float *xp;
   const int32_t *xoff;
   int64_t xp_img, xp_w;
+  const tpurt__gemm_epi *epi; /* plain products: run on each block of C once final (macro) */
+  int64_t bi;                 /* the product's index in its batch, for epi */
 } prod;
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -1053,6 +1055,11 @@ static void macro(const panel_job *j, int64_t r0, int64_t r1, int64_t s0, int64_
       }
       t = t_end - 1;
     }
+    /* the block's last K chunk: its C rows are final over these columns */
+    if (x->epi && j->p0 + kc == x->K) {
+      int64_t c1 = j->j0 + s1 * NR < j->j0 + j->nc ? j->j0 + s1 * NR : j->j0 + j->nc;
+      x->epi->fn(x->epi->ctx, x->bi, ic, ic + mc, j->j0 + s0 * NR, c1);
+    }
   }
 }
 
@@ -1172,6 +1179,7 @@ static void batch_tasks(void *p, int64_t b, int64_t e) {
   const batch_job *bj = p;
   for (int64_t i = b; i < e; i++) {
     prod x = bj->x;
+    x.bi = i;
     x.A += i * bj->sa;
     x.B += i * bj->sb;
     x.C += i * bj->sc;
@@ -1200,10 +1208,10 @@ static ukr_fn pick_ukr(int flags, prod *x) {
 
 void tpurt__sgemm_own(int ta, int tb, int64_t nb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                       int64_t lda, int64_t sa, const float *B, int64_t ldb, int64_t sb, float beta, float *C,
-                      int64_t ldc, int64_t sc, int flags) {
+                      int64_t ldc, int64_t sc, int flags, const tpurt__gemm_epi *epi) {
   if (nb <= 0 || M <= 0 || N <= 0 || K <= 0) return;
   batch_job bj = {{.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C,
-                   .lda = lda, .ldb = ldb, .ldc = ldc, .nobuf = (flags & 2) != 0},
+                   .lda = lda, .ldb = ldb, .ldc = ldc, .nobuf = (flags & 2) != 0, .epi = epi},
                   NULL, read_blocks(), sa, sb, sc};
   bj.ukr = pick_ukr(flags, &bj.x);
   int64_t nth = tpurt_num_threads();
@@ -1216,6 +1224,7 @@ void tpurt__sgemm_own(int ta, int tb, int64_t nb, int64_t M, int64_t N, int64_t 
   int par = nth > 1 && !tpurt__pool_nested();
   for (int64_t i = 0; i < nb; i++) {
     prod x = bj.x;
+    x.bi = i;
     x.A += i * sa;
     x.B += i * sb;
     x.C += i * sc;
