@@ -1919,12 +1919,14 @@ static int plan_chains(plan *P, const dgraph *G, const pfacts *pf, const gstate 
  * cannot take memory the product still reads) or take it back (after the
  * pair's kernel is queued, which is stream-ordered).
  * Off by default: TORCH_TPU_DEFER_EPILOGUE=1 turns it on. Measured on the
- * bench's training steps (paired, in-process, 21 samples of 3 steps): the
- * steps ran 2-6 % slower with it (minGPT 0.94-0.98x, Llama 0.92-1.01x,
- * minGPT at batch 64 0.99x). Their products' outputs stay in L2/L3 and
- * their epilogues (GELU, dropout's random numbers) are bound by compute,
- * not by the pass over C that fusion saves; run inside the product, they
- * take the cache from its packed operands instead. */
+ * bench's training steps (paired, in-process: python -m bench.ab_env
+ * TORCH_TPU_DEFER_EPILOGUE 0 1), time without / with it: minGPT 0.994,
+ * Llama 0.998, ResNet 0.995 (15 samples of 3 steps); earlier 21-sample
+ * runs 0.94 / 0.98 (minGPT), 0.92 / 1.01 (Llama), 0.99 (minGPT at batch
+ * 64): no faster. Their products' outputs stay in L2/L3 and their
+ * epilogues (GELU, dropout's random numbers) are bound by compute, not by
+ * the pass over C that fusion saves; run inside the product, they share
+ * the core's cache with its packed operands. */
 static int epilogues_enabled(void) {
   const char *e = getenv("TORCH_TPU_DEFER_EPILOGUE");
   return e && *e == '1';
