@@ -2543,7 +2543,9 @@ static void debug_plan(const dgraph *G, const plan *P) {
       const unit *U = &P->units[S->a];
       if (U->kind == U_GROUP) {
         const fgroup *F = &P->groups[U->idx];
-        fprintf(stderr, "[defer]   step group %s (%d in, %d out):", F->name, F->nin, F->nout);
+        fprintf(stderr, "[defer]   step group %s (%d in, %d out) over [", F->name, F->nin, F->nout);
+        for (int k = 0; k < F->ndim; k++) fprintf(stderr, "%s%" PRId64, k ? ", " : "", F->sizes[k]);
+        fprintf(stderr, "]:");
         for (int k = 0; k < F->prog.ninst; k++) fprintf(stderr, " %s", tpurt_ew_op_name(F->prog.inst[k].op));
         fprintf(stderr, "\n");
       } else if (U->kind == U_CHAIN) {
