@@ -52,6 +52,42 @@ static void test_memcpy(void) {
   free(back);
 }
 
+/* Byte copies of every size class (inline memcpy, one vector loop, the
+ * pool's 1 MiB chunks, non-temporal stores from 32 MiB) at odd offsets of
+ * source and destination: every byte arrives, the bytes around the copy
+ * stay as they were, through h2d, d2d and d2h. */
+static void test_memcpy_sizes(void) {
+  const size_t sizes[] = {100, 5000, (1u << 20) + 77, (5u << 20) + 13, (40u << 20) + 5};
+  const size_t offs[][2] = {{0, 0}, {1, 63}, {37, 5}};
+  size_t cap = (40u << 20) + 256;
+  unsigned char *h = malloc(cap), *back = malloc(cap);
+  for (size_t i = 0; i < cap; i++) h[i] = (unsigned char)(i * 2654435761u >> 13);
+  tpurt_devptr a, b;
+  CHECK_OK(tpurt_malloc(0, cap, S, &a));
+  CHECK_OK(tpurt_malloc(0, cap, S, &b));
+  for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++)
+    for (size_t q = 0; q < sizeof offs / sizeof *offs; q++) {
+      size_t n = sizes[k], od = offs[q][0], os = offs[q][1];
+      memset(back, 0xA5, cap);
+      CHECK_OK(tpurt_memcpy_h2d(S, b, back, cap, 0)); /* b: a known background */
+      CHECK_OK(tpurt_memcpy_h2d(S, a + os, h + 3, n, 0));
+      CHECK_OK(tpurt_memcpy_d2d(S, b + od, a + os, n));
+      CHECK_OK(tpurt_memcpy_d2h(S, back, b, cap, 0));
+      int ok = memcmp(back + od, h + 3, n) == 0;
+      for (size_t i = 0; i < od; i++) ok &= back[i] == 0xA5;
+      for (size_t i = od + n; i < od + n + 64 && i < cap; i++) ok &= back[i] == 0xA5;
+      memset(back, 0, cap);
+      CHECK_OK(tpurt_memcpy_d2h(S, back + 7, b + od, n, 0));
+      ok &= memcmp(back + 7, h + 3, n) == 0 && back[6] == 0 && back[7 + n] == 0;
+      if (!ok) fprintf(stderr, "  size %zu, offsets %zu / %zu\n", n, od, os);
+      CHECK(ok);
+    }
+  CHECK_OK(tpurt_free(a));
+  CHECK_OK(tpurt_free(b));
+  free(h);
+  free(back);
+}
+
 static void test_strided(void) {
   enum { R = 37, C = 53 };
   float h[R * C], out[R * C];
@@ -275,6 +311,7 @@ static void test_fill(void) {
 int main(void) {
   CHECK_OK(tpurt_stream_default(0, &S));
   test_memcpy();
+  test_memcpy_sizes();
   test_strided();
   test_large();
   test_row_runs();
