@@ -915,6 +915,16 @@ def epilogues(defer, monkeypatch):
     monkeypatch.setenv("TORCH_TPU_DEFER_EPILOGUE", "1")
 
 
+def _poisoned(*shapes):
+    """NaN-filled device blocks of these shapes, freed again: the caching
+    allocator hands them to the next tensors of those sizes, so a result
+    that is never written shows as NaN, not as a stale copy of an earlier
+    run's right answer."""
+    for shape in shapes:
+        torch.full(shape, float("nan"), device="tpu")
+    torch.tpu.synchronize()
+
+
 def _mlp_step(x, w1, b1, w2, b2, res):
     h = F.gelu(F.linear(x, w1, b1))
     y = F.dropout(F.linear(h, w2, b2), 0.1) + res
@@ -942,12 +952,38 @@ def test_gemm_runs_the_next_group_as_its_epilogue_with_strict_bits(epilogues, mo
             out = _mlp_step(*t)
             return out, torch.tpu.defer_stats()["kernels_launched"]
 
-    ref, _ = run("strict", "1")
+    _poisoned((300, 160), (300, 96), (160, 96), (96, 160))
     got, kernels = run("defer", "1")
+    ref, _ = run("strict", "1")
     unfused, kernels_unfused = run("defer", "0")
     for a, b, c in zip(got, ref, unfused):
         assert torch.equal(a, b) and torch.equal(c, b)
     assert kernels < kernels_unfused, (kernels, kernels_unfused)
+
+
+@pytest.mark.parametrize("sgemm", ["own", "blas"])
+@pytest.mark.parametrize("shape", [(6, 96, 80, 72), (40, 16, 24, 16)])  # few large / many small products
+def test_batched_gemm_epilogue_maps_every_product(epilogues, monkeypatch, sgemm, shape):
+    # bmm + scale + bias + residual: the epilogue of product i covers
+    # product i's rows, whichever way the batch is spread over the pool
+    monkeypatch.setenv("TORCH_TPU_SGEMM", sgemm)
+    nb, m, k, n = shape
+    g = torch.Generator().manual_seed(7)
+    a0, b0, r0, bias0 = (torch.randn(s, generator=g) for s in ((nb, m, k), (nb, k, n), (nb, m, n), (n,)))
+
+    def run(mode):
+        with torch_tpu.execution_mode(mode):
+            a, b, r, bias = (t.to("tpu") for t in (a0, b0, r0, bias0))
+            torch.tpu.reset_defer_stats()
+            out = (torch.bmm(a, b) * 0.5 + bias + r).cpu()
+            return out, torch.tpu.defer_stats()["kernels_launched"]
+
+    _poisoned((nb, m, n), (nb, m, n))
+    got, kernels = run("defer")
+    ref, _ = run("strict")
+    assert torch.equal(got, ref)
+    assert kernels == 1 + 4  # the product with its epilogue, the four host->device copies
+    torch.testing.assert_close(got, torch.bmm(a0, b0) * 0.5 + bias0 + r0)
 
 
 @pytest.mark.parametrize("case", ["writes_b", "writes_a", "reads_transposed"])
@@ -955,10 +991,10 @@ def test_group_is_not_an_epilogue_where_blocks_would_see_unfinished_memory(epilo
     # a group that writes the product's operands, or reads its output in
     # another order, runs after the product: the same values as strict
     # (a group that reads C only in another order is no epilogue candidate)
-    # writes_b: a [128, 128] @ b [128, 1100] reads B in place (few rows),
-    # every row of it for every block of C
+    # writes_b: a [192, 192] @ b [192, 1100] reads B in place (few rows),
+    # every row of it for each of C's two row blocks
     g = torch.Generator().manual_seed(6)
-    m = 128 if case == "writes_b" else 1100
+    m = 192 if case == "writes_b" else 1100
     a0, b0, e0 = (torch.randn(s, generator=g) for s in ((m, m), (m, 1100), (1100, 1100)))
 
     def run(mode):
@@ -973,7 +1009,8 @@ def test_group_is_not_an_epilogue_where_blocks_would_see_unfinished_memory(epilo
                 e = c + c.t() + e
             return a.cpu(), b.cpu(), c.cpu(), e.cpu()
 
-    ref = run("strict")
+    _poisoned((m, 1100), (1100, 1100))
     got = run("defer")
+    ref = run("strict")
     for x, y in zip(got, ref):
         assert torch.equal(x, y)
