@@ -1341,6 +1341,12 @@ tpurt_status tpurt_elementwise(tpurt_stream *s, const tpurt_ew_program *prog, co
   return tpurt__elementwise_named(s, prog, outs, ins, nin, scalars, nscalars, NULL);
 }
 
+/* The operands of a launch in order: outputs, then inputs. */
+static void ew_operands(const tpurt_view **v, const tpurt_view *outs, int nout, const tpurt_view *ins, int nin) {
+  for (int i = 0; i < nout; i++) v[i] = &outs[i];
+  for (int i = 0; i < nin; i++) v[nout + i] = &ins[i];
+}
+
 /* Serializes a validated launch (ew_hdr and what follows it) into *bufp
  * when it fits in *cap bytes, else into malloc'd memory (*bufp replaced);
  * *cap becomes the size. Scalars are baked into the instructions. */
@@ -1348,8 +1354,7 @@ static tpurt_status ew_pack(const tpurt_ew_program *prog, const tpurt_view *outs
                             const double *scalars, unsigned char **bufp, size_t *cap) {
   int nout = prog->nout, nops = nout + nin;
   const tpurt_view *v[EW_MAX_OPS];
-  for (int i = 0; i < nout; i++) v[i] = &outs[i];
-  for (int i = 0; i < nin; i++) v[nout + i] = &ins[i];
+  ew_operands(v, outs, nout, ins, nin);
   const tpurt_view *o0 = &outs[0];
   int64_t numel = 1;
   for (int k = 0; k < o0->ndim; k++) numel *= o0->sizes[k];
@@ -1446,8 +1451,7 @@ static tpurt_status ew_check(const tpurt_ew_program *prog, const tpurt_view *out
   if ((st = validate(prog, nin, nscalars))) return st;
   int nout = prog->nout, nops = nout + nin;
   const tpurt_view *v[EW_MAX_OPS];
-  for (int i = 0; i < nout; i++) v[i] = &outs[i];
-  for (int i = 0; i < nin; i++) v[nout + i] = &ins[i];
+  ew_operands(v, outs, nout, ins, nin);
   for (int i = 0; i < nops; i++)
     if ((st = check_view(v[i], i < nout ? "output" : "input", i < nout ? i : i - nout))) return st;
   const tpurt_view *o0 = &outs[0];
@@ -1485,8 +1489,7 @@ tpurt_status tpurt__elementwise_named(tpurt_stream *s, const tpurt_ew_program *p
   if ((st = ew_check(prog, outs, ins, nin, scalars, nscalars))) return st;
   int nout = prog->nout, nops = nout + nin;
   const tpurt_view *v[EW_MAX_OPS];
-  for (int i = 0; i < nout; i++) v[i] = &outs[i];
-  for (int i = 0; i < nin; i++) v[nout + i] = &ins[i];
+  ew_operands(v, outs, nout, ins, nin);
   const tpurt_view *o0 = &outs[0];
   if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(o0->ptr)))) return st;
   int64_t numel = 1;

@@ -738,8 +738,7 @@ static tpurt_status k_gemm_epi(void *p, char *err, size_t errlen) {
   tpurt__gemm_lib_init();
   int done = 0;
   tpurt_status st = TPURT_OK;
-  epi_rows er = {g->a.dtype == TPURT_F32 && epi_ok(g) ? tpurt__ew_epi_begin(ew_args) : NULL, g->c.sizes[1],
-                 g->c.sizes[2]};
+  epi_rows er = {epi_ok(g) ? tpurt__ew_epi_begin(ew_args) : NULL, g->c.sizes[1], g->c.sizes[2]};
   if (er.ew) {
     tpurt__gemm_epi epi = {run_epi_rows, &er};
     done = gemm_float(g, &epi);
