@@ -1014,3 +1014,201 @@ def test_group_is_not_an_epilogue_where_blocks_would_see_unfinished_memory(epilo
     ref = run("strict")
     for x, y in zip(got, ref):
         assert torch.equal(x, y)
+
+
+# --------------------------------------------------- reduction prologues
+
+
+def _rmsnorm_step(x, w):
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    (y * y).sum().backward()
+    return y.detach().cpu(), x.grad.cpu(), w.grad.cpu()
+
+
+def _prologue_runs(monkeypatch, fn, host, grad=False):
+    """fn on device copies of host: in defer mode with and without reduction
+    prologues, and in strict mode (outputs on the host, kernels launched)."""
+
+    def run(mode, prologue):
+        monkeypatch.setenv("TORCH_TPU_DEFER_PROLOGUE", prologue)
+        with torch_tpu.execution_mode(mode):
+            torch.tpu.manual_seed(3)
+            t = [h.to("tpu").requires_grad_(grad and h.is_floating_point()) for h in host]
+            torch.tpu.reset_defer_stats()
+            out = fn(*t)
+            out = tuple(o.cpu() for o in (out if isinstance(out, tuple) else (out,)))
+            return out, torch.tpu.defer_stats()
+
+    return run("defer", "1"), run("defer", "0"), run("strict", "1")
+
+
+# name: (the group, the reduction of its result, input shapes and dtypes)
+_F32_2 = [((512, 96), torch.float32)] * 2
+_PROLOGUE_CASES = {
+    # rows shorter than a buffer: several outputs' rows computed per range
+    "mean_keepdim": (lambda x, y: x * x, lambda t: t.mean(-1, keepdim=True), [((1024, 128), torch.float32)] * 2),
+    # rows longer than a buffer: each row computed in runs
+    "sum_long_rows": (lambda x, y: x * y + 1, lambda t: t.sum(-1), [((16, 5000), torch.float32)] * 2),
+    "amax": (lambda x, y: x - y, lambda t: t.amax(-1), _F32_2),
+    "argmax": (lambda x, y: x * y, lambda t: t.argmax(-1), _F32_2),
+    "var": (lambda x, y: x * y, lambda t: t.var(-1), _F32_2),
+    "logsumexp": (lambda x, y: x * 2 + y, lambda t: t.logsumexp(-1), _F32_2),
+    "norm": (lambda x, y: x - y, lambda t: t.norm(dim=-1), _F32_2),
+    # one output: the reduced range split into parts combined in order
+    "sum_all": (lambda x, y: x * x, lambda t: t.sum(), [((256, 512), torch.float32)] * 2),
+    # outer strategy: whole short rows several per range, and single rows
+    "outer_short_rows": (lambda x, y: x * y, lambda t: t.sum(1), [((8, 256, 128), torch.float32)] * 2),
+    "outer_long_rows": (lambda x, y: x * y, lambda t: t.sum(1), [((2, 64, 4096), torch.float32)] * 2),
+    # the stored dtype of the values, not the compute type
+    "bf16": (lambda x, y: (x * y).to(torch.bfloat16), lambda t: t.sum(-1), _F32_2),
+    "float64": (lambda x, y: x * y, lambda t: t.sum(-1), [((512, 96), torch.float64)] * 2),
+    "int64": (lambda x, y: x * y + 3, lambda t: t.sum(-1), [((512, 96), torch.int64)] * 2),
+    # rows of 4 that cannot merge: the group runs whole, into the kernel's own buffer
+    "short_rows_whole": (lambda x, y: x[:, :1] * y[:1, :4], lambda t: t.sum(-1), [((65536, 8), torch.float32)] * 2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_PROLOGUE_CASES))
+def test_reduction_runs_the_group_before_it_as_its_prologue(defer, monkeypatch, case):
+    # the group computing a reduction's input runs inside the reduction,
+    # run by run: one kernel fewer, the input never takes memory, and the
+    # values are strict mode's bits
+    pro, red, specs = _PROLOGUE_CASES[case]
+
+    def fn(x, y):
+        return red(pro(x, y))
+
+    g = torch.Generator().manual_seed(4)
+    host = [
+        torch.randn(s, generator=g, dtype=dt) if dt.is_floating_point else torch.randint(-50, 50, s, generator=g, dtype=dt)
+        for s, dt in specs
+    ]
+    ref = fn(*host)
+    _poisoned(tuple(ref.shape) if ref.dim() else (1,))
+    (got, st), (unfused, st0), (strict, _) = _prologue_runs(monkeypatch, fn, host)
+    for a, b, c in zip(got, unfused, strict):
+        assert torch.equal(a, c) and torch.equal(b, c)
+    assert st["kernels_launched"] == st0["kernels_launched"] - 1, (st, st0)
+    assert st["bytes_never_materialized"] - st0["bytes_never_materialized"] == pro(*host).nbytes
+    if ref.is_floating_point():
+        torch.testing.assert_close(got[0], ref, rtol=1e-5, atol=1e-4)
+    else:
+        assert torch.equal(got[0], ref)
+
+
+def test_rmsnorm_training_step_fuses_its_reductions_with_strict_bits(defer, monkeypatch):
+    # the mean of squares forward, the row sums of the backward
+    g = torch.Generator().manual_seed(8)
+    host = [torch.randn(768, 256, generator=g), torch.randn(256, generator=g)]
+    (got, st), (unfused, st0), (strict, _) = _prologue_runs(monkeypatch, _rmsnorm_step, host, grad=True)
+    for a, b, c in zip(got, unfused, strict):
+        assert torch.equal(a, c) and torch.equal(b, c)
+    assert st["kernels_launched"] <= st0["kernels_launched"] - 2, (st, st0)
+
+
+@pytest.mark.parametrize("case", ["input_read_again", "output_over_the_group_input", "division_may_fail"])
+def test_group_is_not_a_prologue_where_its_values_are_needed_elsewhere(defer, monkeypatch, case):
+    # the reduction's input read by a later op, the reduction writing into
+    # memory its group still reads (a later row of the group's input), an
+    # integer division (its error is raised from memory as in strict mode):
+    # the group runs on its own and the values are strict mode's
+    g = torch.Generator().manual_seed(9)
+    if case == "division_may_fail":
+        host = [torch.randint(1, 9, (1024, 128), generator=g), torch.randint(1, 9, (1024, 128), generator=g)]
+
+        def fn(a, b):
+            return (a // b).sum(-1)
+
+    else:
+        host = [torch.randn(1025, 128, generator=g), torch.randn(1025, 128, generator=g)]
+
+        def fn(a, b):
+            if case == "input_read_again":
+                sq = a * b
+                return sq.sum(-1), sq * 2
+            torch.sum(a[:-1] * 2, -1, out=a[1:, 0])  # row i's sum lands in row i + 1, read later
+            return a
+
+    (got, st), (unfused, st0), (strict, _) = _prologue_runs(monkeypatch, fn, host)
+    for a, b, c in zip(got, unfused, strict):
+        assert torch.equal(a, c) and torch.equal(b, c)
+    assert st["kernels_launched"] == st0["kernels_launched"], (st, st0)
+
+
+# ------------------------------------------------------------------ casts
+
+_CAST_PAIRS = [
+    (torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32), (torch.float32, torch.float16),
+    (torch.float16, torch.float32), (torch.float32, torch.float64), (torch.float64, torch.float32),
+    (torch.float64, torch.bfloat16), (torch.bfloat16, torch.float16), (torch.int64, torch.float32),
+    (torch.int64, torch.bfloat16), (torch.int32, torch.float64), (torch.uint8, torch.float32),
+    (torch.bool, torch.float32), (torch.float32, torch.bool), (torch.float32, torch.int32),
+    (torch.float64, torch.int64), (torch.bfloat16, torch.int16), (torch.int64, torch.int32),
+    (torch.int32, torch.int8), (torch.int16, torch.int64), (torch.bool, torch.int64),
+]
+
+
+def _cast_source(dtype):
+    """Values that probe a conversion: ties of the narrower float types,
+    NaN, infinities, -0.0, magnitudes beyond every integer type, integers
+    beyond float32's 24 bits, negative values for the unsigned ones."""
+    g = torch.Generator().manual_seed(12)
+    if dtype == torch.bool:
+        return torch.rand(64, 96, generator=g) > 0.5
+    if dtype.is_floating_point:
+        x = torch.randn(64, 96, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(-3, 12, (64, 96), generator=g)
+        special = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 1.00390625, 1.001953125, 65520.0,
+                                3e38, -2.5, 2.5, 2**63, -(2**63), 2**64, 300.7, -129.5], dtype=torch.float64)
+        x.view(-1)[: special.numel()] = special
+        return x.to(dtype)
+    info = torch.iinfo(dtype)
+    x = torch.randint(max(info.min, -(2**62)), min(info.max, 2**62), (64, 96), generator=g, dtype=torch.int64)
+    x.view(-1)[:4] = torch.tensor([info.min, info.max, 0, (1 << min(info.bits - 2, 25)) + 1])
+    if dtype == torch.int64:  # rounds differently to float32 directly and through float64
+        x.view(-1)[4] = 2**60 + 2**36 + 1
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("src,dst", _CAST_PAIRS, ids=lambda d: str(d).replace("torch.", ""))
+def test_casts_fuse_with_the_ops_around_them_with_strict_bits(defer, monkeypatch, src, dst):
+    # a cast of a contiguous and of a transposed tensor, alone and between
+    # elementwise ops: recorded as a program (load, store), it fuses and its
+    # result need not take memory; the bits are the copy kernel's
+    x0 = _cast_source(src)
+
+    def fn(x):
+        alone = x.to(dst)
+        transposed = x.t().to(dst)
+        # with an op of the same compute type (float, or integer) before or after it
+        fused = (x * 2).to(dst) if src.is_floating_point and not dst.is_floating_point else x.to(dst) * 2
+        return alone, transposed, fused
+
+    def run(mode, copies):
+        monkeypatch.setenv("TORCH_TPU_DEFER_COPIES", copies)
+        with torch_tpu.execution_mode(mode):
+            x = x0.to("tpu")
+            torch.tpu.reset_defer_stats()
+            out = tuple(o.cpu() for o in fn(x))
+            return out, torch.tpu.defer_stats()
+
+    def bits(t):  # NaN payloads included
+        ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+        return t.view(ints[t.element_size()]) if t.is_floating_point() or t.dtype == torch.bool else t
+
+    (got, st), (kernels, st0), (strict, _) = run("defer", "1"), run("defer", "0"), run("strict", "1")
+    for a, b, c in zip(got, kernels, strict):
+        assert a.dtype == c.dtype and torch.equal(bits(a), bits(c)) and torch.equal(bits(b), bits(c))
+    # the CPU's casts, up to NaN payloads, and for float -> integer where
+    # the value fits (out of range, C++ leaves the result undefined)
+    cpu = fn(x0)
+    if src.is_floating_point and not dst.is_floating_point and dst != torch.bool:
+        fits = lambda t: t.isfinite() & (t.double().abs() < 2**31)  # noqa: E731
+        keep = (fits(x0), fits(x0.t()), fits(x0 * 2))
+        got, cpu = [a[k] for a, k in zip(got, keep)], [c[k] for c, k in zip(cpu, keep)]
+    for a, c in zip(got, cpu):
+        if a.is_floating_point():
+            assert torch.equal(a.isnan(), c.isnan()) and torch.equal(a.nan_to_num(), c.nan_to_num())
+        else:
+            assert torch.equal(a, c)
+    assert st["kernels_launched"] < st0["kernels_launched"], (st, st0)

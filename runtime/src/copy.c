@@ -561,6 +561,36 @@ static void coalesce(const tpurt_view *v0, const tpurt_view *v1, nd_shape *sh) {
   sh->ndim = n;
 }
 
+/* The compute type of an elementwise program (a load and a store) that
+ * converts src's dtype to dst's with the bits this copy gives (dtype.c's
+ * conversions: the program's loads and stores make the same casts), or
+ * TPURT_NUM_DTYPES where it would not: complex and uint64 (other rules).
+ * In DeferAndFuse a cast is recorded as that program, so that it fuses
+ * with the elementwise ops around it and its result need not take memory
+ * (x.float() * w, autocast's casts of weights and activations). Copies
+ * within a dtype (layout: contiguous(), a transpose made dense) stay copy
+ * kernels: as programs they ran 1.7x longer a call on the bench's Llama
+ * step (47 vs 27 us; most of them fuse with nothing) and the step 1-2 %
+ * slower (python -m bench.ab_env TORCH_TPU_DEFER_COPIES 0 1). */
+static tpurt_dtype copy_compute(tpurt_dtype d, tpurt_dtype s) {
+#define OTHER(t) ((t) == TPURT_C64 || (t) == TPURT_C128 || (t) == TPURT_U64 || (unsigned)(t) >= TPURT_NUM_DTYPES)
+#define HALF(t) ((t) == TPURT_F16 || (t) == TPURT_BF16)
+#define FLT(t) (HALF(t) || (t) == TPURT_F32 || (t) == TPURT_F64)
+  if (OTHER(d) || OTHER(s) || d == s) return TPURT_NUM_DTYPES;
+  if (d == TPURT_F64 || s == TPURT_F64) return TPURT_F64;
+  if (FLT(d) || FLT(s)) return TPURT_F32;
+  return TPURT_I64;
+#undef OTHER
+#undef HALF
+#undef FLT
+}
+
+/* TORCH_TPU_DEFER_COPIES=0: casts stay copy kernels in DeferAndFuse (read per copy, for paired A/B runs). */
+static int copies_as_programs(void) {
+  const char *e = getenv("TORCH_TPU_DEFER_COPIES");
+  return !(e && *e == '0');
+}
+
 tpurt_status tpurt_copy_strided(tpurt_stream *s, const tpurt_view *dst, const tpurt_view *src) {
   TPURT__INIT_OR_RETURN();
   tpurt_status st;
@@ -599,6 +629,16 @@ tpurt_status tpurt_copy_strided(tpurt_stream *s, const tpurt_view *dst, const tp
       return TPURT_OK;
     }
     a.overlap = 1;
+  }
+  if (!a.overlap && tpurt__deferring() && copies_as_programs()) {
+    tpurt_dtype c = copy_compute(dst->dtype, src->dtype);
+    int bcast = 0; /* a destination that repeats an element (stride 0) */
+    for (int k = 0; k < dst->ndim; k++) bcast |= dst->sizes[k] > 1 && dst->strides[k] == 0;
+    if (c != TPURT_NUM_DTYPES && !bcast) {
+      tpurt_ew_program prog = {.compute = c, .ninst = 1, .nout = 1};
+      prog.inst[0].op = TPURT_EW_LOAD; /* dst = src[0], p0 = 0 */
+      return tpurt__elementwise_named(s, &prog, dst, src, 1, NULL, 0, "copy");
+    }
   }
   return tpurt_launch(s, "copy_strided", k_strided, &a, sizeof a);
 }

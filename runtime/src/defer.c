@@ -793,6 +793,8 @@ typedef struct fgroup {
   int *nodes; /* member ew nodes, in order (their scalars are concatenated) */
   int nn;
   const char *name;
+  int pro_node, pro_out; /* a reduction's prologue: its node + 1 (0: none), and the output it reads */
+  const char *pro_name;
 } fgroup;
 
 typedef struct unit {
@@ -829,6 +831,7 @@ typedef struct plan {
   fchain *chains;
   int nchains;
   const char **epi; /* per unit: a GEMM unit's name with the group after it as its epilogue, or NULL */
+  uint8_t *pro_skip; /* per node: a reduction run inside its prologue group's kernel */
   int kernels, fused_kernels, ops_fused, ops_eliminated, stores_eliminated;
   struct plan *next;
 } plan;
@@ -1288,6 +1291,7 @@ static void free_plan_contents(plan *P) {
   }
   free(P->chains);
   free(P->epi);
+  free(P->pro_skip);
 }
 
 /* The memory notes of an opaque unit (a node or a chain). */
@@ -1897,6 +1901,160 @@ static int plan_chains(plan *P, const dgraph *G, const pfacts *pf, const gstate 
   return rc;
 }
 
+/* ------------------------------------------- reduction prologues
+ *
+ * A reduction whose input the unit just before it, an elementwise group,
+ * computes (x.pow(2).mean(-1) of an RMSNorm, the row sums of its backward,
+ * a softmax's or loss's sum of products) runs with that group as its
+ * prologue: the reduction's walk asks the group for each contiguous run of
+ * its input as it reaches it (kernels/reduce.c, k_reduce_pro), into a
+ * buffer of the thread's own, and the input never takes memory — neither
+ * a store of it nor a load back. Same bits: the reduction folds the same
+ * values in the same order, the group computes each element as it would
+ * alone. Conditions: the reduction reads exactly elements [0, n) of a
+ * promise, each once, in contiguous runs, on as many chunks as threads
+ * (tpurt__reduce_pro_target); the group computes over n elements and
+ * writes that promise whole, densely, in that order, once; nothing else
+ * touches the promise and it dies in the graph; the reduction's outputs
+ * touch none of the group's operands (the group's other stores are made
+ * while outputs are written). Between the two units only free markers lie
+ * (allocations there move before the pair).
+ * On by default; TORCH_TPU_DEFER_PROLOGUE=0 turns it off. */
+static int prologues_enabled(void) {
+  const char *e = getenv("TORCH_TPU_DEFER_PROLOGUE");
+  return !(e && *e == '0');
+}
+
+/* Does any unit other than u and v touch promise l? */
+static int touched_elsewhere(const plan *P, const dgraph *G, const gstate *gl, int u, int v, int l) {
+  for (int w = 0; w < P->nunits; w++) {
+    if (w == u || w == v) continue;
+    const unit *U = &P->units[w];
+    if (U->kind == U_GROUP) {
+      const gstate *g = &gl[U->idx];
+      for (int k = 0; k < g->nin; k++)
+        if (local_of(g->in[k].v->ptr) == l) return 1;
+      for (int k = 0; k < g->nw; k++)
+        if (local_of(g->w[k].v->ptr) == l) return 1;
+    } else if (U->kind == U_NODE || U->kind == U_CHAIN) {
+      for (int k = 0, n = opaque_nacc(P, G, U); k < n; k++)
+        if (local_of(opaque_acc(P, G, U, k)->p) == l) return 1;
+    }
+  }
+  return 0;
+}
+
+/* Group unit u and the reduction after it: the promise the pair keeps out
+ * of memory, and the group's write of it (-1: not a pair). */
+static int pro_pair(const plan *P, const dgraph *G, const gstate *gl, const pfacts *pf, int u, int *vout, int *wk) {
+  const unit *U = &P->units[u];
+  if (U->kind != U_GROUP) return -1;
+  int v = u + 1;
+  while (v < P->nunits && P->units[v].kind == U_FREE) v++;
+  if (v >= P->nunits || P->units[v].kind != U_NODE) return -1;
+  const dnode *d = &G->nodes[P->units[v].idx];
+  tpurt_devptr in;
+  int64_t n;
+  tpurt_dtype dt;
+  if (d->fn != tpurt__reduce_fn() || !tpurt__reduce_pro_target(d->args, &in, &n, &dt)) return -1;
+  int l = local_of(in);
+  if (l < 0 || (in & TPURT_PROMISE_OFFMASK) != 0 || pf[l].live) return -1;
+  const gstate *g = &gl[U->idx];
+  int64_t gn = 1;
+  for (int k = 0; k < g->ndim; k++) gn *= g->sizes[k];
+  if (gn != n) return -1;
+  for (int m = 0; m < g->nn; m++) /* its outputs are kept in memory, to raise the error as strict mode does */
+    if (may_fail(&G->nodes[g->nodes[m]])) return -1;
+  int w = -1;
+  for (int k = 0; k < g->nw; k++)
+    if (local_of(g->w[k].v->ptr) == l) {
+      if (w >= 0) return -1;
+      w = k;
+    }
+  if (w < 0) return -1;
+  for (int k = 0; k < g->nin; k++)
+    if (local_of(g->in[k].v->ptr) == l) return -1;
+  tpurt_view flat = {.ptr = in, .dtype = dt, .ndim = 1};
+  flat.sizes[0] = n;
+  flat.strides[0] = 1;
+  if (g->w[w].v->dtype != dt || !view_eq_over(g->w[w].v, &flat, g->ndim, g->sizes)) return -1;
+  /* the reduction's other ranges (its outputs) against the group's operands */
+  for (int a = 0; a < d->nacc; a++) {
+    if (local_of(d->acc[a].p) == l) {
+      if (!d->acc[a].ro) return -1;
+      continue;
+    }
+    uint64_t lo = d->acc[a].p + (uint64_t)d->acc[a].lo, hi = d->acc[a].p + (uint64_t)d->acc[a].hi;
+    for (int k = 0; k < g->nin + g->nw; k++) {
+      const tpurt_view *gv = k < g->nin ? g->in[k].v : g->w[k - g->nin].v;
+      uint64_t glo, ghi;
+      view_range(gv, &glo, &ghi);
+      if (glo < hi && lo < ghi) return -1;
+    }
+  }
+  if (touched_elsewhere(P, G, gl, u, v, l)) return -1;
+  *vout = v;
+  *wk = w;
+  return l;
+}
+
+/* Marks the pairs: pro[gi] = (reduction node + 1, promise l + 1, write k)
+ * for group gi; the reductions' nodes in P->pro_skip. Returns 0, or -1
+ * out of memory. */
+static int plan_prologues(plan *P, const dgraph *G, const gstate *gl, const pfacts *pf, int (*pro)[3]) {
+  if (!prologues_enabled()) return 0;
+  for (int u = 0; u < P->nunits; u++) {
+    int v, wk, l = pro_pair(P, G, gl, pf, u, &v, &wk);
+    if (l < 0) continue;
+    if (!P->pro_skip && !(P->pro_skip = calloc((size_t)(G->n ? G->n : 1), 1))) return -1;
+    int node = P->units[v].idx;
+    P->pro_skip[node] = 1;
+    int gi = P->units[u].idx;
+    pro[gi][0] = node + 1;
+    pro[gi][1] = l + 1;
+    pro[gi][2] = wk;
+    u = v;
+  }
+  return 0;
+}
+
+/* A pair of units run as one kernel at the first one's step i, the second
+ * at step j: the allocations between them move before step i (in order). */
+static void allocs_before(plan *P, int i, int j) {
+  int at = i;
+  pstep unit_step = P->steps[i];
+  for (int k = i + 1; k < j; k++) {
+    pstep t = P->steps[k];
+    if (t.kind != S_ALLOC && t.kind != S_RALLOC) continue;
+    memmove(&P->steps[at + 1], &P->steps[at], sizeof(pstep) * (size_t)(k - at));
+    P->steps[at++] = t;
+  }
+  P->steps[at] = unit_step;
+}
+
+/* Steps between each prologue group and its reduction: allocations move
+ * before the group (the pair runs as one kernel at the group's step). */
+static int order_prologues(plan *P) {
+  if (!P->pro_skip) return 0;
+  for (int i = 0; i < P->nsteps; i++) {
+    if (P->steps[i].kind != S_UNIT) continue;
+    const unit *U = &P->units[P->steps[i].a];
+    if (U->kind != U_GROUP || !P->groups[U->idx].pro_node) continue;
+    int node = P->groups[U->idx].pro_node - 1, j = i + 1;
+    for (; j < P->nsteps; j++) {
+      const pstep *S = &P->steps[j];
+      if (S->kind != S_UNIT) continue;
+      const unit *V = &P->units[S->a];
+      if (V->kind == U_NODE && V->idx == node) break;
+      if (V->kind != U_FREE) return -1; /* planner invariant (pro_pair): only free markers between */
+    }
+    if (j == P->nsteps) return -1;
+    allocs_before(P, i, j);
+    i = j;
+  }
+  return 0;
+}
+
 /* ------------------------------------------------- GEMM epilogues
  *
  * A GEMM whose output the very next unit, an elementwise group, reads in
@@ -1939,7 +2097,7 @@ static int epi_pair(const plan *P, const dgraph *G, int u) {
   tpurt_view c, ab[2];
   if (d->fn != tpurt__gemm_fn() || !tpurt__gemm_epi_target(d->args, &c, ab)) return 0;
   const fgroup *F = &P->groups[V->idx];
-  if (F->nout == 0 || F->prog.compute != TPURT_F32) return 0;
+  if (F->nout == 0 || F->prog.compute != TPURT_F32 || F->pro_node) return 0;
   for (int r = 0; r < P->nremat; r++)
     if (P->remat[r].unit == u + 1) return 0;
   int64_t n = 1;
@@ -1988,16 +2146,9 @@ static int plan_epilogues(plan *P, const dgraph *G) {
   if (!P->epi) return 0;
   for (int i = 0; i < P->nsteps; i++) {
     if (P->steps[i].kind != S_UNIT || !P->epi[P->steps[i].a]) continue;
-    int j = i + 1, at = i; /* steps (i, j) lie between the pair's units */
+    int j = i + 1; /* steps (i, j) lie between the pair's units */
     while (j < P->nsteps && P->steps[j].kind != S_UNIT) j++;
-    pstep unit_step = P->steps[i];
-    for (int k = i + 1; k < j; k++) {
-      pstep t = P->steps[k];
-      if (t.kind != S_ALLOC && t.kind != S_RALLOC) continue;
-      memmove(&P->steps[at + 1], &P->steps[at], sizeof(pstep) * (size_t)(k - at));
-      P->steps[at++] = t;
-    }
-    P->steps[at] = unit_step;
+    allocs_before(P, i, j);
     i = j;
   }
   return 0;
@@ -2009,6 +2160,7 @@ static plan *build_plan(dgraph *G) {
   pfacts *pf = calloc((size_t)(G->np ? G->np : 1), sizeof *pf);
   gstate *gl = NULL; /* groups' states */
   int ngl = 0, capgl = 0;
+  int (*pro)[3] = NULL; /* per group: its reduction's node + 1, promise + 1, write (plan_prologues) */
   if (!P || !gs || !pf) goto fail;
   P->nnodes = G->n;
   P->nprom = G->np;
@@ -2067,6 +2219,8 @@ static plan *build_plan(dgraph *G) {
 #undef CLOSE_GROUP
   free(deferred_frees);
   if (plan_chains(P, G, pf, gl) != 0) goto fail;
+  pro = calloc((size_t)(ngl ? ngl : 1), sizeof *pro);
+  if (!pro || plan_prologues(P, G, gl, pf, pro) != 0) goto fail;
   /* 2. which promises must live in memory */
   for (int u = 0; u < P->nunits; u++) {
     unit *U = &P->units[u];
@@ -2087,9 +2241,11 @@ static plan *build_plan(dgraph *G) {
         }
       }
     } else if (U->kind == U_NODE || U->kind == U_CHAIN) {
+      int skip = U->kind == U_NODE && P->pro_skip && P->pro_skip[U->idx]; /* its input comes from its prologue */
       for (int k = 0, n = opaque_nacc(P, G, U); k < n; k++) {
-        int l = local_of(opaque_acc(P, G, U, k)->p);
-        if (l >= 0) pf[l].memread = 1;
+        const acc *a = opaque_acc(P, G, U, k);
+        int l = local_of(a->p);
+        if (l >= 0 && !(skip && a->ro)) pf[l].memread = 1;
       }
     }
   }
@@ -2106,9 +2262,15 @@ static plan *build_plan(dgraph *G) {
     int outs[TPURT_EW_MAX_IO], nout = 0;
     for (int k = 0; k < g->nw; k++) {
       int l = local_of(g->w[k].v->ptr);
-      if (l >= 0 && !P->materialize[l]) {
+      int to_reduction = pro[gi][0] && k == pro[gi][2];
+      if (l >= 0 && !P->materialize[l] && !to_reduction) {
         P->stores_eliminated++;
         continue;
+      }
+      if (to_reduction) {
+        P->stores_eliminated++;
+        F->pro_node = pro[gi][0];
+        F->pro_out = nout;
       }
       F->out[nout] = g->w[k].ref;
       outs[nout++] = g->w[k].vreg;
@@ -2128,9 +2290,16 @@ static plan *build_plan(dgraph *G) {
     /* members whose instructions all died still count as fused away */
     F->name = fused_name(G, g->nodes, g->nn);
     P->kernels++;
-    if (g->nn > 1) {
+    if (g->nn > 1 || F->pro_node) {
       P->fused_kernels++;
       P->ops_fused += g->nn;
+    }
+    if (F->pro_node) {
+      const dnode *r = &G->nodes[F->pro_node - 1];
+      char nm[320];
+      snprintf(nm, sizeof nm, "%s+%s", F->name, r->name ? r->name : "reduce");
+      F->pro_name = intern(nm);
+      P->ops_fused++;
     }
   }
   /* 4. values recomputed for late readers, memory touches per unit, then the steps */
@@ -2143,7 +2312,7 @@ static plan *build_plan(dgraph *G) {
       for (int k = 0; k < F->nin; k++) touch(P, pf, G->nodes[F->in[k].node].views[F->in[k].idx].ptr, u);
       for (int k = 0; k < F->nout; k++) touch(P, pf, G->nodes[F->out[k].node].views[F->out[k].idx].ptr, u);
     } else if (U->kind == U_NODE || U->kind == U_CHAIN) {
-      P->kernels++;
+      if (!(U->kind == U_NODE && P->pro_skip && P->pro_skip[U->idx])) P->kernels++;
       for (int k = 0, n = opaque_nacc(P, G, U); k < n; k++) touch(P, pf, opaque_acc(P, G, U, k)->p, u);
     }
   }
@@ -2162,10 +2331,11 @@ static plan *build_plan(dgraph *G) {
   }
   for (int l = 0; l < G->np; l++)
     if (P->materialize[l] && pf[l].first < 0) P->steps[P->nsteps++] = (pstep){S_ALLOC, l};
-  if (plan_epilogues(P, G) != 0) goto fail;
+  if (order_prologues(P) != 0 || plan_epilogues(P, G) != 0) goto fail;
   free(gs);
   free(gl);
   free(pf);
+  free(pro);
   return P;
 fail:
   if (P) {
@@ -2175,6 +2345,7 @@ fail:
   free(gs);
   free(gl);
   free(pf);
+  free(pro);
   return NULL;
 }
 
@@ -2338,6 +2509,7 @@ static void graph_key(dgraph *G, uint64_t *k1, uint64_t *k2) {
   h = mix(h, (uint64_t)remat_enabled());
   h = mix(h, (uint64_t)chains_enabled());
   h = mix(h, (uint64_t)epilogues_enabled());
+  h = mix(h, (uint64_t)prologues_enabled());
   free(X);
   free(canon);
   free(cstart);
@@ -2437,25 +2609,54 @@ static tpurt_status group_operands(const exec_ctx *x, int u, const fgroup *F, tp
   return TPURT_OK;
 }
 
-/* GEMM unit u with the group unit u + 1 as its epilogue, as one kernel. */
-static tpurt_status run_gemm_epi(exec_ctx *x, int u) {
-  dgraph *G = x->G;
-  const dnode *d = &G->nodes[x->P->units[u].idx];
-  const fgroup *F = &x->P->groups[x->P->units[u + 1].idx];
-  const char *name = site_name(x->P->epi[u], G->nodes[F->nodes[F->nn - 1]].site);
+/* The arguments of a pair run as one kernel: group F as unit gu sees it
+ * (*ew, malloc'd, *ewn bytes) and node d's as unit nu sees them (*na: d's
+ * own, buf, or malloc'd; free with free_pair_args). */
+static tpurt_status pair_args(const exec_ctx *x, int gu, const fgroup *F, int nu, const dnode *d, const char *name,
+                              void **ew, size_t *ewn, void **na, void *buf, size_t cap) {
   tpurt_view outs[TPURT_EW_MAX_IO], ins[TPURT_EW_MAX_IO];
   double scal[4 * TPURT_EW_MAX_INST];
   int ns = 0;
-  tpurt_status st = group_operands(x, u + 1, F, outs, ins, scal, &ns);
-  void *ew = NULL, *ga = d->args;
-  size_t ewn = 0;
-  if (!st) st = tpurt__ew_args(&F->prog, outs, ins, F->nin, scal, ns, &ew, &ewn);
-  _Alignas(16) unsigned char stackbuf[1024];
-  if (!st && x->P->nremat && !(ga = redirected_args(x, u, d, stackbuf, sizeof stackbuf)))
+  *ew = NULL;
+  *na = d->args;
+  tpurt_status st = group_operands(x, gu, F, outs, ins, scal, &ns);
+  if (!st) st = tpurt__ew_args(&F->prog, outs, ins, F->nin, scal, ns, ew, ewn);
+  if (!st && x->P->nremat && !(*na = redirected_args(x, nu, d, buf, cap)))
     st = tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory", name);
-  if (!st) st = tpurt__gemm_epi_enqueue(x->s, name, ga, d->args_size, ew, ewn);
-  if (ga != d->args && ga != stackbuf) free(ga);
+  return st;
+}
+
+static void free_pair_args(const dnode *d, void *ew, void *na, void *buf) {
+  if (na && na != d->args && na != buf) free(na);
   free(ew);
+}
+
+/* GEMM unit u with the group unit u + 1 as its epilogue, as one kernel. */
+static tpurt_status run_gemm_epi(exec_ctx *x, int u) {
+  const dnode *d = &x->G->nodes[x->P->units[u].idx];
+  const fgroup *F = &x->P->groups[x->P->units[u + 1].idx];
+  const char *name = site_name(x->P->epi[u], x->G->nodes[F->nodes[F->nn - 1]].site);
+  _Alignas(16) unsigned char buf[1024];
+  void *ew, *ga;
+  size_t ewn = 0;
+  tpurt_status st = pair_args(x, u + 1, F, u, d, name, &ew, &ewn, &ga, buf, sizeof buf);
+  if (!st) st = tpurt__gemm_epi_enqueue(x->s, name, ga, d->args_size, ew, ewn);
+  free_pair_args(d, ew, ga, buf);
+  return st;
+}
+
+/* Group unit u with the reduction it computes the input of, as one kernel
+ * (the reduction's node is not a unit of its own in the pair's kernel). */
+static tpurt_status run_reduce_pro(exec_ctx *x, int u) {
+  const fgroup *F = &x->P->groups[x->P->units[u].idx];
+  const dnode *d = &x->G->nodes[F->pro_node - 1];
+  const char *name = site_name(F->pro_name, d->site);
+  _Alignas(16) unsigned char buf[1024];
+  void *ew, *ra;
+  size_t ewn = 0;
+  tpurt_status st = pair_args(x, u, F, u, d, name, &ew, &ewn, &ra, buf, sizeof buf);
+  if (!st) st = tpurt__reduce_pro_enqueue(x->s, name, ra, d->args_size, ew, ewn, F->pro_out);
+  free_pair_args(d, ew, ra, buf);
   return st;
 }
 
@@ -2470,6 +2671,7 @@ static tpurt_status run_unit(exec_ctx *x, int u) {
   if (x->P->epi && x->P->epi[u]) return run_gemm_epi(x, u);
   if (x->P->epi && u > 0 && x->P->epi[u - 1]) return TPURT_OK; /* ran as the epilogue of unit u - 1 */
   if (U->kind == U_NODE) {
+    if (x->P->pro_skip && x->P->pro_skip[U->idx]) return TPURT_OK; /* ran inside its prologue's kernel */
     dnode *d = &G->nodes[U->idx];
     const char *name = site_name(d->name ? d->name : "kernel", d->site);
     if (x->P->nremat && d->args_size) { /* promise addresses in the arguments may be redirected */
@@ -2504,6 +2706,7 @@ static tpurt_status run_unit(exec_ctx *x, int u) {
   }
   fgroup *F = &x->P->groups[U->idx];
   if (F->nout == 0) return TPURT_OK;
+  if (F->pro_node) return run_reduce_pro(x, u);
   tpurt_view outs[TPURT_EW_MAX_IO], ins[TPURT_EW_MAX_IO];
   double scal[4 * TPURT_EW_MAX_INST];
   int ns = 0;
@@ -2543,7 +2746,8 @@ static void debug_plan(const dgraph *G, const plan *P) {
       const unit *U = &P->units[S->a];
       if (U->kind == U_GROUP) {
         const fgroup *F = &P->groups[U->idx];
-        fprintf(stderr, "[defer]   step group %s (%d in, %d out) over [", F->name, F->nin, F->nout);
+        fprintf(stderr, "[defer]   step group %s (%d in, %d out)%s%s over [", F->name, F->nin, F->nout,
+                F->pro_node ? " as the prologue of " : "", F->pro_node ? F->pro_name : "");
         for (int k = 0; k < F->ndim; k++) fprintf(stderr, "%s%" PRId64, k ? ", " : "", F->sizes[k]);
         fprintf(stderr, "]:");
         for (int k = 0; k < F->prog.ninst; k++) fprintf(stderr, " %s", tpurt_ew_op_name(F->prog.inst[k].op));

@@ -302,6 +302,23 @@ TPURT_INTERNAL tpurt__ew_epi *tpurt__ew_epi_begin(const void *args);
 TPURT_INTERNAL void tpurt__ew_epi_range(tpurt__ew_epi *e, int64_t lo, int64_t hi);
 /* Frees e; the error of a failed range, if any. */
 TPURT_INTERNAL tpurt_status tpurt__ew_epi_end(tpurt__ew_epi *e, char *err, size_t errlen);
+/* A launch one of whose outputs, `out`, goes to another kernel rather than
+ * to memory (a reduction's prologue, kernels/reduce.c): that output's
+ * address is not used; each run gives the memory its elements go to.
+ * tpurt__ew_out_dense: is `out` dense row-major over the launch's
+ * iteration space (element i at byte i * size)? — the condition of
+ * tpurt__ew_into_begin, which is NULL only when out of host memory.
+ * tpurt__ew_into_ranges: can it run by ranges (else only whole)? Ranges
+ * run on the calling thread, on a clone per thread (same launch, own
+ * error, own destination); tpurt__ew_epi_end frees either. */
+TPURT_INTERNAL int tpurt__ew_out_dense(const void *args, int out);
+TPURT_INTERNAL tpurt__ew_epi *tpurt__ew_into_begin(const void *args, int out);
+TPURT_INTERNAL int tpurt__ew_into_ranges(const tpurt__ew_epi *e);
+TPURT_INTERNAL tpurt__ew_epi *tpurt__ew_epi_clone(const tpurt__ew_epi *e);
+/* Elements [lo, hi) of the iteration space; those of `out` to dst[0 .. hi - lo). */
+TPURT_INTERNAL void tpurt__ew_into_range(tpurt__ew_epi *e, void *dst, int64_t lo, int64_t hi);
+/* The whole launch on the pool; `out` to dst (numel elements). */
+TPURT_INTERNAL void tpurt__ew_into_whole(tpurt__ew_epi *e, void *dst);
 /* A GEMM whose output an elementwise launch reads (kernels/gemm.c, for
  * DeferAndFuse): tpurt__gemm_fn is the GEMM kernel's function; the C view
  * (and the A, B views) of its arguments when its f32 product can run the launch as its
@@ -314,6 +331,18 @@ TPURT_INTERNAL int tpurt__gemm_epi_target(const void *gemm_args, tpurt_view *c, 
 TPURT_INTERNAL uint64_t tpurt__gemm_signature(const void *gemm_args);
 TPURT_INTERNAL tpurt_status tpurt__gemm_epi_enqueue(tpurt_stream *s, const char *name, const void *gemm_args,
                                                    size_t gemm_size, const void *ew_args, size_t ew_size);
+
+/* A reduction whose input an elementwise launch computes (kernels/reduce.c,
+ * for DeferAndFuse): tpurt__reduce_fn is the reduction kernel's function;
+ * tpurt__reduce_pro_target gives its input buffer, element count and dtype when
+ * the reduction reads exactly elements [0, n) of it, each once, in
+ * contiguous runs, on as many chunks as threads; the enqueue of the pair
+ * as one kernel (the launch's output `out` is the input, computed run by
+ * run into each thread's buffer and never stored). */
+TPURT_INTERNAL tpurt_kernel_fn tpurt__reduce_fn(void);
+TPURT_INTERNAL int tpurt__reduce_pro_target(const void *args, tpurt_devptr *in, int64_t *numel, tpurt_dtype *dt);
+TPURT_INTERNAL tpurt_status tpurt__reduce_pro_enqueue(tpurt_stream *s, const char *name, const void *args,
+                                                     size_t size, const void *ew_args, size_t ew_size, int out);
 
 /* Launch-side view checks (view.c). */
 TPURT_INTERNAL int64_t tpurt__view_numel(const tpurt_view *v);

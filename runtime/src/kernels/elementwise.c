@@ -1145,8 +1145,10 @@ static void gather_chunk(void *c, int64_t b, int64_t e) {
   if (goff != small) free(goff);
 }
 
-/* x over the serialized launch `args`; row-mode geometry set up unless gather mode. */
-static void ew_ctx_init(ew_ctx *x, const void *args) {
+/* x over the serialized launch `args`; row-mode geometry set up unless
+ * gather mode. Operand `skip` (-1: none) gets no address: its memory is
+ * given per run (tpurt__ew_into_range). */
+static void ew_ctx_init(ew_ctx *x, const void *args, int skip) {
   const ew_hdr *h = args;
   const char *p = (const char *)(h + 1);
   const tpurt_devptr *ptr = (const tpurt_devptr *)p;
@@ -1160,7 +1162,7 @@ static void ew_ctx_init(ew_ctx *x, const void *args) {
   x->sizes = sizes;
   x->inst = (const tpurt_ew_inst *)p;
   for (int o = 0; o < h->nops; o++) {
-    x->base[o] = tpurt__host_view(ptr[o]);
+    x->base[o] = o == skip ? NULL : tpurt__host_view(ptr[o]);
     int64_t es = (int64_t)tpurt_dtype_size((tpurt_dtype)h->dt[o]);
     for (int k = 0; k < h->ndim; k++) x->bstr[o][k] = str[o * h->ndim + k] * es;
     x->est[o] = h->ndim ? str[o * h->ndim + h->ndim - 1] : 0;
@@ -1190,19 +1192,24 @@ static tpurt_status ew_status(const ew_ctx *x, char *err, size_t errlen) {
   return TPURT_OK;
 }
 
-static tpurt_status k_elementwise(void *args, char *err, size_t errlen) {
-  const ew_hdr *h = args;
-  ew_ctx x;
-  ew_ctx_init(&x, args);
+/* The whole launch over x, on the pool. */
+static void ew_run(ew_ctx *x) {
+  const ew_hdr *h = x->h;
   if (h->gather) {
     int64_t nb = (h->numel + EW_BLK - 1) / EW_BLK;
-    tpurt_parallel_for(nb, EW_GRAIN / EW_BLK, gather_chunk, &x);
+    tpurt_parallel_for(nb, EW_GRAIN / EW_BLK, gather_chunk, x);
   } else {
-    int64_t per = x.inner < EW_BLK ? x.inner * x.kpb : EW_BLK;
+    int64_t per = x->inner < EW_BLK ? x->inner * x->kpb : EW_BLK;
     int64_t grain = EW_GRAIN / per;
-    int64_t units = x.kpb > 1 ? (x.rows + x.kpb - 1) / x.kpb : x.rows * x.bpr;
-    tpurt_parallel_for(units, grain < 1 ? 1 : grain, rows_chunk, &x);
+    int64_t units = x->kpb > 1 ? (x->rows + x->kpb - 1) / x->kpb : x->rows * x->bpr;
+    tpurt_parallel_for(units, grain < 1 ? 1 : grain, rows_chunk, x);
   }
+}
+
+static tpurt_status k_elementwise(void *args, char *err, size_t errlen) {
+  ew_ctx x;
+  ew_ctx_init(&x, args, -1);
+  ew_run(&x);
   return ew_status(&x, err, errlen);
 }
 
@@ -1212,13 +1219,61 @@ tpurt_status tpurt__ew_kernel(void *args, char *err, size_t errlen) { return k_e
 
 struct tpurt__ew_epi {
   ew_ctx x;
+  int out;    /* tpurt__ew_into_*: the output given memory per run, or -1 */
+  int64_t es; /* its element size */
 };
 
 tpurt__ew_epi *tpurt__ew_epi_begin(const void *args) {
   if (((const ew_hdr *)args)->gather) return NULL; /* per-element offsets: whole launches only */
   tpurt__ew_epi *e = malloc(sizeof *e);
-  if (e) ew_ctx_init(&e->x, args);
+  if (e) {
+    ew_ctx_init(&e->x, args, -1);
+    e->out = -1;
+  }
   return e;
+}
+
+int tpurt__ew_out_dense(const void *args, int out) {
+  const ew_hdr *h = args;
+  if (out < 0 || out >= h->nout) return 0;
+  const char *p = (const char *)(h + 1) + sizeof(tpurt_devptr) * (size_t)h->nops;
+  const int64_t *sizes = (const int64_t *)p, *str = sizes + h->ndim + (size_t)out * (size_t)h->ndim;
+  int64_t want = 1;
+  for (int k = h->ndim - 1; k >= 0; k--) {
+    if (sizes[k] != 1 && str[k] != want) return 0;
+    want *= sizes[k];
+  }
+  return 1;
+}
+
+tpurt__ew_epi *tpurt__ew_into_begin(const void *args, int out) {
+  const ew_hdr *h = args;
+  tpurt__ew_epi *e = malloc(sizeof *e);
+  if (!e) return NULL;
+  ew_ctx_init(&e->x, args, out);
+  e->out = out;
+  e->es = (int64_t)tpurt_dtype_size((tpurt_dtype)h->dt[out]);
+  return e;
+}
+
+int tpurt__ew_into_ranges(const tpurt__ew_epi *e) { return !e->x.h->gather; }
+
+tpurt__ew_epi *tpurt__ew_epi_clone(const tpurt__ew_epi *e) {
+  tpurt__ew_epi *c = malloc(sizeof *c);
+  if (!c) return NULL;
+  memcpy(c, e, sizeof *c);
+  atomic_init(&c->x.err, 0);
+  return c;
+}
+
+void tpurt__ew_into_range(tpurt__ew_epi *e, void *dst, int64_t lo, int64_t hi) {
+  e->x.base[e->out] = (char *)((uintptr_t)dst - (uintptr_t)(lo * e->es));
+  tpurt__ew_epi_range(e, lo, hi);
+}
+
+void tpurt__ew_into_whole(tpurt__ew_epi *e, void *dst) {
+  e->x.base[e->out] = dst;
+  ew_run(&e->x);
 }
 
 void tpurt__ew_epi_range(tpurt__ew_epi *e, int64_t lo, int64_t hi) {

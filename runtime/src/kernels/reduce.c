@@ -574,7 +574,55 @@ typedef struct {
   int64_t W;        /* outer: columns per block (a multiple of CB) */
   rstate *partial;  /* P > 1: partial states */
   int failed;
+  /* a fused prologue (k_reduce_pro): the launch computing the input, run
+   * by ranges into each thread's buffer instead of read from memory */
+  tpurt__ew_epi *pro;
+  _Atomic int pro_failed;
+  tpurt_status pro_st;
+  char pro_err[256];
 } rctx;
+
+/* Where a thread reads the input from: memory, or the prologue's clone on
+ * this thread writing into tmp (room for max(CH, W) elements). */
+typedef struct {
+  tpurt__ew_epi *e;
+  char *tmp;
+} rsrc;
+
+static int src_begin(rctx *x, rsrc *r) {
+  r->e = NULL;
+  r->tmp = NULL;
+  if (!x->pro) return 1;
+  int64_t n = x->W > CH ? x->W : CH;
+  r->e = tpurt__ew_epi_clone(x->pro);
+  r->tmp = malloc((size_t)n * 8);
+  if (r->e && r->tmp) return 1;
+  free(r->tmp);
+  free(r->e);
+  x->failed = 1;
+  return 0;
+}
+
+static void src_end(rctx *x, rsrc *r) {
+  free(r->tmp);
+  if (!r->e) return;
+  char err[256];
+  tpurt_status st = tpurt__ew_epi_end(r->e, err, sizeof err);
+  int zero = 0;
+  if (st && atomic_compare_exchange_strong(&x->pro_failed, &zero, 1)) {
+    x->pro_st = st;
+    snprintf(x->pro_err, sizeof x->pro_err, "%s", err);
+  }
+}
+
+/* The n input elements from element offset `at` (contiguous): read in
+ * place (or converted into buf), or computed by the prologue into tmp. */
+static const void *src_run(const rctx *x, const rsrc *r, void *buf, int64_t at, int64_t n) {
+  const rplan *p = x->p;
+  if (!r->e) return rk_load(p->cls, buf, x->in + at * (int64_t)tpurt_dtype_size(p->idt), p->idt, 1, n);
+  tpurt__ew_into_range(r->e, r->tmp, at, at + n);
+  return rk_load(p->cls, buf, r->tmp, p->idt, 1, n);
+}
 
 /* offsets (elements) of output linear index o over the first `nd` output dims */
 static void out_offsets(const rplan *p, int nd, int64_t o, int64_t *io, int64_t *oo, int64_t *oo2) {
@@ -591,8 +639,10 @@ static void out_offsets(const rplan *p, int nd, int64_t o, int64_t *io, int64_t 
   *oo2 = c;
 }
 
-/* inner strategy: folds reduced indices [b, e) of the input at base */
-static void inner_range(const rplan *p, const char *base, int64_t b, int64_t e, rstate *s) {
+/* inner strategy: folds reduced indices [b, e) of the input at element
+ * offset io (from memory at base, or from the prologue when r->e) */
+static void inner_range(const rctx *x, const rsrc *r, int64_t io, int64_t b, int64_t e, rstate *s) {
+  const rplan *p = x->p;
   if (b >= e) return;
   int nr = p->nr;
   size_t es = tpurt_dtype_size(p->idt);
@@ -608,11 +658,12 @@ static void inner_range(const rplan *p, const char *base, int64_t b, int64_t e, 
   int64_t l = b;
   while (l < e) {
     int64_t cnt = R - col < e - l ? R - col : e - l;
-    const char *rp = base + (off + col * rs) * (int64_t)es;
+    int64_t at = io + off + col * rs;
     for (int64_t o = 0; o < cnt; o += CH) {
       int64_t c = cnt - o < CH ? cnt - o : CH;
-      const void *x = rk_load(p->cls, buf, rp + o * rs * (int64_t)es, p->idt, rs, c);
-      row_op(p, x, c, l + o, s);
+      const void *v = r->e ? src_run(x, r, buf, at + o, c) /* rs == 1: k_reduce_pro */
+                           : rk_load(p->cls, buf, x->in + (at + o * rs) * (int64_t)es, p->idt, rs, c);
+      row_op(p, v, c, l + o, s);
     }
     l += cnt;
     col = 0;
@@ -636,18 +687,44 @@ static void inner_chunk(void *c, int64_t ub, int64_t ue) {
   rctx *x = c;
   const rplan *p = x->p;
   size_t ies = tpurt_dtype_size(p->idt), oes = tpurt_dtype_size(p->odt), o2es = p->has2 ? tpurt_dtype_size(p->o2dt) : 0;
+  rsrc r;
+  if (!src_begin(x, &r)) return;
+  int64_t R = p->rsz[p->nr - 1];
+  if (r.e && x->P == 1 && p->nr == 1 && p->rst[0] == 1 && R <= CH / 2 && (p->no == 0 || (p->no == 1 && p->oist[0] == R))) {
+    /* prologue over short rows that follow each other: the rows of several
+     * outputs computed in one range, then each folded as from memory */
+    rctx m = *x;
+    rsrc mem = {NULL, NULL};
+    int64_t k = CH / R;
+    for (int64_t u = ub; u < ue; u += k) {
+      int64_t kk = ue - u < k ? ue - u : k;
+      tpurt__ew_into_range(r.e, r.tmp, u * R, (u + kk) * R);
+      for (int64_t j = 0; j < kk; j++) {
+        int64_t io, oo, oo2;
+        out_offsets(p, p->no, u + j, &io, &oo, &oo2);
+        rstate s;
+        st_init(p, &s);
+        m.in = r.tmp + j * R * (int64_t)ies;
+        inner_range(&m, &mem, 0, 0, R, &s);
+        finalize(p, &s, x->out + oo * (int64_t)oes, x->out2 ? x->out2 + oo2 * (int64_t)o2es : NULL);
+      }
+    }
+    src_end(x, &r);
+    return;
+  }
   for (int64_t u = ub; u < ue; u++) {
     int64_t o = u / x->P, part = u % x->P, io, oo, oo2, b, e;
     out_offsets(p, p->no, o, &io, &oo, &oo2);
     part_range(x, part, &b, &e);
     rstate s;
     st_init(p, &s);
-    inner_range(p, x->in + io * (int64_t)ies, b, e, &s);
+    inner_range(x, &r, io, b, e, &s);
     if (x->P > 1)
       x->partial[u] = s;
     else
       finalize(p, &s, x->out + oo * (int64_t)oes, x->out2 ? x->out2 + oo2 * (int64_t)o2es : NULL);
   }
+  src_end(x, &r);
 }
 
 /* outer strategy: a work item is (output row, block of W columns, part of
@@ -660,7 +737,9 @@ static void outer_chunk(void *c, int64_t ub, int64_t ue) {
   size_t ies = tpurt_dtype_size(p->idt), oes = tpurt_dtype_size(p->odt), o2es = p->has2 ? tpurt_dtype_size(p->o2dt) : 0;
   int64_t L = p->osz[no - 1], W = x->W;
   cols *cs = malloc(sizeof(cols) * (size_t)((W + CB - 1) / CB));
-  if (!cs) {
+  rsrc r;
+  if (!cs || !src_begin(x, &r)) {
+    free(cs);
     x->failed = 1;
     return;
   }
@@ -691,11 +770,24 @@ static void outer_chunk(void *c, int64_t ub, int64_t ue) {
       rem /= p->rsz[k];
       off += idx[k] * p->rst[k];
     }
-    const char *base = x->in + (io + j0) * (int64_t)ies;
+    /* with a prologue: the block's row into tmp, or whole rows that follow
+     * each other several at a time */
+    int64_t kb = r.e && nr == 1 && p->rst[0] == L && n == L && L <= CH / 2 ? CH / L : 1;
     for (int64_t l = b; l < e; l++) {
+      const char *row;
+      if (!r.e) {
+        row = x->in + (io + j0 + off) * (int64_t)ies;
+      } else {
+        int64_t j = (l - b) % kb;
+        if (j == 0) {
+          int64_t kk = e - l < kb ? e - l : kb;
+          tpurt__ew_into_range(r.e, r.tmp, io + j0 + off, io + j0 + off + (kk - 1) * p->rst[0] + n);
+        }
+        row = r.tmp + j * L * (int64_t)ies;
+      }
       for (int64_t q = 0; q < nb; q++) {
         int64_t nq = n - q * CB < CB ? n - q * CB : CB;
-        const void *v = rk_load(p->cls, buf, base + (off + q * CB) * (int64_t)ies, p->idt, 1, nq);
+        const void *v = rk_load(p->cls, buf, row + q * CB * (int64_t)ies, p->idt, 1, nq);
         col_op(p, v, nq, l, l - b + 1, &cs[q]);
       }
       for (int k = nr - 1; k >= 0; k--) {
@@ -727,77 +819,120 @@ static void outer_chunk(void *c, int64_t ub, int64_t ue) {
                  x->out2 ? x->out2 + (oo2 + (j0 + j) * p->oo2st[no - 1]) * (int64_t)o2es : NULL);
     }
   }
+  src_end(x, &r);
   free(cs);
+}
+
+/* How the walk splits: parts P of the reduced range, and for the outer
+ * strategy W columns per block in nblk blocks per output row; returns the
+ * work items before the split into parts (outputs, or output row blocks). */
+static int64_t walk_geometry(const rplan *p, int nth, int64_t *P, int64_t *W, int64_t *nblk) {
+  *P = 1;
+  *W = CB;
+  *nblk = 1;
+  if (!p->outer) {
+    if (p->nout < nth && p->nred >= 32768) {
+      int64_t want = (nth + p->nout - 1) / p->nout * 2;
+      *P = p->nred / 16384 < want ? p->nred / 16384 : want;
+      if (*P < 1) *P = 1;
+    }
+    return p->nout;
+  }
+  int64_t L = p->osz[p->no - 1];
+  *W = (L + CB - 1) / CB * CB;
+  if (*W > 8 * CB) *W = 8 * CB;
+  *nblk = (L + *W - 1) / *W;
+  int64_t items = p->nout / L * *nblk;
+  if (items < nth && p->nred >= 4096) {
+    int64_t want = (nth + items - 1) / items * 2;
+    *P = p->nred / 1024 < want ? p->nred / 1024 : want;
+    if (*P < 1) *P = 1;
+  }
+  return items;
+}
+
+/* Work items per parallel chunk. */
+static int64_t walk_grain(const rplan *p, int64_t P, int64_t W) {
+  if (P > 1) return 1;
+  if (!p->outer) return 16384 / (p->nred > 0 ? p->nred : 1) + 1;
+  int64_t L = p->osz[p->no - 1], per = p->nred * (L < W ? L : W);
+  return 65536 / (per > 0 ? per : 1) + 1;
+}
+
+static tpurt_status reduce_walk(rctx *x, char *err, size_t errlen);
+
+/* The reduction p of the input at host address in, or computed by the
+ * prologue pro (in NULL). */
+static tpurt_status reduce_run(const rplan *p, const char *in, tpurt__ew_epi *pro, char *err, size_t errlen) {
+  rctx x = {.p = p, .in = in, .out = rk_hv(p->out), .out2 = p->has2 ? rk_hv(p->out2) : NULL,
+            .P = 1, .nblk = 1, .W = CB, .pro = pro};
+  tpurt_status st = reduce_walk(&x, err, errlen);
+  if (!st && atomic_load(&x.pro_failed)) {
+    snprintf(err, errlen, "%s", x.pro_err);
+    st = x.pro_st;
+  }
+  return st;
 }
 
 static tpurt_status k_reduce(void *a, char *err, size_t errlen) {
   const rplan *p = a;
-  rctx x = {p, p->nred ? rk_hv(p->in) : NULL, rk_hv(p->out), p->has2 ? rk_hv(p->out2) : NULL, 1, 1, CB,
-            NULL, 0};
-  int nth = tpurt_num_threads();
+  return reduce_run(p, p->nred ? rk_hv(p->in) : NULL, NULL, err, errlen);
+}
+
+static tpurt_status reduce_walk(rctx *x, char *err, size_t errlen) {
+  const rplan *p = x->p;
+  int64_t items = walk_geometry(p, tpurt_num_threads(), &x->P, &x->W, &x->nblk);
   size_t oes = tpurt_dtype_size(p->odt), o2es = p->has2 ? tpurt_dtype_size(p->o2dt) : 0;
   if (!p->outer) {
-    if (p->nout < nth && p->nred >= 32768) {
-      int64_t want = (nth + p->nout - 1) / p->nout * 2;
-      x.P = p->nred / 16384 < want ? p->nred / 16384 : want;
-      if (x.P < 1) x.P = 1;
-    }
-    if (x.P > 1) {
-      x.partial = malloc(sizeof(rstate) * (size_t)(p->nout * x.P));
-      if (!x.partial) {
+    if (x->P > 1) {
+      x->partial = malloc(sizeof(rstate) * (size_t)(p->nout * x->P));
+      if (!x->partial) {
         snprintf(err, errlen, "out of host memory for reduction partials");
         return TPURT_ERR_OUT_OF_MEMORY;
       }
     }
-    int64_t grain = x.P > 1 ? 1 : 16384 / (p->nred > 0 ? p->nred : 1) + 1;
-    tpurt_parallel_for(p->nout * x.P, grain, inner_chunk, &x);
-    if (x.P > 1) {
+    tpurt_parallel_for(p->nout * x->P, walk_grain(p, x->P, x->W), inner_chunk, x);
+    if (x->P > 1) {
       for (int64_t o = 0; o < p->nout; o++) {
         int64_t io, oo, oo2;
         out_offsets(p, p->no, o, &io, &oo, &oo2);
-        rstate s = x.partial[o * x.P];
-        for (int64_t q = 1; q < x.P; q++) st_combine(p, &s, &x.partial[o * x.P + q]);
-        finalize(p, &s, x.out + oo * (int64_t)oes, x.out2 ? x.out2 + oo2 * (int64_t)o2es : NULL);
+        rstate s = x->partial[o * x->P];
+        for (int64_t q = 1; q < x->P; q++) st_combine(p, &s, &x->partial[o * x->P + q]);
+        finalize(p, &s, x->out + oo * (int64_t)oes, x->out2 ? x->out2 + oo2 * (int64_t)o2es : NULL);
       }
-      free(x.partial);
+      free(x->partial);
+    }
+    if (x->failed) {
+      snprintf(err, errlen, "out of host memory for reduction state");
+      return TPURT_ERR_OUT_OF_MEMORY;
     }
     return TPURT_OK;
   }
   int64_t L = p->osz[p->no - 1];
-  x.W = (L + CB - 1) / CB * CB;
-  if (x.W > 8 * CB) x.W = 8 * CB;
-  x.nblk = (L + x.W - 1) / x.W;
-  int64_t items = p->nout / L * x.nblk;
-  if (items < nth && p->nred >= 4096) {
-    int64_t want = (nth + items - 1) / items * 2;
-    x.P = p->nred / 1024 < want ? p->nred / 1024 : want;
-    if (x.P < 1) x.P = 1;
-  }
-  if (x.P > 1) {
-    x.partial = malloc(sizeof(rstate) * (size_t)(items * x.P * x.W));
-    if (!x.partial) {
+  if (x->P > 1) {
+    x->partial = malloc(sizeof(rstate) * (size_t)(items * x->P * x->W));
+    if (!x->partial) {
       snprintf(err, errlen, "out of host memory for reduction partials");
       return TPURT_ERR_OUT_OF_MEMORY;
     }
   }
-  int64_t per = p->nred * (L < x.W ? L : x.W);
-  tpurt_parallel_for(items * x.P, x.P > 1 ? 1 : 65536 / (per > 0 ? per : 1) + 1, outer_chunk, &x);
-  if (x.P > 1) {
+  tpurt_parallel_for(items * x->P, walk_grain(p, x->P, x->W), outer_chunk, x);
+  if (x->P > 1) {
     int no = p->no;
     for (int64_t it = 0; it < items; it++) {
-      int64_t blk = it % x.nblk, orow = it / x.nblk, io, oo, oo2;
+      int64_t blk = it % x->nblk, orow = it / x->nblk, io, oo, oo2;
       out_offsets(p, no - 1, orow, &io, &oo, &oo2);
-      int64_t j0 = blk * x.W, n = L - j0 < x.W ? L - j0 : x.W;
+      int64_t j0 = blk * x->W, n = L - j0 < x->W ? L - j0 : x->W;
       for (int64_t j = 0; j < n; j++) {
-        rstate s = x.partial[(it * x.P) * x.W + j];
-        for (int64_t q = 1; q < x.P; q++) st_combine(p, &s, &x.partial[(it * x.P + q) * x.W + j]);
-        finalize(p, &s, x.out + (oo + (j0 + j) * p->oost[no - 1]) * (int64_t)oes,
-                 x.out2 ? x.out2 + (oo2 + (j0 + j) * p->oo2st[no - 1]) * (int64_t)o2es : NULL);
+        rstate s = x->partial[(it * x->P) * x->W + j];
+        for (int64_t q = 1; q < x->P; q++) st_combine(p, &s, &x->partial[(it * x->P + q) * x->W + j]);
+        finalize(p, &s, x->out + (oo + (j0 + j) * p->oost[no - 1]) * (int64_t)oes,
+                 x->out2 ? x->out2 + (oo2 + (j0 + j) * p->oo2st[no - 1]) * (int64_t)o2es : NULL);
       }
     }
   }
-  free(x.partial);
-  if (x.failed) {
+  free(x->partial);
+  if (x->failed) {
     snprintf(err, errlen, "out of host memory for reduction state");
     return TPURT_ERR_OUT_OF_MEMORY;
   }
@@ -833,7 +968,11 @@ static tpurt_status reduce_impl(tpurt_stream *s, tpurt_reduce_op op, const tpurt
   tpurt_status st;
   if ((unsigned)op >= TPURT_RED_NUM_OPS) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "reduce: invalid op %d", (int)op);
   const char *nm = sqrt_out ? "std" : red_name(op);
-  if ((st = rk_check_view(out, nm)) || (st = rk_check_view(in, nm))) return st;
+  if ((st = rk_check_view(out, nm))) return st;
+  tpurt__defer_note_reads(1); /* the input is only read */
+  st = rk_check_view(in, nm);
+  tpurt__defer_note_reads(0);
+  if (st) return st;
   if (out2 && (st = rk_check_view(out2, nm))) return st;
   if (out->ndim != in->ndim)
     return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: output has %d dimensions, input %d", nm, out->ndim, in->ndim);
@@ -900,7 +1039,10 @@ static tpurt_status reduce_impl(tpurt_stream *s, tpurt_reduce_op op, const tpurt
                       "with the 'dim' argument.",
                       nm);
   }
-  if ((st = rk_check_range(s->dev, in, nm)) || (st = rk_check_range(s->dev, out, nm)) ||
+  tpurt__defer_note_reads(1);
+  st = rk_check_range(s->dev, in, nm);
+  tpurt__defer_note_reads(0);
+  if (st || (st = rk_check_range(s->dev, out, nm)) ||
       (out2 && (st = rk_check_range(s->dev, out2, nm)))) {
     free(p);
     return st;
@@ -958,5 +1100,99 @@ static tpurt_status reduce_impl(tpurt_stream *s, tpurt_reduce_op op, const tpurt
   p->outer = outer_contig && (!inner_contig || p->rsz[p->nr - 1] < 8) && p->nred > 0;
   st = tpurt_launch(s, nm, k_reduce, p, sizeof *p);
   free(p);
+  return st;
+}
+
+/* ------------------------------------------- prologue (DeferAndFuse) */
+
+tpurt_kernel_fn tpurt__reduce_fn(void) { return k_reduce; }
+
+static int stride_cmp(const void *a, const void *b) {
+  const int64_t *x = a, *y = b;
+  return (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+int tpurt__reduce_pro_target(const void *args, tpurt_devptr *in, int64_t *numel, tpurt_dtype *dt) {
+  const rplan *p = args;
+  if (p->nout <= 0 || p->nred <= 0) return 0;
+  /* the walk reads contiguous runs: rows of the innermost reduced dim, or
+   * of output columns */
+  if (!p->outer && !(p->rsz[p->nr - 1] == 1 || p->rst[p->nr - 1] == 1)) return 0;
+  /* the input's elements are exactly [0, n), each once */
+  int64_t d[2 * TPURT_MAX_DIMS][2];
+  int nd = 0;
+  for (int k = 0; k < p->no; k++)
+    if (p->osz[k] != 1) d[nd][0] = p->osz[k], d[nd++][1] = p->oist[k];
+  for (int k = 0; k < p->nr; k++)
+    if (p->rsz[k] != 1) d[nd][0] = p->rsz[k], d[nd++][1] = p->rst[k];
+  qsort(d, (size_t)nd, sizeof d[0], stride_cmp);
+  int64_t want = 1;
+  for (int k = 0; k < nd; k++) {
+    if (d[k][1] != want) return 0;
+    want *= d[k][0];
+  }
+  if (want != p->nout * p->nred) return 0;
+  /* as many parallel chunks as threads: a prologue that a single chunk
+   * computes would lose the threads its own launch uses */
+  int nth = tpurt_num_threads();
+  int64_t P, W, nblk, items = walk_geometry(p, nth, &P, &W, &nblk), g = walk_grain(p, P, W);
+  if ((items * P + g - 1) / g < nth) return 0;
+  *in = p->in;
+  *numel = want;
+  *dt = p->idt;
+  return 1;
+}
+
+/* A reduction and the elementwise launch computing its input, as one
+ * kernel: arguments rplan, this header, then the launch's (tpurt__ew_args). */
+typedef struct {
+  int32_t out, pad[3];
+} rpro_hdr;
+
+static tpurt_status k_reduce_pro(void *a, char *err, size_t errlen) {
+  const rplan *p = a;
+  const rpro_hdr *h = (const rpro_hdr *)((const char *)a + sizeof(rplan));
+  const void *ew = (const char *)h + sizeof *h;
+  if (!tpurt__ew_out_dense(ew, h->out)) {
+    snprintf(err, errlen, "%s: its fused input is not dense", red_name(p->op));
+    return TPURT_ERR_INTERNAL;
+  }
+  tpurt__ew_epi *e = tpurt__ew_into_begin(ew, h->out);
+  if (!e) {
+    snprintf(err, errlen, "%s: out of host memory", red_name(p->op));
+    return TPURT_ERR_OUT_OF_MEMORY;
+  }
+  tpurt_status st;
+  if (tpurt__ew_into_ranges(e)) {
+    st = reduce_run(p, NULL, e, err, errlen);
+    tpurt__ew_epi_end(e, NULL, 0);
+  } else { /* the launch over short rows runs whole, into host memory of its own */
+    char *tmp = malloc((size_t)(p->nout * p->nred) * tpurt_dtype_size(p->idt));
+    if (!tmp) {
+      tpurt__ew_epi_end(e, NULL, 0);
+      snprintf(err, errlen, "%s: out of host memory", red_name(p->op));
+      return TPURT_ERR_OUT_OF_MEMORY;
+    }
+    tpurt__ew_into_whole(e, tmp);
+    st = tpurt__ew_epi_end(e, err, errlen);
+    if (!st) st = reduce_run(p, tmp, NULL, err, errlen);
+    free(tmp);
+  }
+  return st;
+}
+
+tpurt_status tpurt__reduce_pro_enqueue(tpurt_stream *s, const char *name, const void *args, size_t size,
+                                       const void *ew_args, size_t ew_size, int out) {
+  if (size != sizeof(rplan)) return tpurt__err(TPURT_ERR_INTERNAL, "%s: not the arguments of a reduction", name);
+  _Alignas(16) unsigned char stackbuf[4096];
+  size_t n = sizeof(rplan) + sizeof(rpro_hdr) + ew_size;
+  unsigned char *buf = n <= sizeof stackbuf ? stackbuf : malloc(n);
+  if (!buf) return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory", name);
+  rpro_hdr h = {out, {0, 0, 0}};
+  memcpy(buf, args, sizeof(rplan));
+  memcpy(buf + sizeof(rplan), &h, sizeof h);
+  memcpy(buf + sizeof(rplan) + sizeof h, ew_args, ew_size);
+  tpurt_status st = tpurt__enqueue(s, name, k_reduce_pro, buf, n, NULL);
+  if (buf != stackbuf) free(buf);
   return st;
 }
