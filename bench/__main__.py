@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m bench [device] [elementwise] [gemm] [attention] [defer] [fft] [matrix] [sweep] [--repeats N] [--quick|--full] [--record]``.
+"""Run the benchmarks: ``python -m bench [device] [elementwise] [gemm] [attention] [defer] [fusion] [fft] [matrix] [sweep] [--repeats N] [--quick|--full] [--record]``.
 
 device   host<->device copy bandwidth vs memcpy, empty-op round trip
 elementwise  large add/mul/gelu vs CPU and vs the machine's STREAM triad; softmax, norms,
@@ -9,6 +9,9 @@ defer    DeferAndFuse vs strict eager vs CPU eager on minGPT / Llama / ResNet tr
 gemm     GEMM library choice (OpenBLAS / oneDNN / torch CPU, FMA peak),
          tpu fp32/bf16 GEMM vs CPU, conv2d on ResNet-18 shapes vs CPU
 attention fused scaled_dot_product_attention fwd and fwd+bwd vs CPU SDPA
+fusion   DeferAndFuse fusion patterns (RMSNorm, row sums, logsumexp with their reduction prologues;
+         autocast casts; a linear layer's epilogue), each with its setting off and on, paired (not in the
+         default run)
 fft      rfft / fft of 2^20 and of 1024x1024 (batch and 2-d) vs CPU torch.fft (not in the default run)
 matrix   examples' workloads (minGPT, Llama, ResNet, DLRM, UNet; Qwen with --qwen) x {cpu eager,
          cpu Inductor, tpu strict, tpu defer}: train (and Llama/ResNet inference) step time,
@@ -32,13 +35,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import attention, common, defer, device, elementwise, fft, gemm
+from bench import attention, common, defer, device, elementwise, fft, fusion, gemm
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("suites", nargs="*", choices=[[], "device", "elementwise", "gemm", "attention", "defer", "fft", "matrix", "sweep"], help="suites to run (default: all)")
+    parser.add_argument("suites", nargs="*", choices=[[], "device", "elementwise", "gemm", "attention", "defer", "fusion", "fft", "matrix", "sweep"], help="suites to run (default: all)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="repeats per configuration (median reported; default 15, matrix/sweep: 3 quick, 10 full)")
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 16, 256], help="copy sizes in MiB")
@@ -108,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
              "same repeats; peaks measured alone:\n\n" + seg_table + "\n\nThe AdamW step alone on the same parameters (fixed "
              "gradients; foreach launches run one by one or as one chain — `TORCH_TPU_DEFER_CHAINS`), ms per step, "
              "median of interleaved repeats of 5 steps:\n\n" + opt_table)
+    if "fusion" in args.suites:
+        res, table = fusion.run(args.repeats)
+        emit("fusion", {"machine": common.machine(), **res}, "DeferAndFuse fusion patterns, off and on",
+             "Each pattern a deferred graph cut by a synchronize (10 per sample), with the setting that turns "
+             "its fusion off (0) and on (1), samples alternating in every repeat:\n\n" + table)
     if "fft" in args.suites:
         res, table = fft.fft(max(3, args.repeats // 3))
         emit("fft", {"machine": common.machine(), **res}, "FFT", table)

@@ -96,3 +96,22 @@ def test_ab_env_pairs_two_settings_and_restores_the_environment(monkeypatch):
     assert seen == ["0", "1", "1", "0"]  # each sample under its runner's value, the order alternating
     assert __import__("os").environ["TORCH_TPU_DEFER_EPILOGUE"] == "keep"
     assert all(ms > 0 for ms in r["ms"]) and r["ratio"][0] <= r["ratio"][1] <= r["ratio"][2]
+
+
+def test_fusion_bench_measures_each_pattern_with_its_fusion_off_and_on(monkeypatch):
+    # every pattern launches fewer kernels with its fusion on, keeps at least
+    # as many bytes out of memory, and the settings come back as they were
+    from bench import fusion
+    import torch_tpu
+    monkeypatch.setenv("TORCH_TPU_DEFER_PROLOGUE", "keep")
+    monkeypatch.delenv("TORCH_TPU_DEFER_COPIES", raising=False)
+    mode = torch_tpu.get_execution_mode()
+    res, table = fusion.run(repeats=2, calls=1)
+    assert set(res) == {"rmsnorm fwd+bwd", "row sums", "logsumexp", "autocast casts", "linear epilogue"}
+    for name, r in res.items():
+        assert r["kernels"]["1"] < r["kernels"]["0"], (name, r)
+        assert r["bytes_never_materialized"]["1"] >= r["bytes_never_materialized"]["0"], (name, r)
+        assert all(ms > 0 for ms in r["ms"].values()) and r["ratio"]["q1"] <= r["ratio"]["median"] <= r["ratio"]["q3"]
+        assert name in table
+    assert os.environ["TORCH_TPU_DEFER_PROLOGUE"] == "keep" and "TORCH_TPU_DEFER_COPIES" not in os.environ
+    assert torch_tpu.get_execution_mode() == mode
