@@ -1212,3 +1212,54 @@ def test_casts_fuse_with_the_ops_around_them_with_strict_bits(defer, monkeypatch
         else:
             assert torch.equal(a, c)
     assert st["kernels_launched"] < st0["kernels_launched"], (st, st0)
+
+
+def test_layout_copies_fuse_with_the_arithmetic_around_them(defer, monkeypatch):
+    # a stack of two results and an expanded tensor made dense, next to the
+    # ops that produce or read them: fewer kernels, memory never taken by
+    # the intermediates, strict's bits; a transposing copy that fuses with
+    # nothing (run by the copy kernel) gives strict's bits too
+    g = torch.Generator().manual_seed(13)
+    a0, b0, c0 = torch.randn(256, 96, generator=g), torch.randn(256, 96, generator=g), torch.randn(1, 256, 96, generator=g)
+    i0 = torch.randint(-9, 9, (96, 256), generator=g)
+
+    def fn(a, b, c, i):
+        stacked = torch.stack((a * 2, b - a))  # each copy reads its result as the arithmetic wrote it
+        dense = c.expand(4, 256, 96).contiguous() * b  # the copy's result read back in the same order
+        return stacked, dense, i.t().contiguous(), a.t().contiguous() + 0
+
+    def run(mode, copies):
+        monkeypatch.setenv("TORCH_TPU_DEFER_COPIES", copies)
+        with torch_tpu.execution_mode(mode):
+            t = [h.to("tpu") for h in (a0, b0, c0, i0)]
+            torch.tpu.reset_defer_stats()
+            out = tuple(o.cpu() for o in fn(*t))
+            return out, torch.tpu.defer_stats()
+
+    _poisoned((2, 256, 96), (4, 256, 96), (256, 96))
+    (got, st), (kernels, st0), (strict, _) = run("defer", "1"), run("defer", "casts"), run("strict", "1")
+    for a, b, c, ref in zip(got, kernels, strict, fn(a0, b0, c0, i0)):
+        assert torch.equal(a, c) and torch.equal(b, c) and torch.equal(c, ref)
+    assert st["kernels_launched"] < st0["kernels_launched"], (st, st0)
+    assert st["bytes_never_materialized"] > st0["bytes_never_materialized"], (st, st0)
+
+
+def test_copies_within_half_and_bool_keep_every_byte(defer):
+    # copies that move bytes (a NaN's payload, a bool byte that is not 0/1)
+    # stay copy kernels: through a program's float or integer values they
+    # could change
+    payload = torch.tensor([0x7F81, 0x7FC3, -0x7F, 0x0001] * 64, dtype=torch.int16).view(torch.bfloat16)
+    half = torch.tensor([0x7C01, 0x7E05, -0x3FF, 0x0001] * 64, dtype=torch.int16).view(torch.float16)
+    flags = torch.tensor([0, 1, 2, 255] * 64, dtype=torch.uint8).view(torch.bool)
+    for h in (payload, half, flags):
+        ints = torch.int16 if h.element_size() == 2 else torch.uint8
+        got = []
+        for mode in ("defer", "strict"):
+            with torch_tpu.execution_mode(mode):
+                d = h.reshape(16, 16).to("tpu")
+                # a lone transposing copy; two copies that would fuse with each other
+                got.append([o.cpu().view(ints) for o in (d.t().contiguous(), torch.stack((d, d))[1])])
+        for a, b in zip(*got):
+            assert torch.equal(a, b)
+        assert torch.equal(got[0][0], h.reshape(16, 16).view(ints).t())  # every byte moved as it was
+        assert torch.equal(got[0][1], h.reshape(16, 16).view(ints))

@@ -564,34 +564,50 @@ static void coalesce(const tpurt_view *v0, const tpurt_view *v1, nd_shape *sh) {
 /* The compute type of an elementwise program (a load and a store) that
  * converts src's dtype to dst's with the bits this copy gives (dtype.c's
  * conversions: the program's loads and stores make the same casts), or
- * TPURT_NUM_DTYPES where it would not: complex and uint64 (other rules).
- * In DeferAndFuse a cast is recorded as that program, so that it fuses
+ * TPURT_NUM_DTYPES where it would not: complex and uint64 (other rules);
+ * copies within half, bfloat16 or bool, which move bytes here and values
+ * there (a NaN's payload, a bool byte other than 0 or 1 could change). In
+ * DeferAndFuse such a copy is recorded as that program, so that it fuses
  * with the elementwise ops around it and its result need not take memory
- * (x.float() * w, autocast's casts of weights and activations). Copies
- * within a dtype (layout: contiguous(), a transpose made dense) stay copy
- * kernels: as programs they ran 1.7x longer a call on the bench's Llama
- * step (47 vs 27 us; most of them fuse with nothing) and the step 1-2 %
- * slower (python -m bench.ab_env TORCH_TPU_DEFER_COPIES 0 1). */
+ * (x.float() * w, autocast's casts; a copy next to the arithmetic that
+ * produces or reads it); a copy that fuses with nothing runs as this copy
+ * kernel all the same (defer.c, lone_copy). */
 static tpurt_dtype copy_compute(tpurt_dtype d, tpurt_dtype s) {
 #define OTHER(t) ((t) == TPURT_C64 || (t) == TPURT_C128 || (t) == TPURT_U64 || (unsigned)(t) >= TPURT_NUM_DTYPES)
-#define HALF(t) ((t) == TPURT_F16 || (t) == TPURT_BF16)
-#define FLT(t) (HALF(t) || (t) == TPURT_F32 || (t) == TPURT_F64)
-  if (OTHER(d) || OTHER(s) || d == s) return TPURT_NUM_DTYPES;
+#define BYTES(t) ((t) == TPURT_F16 || (t) == TPURT_BF16 || (t) == TPURT_BOOL)
+#define FLT(t) ((t) == TPURT_F16 || (t) == TPURT_BF16 || (t) == TPURT_F32 || (t) == TPURT_F64)
+  if (OTHER(d) || OTHER(s) || (d == s && BYTES(d))) return TPURT_NUM_DTYPES;
   if (d == TPURT_F64 || s == TPURT_F64) return TPURT_F64;
   if (FLT(d) || FLT(s)) return TPURT_F32;
   return TPURT_I64;
 #undef OTHER
-#undef HALF
+#undef BYTES
 #undef FLT
 }
 
-/* TORCH_TPU_DEFER_COPIES=0: casts stay copy kernels in DeferAndFuse (read per copy, for paired A/B runs). */
-static int copies_as_programs(void) {
+/* Which copies DeferAndFuse records as programs: casts and layout copies
+ * within a dtype (contiguous() of a transpose, a stack's halves, an
+ * expanded tensor made dense) by default; TORCH_TPU_DEFER_COPIES=casts
+ * only dtype casts, =0 none. On the bench's Llama step the layout copies
+ * fuse with little (the arithmetic before them iterates in its input's
+ * permuted order, which a group cannot join) but a copy whose result the
+ * backward pass reads is recomputed instead of kept: peak 0.667x strict's
+ * against 0.702x as casts only, the step as fast (paired time casts only /
+ * all 1.03 [0.95, 1.09], minGPT 0.99 [0.94, 1.03]: python -m bench.ab_env
+ * TORCH_TPU_DEFER_COPIES casts 1). Read per copy, for paired A/B runs. */
+static int copies_as_programs(tpurt_dtype d, tpurt_dtype s) {
   const char *e = getenv("TORCH_TPU_DEFER_COPIES");
-  return !(e && *e == '0');
+  if (e && *e == '0') return 0;
+  if (e && strcmp(e, "casts") == 0) return d != s;
+  return 1;
 }
 
 tpurt_status tpurt_copy_strided(tpurt_stream *s, const tpurt_view *dst, const tpurt_view *src) {
+  return tpurt__copy_strided_named(s, dst, src, "copy_strided");
+}
+
+tpurt_status tpurt__copy_strided_named(tpurt_stream *s, const tpurt_view *dst, const tpurt_view *src,
+                                       const char *name) {
   TPURT__INIT_OR_RETURN();
   tpurt_status st;
   if ((st = tpurt__check_view(dst, "copy_strided (destination)")) || (st = tpurt__check_view(src, "copy_strided (source)")))
@@ -630,7 +646,7 @@ tpurt_status tpurt_copy_strided(tpurt_stream *s, const tpurt_view *dst, const tp
     }
     a.overlap = 1;
   }
-  if (!a.overlap && tpurt__deferring() && copies_as_programs()) {
+  if (!a.overlap && tpurt__deferring() && copies_as_programs(dst->dtype, src->dtype)) {
     tpurt_dtype c = copy_compute(dst->dtype, src->dtype);
     int bcast = 0; /* a destination that repeats an element (stride 0) */
     for (int k = 0; k < dst->ndim; k++) bcast |= dst->sizes[k] > 1 && dst->strides[k] == 0;
@@ -640,7 +656,7 @@ tpurt_status tpurt_copy_strided(tpurt_stream *s, const tpurt_view *dst, const tp
       return tpurt__elementwise_named(s, &prog, dst, src, 1, NULL, 0, "copy");
     }
   }
-  return tpurt_launch(s, "copy_strided", k_strided, &a, sizeof a);
+  return tpurt_launch(s, name, k_strided, &a, sizeof a);
 }
 
 /* ---------------------------------------------------------------- fill */

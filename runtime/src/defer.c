@@ -2609,6 +2609,13 @@ static tpurt_status group_operands(const exec_ctx *x, int u, const fgroup *F, tp
   return TPURT_OK;
 }
 
+/* Is group F a copy recorded as a program (copy.c, copy_compute) alone? */
+static int lone_copy(const dgraph *G, const fgroup *F) {
+  const dnode *d = &G->nodes[F->nodes[0]];
+  return F->nn == 1 && F->nin == 1 && F->nout == 1 && F->prog.ninst == 1 && F->prog.inst[0].op == TPURT_EW_LOAD &&
+         d->name && strcmp(d->name, "copy") == 0;
+}
+
 /* The arguments of a pair run as one kernel: group F as unit gu sees it
  * (*ew, malloc'd, *ewn bytes) and node d's as unit nu sees them (*na: d's
  * own, buf, or malloc'd; free with free_pair_args). */
@@ -2713,6 +2720,8 @@ static tpurt_status run_unit(exec_ctx *x, int u) {
   tpurt_status st = group_operands(x, u, F, outs, ins, scal, &ns);
   if (st) return st;
   const char *name = site_name(F->name, G->nodes[F->nodes[F->nn - 1]].site);
+  if (lone_copy(G, F)) /* a copy that fused with nothing: the copy kernel moves it faster */
+    return tpurt__copy_strided_named(x->s, &outs[0], &ins[0], name);
   return tpurt__elementwise_named(x->s, &F->prog, outs, ins, F->nin, scal, ns, name);
 }
 

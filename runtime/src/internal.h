@@ -344,6 +344,10 @@ TPURT_INTERNAL int tpurt__reduce_pro_target(const void *args, tpurt_devptr *in, 
 TPURT_INTERNAL tpurt_status tpurt__reduce_pro_enqueue(tpurt_stream *s, const char *name, const void *args,
                                                      size_t size, const void *ew_args, size_t ew_size, int out);
 
+/* tpurt_copy_strided with a kernel name (copy.c). */
+TPURT_INTERNAL tpurt_status tpurt__copy_strided_named(tpurt_stream *s, const tpurt_view *dst, const tpurt_view *src,
+                                                     const char *name);
+
 /* Launch-side view checks (view.c). */
 TPURT_INTERNAL int64_t tpurt__view_numel(const tpurt_view *v);
 /* Byte extent [lo, hi) of a non-empty view relative to its pointer. */
