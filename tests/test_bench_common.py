@@ -115,3 +115,16 @@ def test_fusion_bench_measures_each_pattern_with_its_fusion_off_and_on(monkeypat
         assert name in table
     assert os.environ["TORCH_TPU_DEFER_PROLOGUE"] == "keep" and "TORCH_TPU_DEFER_COPIES" not in os.environ
     assert torch_tpu.get_execution_mode() == mode
+
+
+def test_ceiling_reads_the_kernel_times_of_both_modes():
+    # the child processes' kernel tables are parsed: products take part of
+    # the kernel time, and strict's step over them is the ceiling
+    from bench import ceiling
+    res, table = ceiling.run(("mingpt",), steps=1)
+    r = res["mingpt"]
+    for mode in ("strict", "defer"):
+        assert 0 < r[mode]["fixed_ms"] < r[mode]["kernel_ms"], r
+        assert r[mode]["step_ms"] > 0
+    assert r["ceiling"] == r["strict"]["step_ms"] / r["strict"]["fixed_ms"] > 1
+    assert "mingpt" in table

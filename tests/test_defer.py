@@ -1060,6 +1060,8 @@ _PROLOGUE_CASES = {
     # outer strategy: whole short rows several per range, and single rows
     "outer_short_rows": (lambda x, y: x * y, lambda t: t.sum(1), [((8, 256, 128), torch.float32)] * 2),
     "outer_long_rows": (lambda x, y: x * y, lambda t: t.sum(1), [((2, 64, 4096), torch.float32)] * 2),
+    # ... and one row of outputs: the reduced rows split into parts combined in order
+    "outer_parts": (lambda x, y: x * y - 1, lambda t: t.sum(0), [((8192, 128), torch.float32)] * 2),
     # the stored dtype of the values, not the compute type
     "bf16": (lambda x, y: (x * y).to(torch.bfloat16), lambda t: t.sum(-1), _F32_2),
     "float64": (lambda x, y: x * y, lambda t: t.sum(-1), [((512, 96), torch.float64)] * 2),
