@@ -9,9 +9,9 @@ defer    DeferAndFuse vs strict eager vs CPU eager on minGPT / Llama / ResNet tr
 gemm     GEMM library choice (OpenBLAS / oneDNN / torch CPU, FMA peak),
          tpu fp32/bf16 GEMM vs CPU, conv2d on ResNet-18 shapes vs CPU
 attention fused scaled_dot_product_attention fwd and fwd+bwd vs CPU SDPA
-fusion   DeferAndFuse fusion patterns (RMSNorm, row sums, logsumexp with their reduction prologues;
-         autocast casts; a linear layer's epilogue), each with its setting off and on, paired (not in the
-         default run)
+fusion   DeferAndFuse fusion patterns (RMSNorm, row sums, logsumexp with their reduction prologues; a norm's
+         scale and a softmax's sum with their reduction epilogues; autocast casts; a linear layer's epilogue),
+         each with its setting off and on, paired (not in the default run)
 fft      rfft / fft of 2^20 and of 1024x1024 (batch and 2-d) vs CPU torch.fft (not in the default run)
 matrix   examples' workloads (minGPT, Llama, ResNet, DLRM, UNet; Qwen with --qwen) x {cpu eager,
          cpu Inductor, tpu strict, tpu defer}: train (and Llama/ResNet inference) step time,

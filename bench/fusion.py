@@ -11,6 +11,8 @@ kernels launched and the bytes that never took memory per run.
   rmsnorm          x * rsqrt(mean(x^2) + eps) * w, forward and backward  TORCH_TPU_DEFER_PROLOGUE
   row sums         (a * b).sum(-1), the backward of a norm's scale       TORCH_TPU_DEFER_PROLOGUE
   logsumexp        (x * s + m).logsumexp(-1), a loss's normalizer         TORCH_TPU_DEFER_PROLOGUE
+  norm scale       rsqrt(mean(x^2) + eps): the group after the mean       TORCH_TPU_DEFER_REDUCE_EPILOGUE
+  softmax sum      w / exp(x).sum(-1): the group after the sum            TORCH_TPU_DEFER_REDUCE_EPILOGUE
   autocast casts   (x_bf16.float() * w + r).to(bf16), amp's casts         TORCH_TPU_DEFER_COPIES
   linear epilogue  gelu(x @ W^T + b) + r, a product and its epilogue     TORCH_TPU_DEFER_EPILOGUE (off by default)
 """
@@ -36,7 +38,7 @@ def _patterns() -> list[tuple[str, str, tuple[str, str], Callable[[], object]]]:
         return torch.randn(*shape, generator=g).to("tpu", dtype).requires_grad_(grad)
 
     x, w = dev(ROWS, COLS, grad=True), dev(COLS, grad=True)
-    a, b = dev(ROWS, COLS), dev(ROWS, COLS)
+    a, b, w_rows = dev(ROWS, COLS), dev(ROWS, COLS), dev(ROWS)
     xb, r = dev(2048, 1024, dtype=torch.bfloat16), dev(2048, 1024)
     w1 = dev(1024)
     xl, wl, bl, rl = dev(1024, 512), dev(1024, 512), dev(1024), dev(1024, 1024)
@@ -52,6 +54,10 @@ def _patterns() -> list[tuple[str, str, tuple[str, str], Callable[[], object]]]:
         ("rmsnorm fwd+bwd", f"[{ROWS}, {COLS}] f32", *prologue, rmsnorm),
         ("row sums", f"[{ROWS}, {COLS}] f32", *prologue, lambda: (a * b).sum(-1)),
         ("logsumexp", f"[{ROWS}, {COLS}] f32", *prologue, lambda: (a * 0.5 + b).logsumexp(-1)),
+        ("norm scale", f"[{ROWS}, {COLS}] f32", "TORCH_TPU_DEFER_REDUCE_EPILOGUE", ("0", "1"),
+         lambda: torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-6)),
+        ("softmax sum", f"[{ROWS}, {COLS}] f32", "TORCH_TPU_DEFER_REDUCE_EPILOGUE", ("0", "1"),
+         lambda: w_rows / a.exp().sum(-1)),
         ("autocast casts", "[2048, 1024] bf16 / f32", "TORCH_TPU_DEFER_COPIES", ("0", "1"),
          lambda: (xb.float() * w1 + r).to(torch.bfloat16)),
         ("linear epilogue", "[1024, 512] @ [512, 1024]", "TORCH_TPU_DEFER_EPILOGUE", ("0", "1"),

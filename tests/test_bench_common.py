@@ -107,7 +107,8 @@ def test_fusion_bench_measures_each_pattern_with_its_fusion_off_and_on(monkeypat
     monkeypatch.delenv("TORCH_TPU_DEFER_COPIES", raising=False)
     mode = torch_tpu.get_execution_mode()
     res, table = fusion.run(repeats=2, calls=1)
-    assert set(res) == {"rmsnorm fwd+bwd", "row sums", "logsumexp", "autocast casts", "linear epilogue"}
+    assert set(res) == {"rmsnorm fwd+bwd", "row sums", "logsumexp", "norm scale", "softmax sum", "autocast casts",
+                        "linear epilogue"}
     for name, r in res.items():
         assert r["kernels"]["1"] < r["kernels"]["0"], (name, r)
         assert r["bytes_never_materialized"]["1"] >= r["bytes_never_materialized"]["0"], (name, r)

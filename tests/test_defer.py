@@ -1265,3 +1265,91 @@ def test_copies_within_half_and_bool_keep_every_byte(defer):
             assert torch.equal(a, b)
         assert torch.equal(got[0][0], h.reshape(16, 16).view(ints).t())  # every byte moved as it was
         assert torch.equal(got[0][1], h.reshape(16, 16).view(ints))
+
+
+# -------------------------------------------------- reduction epilogues
+
+
+def _epilogue_runs(monkeypatch, fn, host):
+    """fn in defer mode with and without reduction epilogues, and in strict
+    mode: (outputs, stats) of each."""
+
+    def run(mode, on):
+        monkeypatch.setenv("TORCH_TPU_DEFER_REDUCE_EPILOGUE", on)
+        with torch_tpu.execution_mode(mode):
+            t = [h.to("tpu") for h in host]
+            torch.tpu.synchronize()
+            torch.tpu.reset_defer_stats()
+            out = tuple(o.cpu() for o in fn(*t))
+            return out, torch.tpu.defer_stats()
+
+    return run("defer", "1"), run("defer", "0"), run("strict", "1")
+
+
+def _rms_inv(x, w):  # the mean of squares (prologue) and rsqrt(mean + eps) (epilogue)
+    return (torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6),)
+
+
+def _softmax_denominator(x, w):  # sum of exponentials, then its reciprocal times a weight
+    return (w / x.exp().sum(-1),)
+
+
+def _sum_then_two_outputs(x, w):  # an input of its own, two outputs
+    s = x.sum(-1)
+    return s * w + 1, s.exp()
+
+
+def _mean_in_place(x, w):  # the epilogue updates the output in place
+    m = x.mean(-1)
+    m.mul_(2).add_(w)
+    return (m,)
+
+
+# name: (function, x shape, w shape, pairs expected)
+_EPILOGUE_CASES = {
+    "prologue_and_epilogue": (_rms_inv, (1024, 128), (1,), 1),
+    "softmax_denominator": (_softmax_denominator, (1024, 96), (1024,), 1),
+    "two_outputs": (_sum_then_two_outputs, (512, 200), (512,), 1),
+    "in_place": (_mean_in_place, (600, 64), (600,), 1),
+    # walks that do not write outputs chunk by chunk in order: the epilogue runs whole after the walk
+    "outer_whole_after": (lambda x, w: ((x * 2).sum(0) * w,), (1024, 128), (128,), 1),
+    "split_whole_after": (lambda x, w: ((x * x).sum() * w,), (256, 512), (1,), 1),
+    "two_output_dims": (lambda x, w: (x.sum(1) - w,), (8, 64, 32), (8, 32), 1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_EPILOGUE_CASES))
+def test_reduction_runs_the_group_after_it_as_its_epilogue(defer, monkeypatch, case):
+    # the group reading a reduction's outputs in order runs inside the
+    # reduction's kernel: one kernel fewer, strict mode's bits
+    fn, xs, ws, pairs = _EPILOGUE_CASES[case]
+    g = torch.Generator().manual_seed(14)
+    host = [torch.randn(xs, generator=g), torch.randn(ws, generator=g)]
+    ref = fn(*host)
+    _poisoned(*(tuple(r.shape) if r.dim() else (1,) for r in ref))
+    (got, st), (unfused, st0), (strict, _) = _epilogue_runs(monkeypatch, fn, host)
+    for a, b, c, r in zip(got, unfused, strict, ref):
+        assert torch.equal(a, c) and torch.equal(b, c)
+        torch.testing.assert_close(a, r, rtol=1e-5, atol=1e-5)
+    assert st["kernels_launched"] == st0["kernels_launched"] - pairs, (st, st0)
+
+
+@pytest.mark.parametrize("case", ["reads_transposed", "writes_the_input"])
+def test_group_is_not_a_reduction_epilogue_where_chunks_would_race(defer, monkeypatch, case):
+    # a group that reads the outputs in another order (outputs another
+    # chunk has not written yet), or writes memory the reduction reads, runs
+    # after the reduction: strict mode's values, no kernel saved
+    g = torch.Generator().manual_seed(15)
+    host = [torch.randn(64, 64, 256, generator=g), torch.randn(64, generator=g)]
+
+    def fn(x, w):
+        s = x.sum(-1)  # [64, 64], dense, written chunk by chunk
+        if case == "reads_transposed":
+            return (s + s.t(),)
+        x[:, :, 0].copy_(s * 2)  # the first column of the input, from the outputs in order
+        return s, x[:, :, :2]
+
+    (got, st), (unfused, st0), (strict, _) = _epilogue_runs(monkeypatch, fn, host)
+    for a, b, c in zip(got, unfused, strict):
+        assert torch.equal(a, c) and torch.equal(b, c)
+    assert st["kernels_launched"] == st0["kernels_launched"], (st, st0)

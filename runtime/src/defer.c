@@ -795,6 +795,7 @@ typedef struct fgroup {
   const char *name;
   int pro_node, pro_out; /* a reduction's prologue: its node + 1 (0: none), and the output it reads */
   const char *pro_name;
+  int in_red; /* a reduction's epilogue: runs inside the reduction's kernel */
 } fgroup;
 
 typedef struct unit {
@@ -832,6 +833,8 @@ typedef struct plan {
   int nchains;
   const char **epi; /* per unit: a GEMM unit's name with the group after it as its epilogue, or NULL */
   uint8_t *pro_skip; /* per node: a reduction run inside its prologue group's kernel */
+  int *red_epi;       /* per node: a reduction's epilogue group's unit + 1 (0: none) */
+  const char **red_name; /* per node: the name of a reduction's kernel with its epilogue */
   int kernels, fused_kernels, ops_fused, ops_eliminated, stores_eliminated;
   struct plan *next;
 } plan;
@@ -1292,6 +1295,8 @@ static void free_plan_contents(plan *P) {
   free(P->chains);
   free(P->epi);
   free(P->pro_skip);
+  free(P->red_epi);
+  free(P->red_name);
 }
 
 /* The memory notes of an opaque unit (a node or a chain). */
@@ -1907,7 +1912,7 @@ static int plan_chains(plan *P, const dgraph *G, const pfacts *pf, const gstate 
  * computes (x.pow(2).mean(-1) of an RMSNorm, the row sums of its backward,
  * a softmax's or loss's sum of products) runs with that group as its
  * prologue: the reduction's walk asks the group for each contiguous run of
- * its input as it reaches it (kernels/reduce.c, k_reduce_pro), into a
+ * its input as it reaches it (kernels/reduce.c, k_reduce_fused), into a
  * buffer of the thread's own, and the input never takes memory — neither
  * a store of it nor a load back. Same bits: the reduction folds the same
  * values in the same order, the group computes each element as it would
@@ -2055,6 +2060,150 @@ static int order_prologues(plan *P) {
   return 0;
 }
 
+/* Group F against a kernel's output `flat` (dense, in F's element order):
+ * -1 when an operand touches flat's bytes other than as flat itself in that
+ * order, an output overlaps a range of no_out or any operand one of
+ * no_any; else 1 if F reads flat, 0 if not. */
+static int in_order(const dgraph *G, const fgroup *F, const tpurt_view *flat, const uint64_t (*no_out)[2], int nout,
+                    const uint64_t (*no_any)[2], int nany) {
+  uint64_t flo, fhi;
+  view_range(flat, &flo, &fhi);
+  int reads = 0;
+  for (int k = 0; k < F->nin + F->nout; k++) {
+    const vref *r = k < F->nin ? &F->in[k] : &F->out[k - F->nin];
+    const tpurt_view *v = &G->nodes[r->node].views[r->idx];
+    uint64_t lo, hi;
+    view_range(v, &lo, &hi);
+    if (view_eq_over(v, flat, F->ndim, F->sizes)) { /* flat itself, element by element (in place too) */
+      reads |= k < F->nin;
+      continue;
+    }
+    if (lo < fhi && flo < hi) return -1;
+    for (int m = 0; m < nout && k >= F->nin; m++)
+      if (lo < no_out[m][1] && no_out[m][0] < hi) return -1;
+    for (int m = 0; m < nany; m++)
+      if (lo < no_any[m][1] && no_any[m][0] < hi) return -1;
+  }
+  return reads;
+}
+
+/* ------------------------------------------- reduction epilogues
+ *
+ * The group right after a reduction that reads the reduction's output in
+ * its element order (rsqrt(mean + eps) of an RMSNorm, the division of a
+ * softmax's sum, a loss's scaling) runs inside the reduction's kernel:
+ * each chunk of the reduction's walk runs it over the outputs it has just
+ * written (or, where the walk splits outputs otherwise, whole after the
+ * walk: kernels/reduce.c, k_reduce_fused) — one kernel fewer, same bits
+ * (the group computes every element as it would alone, from the same
+ * stored outputs). Conditions: the reduction writes exactly elements
+ * [0, n) of one output; the group computes over n elements; its operands
+ * that touch that output are the output itself in that order; it writes
+ * nothing the reduction (or its prologue group) reads or writes; it is not
+ * a recomputation; only free markers lie between the two (allocations
+ * there move before the kernel). On by default;
+ * TORCH_TPU_DEFER_REDUCE_EPILOGUE=0 turns it off. */
+static int red_epilogues_enabled(void) {
+  const char *e = getenv("TORCH_TPU_DEFER_REDUCE_EPILOGUE");
+  return !(e && *e == '0');
+}
+
+/* The group of a reduction node's prologue, or NULL. */
+static const fgroup *prologue_of(const plan *P, int node) {
+  for (int gi = 0; gi < P->ngroups; gi++)
+    if (P->groups[gi].pro_node == node + 1) return &P->groups[gi];
+  return NULL;
+}
+
+/* Unit u a reduction and the next unit but free markers, w, a group that
+ * can run as its epilogue? */
+static int red_epi_pair(const plan *P, const dgraph *G, int u, int *wout) {
+  const unit *U = &P->units[u];
+  if (U->kind != U_NODE) return 0;
+  const dnode *d = &G->nodes[U->idx];
+  tpurt_devptr out;
+  int64_t n;
+  tpurt_dtype dt;
+  if (d->fn != tpurt__reduce_fn() || !tpurt__reduce_epi_target(d->args, &out, &n, &dt)) return 0;
+  int w = u + 1;
+  while (w < P->nunits && P->units[w].kind == U_FREE) w++;
+  if (w >= P->nunits || P->units[w].kind != U_GROUP) return 0;
+  const fgroup *F = &P->groups[P->units[w].idx];
+  if (F->nout == 0 || F->pro_node || F->in_red) return 0;
+  for (int r = 0; r < P->nremat; r++)
+    if (P->remat[r].unit == w) return 0;
+  int64_t gn = 1;
+  for (int k = 0; k < F->ndim; k++) gn *= F->sizes[k];
+  if (gn != n) return 0;
+  tpurt_view flat = {.ptr = out, .dtype = dt, .ndim = 1};
+  flat.sizes[0] = n;
+  flat.strides[0] = 1;
+  /* outputs: nothing the reduction reads or writes; no operand over its
+   * prologue's operands (running alongside) */
+  uint64_t no_out[64][2], no_any[2 * TPURT_EW_MAX_IO][2];
+  int nout = 0, nany = 0;
+  if (d->nacc > 64) return 0;
+  for (int a = 0; a < d->nacc; a++) {
+    no_out[nout][0] = d->acc[a].p + (uint64_t)d->acc[a].lo;
+    no_out[nout++][1] = d->acc[a].p + (uint64_t)d->acc[a].hi;
+  }
+  const fgroup *pro = P->pro_skip && P->pro_skip[U->idx] ? prologue_of(P, U->idx) : NULL;
+  for (int j = 0; pro && j < pro->nin + pro->nout; j++) {
+    const vref *q = j < pro->nin ? &pro->in[j] : &pro->out[j - pro->nin];
+    view_range(&G->nodes[q->node].views[q->idx], &no_any[nany][0], &no_any[nany][1]);
+    nany++;
+  }
+  int reads_out = in_order(G, F, &flat, no_out, nout, no_any, nany);
+  if (reads_out <= 0) return 0;
+  *wout = w;
+  return 1;
+}
+
+/* The step index of unit u. */
+static int step_of(const plan *P, int u) {
+  for (int i = 0; i < P->nsteps; i++)
+    if (P->steps[i].kind == S_UNIT && P->steps[i].a == u) return i;
+  return -1;
+}
+
+/* Marks the pairs and moves the allocations between the reduction's kernel
+ * (its own step, or its prologue group's) and the epilogue's step before
+ * the kernel. Returns 0, or -1 out of memory or on a broken invariant. */
+static int plan_red_epilogues(plan *P, const dgraph *G) {
+  if (!red_epilogues_enabled()) return 0;
+  for (int u = 0; u < P->nunits; u++) {
+    int w;
+    if (!red_epi_pair(P, G, u, &w)) continue;
+    int node = P->units[u].idx;
+    if ((!P->red_epi && !(P->red_epi = calloc((size_t)(G->n ? G->n : 1), sizeof *P->red_epi))) ||
+        (!P->red_name && !(P->red_name = calloc((size_t)(G->n ? G->n : 1), sizeof *P->red_name))))
+      return -1;
+    fgroup *F = &P->groups[P->units[w].idx];
+    F->in_red = 1;
+    P->red_epi[node] = w + 1;
+    const fgroup *pro = P->pro_skip && P->pro_skip[node] ? prologue_of(P, node) : NULL;
+    const dnode *d = &G->nodes[node];
+    char nm[480];
+    snprintf(nm, sizeof nm, "%s+%s", pro ? pro->pro_name : d->name ? d->name : "reduce", F->name);
+    P->red_name[node] = intern(nm);
+    P->kernels--;
+    P->fused_kernels += pro ? 0 : 1;
+    P->ops_fused += (pro ? 0 : 1) + F->nn;
+    /* the kernel's step: the reduction's, or its prologue group's */
+    int ku = u;
+    if (pro)
+      for (int v = 0; v < P->nunits; v++)
+        if (P->units[v].kind == U_GROUP && &P->groups[P->units[v].idx] == pro) ku = v;
+    int i = step_of(P, ku), j = step_of(P, w);
+    if (i < 0 || j < i) return -1;
+    for (int k = i + 1; k < j; k++) /* planner invariant: only free markers (and the reduction) between */
+      if (P->steps[k].kind == S_UNIT && P->steps[k].a != u && P->units[P->steps[k].a].kind != U_FREE) return -1;
+    allocs_before(P, i, j);
+    u = w;
+  }
+  return 0;
+}
+
 /* ------------------------------------------------- GEMM epilogues
  *
  * A GEMM whose output the very next unit, an elementwise group, reads in
@@ -2097,7 +2246,7 @@ static int epi_pair(const plan *P, const dgraph *G, int u) {
   tpurt_view c, ab[2];
   if (d->fn != tpurt__gemm_fn() || !tpurt__gemm_epi_target(d->args, &c, ab)) return 0;
   const fgroup *F = &P->groups[V->idx];
-  if (F->nout == 0 || F->prog.compute != TPURT_F32 || F->pro_node) return 0;
+  if (F->nout == 0 || F->prog.compute != TPURT_F32 || F->pro_node || F->in_red) return 0;
   for (int r = 0; r < P->nremat; r++)
     if (P->remat[r].unit == u + 1) return 0;
   int64_t n = 1;
@@ -2107,24 +2256,9 @@ static int epi_pair(const plan *P, const dgraph *G, int u) {
   flat.ndim = 1;
   flat.sizes[0] = n;
   flat.strides[0] = 1;
-  uint64_t clo = c.ptr, chi = c.ptr + 4 * (uint64_t)n;
-  int reads_c = 0;
-  for (int k = 0; k < F->nin + F->nout; k++) {
-    const vref *r = k < F->nin ? &F->in[k] : &F->out[k - F->nin];
-    const tpurt_view *w = &G->nodes[r->node].views[r->idx];
-    uint64_t lo, hi;
-    view_range(w, &lo, &hi);
-    if (view_eq_over(w, &flat, F->ndim, F->sizes))
-      reads_c |= k < F->nin;
-    else if (lo < chi && clo < hi)
-      return 0;
-    for (int m = 0; m < 2 && k >= F->nin; m++) { /* outputs: not over A or B */
-      uint64_t alo, ahi;
-      view_range(&ab[m], &alo, &ahi);
-      if (lo < ahi && alo < hi) return 0;
-    }
-  }
-  return reads_c;
+  uint64_t no_out[2][2]; /* outputs: not over A or B (still being read) */
+  for (int m = 0; m < 2; m++) view_range(&ab[m], &no_out[m][0], &no_out[m][1]);
+  return in_order(G, F, &flat, no_out, 2, NULL, 0) > 0;
 }
 
 /* Marks the pairs and moves the allocations between each pair's units
@@ -2331,7 +2465,7 @@ static plan *build_plan(dgraph *G) {
   }
   for (int l = 0; l < G->np; l++)
     if (P->materialize[l] && pf[l].first < 0) P->steps[P->nsteps++] = (pstep){S_ALLOC, l};
-  if (order_prologues(P) != 0 || plan_epilogues(P, G) != 0) goto fail;
+  if (order_prologues(P) != 0 || plan_red_epilogues(P, G) != 0 || plan_epilogues(P, G) != 0) goto fail;
   free(gs);
   free(gl);
   free(pf);
@@ -2510,6 +2644,7 @@ static void graph_key(dgraph *G, uint64_t *k1, uint64_t *k2) {
   h = mix(h, (uint64_t)chains_enabled());
   h = mix(h, (uint64_t)epilogues_enabled());
   h = mix(h, (uint64_t)prologues_enabled());
+  h = mix(h, (uint64_t)red_epilogues_enabled());
   free(X);
   free(canon);
   free(cstart);
@@ -2616,26 +2751,28 @@ static int lone_copy(const dgraph *G, const fgroup *F) {
          d->name && strcmp(d->name, "copy") == 0;
 }
 
-/* The arguments of a pair run as one kernel: group F as unit gu sees it
- * (*ew, malloc'd, *ewn bytes) and node d's as unit nu sees them (*na: d's
- * own, buf, or malloc'd; free with free_pair_args). */
-static tpurt_status pair_args(const exec_ctx *x, int gu, const fgroup *F, int nu, const dnode *d, const char *name,
-                              void **ew, size_t *ewn, void **na, void *buf, size_t cap) {
+/* Group F's launch as unit gu runs it, serialized (*ew, malloc'd, *ewn bytes). */
+static tpurt_status group_args(const exec_ctx *x, int gu, const fgroup *F, void **ew, size_t *ewn) {
   tpurt_view outs[TPURT_EW_MAX_IO], ins[TPURT_EW_MAX_IO];
   double scal[4 * TPURT_EW_MAX_INST];
   int ns = 0;
   *ew = NULL;
-  *na = d->args;
   tpurt_status st = group_operands(x, gu, F, outs, ins, scal, &ns);
-  if (!st) st = tpurt__ew_args(&F->prog, outs, ins, F->nin, scal, ns, ew, ewn);
-  if (!st && x->P->nremat && !(*na = redirected_args(x, nu, d, buf, cap)))
-    st = tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory", name);
-  return st;
+  return st ? st : tpurt__ew_args(&F->prog, outs, ins, F->nin, scal, ns, ew, ewn);
 }
 
-static void free_pair_args(const dnode *d, void *ew, void *na, void *buf) {
+/* Node d's arguments as unit u sees them (*na: d's own, buf, or malloc'd;
+ * free with free_node_args). */
+static tpurt_status node_args(const exec_ctx *x, int u, const dnode *d, const char *name, void **na, void *buf,
+                              size_t cap) {
+  *na = d->args;
+  if (x->P->nremat && !(*na = redirected_args(x, u, d, buf, cap)))
+    return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory", name);
+  return TPURT_OK;
+}
+
+static void free_node_args(const dnode *d, void *na, void *buf) {
   if (na && na != d->args && na != buf) free(na);
-  free(ew);
 }
 
 /* GEMM unit u with the group unit u + 1 as its epilogue, as one kernel. */
@@ -2644,27 +2781,42 @@ static tpurt_status run_gemm_epi(exec_ctx *x, int u) {
   const fgroup *F = &x->P->groups[x->P->units[u + 1].idx];
   const char *name = site_name(x->P->epi[u], x->G->nodes[F->nodes[F->nn - 1]].site);
   _Alignas(16) unsigned char buf[1024];
-  void *ew, *ga;
+  void *ew = NULL, *ga = NULL;
   size_t ewn = 0;
-  tpurt_status st = pair_args(x, u + 1, F, u, d, name, &ew, &ewn, &ga, buf, sizeof buf);
+  tpurt_status st = group_args(x, u + 1, F, &ew, &ewn);
+  if (!st) st = node_args(x, u, d, name, &ga, buf, sizeof buf);
   if (!st) st = tpurt__gemm_epi_enqueue(x->s, name, ga, d->args_size, ew, ewn);
-  free_pair_args(d, ew, ga, buf);
+  free_node_args(d, ga, buf);
+  free(ew);
   return st;
 }
 
-/* Group unit u with the reduction it computes the input of, as one kernel
- * (the reduction's node is not a unit of its own in the pair's kernel). */
-static tpurt_status run_reduce_pro(exec_ctx *x, int u) {
-  const fgroup *F = &x->P->groups[x->P->units[u].idx];
-  const dnode *d = &x->G->nodes[F->pro_node - 1];
-  const char *name = site_name(F->pro_name, d->site);
+/* Reduction node `node` as one kernel with its prologue group (unit pu, or
+ * -1) and / or its epilogue group (P->red_epi), run at unit u's step. */
+static tpurt_status run_reduce_fused(exec_ctx *x, int u, int node, int pu) {
+  const dnode *d = &x->G->nodes[node];
+  const fgroup *pro = pu >= 0 ? &x->P->groups[x->P->units[pu].idx] : NULL;
+  int eu = x->P->red_epi && x->P->red_epi[node] ? x->P->red_epi[node] - 1 : -1;
+  const fgroup *epi = eu >= 0 ? &x->P->groups[x->P->units[eu].idx] : NULL;
+  const char *name = site_name(epi ? x->P->red_name[node] : pro->pro_name, d->site);
   _Alignas(16) unsigned char buf[1024];
-  void *ew, *ra;
-  size_t ewn = 0;
-  tpurt_status st = pair_args(x, u, F, u, d, name, &ew, &ewn, &ra, buf, sizeof buf);
-  if (!st) st = tpurt__reduce_pro_enqueue(x->s, name, ra, d->args_size, ew, ewn, F->pro_out);
-  free_pair_args(d, ew, ra, buf);
+  void *pa = NULL, *ea = NULL, *ra = NULL;
+  size_t pn = 0, en = 0;
+  tpurt_status st = pro ? group_args(x, pu, pro, &pa, &pn) : TPURT_OK;
+  if (!st && epi) st = group_args(x, eu, epi, &ea, &en);
+  if (!st) st = node_args(x, u, d, name, &ra, buf, sizeof buf);
+  if (!st)
+    st = tpurt__reduce_fused_enqueue(x->s, name, ra, d->args_size, pa, pn, pro ? pro->pro_out : -1, ea, en);
+  free_node_args(d, ra, buf);
+  free(pa);
+  free(ea);
   return st;
+}
+
+/* Group unit u with the reduction it computes the input of (and that
+ * reduction's epilogue, if any), as one kernel. */
+static tpurt_status run_reduce_pro(exec_ctx *x, int u) {
+  return run_reduce_fused(x, u, x->P->groups[x->P->units[u].idx].pro_node - 1, u);
 }
 
 static tpurt_status run_unit(exec_ctx *x, int u) {
@@ -2679,6 +2831,7 @@ static tpurt_status run_unit(exec_ctx *x, int u) {
   if (x->P->epi && u > 0 && x->P->epi[u - 1]) return TPURT_OK; /* ran as the epilogue of unit u - 1 */
   if (U->kind == U_NODE) {
     if (x->P->pro_skip && x->P->pro_skip[U->idx]) return TPURT_OK; /* ran inside its prologue's kernel */
+    if (x->P->red_epi && x->P->red_epi[U->idx]) return run_reduce_fused(x, u, U->idx, -1);
     dnode *d = &G->nodes[U->idx];
     const char *name = site_name(d->name ? d->name : "kernel", d->site);
     if (x->P->nremat && d->args_size) { /* promise addresses in the arguments may be redirected */
@@ -2712,7 +2865,7 @@ static tpurt_status run_unit(exec_ctx *x, int u) {
     return st;
   }
   fgroup *F = &x->P->groups[U->idx];
-  if (F->nout == 0) return TPURT_OK;
+  if (F->nout == 0 || F->in_red) return TPURT_OK; /* (in_red: ran inside its reduction's kernel) */
   if (F->pro_node) return run_reduce_pro(x, u);
   tpurt_view outs[TPURT_EW_MAX_IO], ins[TPURT_EW_MAX_IO];
   double scal[4 * TPURT_EW_MAX_INST];
@@ -2755,8 +2908,9 @@ static void debug_plan(const dgraph *G, const plan *P) {
       const unit *U = &P->units[S->a];
       if (U->kind == U_GROUP) {
         const fgroup *F = &P->groups[U->idx];
-        fprintf(stderr, "[defer]   step group %s (%d in, %d out)%s%s over [", F->name, F->nin, F->nout,
-                F->pro_node ? " as the prologue of " : "", F->pro_node ? F->pro_name : "");
+        fprintf(stderr, "[defer]   step group %s (%d in, %d out)%s%s%s over [", F->name, F->nin, F->nout,
+                F->pro_node ? " as the prologue of " : "", F->pro_node ? F->pro_name : "",
+                F->in_red ? " as a reduction's epilogue" : "");
         for (int k = 0; k < F->ndim; k++) fprintf(stderr, "%s%" PRId64, k ? ", " : "", F->sizes[k]);
         fprintf(stderr, "]:");
         for (int k = 0; k < F->prog.ninst; k++) fprintf(stderr, " %s", tpurt_ew_op_name(F->prog.inst[k].op));

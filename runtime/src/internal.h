@@ -332,17 +332,23 @@ TPURT_INTERNAL uint64_t tpurt__gemm_signature(const void *gemm_args);
 TPURT_INTERNAL tpurt_status tpurt__gemm_epi_enqueue(tpurt_stream *s, const char *name, const void *gemm_args,
                                                    size_t gemm_size, const void *ew_args, size_t ew_size);
 
-/* A reduction whose input an elementwise launch computes (kernels/reduce.c,
- * for DeferAndFuse): tpurt__reduce_fn is the reduction kernel's function;
- * tpurt__reduce_pro_target gives its input buffer, element count and dtype when
- * the reduction reads exactly elements [0, n) of it, each once, in
- * contiguous runs, on as many chunks as threads; the enqueue of the pair
- * as one kernel (the launch's output `out` is the input, computed run by
- * run into each thread's buffer and never stored). */
+/* A reduction whose input an elementwise launch computes, or whose
+ * outputs one reads (kernels/reduce.c, for DeferAndFuse):
+ * tpurt__reduce_fn is the reduction kernel's function;
+ * tpurt__reduce_pro_target gives its input buffer, element count and dtype
+ * when the reduction reads exactly elements [0, n) of it, each once, in
+ * contiguous runs, on as many chunks as threads; tpurt__reduce_epi_target
+ * its output's when it writes exactly elements [0, n) of one output; the
+ * enqueue of the reduction with a prologue (its output `pro_out` is the
+ * input, computed run by run into each thread's buffer and never stored)
+ * and / or an epilogue (run on the outputs each chunk of the walk has
+ * written, or whole after the walk), as one kernel. */
 TPURT_INTERNAL tpurt_kernel_fn tpurt__reduce_fn(void);
 TPURT_INTERNAL int tpurt__reduce_pro_target(const void *args, tpurt_devptr *in, int64_t *numel, tpurt_dtype *dt);
-TPURT_INTERNAL tpurt_status tpurt__reduce_pro_enqueue(tpurt_stream *s, const char *name, const void *args,
-                                                     size_t size, const void *ew_args, size_t ew_size, int out);
+TPURT_INTERNAL int tpurt__reduce_epi_target(const void *args, tpurt_devptr *out, int64_t *numel, tpurt_dtype *dt);
+TPURT_INTERNAL tpurt_status tpurt__reduce_fused_enqueue(tpurt_stream *s, const char *name, const void *args,
+                                                       size_t size, const void *pro_args, size_t pro_size,
+                                                       int pro_out, const void *epi_args, size_t epi_size);
 
 /* tpurt_copy_strided with a kernel name (copy.c). */
 TPURT_INTERNAL tpurt_status tpurt__copy_strided_named(tpurt_stream *s, const tpurt_view *dst, const tpurt_view *src,

@@ -574,12 +574,15 @@ typedef struct {
   int64_t W;        /* outer: columns per block (a multiple of CB) */
   rstate *partial;  /* P > 1: partial states */
   int failed;
-  /* a fused prologue (k_reduce_pro): the launch computing the input, run
+  /* a fused prologue (k_reduce_fused): the launch computing the input, run
    * by ranges into each thread's buffer instead of read from memory */
   tpurt__ew_epi *pro;
   _Atomic int pro_failed;
   tpurt_status pro_st;
   char pro_err[256];
+  /* a fused epilogue (k_reduce_fused) run by ranges of outputs: each
+   * inner chunk runs it over the outputs it has just written */
+  tpurt__ew_epi *epi;
 } rctx;
 
 /* Where a thread reads the input from: memory, or the prologue's clone on
@@ -661,7 +664,7 @@ static void inner_range(const rctx *x, const rsrc *r, int64_t io, int64_t b, int
     int64_t at = io + off + col * rs;
     for (int64_t o = 0; o < cnt; o += CH) {
       int64_t c = cnt - o < CH ? cnt - o : CH;
-      const void *v = r->e ? src_run(x, r, buf, at + o, c) /* rs == 1: k_reduce_pro */
+      const void *v = r->e ? src_run(x, r, buf, at + o, c) /* rs == 1: k_reduce_fused */
                            : rk_load(p->cls, buf, x->in + (at + o * rs) * (int64_t)es, p->idt, rs, c);
       row_op(p, v, c, l + o, s);
     }
@@ -710,6 +713,7 @@ static void inner_chunk(void *c, int64_t ub, int64_t ue) {
       }
     }
     src_end(x, &r);
+    if (x->epi) tpurt__ew_epi_range(x->epi, ub, ue);
     return;
   }
   for (int64_t u = ub; u < ue; u++) {
@@ -725,6 +729,7 @@ static void inner_chunk(void *c, int64_t ub, int64_t ue) {
       finalize(p, &s, x->out + oo * (int64_t)oes, x->out2 ? x->out2 + oo2 * (int64_t)o2es : NULL);
   }
   src_end(x, &r);
+  if (x->epi) tpurt__ew_epi_range(x->epi, ub, ue); /* x->P == 1: outputs ub..ue, written */
 }
 
 /* outer strategy: a work item is (output row, block of W columns, part of
@@ -862,10 +867,12 @@ static int64_t walk_grain(const rplan *p, int64_t P, int64_t W) {
 static tpurt_status reduce_walk(rctx *x, char *err, size_t errlen);
 
 /* The reduction p of the input at host address in, or computed by the
- * prologue pro (in NULL). */
-static tpurt_status reduce_run(const rplan *p, const char *in, tpurt__ew_epi *pro, char *err, size_t errlen) {
+ * prologue pro (in NULL); epi (or NULL) runs on the outputs each inner
+ * chunk writes (epi_by_ranges). */
+static tpurt_status reduce_run(const rplan *p, const char *in, tpurt__ew_epi *pro, tpurt__ew_epi *epi, char *err,
+                               size_t errlen) {
   rctx x = {.p = p, .in = in, .out = rk_hv(p->out), .out2 = p->has2 ? rk_hv(p->out2) : NULL,
-            .P = 1, .nblk = 1, .W = CB, .pro = pro};
+            .P = 1, .nblk = 1, .W = CB, .pro = pro, .epi = epi};
   tpurt_status st = reduce_walk(&x, err, errlen);
   if (!st && atomic_load(&x.pro_failed)) {
     snprintf(err, errlen, "%s", x.pro_err);
@@ -876,7 +883,7 @@ static tpurt_status reduce_run(const rplan *p, const char *in, tpurt__ew_epi *pr
 
 static tpurt_status k_reduce(void *a, char *err, size_t errlen) {
   const rplan *p = a;
-  return reduce_run(p, p->nred ? rk_hv(p->in) : NULL, NULL, err, errlen);
+  return reduce_run(p, p->nred ? rk_hv(p->in) : NULL, NULL, NULL, err, errlen);
 }
 
 static tpurt_status reduce_walk(rctx *x, char *err, size_t errlen) {
@@ -1112,6 +1119,25 @@ static int stride_cmp(const void *a, const void *b) {
   return (x[1] > y[1]) - (x[1] < y[1]);
 }
 
+/* Do the dims (sizes, strides) a[0..na) and b[0..nb) address exactly
+ * elements [0, n), each once (a dense layout in some order)? */
+static int dense_dims(const int64_t *asz, const int64_t *ast, int na, const int64_t *bsz, const int64_t *bst, int nb,
+                      int64_t n) {
+  int64_t d[2 * TPURT_MAX_DIMS][2];
+  int nd = 0;
+  for (int k = 0; k < na; k++)
+    if (asz[k] != 1) d[nd][0] = asz[k], d[nd++][1] = ast[k];
+  for (int k = 0; k < nb; k++)
+    if (bsz[k] != 1) d[nd][0] = bsz[k], d[nd++][1] = bst[k];
+  qsort(d, (size_t)nd, sizeof d[0], stride_cmp);
+  int64_t want = 1;
+  for (int k = 0; k < nd; k++) {
+    if (d[k][1] != want) return 0;
+    want *= d[k][0];
+  }
+  return want == n;
+}
+
 int tpurt__reduce_pro_target(const void *args, tpurt_devptr *in, int64_t *numel, tpurt_dtype *dt) {
   const rplan *p = args;
   if (p->nout <= 0 || p->nred <= 0) return 0;
@@ -1119,19 +1145,8 @@ int tpurt__reduce_pro_target(const void *args, tpurt_devptr *in, int64_t *numel,
    * of output columns */
   if (!p->outer && !(p->rsz[p->nr - 1] == 1 || p->rst[p->nr - 1] == 1)) return 0;
   /* the input's elements are exactly [0, n), each once */
-  int64_t d[2 * TPURT_MAX_DIMS][2];
-  int nd = 0;
-  for (int k = 0; k < p->no; k++)
-    if (p->osz[k] != 1) d[nd][0] = p->osz[k], d[nd++][1] = p->oist[k];
-  for (int k = 0; k < p->nr; k++)
-    if (p->rsz[k] != 1) d[nd][0] = p->rsz[k], d[nd++][1] = p->rst[k];
-  qsort(d, (size_t)nd, sizeof d[0], stride_cmp);
-  int64_t want = 1;
-  for (int k = 0; k < nd; k++) {
-    if (d[k][1] != want) return 0;
-    want *= d[k][0];
-  }
-  if (want != p->nout * p->nred) return 0;
+  int64_t want = p->nout * p->nred;
+  if (!dense_dims(p->osz, p->oist, p->no, p->rsz, p->rst, p->nr, want)) return 0;
   /* as many parallel chunks as threads: a prologue that a single chunk
    * computes would lose the threads its own launch uses */
   int nth = tpurt_num_threads();
@@ -1143,56 +1158,105 @@ int tpurt__reduce_pro_target(const void *args, tpurt_devptr *in, int64_t *numel,
   return 1;
 }
 
-/* A reduction and the elementwise launch computing its input, as one
- * kernel: arguments rplan, this header, then the launch's (tpurt__ew_args). */
-typedef struct {
-  int32_t out, pad[3];
-} rpro_hdr;
+/* Can an epilogue run by ranges of outputs inside the walk? Inner
+ * strategy unsplit, output o at element o of the output (one output dim,
+ * dense, or a single output): each inner chunk then runs it over the
+ * outputs it has written. Otherwise it runs whole after the walk. */
+static int epi_by_ranges(const rplan *p) {
+  int64_t P, W, nblk;
+  walk_geometry(p, tpurt_num_threads(), &P, &W, &nblk);
+  return !p->outer && P == 1 && (p->no == 0 || (p->no == 1 && p->oost[0] == 1));
+}
 
-static tpurt_status k_reduce_pro(void *a, char *err, size_t errlen) {
+int tpurt__reduce_epi_target(const void *args, tpurt_devptr *out, int64_t *numel, tpurt_dtype *dt) {
+  const rplan *p = args;
+  if (p->has2 || p->nout <= 0) return 0;
+  /* the outputs are exactly elements [0, nout) of out, each once */
+  int64_t want = p->nout;
+  if (!dense_dims(p->osz, p->oost, p->no, NULL, NULL, 0, want)) return 0;
+  *out = p->out;
+  *numel = want;
+  *dt = p->odt;
+  return 1;
+}
+
+/* A reduction with the elementwise launch computing its input (prologue)
+ * and / or the one reading its outputs (epilogue), as one kernel:
+ * arguments rplan, this header, the prologue's launch (tpurt__ew_args) at
+ * a 16-byte multiple, then the epilogue's. */
+typedef struct {
+  int32_t pro_out; /* the prologue's output that is the input; -1: no prologue */
+  int32_t pad;
+  uint64_t pro_size, epi_size;
+} rfuse_hdr;
+
+#define RF_ALIGN(n) (((n) + 15) & ~(size_t)15)
+
+static tpurt_status k_reduce_fused(void *a, char *err, size_t errlen) {
   const rplan *p = a;
-  const rpro_hdr *h = (const rpro_hdr *)((const char *)a + sizeof(rplan));
-  const void *ew = (const char *)h + sizeof *h;
-  if (!tpurt__ew_out_dense(ew, h->out)) {
+  const rfuse_hdr *h = (const rfuse_hdr *)((const char *)a + sizeof(rplan));
+  const char *pro_args = (const char *)h + sizeof *h;
+  void *epi_args = h->epi_size ? (char *)pro_args + RF_ALIGN(h->pro_size) : NULL;
+  tpurt__ew_epi *epi = epi_args && epi_by_ranges(p) ? tpurt__ew_epi_begin(epi_args) : NULL;
+  tpurt_status st = TPURT_OK;
+  if (h->pro_out < 0) {
+    st = reduce_run(p, p->nred ? rk_hv(p->in) : NULL, NULL, epi, err, errlen);
+  } else if (!tpurt__ew_out_dense(pro_args, h->pro_out)) {
     snprintf(err, errlen, "%s: its fused input is not dense", red_name(p->op));
-    return TPURT_ERR_INTERNAL;
-  }
-  tpurt__ew_epi *e = tpurt__ew_into_begin(ew, h->out);
-  if (!e) {
-    snprintf(err, errlen, "%s: out of host memory", red_name(p->op));
-    return TPURT_ERR_OUT_OF_MEMORY;
-  }
-  tpurt_status st;
-  if (tpurt__ew_into_ranges(e)) {
-    st = reduce_run(p, NULL, e, err, errlen);
-    tpurt__ew_epi_end(e, NULL, 0);
-  } else { /* the launch over short rows runs whole, into host memory of its own */
-    char *tmp = malloc((size_t)(p->nout * p->nred) * tpurt_dtype_size(p->idt));
-    if (!tmp) {
-      tpurt__ew_epi_end(e, NULL, 0);
+    st = TPURT_ERR_INTERNAL;
+  } else {
+    tpurt__ew_epi *e = tpurt__ew_into_begin(pro_args, h->pro_out);
+    if (!e) {
       snprintf(err, errlen, "%s: out of host memory", red_name(p->op));
-      return TPURT_ERR_OUT_OF_MEMORY;
+      st = TPURT_ERR_OUT_OF_MEMORY;
+    } else if (tpurt__ew_into_ranges(e)) {
+      st = reduce_run(p, NULL, e, epi, err, errlen);
+      tpurt__ew_epi_end(e, NULL, 0);
+    } else { /* the launch over short rows runs whole, into host memory of its own */
+      char *tmp = malloc((size_t)(p->nout * p->nred) * tpurt_dtype_size(p->idt));
+      if (tmp) {
+        tpurt__ew_into_whole(e, tmp);
+        st = tpurt__ew_epi_end(e, err, errlen);
+        if (!st) st = reduce_run(p, tmp, NULL, epi, err, errlen);
+        free(tmp);
+      } else {
+        tpurt__ew_epi_end(e, NULL, 0);
+        snprintf(err, errlen, "%s: out of host memory", red_name(p->op));
+        st = TPURT_ERR_OUT_OF_MEMORY;
+      }
     }
-    tpurt__ew_into_whole(e, tmp);
-    st = tpurt__ew_epi_end(e, err, errlen);
-    if (!st) st = reduce_run(p, tmp, NULL, err, errlen);
-    free(tmp);
+  }
+  if (epi) { /* ran by ranges: its own error, if any */
+    char e2[256];
+    tpurt_status es = tpurt__ew_epi_end(epi, e2, sizeof e2);
+    if (!st && es) {
+      snprintf(err, errlen, "%s", e2);
+      st = es;
+    }
+  } else if (epi_args && !st) {
+    st = tpurt__ew_kernel(epi_args, err, errlen);
   }
   return st;
 }
 
-tpurt_status tpurt__reduce_pro_enqueue(tpurt_stream *s, const char *name, const void *args, size_t size,
-                                       const void *ew_args, size_t ew_size, int out) {
+tpurt_status tpurt__reduce_fused_enqueue(tpurt_stream *s, const char *name, const void *args, size_t size,
+                                         const void *pro_args, size_t pro_size, int pro_out, const void *epi_args,
+                                         size_t epi_size) {
   if (size != sizeof(rplan)) return tpurt__err(TPURT_ERR_INTERNAL, "%s: not the arguments of a reduction", name);
-  _Alignas(16) unsigned char stackbuf[4096];
-  size_t n = sizeof(rplan) + sizeof(rpro_hdr) + ew_size;
+  _Alignas(16) unsigned char stackbuf[8192];
+  size_t n = sizeof(rplan) + sizeof(rfuse_hdr) + RF_ALIGN(pro_size) + epi_size;
   unsigned char *buf = n <= sizeof stackbuf ? stackbuf : malloc(n);
   if (!buf) return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory", name);
-  rpro_hdr h = {out, {0, 0, 0}};
-  memcpy(buf, args, sizeof(rplan));
-  memcpy(buf + sizeof(rplan), &h, sizeof h);
-  memcpy(buf + sizeof(rplan) + sizeof h, ew_args, ew_size);
-  tpurt_status st = tpurt__enqueue(s, name, k_reduce_pro, buf, n, NULL);
+  rfuse_hdr h = {pro_args ? pro_out : -1, 0, pro_args ? pro_size : 0, epi_args ? epi_size : 0};
+  unsigned char *q = buf;
+  memcpy(q, args, sizeof(rplan));
+  q += sizeof(rplan);
+  memcpy(q, &h, sizeof h);
+  q += sizeof h;
+  if (pro_args) memcpy(q, pro_args, pro_size);
+  q += RF_ALIGN(h.pro_size);
+  if (epi_args) memcpy(q, epi_args, epi_size);
+  tpurt_status st = tpurt__enqueue(s, name, k_reduce_fused, buf, n, NULL);
   if (buf != stackbuf) free(buf);
   return st;
 }
