@@ -390,6 +390,67 @@ static void test_early_host_read(void) {
   CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_STRICT));
 }
 
+/* rsqrt(mean(x * x, last dim) + eps) over [rows, cols]: the square runs as
+ * the mean's prologue, the rsqrt as its epilogue — one kernel, strict
+ * mode's bits, the squares never in memory; `mode` the execution mode. */
+static void rms_scale(tpurt_exec_mode mode, int64_t rows, int64_t cols, const float *hx, float *hy,
+                      tpurt_defer_stats *st) {
+  CHECK_OK(tpurt_set_exec_mode(mode));
+  tpurt_devptr x, sq, m, y;
+  CHECK_OK(tpurt_malloc(0, (size_t)(rows * cols) * 4, S, &x));
+  CHECK_OK(tpurt_memcpy_h2d(S, x, hx, (size_t)(rows * cols) * 4, 0));
+  CHECK_OK(tpurt_stream_synchronize(S));
+  tpurt_defer_reset_stats();
+  CHECK_OK(tpurt_malloc(0, (size_t)(rows * cols) * 4, S, &sq));
+  CHECK_OK(tpurt_malloc(0, (size_t)rows * 4, S, &m));
+  CHECK_OK(tpurt_malloc(0, (size_t)rows * 4, S, &y));
+  tpurt_view vx = view1(x, rows * cols, 1), vsq = view1(sq, rows * cols, 1), vm = view1(m, rows, 1),
+             vy = view1(y, rows, 1);
+  tpurt_ew_program square = un(TPURT_EW_SQUARE), add = bin(TPURT_EW_ADD, 1), rs = un(TPURT_EW_RSQRT);
+  CHECK_OK(tpurt_elementwise(S, &square, &vsq, &vx, 1, NULL, 0));
+  tpurt_view in2 = vsq, out2 = vm; /* [rows, cols] -> [rows, 1] */
+  in2.ndim = out2.ndim = 2;
+  in2.sizes[0] = out2.sizes[0] = rows;
+  in2.sizes[1] = cols;
+  in2.strides[0] = cols;
+  in2.strides[1] = 1;
+  out2.sizes[1] = 1;
+  out2.strides[0] = 1;
+  out2.strides[1] = 1;
+  CHECK_OK(tpurt_reduce(S, TPURT_RED_MEAN, &out2, NULL, &in2, 0.0));
+  CHECK_OK(tpurt_free(sq));
+  double eps = 1e-6;
+  CHECK_OK(tpurt_elementwise(S, &add, &vm, &vm, 1, &eps, 1)); /* in place */
+  CHECK_OK(tpurt_elementwise(S, &rs, &vy, &vm, 1, NULL, 0));
+  CHECK_OK(tpurt_memcpy_d2h(S, hy, y, (size_t)rows * 4, 0));
+  tpurt_defer_get_stats(st);
+  CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_STRICT));
+  CHECK_OK(tpurt_free(m));
+  CHECK_OK(tpurt_free(y));
+  CHECK_OK(tpurt_free(x));
+}
+
+static void test_reduction_fusion(void) {
+  /* rows shorter than the walk's buffer (several per range) and longer */
+  static const int64_t shapes[][2] = {{600, 100}, {40, 3000}};
+  for (int k = 0; k < 2; k++) {
+    int64_t rows = shapes[k][0], cols = shapes[k][1];
+    float *hx = malloc(sizeof(float) * (size_t)(rows * cols)), *h0 = malloc(sizeof(float) * (size_t)rows),
+          *h1 = malloc(sizeof(float) * (size_t)rows);
+    CHECK(hx && h0 && h1);
+    for (int64_t i = 0; i < rows * cols; i++) hx[i] = (float)((i * 7919) % 1000) / 250.0f - 2.0f;
+    tpurt_defer_stats st;
+    rms_scale(TPURT_MODE_STRICT, rows, cols, hx, h0, &st);
+    rms_scale(TPURT_MODE_DEFER, rows, cols, hx, h1, &st);
+    CHECK_EQ(memcmp(h0, h1, sizeof(float) * (size_t)rows), 0);
+    CHECK_EQ(st.kernels_launched, 1); /* square, mean, add, rsqrt */
+    CHECK(st.bytes_never_materialized >= (uint64_t)(rows * cols) * 4);
+    free(hx);
+    free(h0);
+    free(h1);
+  }
+}
+
 int main(void) {
   CHECK_OK(tpurt_init());
   CHECK_OK(tpurt_stream_default(0, &S));
@@ -403,6 +464,9 @@ int main(void) {
   test_frees_and_cuts();
   test_loop_detection();
   test_early_host_read();
+  test_reduction_fusion();
+  CHECK_OK(tpurt_memory_get_stats(0, &ms));
+  CHECK_EQ(ms.allocated_bytes[0].current, 0);
   CHECK_ST(tpurt_set_exec_mode((tpurt_exec_mode)7), TPURT_ERR_INVALID_ARGUMENT);
   TEST_MAIN_END();
 }
