@@ -16,6 +16,13 @@
  * combined in a fixed order. f16/bf16/f32 data are computed as f32 (row
  * partial sums in f32 with 32 accumulators, combined in f64), f64 as f64,
  * integers as i64.
+ *
+ * DeferAndFuse (k_reduce_fused): the elementwise launch that computes the
+ * input can run inside the walk (a prologue: each contiguous run of the
+ * input is computed into the thread's buffer as the walk reaches it, never
+ * stored), and the one that reads the outputs after it (an epilogue: on
+ * the outputs each inner chunk has written, or whole after the walk). The
+ * walk itself is unchanged, so the bits are strict mode's.
  */
 #include "rk_common.h"
 
