@@ -2003,21 +2003,20 @@ static int pro_pair(const plan *P, const dgraph *G, const gstate *gl, const pfac
   return l;
 }
 
-/* Marks the pairs: pro[gi] = (reduction node + 1, promise l + 1, write k)
- * for group gi; the reductions' nodes in P->pro_skip. Returns 0, or -1
- * out of memory. */
-static int plan_prologues(plan *P, const dgraph *G, const gstate *gl, const pfacts *pf, int (*pro)[3]) {
+/* Marks the pairs: pro[gi] = (reduction node + 1, the group's write k of
+ * the reduction's input) for group gi; the reductions' nodes in
+ * P->pro_skip. Returns 0, or -1 out of memory. */
+static int plan_prologues(plan *P, const dgraph *G, const gstate *gl, const pfacts *pf, int (*pro)[2]) {
   if (!prologues_enabled()) return 0;
   for (int u = 0; u < P->nunits; u++) {
-    int v, wk, l = pro_pair(P, G, gl, pf, u, &v, &wk);
-    if (l < 0) continue;
+    int v, wk;
+    if (pro_pair(P, G, gl, pf, u, &v, &wk) < 0) continue;
     if (!P->pro_skip && !(P->pro_skip = calloc((size_t)(G->n ? G->n : 1), 1))) return -1;
     int node = P->units[v].idx;
     P->pro_skip[node] = 1;
     int gi = P->units[u].idx;
     pro[gi][0] = node + 1;
-    pro[gi][1] = l + 1;
-    pro[gi][2] = wk;
+    pro[gi][1] = wk;
     u = v;
   }
   return 0;
@@ -2294,7 +2293,7 @@ static plan *build_plan(dgraph *G) {
   pfacts *pf = calloc((size_t)(G->np ? G->np : 1), sizeof *pf);
   gstate *gl = NULL; /* groups' states */
   int ngl = 0, capgl = 0;
-  int (*pro)[3] = NULL; /* per group: its reduction's node + 1, promise + 1, write (plan_prologues) */
+  int (*pro)[2] = NULL; /* per group: its reduction's node + 1, its write of the input (plan_prologues) */
   if (!P || !gs || !pf) goto fail;
   P->nnodes = G->n;
   P->nprom = G->np;
@@ -2396,7 +2395,7 @@ static plan *build_plan(dgraph *G) {
     int outs[TPURT_EW_MAX_IO], nout = 0;
     for (int k = 0; k < g->nw; k++) {
       int l = local_of(g->w[k].v->ptr);
-      int to_reduction = pro[gi][0] && k == pro[gi][2];
+      int to_reduction = pro[gi][0] && k == pro[gi][1];
       if (l >= 0 && !P->materialize[l] && !to_reduction) {
         P->stores_eliminated++;
         continue;

@@ -625,11 +625,9 @@ static void src_end(rctx *x, rsrc *r) {
   }
 }
 
-/* The n input elements from element offset `at` (contiguous): read in
- * place (or converted into buf), or computed by the prologue into tmp. */
-static const void *src_run(const rctx *x, const rsrc *r, void *buf, int64_t at, int64_t n) {
-  const rplan *p = x->p;
-  if (!r->e) return rk_load(p->cls, buf, x->in + at * (int64_t)tpurt_dtype_size(p->idt), p->idt, 1, n);
+/* The n input elements from element offset `at` (contiguous), computed by
+ * the prologue into r->tmp (converted into buf where the class needs). */
+static const void *pro_run(const rplan *p, const rsrc *r, void *buf, int64_t at, int64_t n) {
   tpurt__ew_into_range(r->e, r->tmp, at, at + n);
   return rk_load(p->cls, buf, r->tmp, p->idt, 1, n);
 }
@@ -650,9 +648,9 @@ static void out_offsets(const rplan *p, int nd, int64_t o, int64_t *io, int64_t 
 }
 
 /* inner strategy: folds reduced indices [b, e) of the input at element
- * offset io (from memory at base, or from the prologue when r->e) */
-static void inner_range(const rctx *x, const rsrc *r, int64_t io, int64_t b, int64_t e, rstate *s) {
-  const rplan *p = x->p;
+ * offset io (from memory at `in`, or from the prologue when r->e) */
+static void inner_range(const rplan *p, const rsrc *r, const char *in, int64_t io, int64_t b, int64_t e,
+                        rstate *s) {
   if (b >= e) return;
   int nr = p->nr;
   size_t es = tpurt_dtype_size(p->idt);
@@ -671,8 +669,8 @@ static void inner_range(const rctx *x, const rsrc *r, int64_t io, int64_t b, int
     int64_t at = io + off + col * rs;
     for (int64_t o = 0; o < cnt; o += CH) {
       int64_t c = cnt - o < CH ? cnt - o : CH;
-      const void *v = r->e ? src_run(x, r, buf, at + o, c) /* rs == 1: k_reduce_fused */
-                           : rk_load(p->cls, buf, x->in + (at + o * rs) * (int64_t)es, p->idt, rs, c);
+      const void *v = r->e ? pro_run(p, r, buf, at + o, c) /* rs == 1: k_reduce_fused */
+                           : rk_load(p->cls, buf, in + (at + o * rs) * (int64_t)es, p->idt, rs, c);
       row_op(p, v, c, l + o, s);
     }
     l += cnt;
@@ -703,7 +701,6 @@ static void inner_chunk(void *c, int64_t ub, int64_t ue) {
   if (r.e && x->P == 1 && p->nr == 1 && p->rst[0] == 1 && R <= CH / 2 && (p->no == 0 || (p->no == 1 && p->oist[0] == R))) {
     /* prologue over short rows that follow each other: the rows of several
      * outputs computed in one range, then each folded as from memory */
-    rctx m = *x;
     rsrc mem = {NULL, NULL};
     int64_t k = CH / R;
     for (int64_t u = ub; u < ue; u += k) {
@@ -714,8 +711,7 @@ static void inner_chunk(void *c, int64_t ub, int64_t ue) {
         out_offsets(p, p->no, u + j, &io, &oo, &oo2);
         rstate s;
         st_init(p, &s);
-        m.in = r.tmp + j * R * (int64_t)ies;
-        inner_range(&m, &mem, 0, 0, R, &s);
+        inner_range(p, &mem, r.tmp + j * R * (int64_t)ies, 0, 0, R, &s);
         finalize(p, &s, x->out + oo * (int64_t)oes, x->out2 ? x->out2 + oo2 * (int64_t)o2es : NULL);
       }
     }
@@ -729,7 +725,7 @@ static void inner_chunk(void *c, int64_t ub, int64_t ue) {
     part_range(x, part, &b, &e);
     rstate s;
     st_init(p, &s);
-    inner_range(x, &r, io, b, e, &s);
+    inner_range(p, &r, x->in, io, b, e, &s);
     if (x->P > 1)
       x->partial[u] = s;
     else
@@ -873,6 +869,13 @@ static int64_t walk_grain(const rplan *p, int64_t P, int64_t W) {
 
 static tpurt_status reduce_walk(rctx *x, char *err, size_t errlen);
 
+/* The status of a walk whose chunks may have run out of host memory. */
+static tpurt_status reduce_failed(const rctx *x, char *err, size_t errlen) {
+  if (!x->failed) return TPURT_OK;
+  snprintf(err, errlen, "out of host memory for reduction state");
+  return TPURT_ERR_OUT_OF_MEMORY;
+}
+
 /* The reduction p of the input at host address in, or computed by the
  * prologue pro (in NULL); epi (or NULL) runs on the outputs each inner
  * chunk writes (epi_by_ranges). */
@@ -916,11 +919,7 @@ static tpurt_status reduce_walk(rctx *x, char *err, size_t errlen) {
       }
       free(x->partial);
     }
-    if (x->failed) {
-      snprintf(err, errlen, "out of host memory for reduction state");
-      return TPURT_ERR_OUT_OF_MEMORY;
-    }
-    return TPURT_OK;
+    return reduce_failed(x, err, errlen);
   }
   int64_t L = p->osz[p->no - 1];
   if (x->P > 1) {
@@ -946,11 +945,7 @@ static tpurt_status reduce_walk(rctx *x, char *err, size_t errlen) {
     }
   }
   free(x->partial);
-  if (x->failed) {
-    snprintf(err, errlen, "out of host memory for reduction state");
-    return TPURT_ERR_OUT_OF_MEMORY;
-  }
-  return TPURT_OK;
+  return reduce_failed(x, err, errlen);
 }
 
 /* -------------------------------------------------------------- launch */
