@@ -125,6 +125,28 @@ typedef struct tpurt_device_props {
 
 TPURT_API tpurt_status tpurt_device_get_props(int dev, tpurt_device_props *out);
 
+/* The host CPU as the kernels see it (cpu.c): detected once at run time,
+ * never taken from the build host. Feature flags are 1 only where the CPU
+ * has the feature and the OS saves its register state. */
+typedef struct tpurt_cpu_info {
+  char vendor[16];  /* "GenuineIntel", "AuthenticAMD" */
+  char model[64];   /* cpuid brand string */
+  int avx2, fma, avx512f, avx512dq, avx512bw, avx512vl, avx512_bf16, avx512_fp16;
+  int amx_tile, amx_bf16, amx_int8;
+  int amx_usable;     /* tile state enabled by the OS and granted to this process */
+  char amx_note[160]; /* why AMX is not used where the CPU has it ("" otherwise) */
+  int64_t l1d_bytes, l2_bytes, l3_bytes; /* per the OS; 0 when unknown */
+  int host_isa;       /* best level of the host: 0 scalar, 1 avx2, 2 avx512, 3 amx */
+  int isa;            /* level in force (TORCH_TPU_ISA caps it) */
+  char isa_name[16];  /* "scalar" | "avx2" | "avx512" | "amx" */
+} tpurt_cpu_info;
+
+/* Never NULL; valid for the life of the process. */
+TPURT_API const tpurt_cpu_info *tpurt_cpu_get_info(void);
+/* The kernel behind bf16 products at the level in force: "amx-bf16 tiles",
+ * "avx512-bf16 dot products" or "f32 GEMM". */
+TPURT_API const char *tpurt_bf16_gemm_path(void);
+
 /* Current device of the calling thread (like cudaSetDevice). Default 0. */
 TPURT_API int tpurt_get_device(void);
 TPURT_API tpurt_status tpurt_set_device(int dev);

@@ -75,6 +75,8 @@ static tpurt_status do_init(void) {
   memset(&c, 0, sizeof c);
   const char *e;
   long v;
+  tpurt_status cst = tpurt__cpu_check();
+  if (cst != TPURT_OK) return cst;
 
   c.num_devices = 1;
   if ((e = getenv("TPU_NUM_DEVICES")) && *e) {

@@ -55,6 +55,19 @@ static inline tpurt_status tpurt__ensure_init(void) {
   } while (0)
 TPURT_INTERNAL tpurt_status tpurt__check_device(int dev);
 
+/* ------------------------------------------------------------ cpu.c */
+/* Instruction-set levels the kernels may use (TORCH_TPU_ISA caps them). */
+enum { TPURT__ISA_SCALAR = 0, TPURT__ISA_AVX2 = 1, TPURT__ISA_AVX512 = 2, TPURT__ISA_AMX = 3 };
+TPURT_INTERNAL int tpurt__isa_level(void);
+TPURT_INTERNAL const char *tpurt__isa_name(int level);
+/* Fails (with the message) when TORCH_TPU_ISA asks for what the host lacks. */
+TPURT_INTERNAL tpurt_status tpurt__cpu_check(void);
+/* Paths allowed at the level in force on this CPU. */
+TPURT_INTERNAL int tpurt__cpu_avx2_fma(void);
+TPURT_INTERNAL int tpurt__cpu_avx512(void);
+TPURT_INTERNAL int tpurt__cpu_avx512_bf16(void);
+TPURT_INTERNAL int tpurt__cpu_amx_bf16(void);
+
 /* ------------------------------------------------------- wait / notify */
 /* A wait word: waiters spin for a while, then sleep on a futex; notifiers
  * bump the epoch and issue a wake syscall only when someone sleeps (wait.c).

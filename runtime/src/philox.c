@@ -58,13 +58,7 @@ static int philox_avx2(void) {
   int v = atomic_load_explicit(&g_philox_avx2, memory_order_relaxed);
   if (v < 0) {
     const char *e = getenv("TORCH_TPU_PHILOX");
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    v = __builtin_cpu_supports("avx2") && !(e && strcmp(e, "portable") == 0);
-#else
-    (void)e;
-    v = 0;
-#endif
+    v = tpurt__cpu_avx2_fma() && !(e && strcmp(e, "portable") == 0);
     atomic_store_explicit(&g_philox_avx2, v, memory_order_relaxed);
   }
   return v;

@@ -39,25 +39,30 @@
 #define BKC 512  /* k's of a panel (even) */
 #define BMC 128  /* rows of an A block (multiple of BMR) */
 #define BNC 1024 /* columns of a B panel (multiple of 2 * BNR) */
+#define AMX_KS 32 /* k's of a tile step: AMX chunks of K are multiples of it */
+#define AMX_KMAX 2048 /* most k's of a chunk on the tile unit */
+#define AMX_PANEL (1 << 20) /* bytes of a B panel on the tile unit: in the L2 with an A block */
+static int64_t amx_kc(void) {
+  const char *e = getenv("TORCH_TPU_AMX_KC");
+  int64_t v = e ? atoll(e) : AMX_KMAX;
+  return v < 32 || v > AMX_KMAX ? AMX_KMAX : v / 32 * 32;
+}
 
 /* ------------------------------------------------------------ mode */
 
 int tpurt__bgemm_applies(void) {
-  static _Atomic int g_cpu = -1;
-  int v = atomic_load_explicit(&g_cpu, memory_order_relaxed);
-  if (v < 0) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512bf16");
-#else
-    v = 0;
-#endif
-    atomic_store_explicit(&g_cpu, v, memory_order_relaxed);
-  }
-  if (!v) return 0;
+  if (!tpurt__cpu_avx512_bf16() && !tpurt__cpu_amx_bf16()) return 0;
   const char *e = getenv("TORCH_TPU_BGEMM");
   return !(e && !strcmp(e, "0"));
+}
+
+/* AMX tiles serve the products where the level in force allows them
+ * (TORCH_TPU_ISA=avx512 keeps the vdpbf16ps kernel on an AMX host). */
+static int use_amx(void) { return tpurt__cpu_amx_bf16(); }
+
+const char *tpurt_bf16_gemm_path(void) {
+  if (!tpurt__bgemm_applies()) return "f32 GEMM";
+  return use_amx() ? "amx-bf16 tiles" : "avx512-bf16 dot products";
 }
 
 /* ------------------------------------------------------------ operands */
@@ -101,6 +106,54 @@ static inline uint32_t load_u32(const uint16_t *p) {
   uint32_t v;
   memcpy(&v, p, 4);
   return v;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+/* 16 f32 -> bf16 in the low halves of 32-bit lanes, rounded as
+ * tpurt__f32_to_bf16 (nearest even; a NaN stays a quiet NaN). */
+__attribute__((target("avx512f"))) static inline __m512i rne_bf16(__m512 v) {
+  __m512i x = _mm512_castps_si512(v), hi = _mm512_srli_epi32(x, 16);
+  __m512i r = _mm512_srli_epi32(
+      _mm512_add_epi32(x, _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fff))),
+      16);
+  __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)),
+                                          _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+}
+#endif
+
+/* o[0..n) = bf16 of s[0..n) (unit stride): the value rounded, or (lo) the
+ * rounding error of that, rounded — a_elem's / b_elem's parts, same bits. */
+static void bf16_run(uint16_t *restrict o, const float *restrict s, int64_t n, int lo) {
+  int64_t q = 0;
+#if defined(__x86_64__) || defined(__i386__)
+  if (tpurt__cpu_avx512())
+    for (; q + 16 <= n; q += 16) {
+      __m512 v = _mm512_loadu_ps(s + q);
+      __m512i h = rne_bf16(v);
+      if (lo) h = rne_bf16(_mm512_sub_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16))));
+      _mm256_storeu_si256((__m256i *)(o + q), _mm512_cvtepi32_epi16(h));
+    }
+#endif
+  for (; q < n; q++) {
+    uint16_t h = tpurt__f32_to_bf16(s[q]);
+    o[q] = lo ? tpurt__f32_to_bf16(s[q] - tpurt__bf16_to_f32(h)) : h;
+  }
+}
+
+/* k's k0..k0+n-1 of a unit-stride f32 line (a row of A / a column of B
+ * with k contiguous; element k at v[k - seg * K]) as bf16: split products
+ * run the K segments [hi | hi | lo] (A, lo_seg 2) or [hi; lo; hi] (B,
+ * lo_seg 1); past K2 zero. */
+static void bf16_line(uint16_t *restrict o, const float *v, const bprod *x, int64_t k0, int64_t n, int lo_seg) {
+  int64_t q = 0;
+  while (q < n && k0 + q < x->K2) {
+    int64_t k = k0 + q, seg = x->split ? k / x->K : 0, end = (seg + 1) * x->K - k0;
+    if (end > n) end = n;
+    bf16_run(o + q, v + (k - seg * x->K), end - q, seg == lo_seg);
+    q = end;
+  }
+  for (; q < n; q++) o[q] = 0;
 }
 
 /* Rows i0..i0+7 of A, k's k0..k0+kc-1 (kc even) -> d[p * 8 + i]. */
@@ -155,6 +208,17 @@ static void pack_b(uint32_t *restrict d, const bprod *x, int64_t j0, int64_t k0,
       const uint16_t *col = (const uint16_t *)x->b.p + (j0 + j) * x->b.cs + k0;
       for (int64_t p = 0; p < full; p++) d[p * BNR + j] = load_u32(col + 2 * p);
     }
+  } else if (x->b.dt == TPURT_F32 && x->b.rs == 1) { /* f32, k contiguous (a transposed weight) */
+    uint16_t col[AMX_KMAX];
+    for (int j = 0; j < BNR; j++) {
+      if (j0 + j >= x->N) {
+        for (int64_t p = 0; p < kp; p++) d[p * BNR + j] = 0;
+        continue;
+      }
+      bf16_line(col, (const float *)x->b.p + (j0 + j) * x->b.cs, x, k0, kc, 1);
+      for (int64_t p = 0; p < kp; p++) d[p * BNR + j] = load_u32(col + 2 * p);
+    }
+    full = kp;
   } else {
     full = 0;
   }
@@ -282,11 +346,42 @@ typedef struct {
   uint32_t *bp; /* the panel: sliver s at bp + s * kp * BNR */
   int64_t j0, nc, k0, kc, nsl, mb, np;
   float beta;
+  uint16_t *ap; /* tile unit: the chunk's rows of A, packed (row i at ap + i * lda) */
+  int64_t lda;
+  const tpurt__bmat *out; /* tile unit: where the last chunk's blocks go (out = oalpha C + obeta out), or NULL */
+  float oalpha, obeta;
 } bpanel;
+
+static void pack_panel(void *p, int64_t b, int64_t e);
+/* slivers 2b .. 2e of the panel (tasks of sliver pairs) */
+static void pack_pairs(void *p, int64_t b, int64_t e) {
+  const bpanel *j = p;
+  pack_panel(p, 2 * b, 2 * e < j->nsl ? 2 * e : j->nsl);
+}
 
 static void pack_panel(void *p, int64_t b, int64_t e) {
   const bpanel *j = p;
-  for (int64_t s = b; s < e; s++) pack_b(j->bp + s * (j->kc / 2) * BNR, j->x, j->j0 + s * BNR, j->k0, j->kc);
+  const bprod *x = j->x;
+  int64_t kp = j->kc / 2, full = j->k0 + j->kc <= x->K ? kp : (x->K - j->k0) / 2;
+  for (int64_t s = b; s < e; s++) {
+    uint32_t *d = j->bp + s * kp * BNR;
+    int64_t c0 = j->j0 + s * BNR;
+#if defined(__x86_64__) || defined(__i386__)
+    /* bf16 rows of B: two slivers a pass read whole cache lines of B's
+     * rows (one sliver reads half of each, a row 2^n bytes down each time) */
+    if (s + 1 < e && x->b.dt == TPURT_BF16 && !x->split && x->b.cs == 1 && c0 + 2 * BNR <= x->N && full == kp &&
+        tpurt__cpu_avx512()) {
+      for (int64_t q = 0; q < kp; q++) {
+        const uint16_t *r0 = (const uint16_t *)x->b.p + (j->k0 + 2 * q) * x->b.rs + c0;
+        interleave16(d + q * BNR, r0, r0 + x->b.rs);
+        interleave16(d + (kp + q) * BNR, r0 + BNR, r0 + x->b.rs + BNR);
+      }
+      s++;
+      continue;
+    }
+#endif
+    pack_b(d, x, c0, j->k0, j->kc);
+  }
 }
 
 /* The tile at rows r0.. (m valid), columns c0.. (n valid, <= 32): full
@@ -358,52 +453,24 @@ static void panel_tasks(void *p, int64_t b, int64_t e) {
 
 /* The K chunks of a product of k2 k's: chunk depth (even; boundaries
  * depend on k2 alone). */
-static int64_t chunk_k(int64_t k2) {
-  int64_t nk = (k2 + BKC - 1) / BKC;
-  return ((k2 + nk - 1) / nk + 7) / 8 * 8;
+static int64_t chunk_k(int64_t k2, int amx) {
+  int64_t kmax = amx ? amx_kc() : BKC, nk = (k2 + kmax - 1) / kmax, al = amx ? AMX_KS : 8;
+  return ((k2 + nk - 1) / nk + al - 1) / al * al;
 }
 
 /* uint32s of the B panel of a product of n columns and k2 k's. */
-static size_t panel_words(int64_t n, int64_t k2) {
-  int64_t nc = n < BNC ? n : BNC;
-  return (size_t)((nc + BNR - 1) / BNR) * (size_t)(chunk_k(k2) / 2) * BNR;
+/* Columns of a B panel: BNC, or on the tile unit as many as fit
+ * AMX_PANEL at chunks of kc k's (a multiple of 2 * BNR). */
+static int64_t panel_cols(int64_t kc, int amx) {
+  if (!amx) return BNC;
+  int64_t nc = AMX_PANEL / (2 * kc) / (2 * BNR) * (2 * BNR);
+  return nc < 2 * BNR ? 2 * BNR : nc > BNC ? BNC : nc;
 }
 
-/* One product (C f32 row-major) with its B panel at bp; parallel over the
- * pool when `par`. */
-static void run_bprod(const bprod *x, uint32_t *bp, int par) {
-  int64_t nth = par ? tpurt_num_threads() : 1, KC = chunk_k(x->K2);
-  for (int64_t j0 = 0; j0 < x->N; j0 += BNC) {
-    int64_t nc = x->N - j0 < BNC ? x->N - j0 : BNC, nsl = (nc + BNR - 1) / BNR;
-    for (int64_t k0 = 0; k0 < x->K2; k0 += KC) {
-      int64_t kc = x->K2 - k0 < KC ? x->K2 - k0 : KC;
-      kc += kc & 1;
-      bpanel j = {x, bp, j0, nc, k0, kc, nsl, (x->M + BMC - 1) / BMC, 1, k0 == 0 ? x->beta : 1.0f};
-      /* column parts: >= 4 tasks per thread where the panel is wide
-       * enough, and at most 8 sliver pairs each (256 KiB of the panel at
-       * KC 512: in L2 while the part's rows go by) */
-      int64_t npair = (nsl + 1) / 2, want = (4 * nth + j.mb - 1) / j.mb;
-      if (nth > 1 && j.mb < 4 * nth) j.np = want < npair ? want : npair;
-      if (j.np < (npair + 7) / 8) j.np = (npair + 7) / 8;
-      if (nth > 1 && x->M * nc * kc >= (1 << 18)) {
-        tpurt_parallel_for(nsl, 1, pack_panel, &j);
-        tpurt_parallel_for(j.mb * j.np, 1, panel_tasks, &j);
-      } else {
-        pack_panel(&j, 0, nsl);
-        panel_tasks(&j, 0, j.mb * j.np);
-      }
-    }
-  }
+static size_t panel_words(int64_t n, int64_t k2, int amx) {
+  int64_t pc = panel_cols(chunk_k(k2, amx), amx), nc = n < pc ? n : pc;
+  return (size_t)((nc + BNR - 1) / BNR) * (size_t)(chunk_k(k2, amx) / 2) * BNR;
 }
-
-/* c (any dtype and strides) = t + beta * c (t: alpha applied; one fused
- * rounding, then the dtype's) */
-typedef struct {
-  const float *t;
-  const tpurt__bmat *c;
-  int64_t N;
-  float beta;
-} epi_job;
 
 #if defined(__x86_64__) || defined(__i386__)
 /* d[0..15] (bf16) = bf16(v + beta * d) — beta == 0 does not read d —
@@ -413,42 +480,293 @@ __attribute__((target("avx512f"))) static inline void store_bf16x16(uint16_t *d,
     __m512 old = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)d)), 16));
     v = _mm512_fmadd_ps(_mm512_set1_ps(beta), old, v);
   }
-  __m512i x = _mm512_castps_si512(v), hi = _mm512_srli_epi32(x, 16);
-  __m512i r = _mm512_srli_epi32(
-      _mm512_add_epi32(x, _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fff))),
-      16);
-  __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)),
-                                          _mm512_set1_epi32(0x7f800000));
-  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
-  _mm256_storeu_si256((__m256i *)d, _mm512_cvtepi32_epi16(r));
+  _mm256_storeu_si256((__m256i *)d, _mm512_cvtepi32_epi16(rne_bf16(v)));
 }
 #endif
 
+/* Row i of c (any dtype and strides), columns j0 .. j0+n-1 = alpha t +
+ * beta c (one fused rounding, then the dtype's; beta 0 does not read c). */
+static void out_row(const tpurt__bmat *c, int64_t i, int64_t j0, const float *t, int64_t n, float alpha, float beta) {
+  int64_t q = 0;
+#if defined(__x86_64__) || defined(__i386__)
+  if (c->dt == TPURT_BF16 && c->cs == 1 && tpurt__cpu_avx512()) {
+    uint16_t *d = (uint16_t *)c->p + i * c->rs + j0;
+    __m512 va = _mm512_set1_ps(alpha);
+    for (; q + 16 <= n; q += 16) store_bf16x16(d + q, _mm512_mul_ps(va, _mm512_loadu_ps(t + q)), beta);
+  }
+#endif
+  for (; q < n; q++) {
+    float v = alpha * t[q];
+    int64_t o = i * c->rs + (j0 + q) * c->cs;
+    if (c->dt == TPURT_F32) {
+      float *d = (float *)c->p + o;
+      *d = beta == 0.0f ? v : __builtin_fmaf(beta, *d, v);
+    } else if (c->dt == TPURT_BF16) {
+      uint16_t *d = (uint16_t *)c->p + o;
+      *d = tpurt__f32_to_bf16(beta == 0.0f ? v : __builtin_fmaf(beta, tpurt__bf16_to_f32(*d), v));
+    } else {
+      uint16_t *d = (uint16_t *)c->p + o;
+      *d = tpurt__f32_to_f16(beta == 0.0f ? v : __builtin_fmaf(beta, tpurt__f16_to_f32(*d), v));
+    }
+  }
+}
+
+/* Rows i0 .. i0+m-1, columns j0 .. j0+n-1 of c from t (row stride ldt). */
+static void out_rows(const tpurt__bmat *c, const float *t, int64_t ldt, int64_t i0, int64_t m, int64_t j0, int64_t n,
+                     float alpha, float beta) {
+  for (int64_t i = 0; i < m; i++) out_row(c, i0 + i, j0, t + i * ldt, n, alpha, beta);
+}
+
+/* c = alpha t + beta c over whole rows of a product's f32 result t */
+typedef struct {
+  const float *t;
+  const tpurt__bmat *c;
+  int64_t N;
+  float alpha, beta; /* alpha 1: t has it applied */
+} epi_job;
+
 static void epi_rows(void *p, int64_t b, int64_t e) {
   const epi_job *j = p;
-  const tpurt__bmat *c = j->c;
-  float beta = j->beta;
-  for (int64_t i = b; i < e; i++) {
-    const float *t = j->t + i * j->N;
-    int64_t q = 0;
-#if defined(__x86_64__) || defined(__i386__)
-    if (c->dt == TPURT_BF16 && c->cs == 1) {
-      uint16_t *d = (uint16_t *)c->p + i * c->rs;
-      for (; q + 16 <= j->N; q += 16) store_bf16x16(d + q, _mm512_loadu_ps(t + q), beta);
+  out_rows(j->c, j->t + b * j->N, j->N, b, e - b, 0, j->N, j->alpha, j->beta);
+}
+
+/* ------------------------------------------------------ AMX tiles */
+/*
+ * On CPUs with AMX-BF16 (tpurt__cpu_amx_bf16) a product runs on the tile
+ * unit: TDPBF16PS multiplies a 16 x 32 bf16 tile of A by a 32 x 16 tile
+ * of B (k pairs interleaved: the B panel's slivers as packed above, 64
+ * bytes a pair row) into a 16 x 16 f32 tile of C — 8192 multiply-adds an
+ * instruction. A block of C is 32 x 32: four C tiles (tmm0-3), two A tiles
+ * (tmm4-5: rows 0-15 and 16-31 of a 32-row block of A packed row-major in
+ * bf16, zero past M and K), two B tiles (tmm6-7: two slivers), each K step
+ * of 32 two A and two B loads for four products. Chunks of K are multiples
+ * of 32 (zero padded); C accumulates in memory between chunks (the tiles
+ * are f32: storing and reloading them loses nothing), so every element is
+ * one f32 accumulation over K in order and the bits depend on neither the
+ * thread count nor the chunking. alpha = 1 and beta = 0 only: other
+ * products run into an f32 temporary and an epilogue applies them.
+ *
+ * Numerics of the instruction: per element and k pair, the two bf16
+ * products are added to the f32 accumulator with nearest-even rounding;
+ * subnormal inputs and results are flushed to zero (as vdpbf16ps).
+ */
+#define AMX_MR 32
+#define AMX_KSUB 256 /* k's of the inner step of a task: its A block (16 KiB) stays in the L1 */
+#define AMX_STRIP_LD (BNC + 2 * BNR + 16) /* row stride of a task's C strip: a part's widest block, its last pair whole, and a cache line */
+
+/* Rows i0..i0+31 of A, k's k0..k0+kc-1 (kc a multiple of 32) -> d[r * ld + q] bf16; zero past M / K2. */
+static void pack_a_rows(uint16_t *restrict d, int64_t ld, const bprod *x, int64_t i0, int64_t k0, int64_t kc) {
+  for (int r = 0; r < AMX_MR; r++) {
+    uint16_t *o = d + r * ld;
+    int64_t i = i0 + r;
+    if (i >= x->M) {
+      memset(o, 0, (size_t)kc * 2);
+      continue;
     }
+    if (x->a.cs == 1 && x->a.dt == TPURT_F32) {
+      bf16_line(o, (const float *)x->a.p + i * x->a.rs, x, k0, kc, 2);
+      continue;
+    }
+    int64_t q = 0, in = x->K2 - k0 < kc ? x->K2 - k0 : kc;
+    if (x->a.cs == 1 && x->a.dt == TPURT_BF16 && !x->split) {
+      memcpy(o, (const uint16_t *)x->a.p + i * x->a.rs + k0, (size_t)in * 2);
+      q = in;
+    }
+    for (; q < in; q++) o[q] = a_elem(x, i, k0 + q);
+    for (; q < kc; q++) o[q] = 0;
+  }
+}
+
+#if defined(__x86_64__)
+typedef struct {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} amx_cfg;
+
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f")))
+AMX_TARGET static void amx_config(void) {
+  amx_cfg cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette = 1;
+  for (int t = 0; t < 8; t++) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  _tile_loadconfig(&cfg);
+}
+AMX_TARGET static void amx_release(void) { _tile_release(); }
+
+/* c[32 x 32] (+)= A block (a: 32 rows of lda bytes, ks steps of 32 k's)
+ * times slivers b0 | b1 (ks steps of 16 pair rows of 64 bytes); load_c:
+ * accumulate onto c. ldc in bytes. */
+AMX_TARGET static void amx_block(int64_t ks, const uint16_t *a, int64_t lda, const uint32_t *b0, const uint32_t *b1,
+                                 float *c, int64_t ldc, int load_c) {
+  float *c1 = (float *)((char *)c + 16 * ldc);
+  if (load_c) {
+    _tile_loadd(0, c, ldc);
+    _tile_loadd(1, c + 16, ldc);
+    _tile_loadd(2, c1, ldc);
+    _tile_loadd(3, c1 + 16, ldc);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  const char *a1 = (const char *)a + 16 * lda;
+  for (int64_t s = 0; s < ks; s++) {
+    _tile_loadd(4, a + s * 32, lda);
+    _tile_loadd(6, b0 + s * 256, 64);
+    _tile_loadd(5, a1 + s * 64, lda);
+    _tile_loadd(7, b1 + s * 256, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, ldc);
+  _tile_stored(1, c + 16, ldc);
+  _tile_stored(2, c1, ldc);
+  _tile_stored(3, c1 + 16, ldc);
+}
+#undef AMX_TARGET
 #endif
-    for (; q < j->N; q++) {
-      float v = t[q];
-      int64_t o = i * c->rs + q * c->cs;
-      if (c->dt == TPURT_F32) {
-        float *d = (float *)c->p + o;
-        *d = beta == 0.0f ? v : __builtin_fmaf(beta, *d, v);
-      } else if (c->dt == TPURT_BF16) {
-        uint16_t *d = (uint16_t *)c->p + o;
-        *d = tpurt__f32_to_bf16(beta == 0.0f ? v : __builtin_fmaf(beta, tpurt__bf16_to_f32(*d), v));
+
+/* Task t of a panel on the tile unit: row block t / np, column part t % np
+ * (as panel_tasks); each 32-row block of A packed once into the thread's
+ * buffer and run against the part's sliver pairs. Blocks at the edges of C
+ * go through a 32 x 32 temporary. */
+static void amx_tasks(void *p, int64_t b, int64_t e) {
+#if defined(__x86_64__)
+  const bpanel *j = p;
+  const bprod *x = j->x;
+  int64_t kc = j->kc, kp = kc / 2;
+  int load_c = j->k0 > 0 || j->beta != 0.0f;
+  _Alignas(64) float t[AMX_MR * AMX_MR];
+  _Alignas(64) float strip[AMX_MR * AMX_STRIP_LD]; /* 137 KiB: the stacks of pool and stream threads hold it */
+  amx_config();
+  for (int64_t task = b; task < e; task++) {
+    int64_t ib = task / j->np, part = task % j->np;
+    int64_t i0 = ib * BMC, mc = x->M - i0 < BMC ? x->M - i0 : BMC;
+    int64_t npair = (j->nsl + 1) / 2, s0 = 2 * (npair * part / j->np), s1 = 2 * (npair * (part + 1) / j->np);
+    if (s1 > j->nsl) s1 = j->nsl;
+    int64_t w = s1 > s0 ? (s1 < j->nsl ? s1 * BNR : j->nc) - s0 * BNR : 0; /* the part's columns */
+    for (int64_t r = 0; r < mc; r += AMX_MR) {
+      int64_t m = mc - r < AMX_MR ? mc - r : AMX_MR, lda = j->lda * 2;
+      /* the part's 32 x w block of C accumulates in the strip (rows one
+       * cache line more than the block apart: tiles of a C whose rows are
+       * 2^n bytes apart evict each other in the L1); C is read (load_c)
+       * and written once a chunk */
+      float *c = x->c + (i0 + r) * x->ldc + j->j0 + s0 * BNR, *cs = strip;
+      int64_t ldcs = AMX_STRIP_LD;
+      if (load_c)
+        for (int64_t i = 0; i < m; i++) memcpy(strip + i * AMX_STRIP_LD, c + i * x->ldc, (size_t)w * 4);
+      /* k's in steps of AMX_KSUB over the part: the A block of a step
+       * (16 KiB) stays in the L1 while the part's slivers go by */
+      for (int64_t q0 = 0; q0 < kc; q0 += AMX_KSUB) {
+        int64_t qs = (kc - q0 < AMX_KSUB ? kc - q0 : AMX_KSUB) / AMX_KS;
+        int lc = load_c || q0 > 0;
+        const uint16_t *ab = j->ap + (i0 + r) * j->lda + q0;
+        for (int64_t s = s0; s < s1; s += 2) {
+          int64_t c0 = (s - s0) * BNR, n = j->nc - s * BNR < 2 * BNR ? j->nc - s * BNR : 2 * BNR;
+          const uint32_t *b0 = j->bp + s * kp * BNR + q0 / 2 * BNR, *b1 = s + 1 < j->nsl ? b0 + kp * BNR : b0;
+          if (m == AMX_MR) {
+            amx_block(qs, ab, lda, b0, b1, cs + c0, ldcs * 4, lc);
+            continue;
+          }
+          if (lc) {
+            memset(t, 0, sizeof t);
+            for (int64_t i = 0; i < m; i++) memcpy(t + i * AMX_MR, cs + i * ldcs + c0, (size_t)n * 4);
+          }
+          amx_block(qs, ab, lda, b0, b1, t, AMX_MR * 4, lc);
+          for (int64_t i = 0; i < m; i++) memcpy(cs + i * ldcs + c0, t + i * AMX_MR, (size_t)n * 4);
+        }
+      }
+      if (j->out && j->k0 + kc >= x->K2)
+        out_rows(j->out, strip, AMX_STRIP_LD, i0 + r, m, j->j0 + s0 * BNR, w, j->oalpha, j->obeta);
+      else
+        for (int64_t i = 0; i < m; i++) memcpy(c + i * x->ldc, strip + i * AMX_STRIP_LD, (size_t)w * 4);
+    }
+  }
+  amx_release();
+#else
+  (void)p, (void)b, (void)e;
+#endif
+}
+
+/* One product (C f32 row-major) with its B panel at bp; parallel over the
+ * pool when `par`. */
+static void run_bprod(const bprod *x, uint32_t *bp, int par) {
+  int64_t nth = par ? tpurt_num_threads() : 1, KC = chunk_k(x->K2, 0);
+  for (int64_t j0 = 0; j0 < x->N; j0 += BNC) {
+    int64_t nc = x->N - j0 < BNC ? x->N - j0 : BNC, nsl = (nc + BNR - 1) / BNR;
+    for (int64_t k0 = 0; k0 < x->K2; k0 += KC) {
+      int64_t kc = x->K2 - k0 < KC ? x->K2 - k0 : KC;
+      kc += kc & 1;
+      bpanel j = {x, bp, j0, nc, k0, kc, nsl, (x->M + BMC - 1) / BMC, 1, k0 == 0 ? x->beta : 1.0f, NULL, 0, NULL, 0, 0};
+      /* column parts: >= 4 tasks per thread where the panel is wide
+       * enough, and at most 8 sliver pairs each (256 KiB of the panel at
+       * KC 512: in L2 while the part's rows go by) */
+      int64_t npair = (nsl + 1) / 2, want = (4 * nth + j.mb - 1) / j.mb;
+      if (nth > 1 && j.mb < 4 * nth) j.np = want < npair ? want : npair;
+      if (j.np < (npair + 7) / 8) j.np = (npair + 7) / 8;
+      if (nth > 1 && x->M * nc * kc >= (1 << 18)) {
+        tpurt_parallel_for((nsl + 1) / 2, 1, pack_pairs, &j);
+        tpurt_parallel_for(j.mb * j.np, 1, panel_tasks, &j);
       } else {
-        uint16_t *d = (uint16_t *)c->p + o;
-        *d = tpurt__f32_to_f16(beta == 0.0f ? v : __builtin_fmaf(beta, tpurt__f16_to_f32(*d), v));
+        pack_panel(&j, 0, nsl);
+        panel_tasks(&j, 0, j.mb * j.np);
+      }
+    }
+  }
+}
+
+/* Rows of A of a chunk packed for the tile unit: 32-row groups [b, e). */
+static void pack_a_groups(void *p, int64_t b, int64_t e) {
+  const bpanel *j = p;
+  for (int64_t g = b; g < e; g++) pack_a_rows(j->ap + g * AMX_MR * j->lda, j->lda, j->x, g * AMX_MR, j->k0, j->kc);
+}
+
+/* Row stride (elements) of A packed for the tile unit at chunks of kc:
+ * one cache line more than the chunk, so that the 16 rows of a tile fall
+ * in different sets of the L1 (2^n-byte rows share one and evict each
+ * other — why A is packed even where bf16 rows could load in place). */
+static int64_t amx_lda(int64_t kc) { return kc + 32; }
+
+/* bytes of A packed for the tile unit (one chunk of all rows) */
+static size_t amx_a_bytes(int64_t M, int64_t k2) {
+  return (size_t)((M + AMX_MR - 1) / AMX_MR * AMX_MR) * (size_t)amx_lda(chunk_k(k2, 1)) * 2;
+}
+
+/* One product on the tile unit: per chunk of K, A packed once (all rows),
+ * then per panel of B (AMX_PANEL bytes) the panel packed and the tasks. */
+static void run_amx(const bprod *x, uint32_t *bp, uint16_t *ap, int par, const tpurt__bmat *out, float oalpha,
+                    float obeta) {
+  int64_t nth = par ? tpurt_num_threads() : 1, KC = chunk_k(x->K2, 1), pc = panel_cols(KC, 1);
+  int64_t mb = (x->M + BMC - 1) / BMC, ng = (x->M + AMX_MR - 1) / AMX_MR;
+  for (int64_t k0 = 0; k0 < x->K2; k0 += KC) {
+    int64_t kc = x->K2 - k0 < KC ? x->K2 - k0 : KC;
+    kc = (kc + AMX_KS - 1) / AMX_KS * AMX_KS;
+    int wide = nth > 1 && x->M * x->N * kc >= (1 << 18);
+    bpanel ja = {x, bp, 0, 0, k0, kc, 0, mb, 1, 0.0f, ap, amx_lda(kc), out, oalpha, obeta};
+    if (wide)
+      tpurt_parallel_for(ng, 1, pack_a_groups, &ja);
+    else
+      pack_a_groups(&ja, 0, ng);
+    for (int64_t j0 = 0; j0 < x->N; j0 += pc) {
+      int64_t nc = x->N - j0 < pc ? x->N - j0 : pc, nsl = (nc + BNR - 1) / BNR;
+      bpanel j = ja;
+      j.j0 = j0, j.nc = nc, j.nsl = nsl, j.beta = k0 == 0 ? x->beta : 1.0f;
+      /* column parts: >= 4 tasks per thread where the panel is wide enough */
+      int64_t npair = (nsl + 1) / 2, want = (4 * nth + mb - 1) / mb;
+      if (nth > 1 && mb < 4 * nth) j.np = want < npair ? want : npair;
+      if (wide && x->M * nc * kc >= (1 << 18)) {
+        tpurt_parallel_for((nsl + 1) / 2, 1, pack_pairs, &j);
+        tpurt_parallel_for(mb * j.np, 1, amx_tasks, &j);
+      } else {
+        pack_panel(&j, 0, nsl);
+        amx_tasks(&j, 0, mb * j.np);
       }
     }
   }
@@ -460,10 +778,19 @@ typedef struct {
   tpurt__bmat a, b, c;
   int64_t sa, sb, sc;
   int split, par, direct; /* direct: C is plain f32 (no f32 result first) */
+  int amx;                /* on the tile unit (alpha 1 and beta 0 or 1 when direct) */
   char *mem;              /* per slot: the B panel, then the f32 result */
-  size_t slot_bytes, panel_bytes;
+  size_t slot_bytes, panel_bytes, apack_bytes;
   _Atomic uint64_t busy; /* slots in use (batch tasks) */
 } bbatch;
+
+/* The product x with the slot's buffers: B panel, then (tile unit) packed A. */
+static void run_product(const bbatch *bb, const bprod *x, char *mem, const tpurt__bmat *out) {
+  if (bb->amx)
+    run_amx(x, (uint32_t *)mem, (uint16_t *)(mem + bb->panel_bytes), bb->par, out, bb->alpha, bb->beta);
+  else
+    run_bprod(x, (uint32_t *)mem, bb->par);
+}
 
 static void one_product(bbatch *bb, int64_t bi, int slot) {
   size_t ea = tpurt_dtype_size(bb->a.dt), eb = tpurt_dtype_size(bb->b.dt), ec = tpurt_dtype_size(bb->c.dt);
@@ -476,16 +803,22 @@ static void one_product(bbatch *bb, int64_t bi, int slot) {
   if (bb->direct) {
     x.c = (float *)c.p;
     x.ldc = c.rs;
-    run_bprod(&x, (uint32_t *)mem, bb->par);
+    run_product(bb, &x, mem, NULL);
     return;
   }
-  /* another dtype or layout: an f32 result first (alpha applied), then C */
-  float *t = (float *)(mem + bb->panel_bytes);
+  /* another dtype or layout: an f32 result first (alpha applied, but on
+   * the tile unit), then C */
+  float *t = (float *)(mem + bb->panel_bytes + bb->apack_bytes);
   x.c = t;
   x.ldc = bb->N;
   x.beta = 0.0f;
-  run_bprod(&x, (uint32_t *)mem, bb->par);
-  epi_job ej = {t, &c, bb->N, bb->beta};
+  if (bb->amx) { /* the tile unit writes C from its last chunk's blocks */
+    x.alpha = 1.0f;
+    run_product(bb, &x, mem, &c);
+    return;
+  }
+  run_product(bb, &x, mem, NULL);
+  epi_job ej = {t, &c, bb->N, 1.0f, bb->beta};
   if (bb->par && bb->M * bb->N >= (1 << 15))
     tpurt_parallel_for(bb->M, (1 << 14) / bb->N + 1, epi_rows, &ej);
   else
@@ -510,14 +843,16 @@ static void batch_tasks(void *p, int64_t b, int64_t e) {
 int tpurt__bgemm(int64_t nb, int64_t M, int64_t N, int64_t K, float alpha, const tpurt__bmat *A, int64_t sa,
                  const tpurt__bmat *B, int64_t sb, int split, float beta, const tpurt__bmat *C, int64_t sc) {
   if (nb <= 0 || M <= 0 || N <= 0 || K <= 0) return 0;
-  bbatch bb = {M, N, K, alpha, beta, *A, *B, *C, sa, sb, sc, split, 0, 0, NULL, 0, 0, 0};
-  bb.direct = C->dt == TPURT_F32 && C->cs == 1 && C->rs >= N;
+  bbatch bb = {M, N, K, alpha, beta, *A, *B, *C, sa, sb, sc, split, 0, 0, 0, NULL, 0, 0, 0, 0};
+  bb.amx = use_amx();
+  bb.direct = C->dt == TPURT_F32 && C->cs == 1 && C->rs >= N && (!bb.amx || (alpha == 1.0f && (beta == 0.0f || beta == 1.0f)));
   int64_t nth = tpurt_num_threads(), k2 = split ? 3 * K : K;
   int par = nth > 1 && !tpurt__pool_nested();
   double macs = (double)M * (double)N * (double)k2;
   int batch = nb > 1 && par && nth <= 64 && (nb >= 4 * nth || (macs < (double)(1 << 22) && nb >= nth));
-  bb.panel_bytes = (panel_words(N, k2) * 4 + 63) & ~(size_t)63;
-  bb.slot_bytes = bb.panel_bytes + (bb.direct ? 0 : (size_t)(M * N) * 4);
+  bb.panel_bytes = (panel_words(N, k2, bb.amx) * 4 + 63) & ~(size_t)63;
+  bb.apack_bytes = bb.amx ? (amx_a_bytes(M, k2) + 63) & ~(size_t)63 : 0;
+  bb.slot_bytes = bb.panel_bytes + bb.apack_bytes + (bb.direct ? 0 : (size_t)(M * N) * 4);
   bb.mem = buf(bb.slot_bytes * (size_t)(batch ? nth : 1));
   if (!bb.mem) return 0;
   if (batch) { /* many products, or small ones: one per task, each on one thread */

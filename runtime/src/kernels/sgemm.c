@@ -107,23 +107,10 @@ static const blocks g_blocks = {256, 96, 1024};
 
 /* ------------------------------------------------------------ mode */
 
-/* CPU features, detected once: bit 0 AVX2 + FMA, bit 1 AVX-512F. */
-static int cpu_features(void) {
-  static _Atomic int g_features = -1;
-  int v = atomic_load_explicit(&g_features, memory_order_relaxed);
-  if (v < 0) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    v = (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) | (__builtin_cpu_supports("avx512f") ? 2 : 0);
-#else
-    v = 0;
-#endif
-    atomic_store_explicit(&g_features, v, memory_order_relaxed);
-  }
-  return v;
-}
-int tpurt__cpu_has_avx2_fma(void) { return cpu_features() & 1; }
-int tpurt__cpu_has_avx512(void) { return (cpu_features() >> 1) & 1; }
+/* The kernels at the level in force (cpu.c: detected at run time, capped by
+ * TORCH_TPU_ISA). */
+int tpurt__cpu_has_avx2_fma(void) { return tpurt__cpu_avx2_fma(); }
+int tpurt__cpu_has_avx512(void) { return tpurt__cpu_avx512(); }
 
 const char *tpurt__sgemm_kernel_name(void) {
   if (!tpurt__cpu_has_avx2_fma()) return "6x16 portable";
