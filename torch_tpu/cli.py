@@ -40,7 +40,8 @@ def doctor() -> int:
     print(f"  torch {torch.__version__}, torch_tpu {torch_tpu.__version__}, "
           f"runtime {_C._runtime_version()} (API {_C._api_version})")
     env = {k: os.environ[k] for k in ("TPU_NUM_DEVICES", "TORCH_TPU_EMULATE", "TORCH_TPU_HBM_LIMIT",
-                                      "TPU_LAUNCH_BLOCKING", "TPU_NUM_THREADS", "TORCH_TPU_CPU_FALLBACK")
+                                      "TPU_LAUNCH_BLOCKING", "TPU_NUM_THREADS", "TORCH_TPU_CPU_FALLBACK",
+                                      "TORCH_TPU_ISA", "TORCH_TPU_AMX")
            if k in os.environ}
     print(f"  environment: {env or '(defaults)'}")
 
@@ -50,6 +51,14 @@ def doctor() -> int:
             raise RuntimeError("no TPU chip is available")
         return f"{n} chip(s), accelerator={torch.accelerator.current_accelerator()}"
 
+    def host() -> str:
+        c = _C._cpu_info()
+        feats = ", ".join(k for k, v in c["features"].items() if v and k != "amx_usable") or "none"
+        note = f" ({c['amx_note']})" if c["amx_note"] else ""
+        return (f"{c['model']} ({c['vendor']}); features {feats}; kernel level {c['isa']} of {c['host_isa']}{note}; "
+                f"bf16 matmul on {c['bf16_matmul']}; f32 GEMM {c['gemm_library']}")
+
+    _check("host", host, failures)
     _check("devices", devices, failures)
     if failures:
         print("\nNo usable TPU device: " + "; ".join(failures))

@@ -30,6 +30,33 @@ py::dict device_props(int index) {
   return d;
 }
 
+py::dict cpu_info() {
+  const tpurt_cpu_info* c = tpurt_cpu_get_info();
+  py::dict d;
+  d["vendor"] = std::string(c->vendor);
+  d["model"] = std::string(c->model);
+  py::dict f;
+  f["avx2"] = c->avx2 && c->fma;
+  f["avx512"] = c->avx512f && c->avx512bw && c->avx512vl && c->avx512dq;
+  f["avx512_bf16"] = static_cast<bool>(c->avx512_bf16);
+  f["avx512_fp16"] = static_cast<bool>(c->avx512_fp16);
+  f["amx_tile"] = static_cast<bool>(c->amx_tile);
+  f["amx_bf16"] = static_cast<bool>(c->amx_bf16);
+  f["amx_int8"] = static_cast<bool>(c->amx_int8);
+  f["amx_usable"] = static_cast<bool>(c->amx_usable);
+  d["features"] = f;
+  d["amx_note"] = std::string(c->amx_note);
+  d["l1d_bytes"] = c->l1d_bytes;
+  d["l2_bytes"] = c->l2_bytes;
+  d["l3_bytes"] = c->l3_bytes;
+  static const char* names[] = {"scalar", "avx2", "avx512", "amx"};
+  d["host_isa"] = std::string(names[c->host_isa & 3]);
+  d["isa"] = std::string(c->isa_name);
+  d["bf16_matmul"] = std::string(tpurt_bf16_gemm_path());
+  d["gemm_library"] = std::string(tpurt_gemm_library());
+  return d;
+}
+
 py::dict host_stats() {
   tpurt_host_stats s;
   tpurt_host_get_stats(&s);
@@ -255,6 +282,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_matmul_precision", &set_matmul_precision);
   m.def("_matmul_precision", &matmul_precision);
   m.def("_gemm_library", [] { return std::string(tpurt_gemm_library()); });
+  m.def("_cpu_info", &cpu_info);
   m.def("_set_exec_mode", [](int mode) {
     ensure_initialized();
     py::gil_scoped_release nogil;

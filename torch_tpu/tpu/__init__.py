@@ -128,6 +128,13 @@ class TpuDeviceProperties:
     host_threads: int
     # Dynamo/Inductor read multi_processor_count from device properties.
     multi_processor_count: int = 1
+    # The host the emulated chip runs on, detected at run time: CPU model,
+    # the kernel level in force (TORCH_TPU_ISA caps it) and the kernel
+    # behind bf16 matmuls ("amx-bf16 tiles", "avx512-bf16 dot products",
+    # "f32 GEMM").
+    host_cpu: str = ""
+    host_isa: str = ""
+    bf16_matmul: str = ""
 
     def __repr__(self) -> str:
         return (f"_TpuDeviceProperties(name='{self.name}', generation='{self.generation}', "
@@ -136,7 +143,9 @@ class TpuDeviceProperties:
 
 def get_device_properties(device: Device = None) -> TpuDeviceProperties:
     p = _C._device_properties(_index(device))
-    return TpuDeviceProperties(multi_processor_count=p["tensor_cores"], **p)
+    cpu = _C._cpu_info()
+    return TpuDeviceProperties(multi_processor_count=p["tensor_cores"], host_cpu=cpu["model"], host_isa=cpu["isa"],
+                               bf16_matmul=cpu["bf16_matmul"], **p)
 
 
 def get_device_name(device: Device = None) -> str:

@@ -1,0 +1,108 @@
+"""Kernel levels chosen at run time (TORCH_TPU_ISA) as PyTorch code sees them:
+every level the host can run gives bf16 matmuls, autocast linears (forward
+and backward) and bf16 convolutions within the precision contract of a
+float64 reference; the chosen paths show in get_device_properties and
+``torch-tpu doctor``; a level the host lacks is a clear error."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torch_tpu  # noqa: F401
+from torch_tpu import _C
+from tests.conftest import ROOT, run_python
+
+LEVELS = ["scalar", "avx2", "avx512", "amx"]
+HOST = _C._cpu_info()
+RUNNABLE = LEVELS[: LEVELS.index(HOST["host_isa"]) + 1]
+
+# Each case: the worst error of the tpu result over the contract's bound
+# (f32 accumulation over K of exact bf16 products, plus the result's bf16
+# rounding), and the path that ran.
+CHILD = r"""
+import json, torch, torch_tpu
+from torch_tpu import _C
+torch.manual_seed(0)
+out = {"path": _C._cpu_info()["bf16_matmul"], "isa": _C._cpu_info()["isa"], "worst": 0.0}
+def check(got, ref, mag, k, bf16_out):
+    bound = (k + 2) * 2.0**-23 * mag + (2.0**-8 * ref.abs() if bf16_out else 0) + 1e-30
+    out["worst"] = max(out["worst"], ((got.double() - ref) .abs() / bound).max().item())
+for m, n, k in [(1, 1, 1), (7, 5, 3), (33, 47, 61), (130, 290, 40), (257, 31, 1030), (64, 1100, 96)]:
+    a = torch.randn(m, k).bfloat16(); b = torch.randn(k, n).bfloat16()
+    ref = a.double() @ b.double(); mag = a.double().abs() @ b.double().abs()
+    check((a.to("tpu") @ b.to("tpu")).cpu(), ref, mag, k, True)
+    # transposed and sliced operands
+    at = a.t().contiguous().t(); bs = torch.cat([b, b], 1)[:, ::2]
+    check((at.to("tpu") @ b.to("tpu")).cpu(), ref, mag, k, True)
+    check((a.to("tpu") @ torch.cat([b, b], 1).to("tpu")[:, ::2]).cpu(), a.double() @ bs.double(),
+          a.double().abs() @ bs.double().abs(), k, True)
+# batched
+a = torch.randn(5, 37, 70).bfloat16(); b = torch.randn(5, 70, 29).bfloat16()
+check(torch.bmm(a.to("tpu"), b.to("tpu")).cpu(), a.double() @ b.double(), a.double().abs() @ b.double().abs(), 70, True)
+# autocast linear forward and backward (the weight's gradient is a product over the batch)
+lin = torch.nn.Linear(96, 80)
+x = torch.randn(64, 96)
+dl = torch.nn.Linear(96, 80).to("tpu"); dl.load_state_dict(lin.state_dict())
+dx = x.to("tpu").requires_grad_()
+with torch.autocast("tpu", torch.bfloat16):
+    y = dl(dx)
+assert y.dtype == torch.bfloat16, y.dtype
+y.float().sum().backward()
+xb, wb = x.bfloat16().double(), lin.weight.bfloat16().double()
+ref = xb @ wb.t() + lin.bias.bfloat16().double()
+check(y.cpu(), ref, xb.abs() @ wb.abs().t() + lin.bias.double().abs(), 96, True)
+g = torch.ones(64, 80, dtype=torch.float64)
+check(dl.weight.grad.cpu(), g.t() @ xb, g.t() @ xb.abs(), 64, True)
+# bf16 convolution
+c = torch.randn(2, 8, 9, 9).bfloat16(); w = torch.randn(6, 8, 3, 3).bfloat16()
+ref = torch.nn.functional.conv2d(c.double(), w.double(), padding=1)
+mag = torch.nn.functional.conv2d(c.double().abs(), w.double().abs(), padding=1)
+check(torch.nn.functional.conv2d(c.to("tpu"), w.to("tpu"), padding=1).cpu(), ref, mag, 72, True)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("level", RUNNABLE)
+def test_level_results_within_contract(level):
+    r = run_python(CHILD, env={"TORCH_TPU_ISA": level}, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["isa"] == level
+    want = {"amx": "amx-bf16 tiles",
+            "avx512": "avx512-bf16 dot products" if HOST["features"]["avx512_bf16"] else "f32 GEMM"}.get(level,
+                                                                                                   "f32 GEMM")
+    assert out["path"] == want
+    assert out["worst"] <= 1.0, out
+
+
+def test_properties_show_the_host():
+    p = torch.tpu.get_device_properties(0)
+    assert p.host_cpu == HOST["model"] and p.host_isa == HOST["isa"]
+    assert p.bf16_matmul in ("amx-bf16 tiles", "avx512-bf16 dot products", "f32 GEMM")
+    assert HOST["isa"] in LEVELS and HOST["l2_bytes"] >= 0
+
+
+def test_unknown_level_is_an_error():
+    r = run_python("import torch, torch_tpu; torch.ones(2, device='tpu')", env={"TORCH_TPU_ISA": "sse9"})
+    assert r.returncode != 0
+    assert "TORCH_TPU_ISA=sse9: unknown level" in r.stderr
+
+
+def test_missing_level_is_an_error():
+    # AMX turned off for the process makes "amx" a level this host lacks, on any host
+    r = run_python("import torch, torch_tpu; torch.ones(2, device='tpu')",
+                   env={"TORCH_TPU_ISA": "amx", "TORCH_TPU_AMX": "0"})
+    assert r.returncode != 0
+    assert "TORCH_TPU_ISA=amx: this CPU" in r.stderr and "cannot run it" in r.stderr
+
+
+def test_doctor_prints_the_host_line():
+    r = subprocess.run([sys.executable, "-m", "torch_tpu.cli", "doctor"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if "host:" in ln)
+    assert HOST["bf16_matmul"] in line and f"kernel level {HOST['isa']}" in line
