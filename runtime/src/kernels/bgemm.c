@@ -60,6 +60,8 @@ int tpurt__bgemm_applies(void) {
  * (TORCH_TPU_ISA=avx512 keeps the vdpbf16ps kernel on an AMX host). */
 static int use_amx(void) { return tpurt__cpu_amx_bf16(); }
 
+int tpurt__bgemm_amx(void) { return tpurt__bgemm_applies() && use_amx(); }
+
 const char *tpurt_bf16_gemm_path(void) {
   if (!tpurt__bgemm_applies()) return "f32 GEMM";
   return use_amx() ? "amx-bf16 tiles" : "avx512-bf16 dot products";
@@ -208,6 +210,22 @@ static void pack_b(uint32_t *restrict d, const bprod *x, int64_t j0, int64_t k0,
       const uint16_t *col = (const uint16_t *)x->b.p + (j0 + j) * x->b.cs + k0;
       for (int64_t p = 0; p < full; p++) d[p * BNR + j] = load_u32(col + 2 * p);
     }
+  } else if (x->b.dt == TPURT_F32 && x->b.cs == 1 && j0 + BNR <= x->N && tpurt__cpu_avx512()) {
+    /* f32 rows of B: 16 columns of two rows rounded, then interleaved */
+    _Alignas(64) uint16_t r2[2][BNR];
+    for (int64_t p = 0; p < kp; p++) {
+      for (int h = 0; h < 2; h++) {
+        int64_t k = k0 + 2 * p + h, seg = x->split ? k / x->K : 0;
+        if (k < x->K2)
+          bf16_run(r2[h], (const float *)x->b.p + (k - seg * x->K) * x->b.rs + j0, BNR, seg == 1);
+        else
+          memset(r2[h], 0, sizeof r2[h]);
+      }
+#if defined(__x86_64__) || defined(__i386__)
+      interleave16(d + p * BNR, r2[0], r2[1]);
+#endif
+    }
+    full = kp;
   } else if (x->b.dt == TPURT_F32 && x->b.rs == 1) { /* f32, k contiguous (a transposed weight) */
     uint16_t col[AMX_KMAX];
     for (int j = 0; j < BNR; j++) {

@@ -78,8 +78,11 @@ typedef struct {
   tpurt_dtype dt;
   int64_t rs, cs;
 } tpurt__bmat;
-/* The CPU has the bf16 dot product (AVX512-BF16) and TORCH_TPU_BGEMM is not 0. */
+/* The CPU has a bf16 GEMM at the level in force (AMX tiles or AVX512-BF16
+ * dot products) and TORCH_TPU_BGEMM is not 0. */
 TPURT_INTERNAL int tpurt__bgemm_applies(void);
+/* ... and it runs on the AMX tiles. */
+TPURT_INTERNAL int tpurt__bgemm_amx(void);
 /* nb products C_i = alpha op(A_i) op(B_i) + beta C_i on bf16 values with f32
  * accumulation (bgemm.c): A (M x K) and B (K x N) bf16 or f32 (rounded to
  * bf16; split != 0: HIGH precision's hi/lo split, K tripled), C f32, bf16
