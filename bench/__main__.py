@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m bench [device] [elementwise] [gemm] [attention] [defer] [fusion] [fft] [matrix] [sweep] [--repeats N] [--quick|--full] [--record]``.
+"""Run the benchmarks: ``python -m bench [device] [elementwise] [gemm] [bf16] [attention] [defer] [fusion] [fft] [matrix] [sweep] [--repeats N] [--quick|--full] [--record]``.
 
 device   host<->device copy bandwidth vs memcpy, empty-op round trip
 elementwise  large add/mul/gelu vs CPU and vs the machine's STREAM triad; softmax, norms,
@@ -8,6 +8,8 @@ defer    DeferAndFuse vs strict eager vs CPU eager on minGPT / Llama / ResNet tr
          (strict, defer with foreach launches one by one, defer with one chain)
 gemm     GEMM library choice (OpenBLAS / oneDNN / torch CPU, FMA peak),
          tpu fp32/bf16 GEMM vs CPU, conv2d on ResNet-18 shapes vs CPU
+bf16     bf16 matmul vs CPU at 256-4096 and LLM shapes, % of the bf16 matrix-unit
+         peak (AMX-BF16 or AVX512-BF16) sampled alongside
 attention fused scaled_dot_product_attention fwd and fwd+bwd vs CPU SDPA
 fusion   DeferAndFuse fusion patterns (RMSNorm, row sums, logsumexp with their reduction prologues; a norm's
          scale and a softmax's sum with their reduction epilogues; autocast casts; a linear layer's epilogue),
@@ -41,7 +43,7 @@ from bench import attention, common, defer, device, elementwise, fft, fusion, ge
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("suites", nargs="*", choices=[[], "device", "elementwise", "gemm", "attention", "defer", "fusion", "fft", "matrix", "sweep"], help="suites to run (default: all)")
+    parser.add_argument("suites", nargs="*", choices=[[], "device", "elementwise", "gemm", "bf16", "attention", "defer", "fusion", "fft", "matrix", "sweep"], help="suites to run (default: all)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="repeats per configuration (median reported; default 15, matrix/sweep: 3 quick, 10 full)")
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 16, 256], help="copy sizes in MiB")
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     matrix_repeats = args.repeats or (10 if args.full else 3)
     args.repeats = args.repeats or 15
-    args.suites = args.suites or ["device", "elementwise", "gemm", "attention", "defer"]
+    args.suites = args.suites or ["device", "elementwise", "gemm", "bf16", "attention", "defer"]
     command = "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv)
 
     def emit(key: str, payload: dict, title: str, body: str):
@@ -96,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
              "Library candidates' sgemm vs CPU `torch.matmul` (same process; OpenBLAS = scipy-openblas32, oneDNN "
              "only when TORCH_TPU_BENCH_ONEDNN points at a libdnnl.so):\n\n" + lib_table +
              "\n\n" + mm_table + "\n\n" + cv_table)
+    if "bf16" in args.suites:
+        res, table = gemm.bf16(max(3, args.repeats // 3), args.gemm_sizes)
+        emit("bf16", {"machine": common.machine(), **res}, "bf16 matmul on the matrix units", table)
     if "attention" in args.suites:
         att, att_table = attention.attention(max(3, args.repeats // 5))
         emit("attention", {"machine": common.machine(), **att}, "Fused attention", att_table)

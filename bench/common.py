@@ -66,9 +66,15 @@ def machine() -> dict[str, str]:
     except OSError:
         commit = "?"
     import torch_tpu
+    from torch_tpu import _C
 
+    info = _C._cpu_info()
     return {
         "cpu": cpu,
+        "amx": "yes" if info["features"]["amx_usable"] else "no",
+        "avx512_bf16": "yes" if info["features"]["avx512_bf16"] else "no",
+        "isa": info["isa"],
+        "bf16_matmul": info["bf16_matmul"],
         "cores": str(len(os.sched_getaffinity(0))),
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -76,6 +82,15 @@ def machine() -> dict[str, str]:
         "commit": commit,
         "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
     }
+
+
+def host_line(m: dict[str, str] | None = None) -> str:
+    """The host beside every figure: CPU model, cores, AMX and AVX512-BF16, the
+    kernel level and the kernel behind bf16 products."""
+    m = m or machine()
+    return (f"Host: {m['cpu']}, {m['cores']} cores, AMX {m.get('amx', '?')}, AVX512-BF16 {m.get('avx512_bf16', '?')}; "
+            f"tpu kernels at level {m.get('isa', '?')}, bf16 matmul on {m.get('bf16_matmul', '?')}; "
+            f"torch {m['torch']}, commit {m['commit']}, {m['date']}.")
 
 
 def interleaved(configs: dict[str, Callable[[], None]], repeats: int, inner: int | dict[str, int] = 1,
@@ -146,7 +161,7 @@ def record(title: str, command: str, body: str) -> None:
     """Appends a section to BENCHMARKS.md with the machine and command."""
     m = machine()
     section = (f"\n## {title} — {m['date']}\n\n"
-               f"Machine: {m['cpu']}, {m['cores']} cores; Python {m['python']}, torch {m['torch']}, "
-               f"torch_tpu {m['torch_tpu']} ({m['commit']}).  \nCommand: `{command}`\n\n{body}\n")
+               f"{host_line(m)} Python {m['python']}, torch_tpu {m['torch_tpu']}.  \n"
+               f"Command: `{command}`\n\n{body}\n")
     with open(ROOT / "BENCHMARKS.md", "a") as f:
         f.write(section)

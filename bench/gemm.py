@@ -8,6 +8,10 @@
 * ``gemm``: tpu fp32 GEMM vs CPU ``torch.matmul`` and as % of FMA peak;
   bf16 GEMM vs CPU.
 * ``conv``: conv2d forward on ResNet-18 shapes vs CPU.
+* ``bf16``: bf16 matmul (the TPU's native matrix dtype) vs CPU ``torch.matmul``
+  at squares 256-4096 and LLM shapes, and as % of the host's bf16 matrix-unit
+  peak (AMX-BF16 tiles or AVX512-BF16, runtime/bench/fma_peak.c) sampled
+  alongside.
 """
 from __future__ import annotations
 
@@ -27,6 +31,9 @@ import torch_tpu  # noqa: F401
 from bench.common import ROOT, interleaved, markdown_table
 
 SQUARES = [256, 512, 1024, 2048, 4096]
+# LLM projections (M = tokens, K, N = hidden / intermediate): a 2048-token
+# batch through a 2048-wide model with a 5632-wide MLP, and a 4096-wide one.
+LLM = [(2048, 2048, 2048), (2048, 5632, 2048), (2048, 2048, 5632), (4096, 4096, 4096), (4096, 11008, 4096)]
 # small transformer: 4096 tokens, d_model 256, d_ff 1024 (M, N, K)
 TRANSFORMER = [(4096, 1024, 256), (4096, 256, 1024), (4096, 768, 256), (4096, 256, 256)]
 
@@ -74,6 +81,23 @@ def fma_peak(threads: int) -> float:
         lib = _fma_lib()
         _PEAK[threads] = max(lib.tpurt_bench_fma_gflops(threads, _FMA_ITERS) for _ in range(9))
     return _PEAK[threads]
+
+
+def bf16_sampler(threads: int, flops: float) -> tuple[Callable[[], None], float, str]:
+    """As fma_sampler, for the bf16 matrix-unit peak loop (AMX tiles or
+    AVX512-BF16 dot products: the unit the host's bf16 products can use)."""
+    lib = _fma_lib()
+    lib.tpurt_bench_bf16_gflops.argtypes = [ctypes.c_int, ctypes.c_int64]
+    lib.tpurt_bench_bf16_gflops.restype = ctypes.c_double
+    lib.tpurt_bench_bf16_flops.argtypes = [ctypes.c_int64]
+    lib.tpurt_bench_bf16_flops.restype = ctypes.c_double
+    lib.tpurt_bench_bf16_isa.restype = ctypes.c_char_p
+    per = lib.tpurt_bench_bf16_flops(1)
+    if per == 0:
+        return (lambda: None), 0.0, "none"
+    iters = max(10_000, int(flops / (threads * per)))
+    return ((lambda: lib.tpurt_bench_bf16_gflops(threads, iters)), threads * lib.tpurt_bench_bf16_flops(iters),
+            lib.tpurt_bench_bf16_isa().decode())
 
 
 def fma_sampler(threads: int, flops: float) -> tuple[Callable[[], None], float]:
@@ -222,3 +246,36 @@ def conv(repeats: int, batch: int) -> tuple[dict, str]:
     table = markdown_table(["conv (batch %d)" % batch, "CPU ms", "tpu ms", "tpu GFLOP/s", "tpu speed vs CPU"], rows)
     return {"rows": res}, ("conv2d forward, fp32, ResNet-18 shapes (goal ≥ 0.8× CPU; tpu: back-to-back "
                            "convolutions, one synchronize per sample):\n\n" + table)
+
+
+def bf16(repeats: int, sizes: list[int]) -> tuple[dict, str]:
+    """bf16 @ bf16 -> bf16 on tpu vs CPU torch.matmul (oneDNN), side by side,
+    and the tpu rate over the bf16 peak loop sampled next to it."""
+    threads = len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    rows, res = [], []
+    for m, n, k in [(s_, s_, s_) for s_ in sizes] + [x for x in LLM if x[0] not in sizes or x[1] != x[0]]:
+        a = torch.randn(m, k).bfloat16()
+        b = torch.randn(k, n).bfloat16()
+        da, db = a.to("tpu"), b.to("tpu")
+        flops = 2.0 * m * n * k
+        inner, raw = max(1, min(400, int(3e10 / flops))), {}
+        peak, peak_flops, unit = bf16_sampler(threads, inner * flops / 4)
+        t = interleaved({"cpu": lambda: torch.matmul(a, b), "tpu": lambda: torch.matmul(da, db), "peak": peak},
+                        repeats=repeats, inner={"cpu": inner, "tpu": inner, "peak": 1},
+                        finish={"tpu": torch.tpu.synchronize}, gap_s=0.03, raw=raw, prime=True)
+        gf = {k_: flops / v / 1e9 for k_, v in t.items() if k_ != "peak"}
+        gf["peak"] = peak_flops / t["peak"] / 1e9 if peak_flops else 0.0
+        gf["tpu_of_peak"] = statistics.median(
+            (flops / tt) / (peak_flops / tp) for tt, tp in zip(raw["tpu"], raw["peak"])) if peak_flops else 0.0
+        gf["ratio"] = statistics.median(c / tt for c, tt in zip(raw["cpu"], raw["tpu"]))
+        res.append({"shape": [m, n, k], "gflops": gf})
+        rows.append([f"{m}×{k} @ {k}×{n}", f"{gf['cpu']:.0f}", f"{gf['tpu']:.0f}", f"{gf['ratio']:.2f}×",
+                     f"{gf['peak']:.0f}", f"{100 * gf['tpu_of_peak']:.0f}%"])
+    table = markdown_table(["shape", "CPU torch GFLOP/s", "tpu GFLOP/s", "tpu / CPU (paired)",
+                            f"{unit} peak alongside GFLOP/s", "tpu % of peak alongside"], rows)
+    return {"unit": unit, "threads": threads, "rows": res}, (
+        f"bf16 matmul, bf16 result, {threads} threads; tpu on {torch_tpu._C._cpu_info()['bf16_matmul']}. "
+        f"Goals: tpu / CPU ≥ 1.0×, ≥ 70 % of the {unit} peak (a register-resident loop of the unit's "
+        f"instruction on every thread, sampled between each shape's samples). tpu: back-to-back products, one "
+        f"synchronize per sample.\n\n" + table)

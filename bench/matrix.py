@@ -50,7 +50,9 @@ from bench import common
 WORKLOADS = ("mingpt", "llama", "resnet", "dlrm", "unet")
 OPTIONAL = ("qwen",)
 INFERENCE = ("llama", "resnet")
-CONFIGS = ("cpu eager", "cpu inductor", "tpu strict", "tpu defer")
+CONFIGS = ("cpu eager", "cpu inductor", "tpu strict", "tpu defer", "cpu eager bf16", "tpu strict bf16")
+# "... bf16": the same step under torch.autocast(device, torch.bfloat16) (weights
+# f32, products and activations bf16), compared with CPU eager under autocast.
 TOKEN_MODELS = ("mingpt", "llama", "qwen")
 
 
@@ -112,7 +114,8 @@ class Runner:
     def __init__(self, config: str, base: torch.nn.Module, batches, loss_fn, train: bool = True) -> None:
         self.config, self.train = config, train
         self.device = "cpu" if config.startswith("cpu") else "tpu"
-        self.mode = {"tpu strict": "strict", "tpu defer": "defer"}.get(config)
+        self.bf16 = config.endswith(" bf16")
+        self.mode = {"tpu strict": "strict", "tpu defer": "defer"}.get(config.removesuffix(" bf16"))
         self.model = copy.deepcopy(base).to(self.device)
         self.model.train(train)
         self.fn = torch.compile(self.model, backend="inductor") if config == "cpu inductor" else self.model
@@ -123,7 +126,12 @@ class Runner:
         self.i = 0
 
     def ctx(self):
-        return torch_tpu.execution_mode(self.mode) if self.mode else contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        if self.mode:
+            stack.enter_context(torch_tpu.execution_mode(self.mode))
+        if self.bf16:
+            stack.enter_context(torch.autocast(self.device, torch.bfloat16))
+        return stack
 
     def step(self) -> float | None:
         x, y = self.batches[self.i % len(self.batches)]
@@ -264,9 +272,10 @@ def run_task(name: str, base, batches, loss_fn, train: bool, configs, repeats: i
             cell["peak_bytes"] = None
             cell["peak_error"] = _short(e)
     ok = {c: v for c, v in res["configs"].items() if v["status"] == "ok"}
-    for ref, key in (("cpu eager", "speed_vs_cpu_eager"), ("tpu strict", "speed_vs_tpu_strict")):
-        for c, v in ok.items():
-            v[key] = ok[ref]["step_s"] / v["step_s"] if ref in ok else None
+    for c, v in ok.items():  # bf16 configurations against CPU eager in bf16, and against tpu strict in f32
+        ref = "cpu eager bf16" if c.endswith(" bf16") else "cpu eager"
+        v["speed_vs_cpu_eager"] = ok[ref]["step_s"] / v["step_s"] if ref in ok else None
+        v["speed_vs_tpu_strict"] = ok["tpu strict"]["step_s"] / v["step_s"] if "tpu strict" in ok else None
     del runners
     return res
 
@@ -356,13 +365,13 @@ def table(out: dict) -> str:
                 rows.append([label, kind, c, _ms(v), f"{_tp(v['throughput'])} {t['units']}",
                              _ratio(v["speed_vs_cpu_eager"]), _ratio(v["speed_vs_tpu_strict"]), peak, compile_,
                              f"{len(v['samples_s'])}"])
-    return common.markdown_table(["workload", "step", "config", "median ms", "throughput", "speed vs cpu eager",
-                                  "speed vs tpu strict", "peak MiB", "compile / first step", "timed steps"], rows)
+    return common.markdown_table(["workload", "step", "config", "median ms", "throughput",
+                                  "speed vs cpu eager (same dtype)", "speed vs tpu strict (f32)", "peak MiB", "compile / first step", "timed steps"], rows)
 
 
 def describe(out: dict) -> str:
     missing = out["missing"]
-    head = (f"Preset `{out['preset']}`, {out['repeats']} interleaved repeats per configuration (after "
+    head = (f"{common.host_line(out['machine'])}\n\nPreset `{out['preset']}`, {out['repeats']} interleaved repeats per configuration (after "
             f"{out['warmup']} warm-up steps), whole run {out['elapsed_s'] / 60:.1f} min, {load_text(out)}. "
             f"Train step: zero_grad, forward, loss, backward, AdamW, loss.item(); infer: eval forward under inference_mode + sync; "
             f"a sample is {common.STEPS_PER_SAMPLE} consecutive steps and a device sync. Peak MiB = own resident tensors "

@@ -7,6 +7,7 @@
  * earlier is not the peak the GEMM ran against), and linked into
  * tpurt_bench_gemm_libs.
  */
+#define _GNU_SOURCE
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -58,7 +59,9 @@ const char *tpurt_bench_fma_isa(void) { return wide() ? "AVX-512" : "AVX2"; }
 
 double tpurt_bench_fma_flops(int64_t iters) { return (double)iters * 12 * (wide() ? 16 : 8) * 2; }
 
-double tpurt_bench_fma_gflops(int threads, int64_t iters) {
+/* Seconds for `threads` threads (at most 64) each running fn for `iters`
+ * iterations, first start to last end; *started gets how many ran. */
+static double run_threads(void *(*fn)(void *), int threads, int64_t iters, int *started) {
   enum { MAX_THREADS = 64 };
   if (threads < 1) threads = 1;
   if (threads > MAX_THREADS) threads = MAX_THREADS;
@@ -66,14 +69,117 @@ double tpurt_bench_fma_gflops(int threads, int64_t iters) {
   peak_arg args[MAX_THREADS];
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
-  int started = 0;
+  int n = 0;
   for (int t = 0; t < threads; t++) {
     args[t].iters = iters;
-    if (pthread_create(&th[t], NULL, wide() ? peak_thread512 : peak_thread, &args[t]) != 0) break;
-    started++;
+    if (pthread_create(&th[t], NULL, fn, &args[t]) != 0) break;
+    n++;
   }
-  for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+  for (int t = 0; t < n; t++) pthread_join(th[t], NULL);
   clock_gettime(CLOCK_MONOTONIC, &t1);
-  double dt = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  *started = n;
+  return (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+}
+
+double tpurt_bench_fma_gflops(int threads, int64_t iters) {
+  int started;
+  double dt = run_threads(wide() ? peak_thread512 : peak_thread, threads, iters, &started);
   return started ? started * tpurt_bench_fma_flops(iters) / dt / 1e9 : 0.0;
+}
+
+/* ------------------------------------------------ bf16 matrix-unit peak */
+/* The bf16 peak: AMX-BF16 (tile-resident TDPBF16PS on four independent C
+ * tiles, operand tiles loaded once) where the CPU has AMX and the kernel
+ * grants the tile state, else AVX512-BF16 (vdpbf16ps on 12 accumulators);
+ * 0 without either. */
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static int bf16_kind(void) { /* 2 AMX, 1 AVX512-BF16, 0 none */
+  static int kind = -1;
+  if (kind >= 0) return kind;
+  __builtin_cpu_init();
+  kind = 0;
+#if defined(__x86_64__)
+  unsigned a, b, c, d;
+  __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+  int amx = (d >> 22) & 1 && (d >> 24) & 1;
+  if (amx && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0) return kind = 2;
+  __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(1));
+  if (__builtin_cpu_supports("avx512f") && ((a >> 5) & 1)) kind = 1;
+#endif
+  return kind;
+}
+
+const char *tpurt_bench_bf16_isa(void) {
+  int k = bf16_kind();
+  return k == 2 ? "AMX-BF16" : k == 1 ? "AVX512-BF16" : "none";
+}
+
+double tpurt_bench_bf16_flops(int64_t iters) {
+  int k = bf16_kind();
+  return k == 2 ? (double)iters * 4 * 16 * 16 * 32 * 2 : k == 1 ? (double)iters * 12 * 32 * 2 : 0.0;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("amx-tile,amx-bf16"))) static void *amx_thread(void *p) {
+  peak_arg *a = p;
+  struct {
+    uint8_t palette, start, res[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+  } cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette = 1;
+  for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+  _tile_loadconfig(&cfg);
+  static const char zero[1024] __attribute__((aligned(64)));
+  float out[256];
+  _tile_loadd(4, zero, 64);
+  _tile_loadd(5, zero, 64);
+  _tile_loadd(6, zero, 64);
+  _tile_loadd(7, zero, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t i = 0; i < a->iters; i++) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, out, 64);
+  _tile_release();
+  a->out = out[0];
+  return NULL;
+}
+
+__attribute__((target("avx512f,avx512bf16"))) static void *dpbf16_thread(void *p) {
+  peak_arg *a = p;
+  __m512 x[12];
+  for (int r = 0; r < 12; r++) x[r] = _mm512_set1_ps(1.0f + 0.01f * (float)r);
+  const __m512bh m = (__m512bh)_mm512_set1_epi32(0x3f803f80), n = (__m512bh)_mm512_set1_epi32(0x33d633d6);
+  for (int64_t i = 0; i < a->iters; i++) {
+#pragma GCC unroll 12
+    for (int r = 0; r < 12; r++) x[r] = _mm512_dpbf16_ps(x[r], m, n);
+  }
+  __m512 s = x[0];
+  for (int r = 1; r < 12; r++) s = _mm512_add_ps(s, x[r]);
+  float buf[16];
+  _mm512_storeu_ps(buf, s);
+  a->out = buf[0];
+  return NULL;
+}
+#endif
+
+double tpurt_bench_bf16_gflops(int threads, int64_t iters) {
+  int k = bf16_kind(), started = 0;
+  if (!k) return 0.0;
+  double dt = 1.0;
+#if defined(__x86_64__)
+  dt = run_threads(k == 2 ? amx_thread : dpbf16_thread, threads, iters, &started);
+#endif
+  return started ? started * tpurt_bench_bf16_flops(iters) / dt / 1e9 : 0.0;
 }

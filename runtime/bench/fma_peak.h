@@ -11,4 +11,10 @@ double tpurt_bench_fma_flops(int64_t iters);
  * threads, timed from the first thread's start to the last one's end. */
 double tpurt_bench_fma_gflops(int threads, int64_t iters);
 
+/* The bf16 matrix-unit peak: "AMX-BF16", "AVX512-BF16" or "none"; flops
+ * per thread of `iters` iterations; GFLOP/s on `threads` threads. */
+const char *tpurt_bench_bf16_isa(void);
+double tpurt_bench_bf16_flops(int64_t iters);
+double tpurt_bench_bf16_gflops(int threads, int64_t iters);
+
 #endif
