@@ -31,6 +31,7 @@
 #include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "gemm_internal.h"
 
@@ -351,7 +352,13 @@ static void *buf(size_t bytes) {
   if (t_buf.n < bytes) {
     free(t_buf.p);
     size_t n = (bytes + 4095) & ~(size_t)4095;
-    t_buf.p = aligned_alloc(64, n);
+    if (n >= (2u << 20)) { /* 2 MiB pages: the tiles' loads of packed panels miss the TLB less */
+      n = (n + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+      t_buf.p = aligned_alloc(2u << 20, n);
+      if (t_buf.p) madvise(t_buf.p, n, MADV_HUGEPAGE);
+    } else {
+      t_buf.p = aligned_alloc(64, n);
+    }
     t_buf.n = t_buf.p ? n : 0;
   }
   return t_buf.p;
@@ -570,7 +577,7 @@ static void epi_rows(void *p, int64_t b, int64_t e) {
  */
 #define AMX_MR 32
 #define AMX_KSUB 256 /* k's of the inner step of a task: its A block (16 KiB) stays in the L1 */
-#define AMX_STRIP_LD (BNC + 2 * BNR + 16) /* row stride of a task's C strip: a part's widest block, its last pair whole, and a cache line */
+#define AMX_STRIP_LD (BNC + 2 * BNR + 16) /* room of a task's C strip a row: a part's widest block, its last pair whole, and a cache line */
 
 /* Rows i0..i0+31 of A, k's k0..k0+kc-1 (kc a multiple of 32) -> d[r * ld + q] bf16; zero past M / K2. */
 static void pack_a_rows(uint16_t *restrict d, int64_t ld, const bprod *x, int64_t i0, int64_t k0, int64_t kc) {
@@ -677,9 +684,9 @@ static void amx_tasks(void *p, int64_t b, int64_t e) {
        * 2^n bytes apart evict each other in the L1); C is read (load_c)
        * and written once a chunk */
       float *c = x->c + (i0 + r) * x->ldc + j->j0 + s0 * BNR, *cs = strip;
-      int64_t ldcs = AMX_STRIP_LD;
+      int64_t ldcs = (w + 2 * BNR - 1) / (2 * BNR) * (2 * BNR) + 16; /* whole pairs, and a cache line */
       if (load_c)
-        for (int64_t i = 0; i < m; i++) memcpy(strip + i * AMX_STRIP_LD, c + i * x->ldc, (size_t)w * 4);
+        for (int64_t i = 0; i < m; i++) memcpy(strip + i * ldcs, c + i * x->ldc, (size_t)w * 4);
       /* k's in steps of AMX_KSUB over the part: the A block of a step
        * (16 KiB) stays in the L1 while the part's slivers go by */
       for (int64_t q0 = 0; q0 < kc; q0 += AMX_KSUB) {
@@ -702,9 +709,9 @@ static void amx_tasks(void *p, int64_t b, int64_t e) {
         }
       }
       if (j->out && j->k0 + kc >= x->K2)
-        out_rows(j->out, strip, AMX_STRIP_LD, i0 + r, m, j->j0 + s0 * BNR, w, j->oalpha, j->obeta);
+        out_rows(j->out, strip, ldcs, i0 + r, m, j->j0 + s0 * BNR, w, j->oalpha, j->obeta);
       else
-        for (int64_t i = 0; i < m; i++) memcpy(c + i * x->ldc, strip + i * AMX_STRIP_LD, (size_t)w * 4);
+        for (int64_t i = 0; i < m; i++) memcpy(c + i * x->ldc, strip + i * ldcs, (size_t)w * 4);
     }
   }
   amx_release();
