@@ -257,7 +257,7 @@ typedef tpurt_status (*tpurt_kernel_fn)(void *args, char *err, size_t errlen);
 TPURT_API tpurt_status tpurt_launch(tpurt_stream *s, const char *name, tpurt_kernel_fn fn,
                                     const void *args, size_t args_size);
 
-/* ------------------------------------------------ execution modes (defer.c)
+/* ------------------------------------------ execution modes (src/graph/)
  *
  * STRICT runs every launch as it comes (asynchronously); BLOCKING waits for
  * every launch (errors surface at the op that caused them); DEFER records

@@ -571,7 +571,7 @@ static void coalesce(const tpurt_view *v0, const tpurt_view *v1, nd_shape *sh) {
  * with the elementwise ops around it and its result need not take memory
  * (x.float() * w, autocast's casts; a copy next to the arithmetic that
  * produces or reads it); a copy that fuses with nothing runs as this copy
- * kernel all the same (defer.c, lone_copy). */
+ * kernel all the same (graph/execute.c, lone_copy). */
 static tpurt_dtype copy_compute(tpurt_dtype d, tpurt_dtype s) {
 #define OTHER(t) ((t) == TPURT_C64 || (t) == TPURT_C128 || (t) == TPURT_U64 || (unsigned)(t) >= TPURT_NUM_DTYPES)
 #define BYTES(t) ((t) == TPURT_F16 || (t) == TPURT_BF16 || (t) == TPURT_BOOL)

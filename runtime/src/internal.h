@@ -127,10 +127,10 @@ struct tpurt_stream {
   uint64_t err_seq; /* the command that failed */
   char errmsg[TPURT_ERRMSG_LEN];
   pthread_t thread;
-  pthread_mutex_t dmu; /* the pending deferred graph (defer.c) */
+  pthread_mutex_t dmu; /* the pending deferred graph (graph/record.c) */
   void *dgraph;
   int defer_loop_len; /* recorded ops per graph once a loop was detected (0: none) */
-  int defer_since_cut;     /* ops recorded since the last program cut (defer.c, segments) */
+  int defer_since_cut;     /* ops recorded since the last program cut (graph/record.c, segments) */
   int defer_prev_interval; /* ops between the last two program cuts */
   int defer_seg_ok;        /* the last two intervals were equal: segments are on */
 };
@@ -193,7 +193,7 @@ TPURT_INTERNAL void *tpurt__host_view(tpurt_devptr p);
 TPURT_INTERNAL tpurt_status tpurt__check_dev_range(int dev, tpurt_devptr p, int64_t lo, int64_t hi,
                                                    const char *what);
 
-/* ------------------------------------------------- DeferAndFuse (defer.c) */
+/* ------------------------------------------ DeferAndFuse (graph/record.c) */
 /* Promise addresses: memory allocated while recording; backed (real != 0)
  * only once a graph decides it needs memory. */
 #define TPURT_PROMISE_TAG 0xD000000000000000ull
@@ -263,7 +263,7 @@ TPURT_INTERNAL void tpurt__defer_note(tpurt_devptr p, int64_t lo, int64_t hi);
 TPURT_INTERNAL void tpurt__defer_note_reads(int on);
 TPURT_INTERNAL tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reason);
 TPURT_INTERNAL tpurt_status tpurt__defer_flush_device(int dev, tpurt_flush_reason reason);
-/* A device->host copy that cuts a deferred graph (defer.c): the cut runs
+/* A device->host copy that cuts a deferred graph (graph/): the cut runs
  * the device's graphs as tpurt__defer_flush_device does, and the copy
  * command (fn, args) is enqueued on s inside s's graph, right after the
  * last kernel that may write [src, src + n), so that the host waits for

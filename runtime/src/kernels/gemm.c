@@ -710,7 +710,7 @@ static tpurt_status k_gemm(void *p, char *err, size_t errlen) {
 }
 
 /* A product and an elementwise launch that reads its output, as one
- * kernel (DeferAndFuse, defer.c): arguments gemm_args, then the launch's
+ * kernel (DeferAndFuse, graph/execute.c): arguments gemm_args, then the launch's
  * (tpurt__ew_args). The launch runs on each block of C as soon as the
  * block is final, while it is in this core's cache, instead of in a pass
  * of its own over C; where the product takes another path (epi_ok, rows

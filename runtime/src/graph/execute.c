@@ -1,0 +1,563 @@
+/*
+ * execute.c — the graph engine's last stage: the plan cache and running a
+ * plan (see graph.h for the stages).
+ *
+ * Plan cache. A plan depends only on the graph's structure — ops, shapes,
+ * strides, dtypes, the aliasing pattern of buffers, which promises live on,
+ * the settings that change plans — so it is cached under a hash of that
+ * structure (graph_key) and replayed when a graph of the same structure is
+ * cut again (a training step's graph, every step): no planning, only the
+ * binding of launch scalars and addresses, which are read from the graph
+ * being run. Plans live for the process.
+ *
+ * Running. A plan is a list of steps: give a promise memory, run a unit, take
+ * the memory back; recomputed values get memory of their own for their late
+ * readers (memplan.c), and addresses of a recomputed promise are redirected
+ * to the copy from its recompute on. Units are enqueued on the stream in
+ * order: a fused group as one elementwise launch (a lone copy as the copy
+ * kernel), an opaque node as its kernel, a foreach chain as one pass, a
+ * GEMM with its epilogue group and a reduction with its prologue and / or
+ * epilogue group as one kernel (internal.h's fusion entry points). A host read
+ * that cut the graph is placed right after the last step that may write what
+ * it reads, so the host waits for that value and not for the whole graph.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "graph.h"
+
+#define PLAN_BUCKETS 1024
+static plan *g_plans[PLAN_BUCKETS];
+static pthread_mutex_t g_plan_mu = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int g_nplans;
+
+uint64_t tpurt__plan_cache_size(void) { return (uint64_t)atomic_load(&g_nplans); }
+
+/* Structural key of a graph. Promises of the graph are named by their
+ * local index; other memory by the cluster of overlapping ranges it falls
+ * in (numbered by first appearance) and its offset in the cluster. */
+typedef struct xr {
+  uint64_t lo, hi;
+  int order, cluster;
+} xr;
+
+static int xr_cmp(const void *a, const void *b) {
+  const xr *x = a, *y = b;
+  return x->lo < y->lo ? -1 : x->lo > y->lo ? 1 : 0;
+}
+
+static void graph_key(dgraph *G, uint64_t *k1, uint64_t *k2) {
+  /* external ranges in order of appearance */
+  int nx = 0, capx = 64;
+  xr *X = malloc(sizeof *X * (size_t)capx);
+#define ADD_X(LO, HI)                                         \
+  do {                                                        \
+    if (X && nx == capx) {                                    \
+      capx *= 2;                                              \
+      xr *nxr = realloc(X, sizeof *X * (size_t)capx);         \
+      if (!nxr) {                                             \
+        free(X);                                              \
+        X = NULL;                                             \
+      } else                                                  \
+        X = nxr;                                              \
+    }                                                         \
+    if (X) {                                                  \
+      X[nx].lo = (LO);                                        \
+      X[nx].hi = (HI);                                        \
+      X[nx].order = nx;                                       \
+      nx++;                                                   \
+    }                                                         \
+  } while (0)
+  for (int i = 0; i < G->n; i++) {
+    dnode *d = &G->nodes[i];
+    if (d->kind == N_EW) {
+      for (int v = 0; v < d->nout + d->nin; v++)
+        if (local_of(d->views[v].ptr) < 0) {
+          uint64_t lo, hi;
+          view_range(&d->views[v], &lo, &hi);
+          ADD_X(lo, hi);
+        }
+    } else if (d->kind == N_FREE) {
+      if (local_of(d->freed) < 0) ADD_X(d->freed, d->freed + 1);
+    } else {
+      for (int a = 0; a < d->nacc; a++)
+        if (local_of(d->acc[a].p) < 0) ADD_X(d->acc[a].p + (uint64_t)d->acc[a].lo, d->acc[a].p + (uint64_t)d->acc[a].hi);
+    }
+  }
+#undef ADD_X
+  int *canon = NULL;
+  uint64_t *cstart = NULL;
+  int *byorder = NULL;
+  if (X && nx) {
+    qsort(X, (size_t)nx, sizeof *X, xr_cmp);
+    int c = -1;
+    uint64_t end = 0;
+    cstart = malloc(sizeof *cstart * (size_t)nx);
+    for (int i = 0; i < nx; i++) {
+      if (c < 0 || X[i].lo >= end) {
+        c++;
+        if (cstart) cstart[c] = X[i].lo;
+        end = X[i].hi;
+      } else if (X[i].hi > end) {
+        end = X[i].hi;
+      }
+      X[i].cluster = c;
+    }
+    canon = malloc(sizeof(int) * (size_t)(c + 1));
+    byorder = malloc(sizeof(int) * (size_t)nx);
+    if (canon && byorder) {
+      for (int i = 0; i <= c; i++) canon[i] = -1;
+      for (int i = 0; i < nx; i++) byorder[X[i].order] = i;
+      int next = 0;
+      for (int o = 0; o < nx; o++) {
+        int cl = X[byorder[o]].cluster;
+        if (canon[cl] < 0) canon[cl] = next++;
+      }
+    }
+  }
+  uint64_t h = 0x7470755f64656665ull, h2 = 0x1234567;
+  int xo = 0; /* external range counter, in order of appearance */
+#define HX(LOW)                                                                        \
+  do {                                                                                 \
+    if (X && canon && byorder && cstart && xo < nx) {                                  \
+      xr *r = &X[byorder[xo]];                                                         \
+      h = mix(h, 0xE0 + (uint64_t)canon[r->cluster]);                                  \
+      h = mix(h, (LOW) - cstart[r->cluster]);                                          \
+    } else {                                                                           \
+      h = mix(h, (LOW)); /* could not build clusters: raw address (still correct) */  \
+    }                                                                                  \
+    xo++;                                                                              \
+  } while (0)
+#define HP(PTR, LOW)                                                        \
+  do {                                                                      \
+    int _l = local_of(PTR);                                                 \
+    if (_l >= 0) {                                                          \
+      h = mix(h, 0xA0 + (uint64_t)_l);                                      \
+      h = mix(h, (PTR) & TPURT_PROMISE_OFFMASK);                            \
+    } else {                                                                \
+      HX(LOW);                                                              \
+    }                                                                       \
+  } while (0)
+  for (int i = 0; i < G->n; i++) {
+    dnode *d = &G->nodes[i];
+    h = mix(h, d->kind);
+    if (d->kind == N_EW) {
+      h = mix(h, (uint64_t)d->compute);
+      h = mix(h, (uint64_t)d->ninst | ((uint64_t)d->nout << 16) | ((uint64_t)d->nin << 24) |
+                     ((uint64_t)d->nscal << 32));
+      for (int k = 0; k < d->ninst; k++) {
+        const tpurt_ew_inst *I = &d->inst[k];
+        h = mix(h, (uint64_t)I->op | ((uint64_t)I->dst << 16) | ((uint64_t)I->src[0] << 24) |
+                       ((uint64_t)I->src[1] << 32) | ((uint64_t)I->src[2] << 40));
+        for (int q = 0; q < 4; q++) h = mixd(h, I->p[q]);
+      }
+      for (int k = 0; k < d->nout; k++) h = mix(h, d->out_reg[k]);
+      for (int v = 0; v < d->nout + d->nin; v++) {
+        const tpurt_view *w = &d->views[v];
+        uint64_t lo, hi;
+        view_range(w, &lo, &hi);
+        HP(w->ptr, lo);
+        if (local_of(w->ptr) < 0) h = mix(h, w->ptr - lo);
+        h = mix(h, (uint64_t)w->dtype | ((uint64_t)w->ndim << 8));
+        for (int k = 0; k < w->ndim; k++) {
+          h = mix(h, (uint64_t)w->sizes[k]);
+          h = mix(h, (uint64_t)w->strides[k]);
+        }
+      }
+    } else if (d->kind == N_FREE) {
+      HP(d->freed, d->freed);
+    } else {
+      h = mix(h, (uint64_t)(uintptr_t)d->fn);
+      h = mix(h, d->args_size);
+      h = mix(h, (uint64_t)d->nacc);
+      if (tpurt__fe_chainable(d->fn)) h = mix(h, tpurt__fe_signature(d->args));
+      if (d->fn == tpurt__gemm_fn()) h = mix(h, tpurt__gemm_signature(d->args));
+      for (int a = 0; a < d->nacc; a++) {
+        HP(d->acc[a].p, d->acc[a].p + (uint64_t)d->acc[a].lo);
+        h = mix(h, (uint64_t)d->acc[a].lo);
+        h = mix(h, (uint64_t)d->acc[a].hi);
+        h = mix(h, (uint64_t)d->acc[a].ro);
+      }
+    }
+    h2 = mix(h2, h);
+  }
+#undef HP
+#undef HX
+  for (int l = 0; l < G->np; l++) {
+    tpurt__promise *q = tpurt__promise_get(G->promises[l]);
+    h = mix(h, q->size);
+    h = mix(h, q->live);
+  }
+  h = mix(h, (uint64_t)G->n);
+  h = mix(h, (uint64_t)G->np);
+  h = tpurt__plan_mix_settings(h);
+  free(X);
+  free(canon);
+  free(cstart);
+  free(byorder);
+  *k1 = h;
+  *k2 = mix(h2, h);
+}
+
+/* --------------------------------------------------------------- execution */
+
+typedef struct exec_ctx {
+  tpurt_stream *s;
+  dgraph *G;
+  plan *P;
+  tpurt_devptr *rreal; /* memory of each recomputed copy (0: none) */
+  tpurt__host_read *read; /* a host read to place inside the graph, or NULL */
+} exec_ctx;
+
+/* The step after which a host read of [src, src + n) can run: the last
+ * step whose unit may change those bytes (tpurt__unit_writes), and not before the
+ * memory of the promise it reads is given (-1: before every step). A
+ * promise recomputed for late readers (remat) is read at the end. */
+static int read_position(const plan *P, const dgraph *G, tpurt_devptr src, size_t n) {
+  int l = local_of(src);
+  if (l >= 0 && P->nremat && P->remat_of[l] >= 0) return P->nsteps - 1;
+  uint64_t lo = src, hi = src + n;
+  int at = -1;
+  for (int i = P->nsteps - 1; i >= 0 && at < 0; i--) {
+    const pstep *S = &P->steps[i];
+    if (S->kind == S_UNIT ? tpurt__unit_writes(P, G, S->a, lo, hi) : (S->kind == S_ALLOC && S->a == l)) at = i;
+  }
+  return at;
+}
+
+static tpurt_status place_read(exec_ctx *x) {
+  tpurt__host_read *r = x->read;
+  tpurt_status st = tpurt__enqueue(x->s, r->name, r->fn, r->args, r->args_size, &r->seq);
+  if (!st) r->placed = 1;
+  return st;
+}
+
+/* p as unit u reads or writes it: an address in a recomputed promise is
+ * redirected to the copy from the copy's remat unit on. */
+static tpurt_devptr redirect(const exec_ctx *x, int u, tpurt_devptr p) {
+  if (!x->P->nremat) return p;
+  int l = local_of(p);
+  int r = l >= 0 ? x->P->remat_of[l] : -1;
+  if (r < 0 || u < x->P->remat[r].unit) return p;
+  return x->rreal[r] + (p & TPURT_PROMISE_OFFMASK);
+}
+
+/* A kernel's name with the source line its op was recorded at. */
+static const char *site_name(const char *name, const char *site) {
+  if (!site) return name;
+  char nm[400];
+  snprintf(nm, sizeof nm, "%s (recorded at %s)", name, site);
+  return tpurt__intern(nm);
+}
+
+/* A copy of d's arguments (in buf when they fit in cap bytes, else
+ * malloc'd) with the promise addresses in them as unit u sees them
+ * (recomputed values redirected to their copies). */
+static void *redirected_args(const exec_ctx *x, int u, const dnode *d, void *buf, size_t cap) {
+  unsigned char *a = buf && d->args_size <= cap ? buf : malloc(d->args_size ? d->args_size : 1);
+  if (!a) return NULL;
+  memcpy(a, d->args, d->args_size);
+  for (size_t off = 0; off + 8 <= d->args_size; off += 8) {
+    tpurt_devptr w;
+    memcpy(&w, a + off, 8);
+    if (!tpurt__is_promise(w)) continue;
+    w = redirect(x, u, w);
+    memcpy(a + off, &w, 8);
+  }
+  return a;
+}
+
+/* Group F's views split to its shape and its scalars as unit u runs it. */
+static tpurt_status group_operands(const exec_ctx *x, int u, const fgroup *F, tpurt_view *outs, tpurt_view *ins,
+                                   double *scal, int *ns) {
+  const dgraph *G = x->G;
+  for (int k = 0; k < F->nout; k++)
+    if (!tpurt__split_view(&G->nodes[F->out[k].node].views[F->out[k].idx], F->ndim, F->sizes, &outs[k]))
+      return tpurt__err(TPURT_ERR_INTERNAL, "deferred graph: %s: output view does not fit the group's shape", F->name);
+  for (int k = 0; k < F->nin; k++)
+    if (!tpurt__split_view(&G->nodes[F->in[k].node].views[F->in[k].idx], F->ndim, F->sizes, &ins[k]))
+      return tpurt__err(TPURT_ERR_INTERNAL, "deferred graph: %s: input view does not fit the group's shape", F->name);
+  for (int k = 0; k < F->nout; k++) outs[k].ptr = redirect(x, u, outs[k].ptr);
+  for (int k = 0; k < F->nin; k++) ins[k].ptr = redirect(x, u, ins[k].ptr);
+  *ns = 0;
+  for (int m = 0; m < F->nn; m++) {
+    const dnode *d = &G->nodes[F->nodes[m]];
+    if (*ns + d->nscal > 4 * TPURT_EW_MAX_INST)
+      return tpurt__err(TPURT_ERR_INTERNAL, "deferred graph: too many scalars in %s", F->name);
+    if (d->nscal) memcpy(scal + *ns, d->scal, sizeof(double) * d->nscal);
+    *ns += d->nscal;
+  }
+  return TPURT_OK;
+}
+
+/* Is group F a copy recorded as a program (copy.c, copy_compute) alone? */
+static int lone_copy(const dgraph *G, const fgroup *F) {
+  const dnode *d = &G->nodes[F->nodes[0]];
+  return F->nn == 1 && F->nin == 1 && F->nout == 1 && F->prog.ninst == 1 && F->prog.inst[0].op == TPURT_EW_LOAD &&
+         d->name && strcmp(d->name, "copy") == 0;
+}
+
+/* Group F's launch as unit gu runs it, serialized (*ew, malloc'd, *ewn bytes). */
+static tpurt_status group_args(const exec_ctx *x, int gu, const fgroup *F, void **ew, size_t *ewn) {
+  tpurt_view outs[TPURT_EW_MAX_IO], ins[TPURT_EW_MAX_IO];
+  double scal[4 * TPURT_EW_MAX_INST];
+  int ns = 0;
+  *ew = NULL;
+  tpurt_status st = group_operands(x, gu, F, outs, ins, scal, &ns);
+  return st ? st : tpurt__ew_args(&F->prog, outs, ins, F->nin, scal, ns, ew, ewn);
+}
+
+/* Node d's arguments as unit u sees them (*na: d's own, buf, or malloc'd;
+ * free with free_node_args). */
+static tpurt_status node_args(const exec_ctx *x, int u, const dnode *d, const char *name, void **na, void *buf,
+                              size_t cap) {
+  *na = d->args;
+  if (x->P->nremat && !(*na = redirected_args(x, u, d, buf, cap)))
+    return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory", name);
+  return TPURT_OK;
+}
+
+static void free_node_args(const dnode *d, void *na, void *buf) {
+  if (na && na != d->args && na != buf) free(na);
+}
+
+/* GEMM unit u with the group unit u + 1 as its epilogue, as one kernel. */
+static tpurt_status run_gemm_epi(exec_ctx *x, int u) {
+  const dnode *d = &x->G->nodes[x->P->units[u].idx];
+  const fgroup *F = &x->P->groups[x->P->units[u + 1].idx];
+  const char *name = site_name(x->P->epi[u], x->G->nodes[F->nodes[F->nn - 1]].site);
+  _Alignas(16) unsigned char buf[1024];
+  void *ew = NULL, *ga = NULL;
+  size_t ewn = 0;
+  tpurt_status st = group_args(x, u + 1, F, &ew, &ewn);
+  if (!st) st = node_args(x, u, d, name, &ga, buf, sizeof buf);
+  if (!st) st = tpurt__gemm_epi_enqueue(x->s, name, ga, d->args_size, ew, ewn);
+  free_node_args(d, ga, buf);
+  free(ew);
+  return st;
+}
+
+/* Reduction node `node` as one kernel with its prologue group (unit pu, or
+ * -1) and / or its epilogue group (P->red_epi), run at unit u's step. */
+static tpurt_status run_reduce_fused(exec_ctx *x, int u, int node, int pu) {
+  const dnode *d = &x->G->nodes[node];
+  const fgroup *pro = pu >= 0 ? &x->P->groups[x->P->units[pu].idx] : NULL;
+  int eu = x->P->red_epi && x->P->red_epi[node] ? x->P->red_epi[node] - 1 : -1;
+  const fgroup *epi = eu >= 0 ? &x->P->groups[x->P->units[eu].idx] : NULL;
+  const char *name = site_name(epi ? x->P->red_name[node] : pro->pro_name, d->site);
+  _Alignas(16) unsigned char buf[1024];
+  void *pa = NULL, *ea = NULL, *ra = NULL;
+  size_t pn = 0, en = 0;
+  tpurt_status st = pro ? group_args(x, pu, pro, &pa, &pn) : TPURT_OK;
+  if (!st && epi) st = group_args(x, eu, epi, &ea, &en);
+  if (!st) st = node_args(x, u, d, name, &ra, buf, sizeof buf);
+  if (!st)
+    st = tpurt__reduce_fused_enqueue(x->s, name, ra, d->args_size, pa, pn, pro ? pro->pro_out : -1, ea, en);
+  free_node_args(d, ra, buf);
+  free(pa);
+  free(ea);
+  return st;
+}
+
+/* Group unit u with the reduction it computes the input of (and that
+ * reduction's epilogue, if any), as one kernel. */
+static tpurt_status run_reduce_pro(exec_ctx *x, int u) {
+  return run_reduce_fused(x, u, x->P->groups[x->P->units[u].idx].pro_node - 1, u);
+}
+
+static tpurt_status run_unit(exec_ctx *x, int u) {
+  unit *U = &x->P->units[u];
+  dgraph *G = x->G;
+  if (U->kind == U_FREE) {
+    const dnode *d = &G->nodes[U->idx];
+    if (local_of(d->freed) >= 0) return TPURT_OK; /* the plan releases it after its last use */
+    return tpurt_free(d->freed);
+  }
+  if (x->P->epi && x->P->epi[u]) return run_gemm_epi(x, u);
+  if (x->P->epi && u > 0 && x->P->epi[u - 1]) return TPURT_OK; /* ran as the epilogue of unit u - 1 */
+  if (U->kind == U_NODE) {
+    if (x->P->pro_skip && x->P->pro_skip[U->idx]) return TPURT_OK; /* ran inside its prologue's kernel */
+    if (x->P->red_epi && x->P->red_epi[U->idx]) return run_reduce_fused(x, u, U->idx, -1);
+    dnode *d = &G->nodes[U->idx];
+    const char *name = site_name(d->name ? d->name : "kernel", d->site);
+    if (x->P->nremat && d->args_size) { /* promise addresses in the arguments may be redirected */
+      _Alignas(16) unsigned char stackbuf[1024];
+      void *a = redirected_args(x, u, d, stackbuf, sizeof stackbuf);
+      if (!a) return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory", name);
+      tpurt_status st = tpurt__enqueue(x->s, name, d->fn, a, d->args_size, NULL);
+      if (a != stackbuf) free(a);
+      return st;
+    }
+    return tpurt__enqueue(x->s, name, d->fn, d->args, d->args_size, NULL);
+  }
+  if (U->kind == U_CHAIN) {
+    const fchain *C = &x->P->chains[U->idx];
+    const void *args[TPURT__FE_CHAIN_MAX];
+    void *own[TPURT__FE_CHAIN_MAX] = {0};
+    size_t sizes[TPURT__FE_CHAIN_MAX];
+    const char *name = site_name(C->name, G->nodes[C->nodes[C->nn - 1]].site);
+    tpurt_status st = TPURT_OK;
+    for (int m = 0; m < C->nn; m++) {
+      const dnode *d = &G->nodes[C->nodes[m]];
+      args[m] = d->args;
+      sizes[m] = d->args_size;
+      if (x->P->nremat) {
+        args[m] = own[m] = redirected_args(x, u, d, NULL, 0);
+        if (!own[m]) st = tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory", name);
+      }
+    }
+    if (!st) st = tpurt__fe_chain_enqueue(x->s, name, C->fc, args, sizes);
+    for (int m = 0; m < C->nn; m++) free(own[m]);
+    return st;
+  }
+  fgroup *F = &x->P->groups[U->idx];
+  if (F->nout == 0 || F->in_red) return TPURT_OK; /* (in_red: ran inside its reduction's kernel) */
+  if (F->pro_node) return run_reduce_pro(x, u);
+  tpurt_view outs[TPURT_EW_MAX_IO], ins[TPURT_EW_MAX_IO];
+  double scal[4 * TPURT_EW_MAX_INST];
+  int ns = 0;
+  tpurt_status st = group_operands(x, u, F, outs, ins, scal, &ns);
+  if (st) return st;
+  const char *name = site_name(F->name, G->nodes[F->nodes[F->nn - 1]].site);
+  if (lone_copy(G, F)) /* a copy that fused with nothing: the copy kernel moves it faster */
+    return tpurt__copy_strided_named(x->s, &outs[0], &ins[0], name);
+  return tpurt__elementwise_named(x->s, &F->prog, outs, ins, F->nin, scal, ns, name);
+}
+
+/* TORCH_TPU_DEFER_DEBUG=1: every plan built is printed to stderr. */
+static void debug_plan(const dgraph *G, const plan *P) {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("TORCH_TPU_DEFER_DEBUG");
+    on = e && *e && *e != '0';
+  }
+  if (!on) return;
+  fprintf(stderr, "[defer] plan %016" PRIx64 ": %d nodes, %d promises, %d units, %d kernels\n", P->key, G->n, G->np,
+          P->nunits, P->kernels);
+  for (int i = 0; i < G->n; i++) {
+    const dnode *d = &G->nodes[i];
+    fprintf(stderr, "[defer]   node %d kind %d %s", i, d->kind, d->name ? d->name : "?");
+    if (d->kind == N_EW)
+      for (int v = 0; v < d->nout + d->nin; v++) fprintf(stderr, " %s%016" PRIx64, v < d->nout ? "w:" : "r:", d->views[v].ptr);
+    else if (d->kind == N_FREE)
+      fprintf(stderr, " %016" PRIx64, d->freed);
+    else
+      for (int a = 0; a < d->nacc; a++) fprintf(stderr, " a:%016" PRIx64 "[%" PRId64 ",%" PRId64 ")", d->acc[a].p, d->acc[a].lo, d->acc[a].hi);
+    fprintf(stderr, "\n");
+  }
+  for (int l = 0; l < G->np; l++)
+    fprintf(stderr, "[defer]   promise %d id %u size %" PRIu64 " live %d materialize %d\n", l, G->promises[l],
+            tpurt__promise_get(G->promises[l])->size, tpurt__promise_get(G->promises[l])->live, P->materialize[l]);
+  for (int i = 0; i < P->nsteps; i++) {
+    const pstep *S = &P->steps[i];
+    if (S->kind == S_UNIT) {
+      const unit *U = &P->units[S->a];
+      if (U->kind == U_GROUP) {
+        const fgroup *F = &P->groups[U->idx];
+        fprintf(stderr, "[defer]   step group %s (%d in, %d out)%s%s%s over [", F->name, F->nin, F->nout,
+                F->pro_node ? " as the prologue of " : "", F->pro_node ? F->pro_name : "",
+                F->in_red ? " as a reduction's epilogue" : "");
+        for (int k = 0; k < F->ndim; k++) fprintf(stderr, "%s%" PRId64, k ? ", " : "", F->sizes[k]);
+        fprintf(stderr, "]:");
+        for (int k = 0; k < F->prog.ninst; k++) fprintf(stderr, " %s", tpurt_ew_op_name(F->prog.inst[k].op));
+        fprintf(stderr, "\n");
+      } else if (U->kind == U_CHAIN) {
+        const fchain *C = &P->chains[U->idx];
+        fprintf(stderr, "[defer]   step chain %s (%d stores):", C->name, tpurt__fe_chain_stores(C->fc));
+        for (int m = 0; m < C->nn; m++) fprintf(stderr, " %d", C->nodes[m]);
+        fprintf(stderr, "\n");
+      } else
+        fprintf(stderr, "[defer]   step %s node %d%s%s\n", U->kind == U_NODE ? "kernel" : "free", U->idx,
+                P->epi && P->epi[S->a] ? " with the next group as its epilogue: " : "",
+                P->epi && P->epi[S->a] ? P->epi[S->a] : "");
+    } else if (S->kind == S_RALLOC || S->kind == S_RRELEASE) {
+      fprintf(stderr, "[defer]   step %s copy of promise %d\n", S->kind == S_RALLOC ? "alloc" : "release",
+              P->remat[S->a].l);
+    } else {
+      fprintf(stderr, "[defer]   step %s promise %d\n", S->kind == S_ALLOC ? "alloc" : "release", S->a);
+    }
+  }
+}
+
+static tpurt_status run_plan(exec_ctx *x) {
+  plan *P = x->P;
+  dgraph *G = x->G;
+  tpurt_status st = TPURT_OK;
+  int read_at = x->read ? read_position(P, G, x->read->src, x->read->n) : P->nsteps;
+  if (read_at < 0) st = place_read(x);
+  for (int i = 0; i < P->nsteps && !st; i++) {
+    pstep *S = &P->steps[i];
+    if (S->kind == S_UNIT) {
+      st = run_unit(x, S->a);
+    } else if (S->kind == S_ALLOC) {
+      tpurt__promise *q = tpurt__promise_get(G->promises[S->a]);
+      tpurt_devptr r = 0;
+      st = tpurt_malloc(q->dev, q->size, x->s, &r);
+      if (!st) atomic_store_explicit(&q->real, r, memory_order_release);
+    } else if (S->kind == S_RELEASE) {
+      st = tpurt__promise_free_real(tpurt__promise_get(G->promises[S->a]));
+    } else if (S->kind == S_RALLOC) {
+      tpurt__promise *q = tpurt__promise_get(G->promises[P->remat[S->a].l]);
+      st = tpurt_malloc(q->dev, q->size, x->s, &x->rreal[S->a]);
+    } else if (S->kind == S_RRELEASE) {
+      st = tpurt_free(x->rreal[S->a]);
+      x->rreal[S->a] = 0;
+    }
+    if (!st && i == read_at) st = place_read(x);
+  }
+  /* copies a failed run did not release */
+  for (int r = 0; r < P->nremat; r++)
+    if (x->rreal[r]) tpurt_free(x->rreal[r]);
+  return st;
+}
+
+tpurt_status tpurt__graph_execute(tpurt_stream *s, dgraph *G, tpurt__host_read *read, tpurt__graph_ran *ran) {
+  for (int l = 0; l < G->np; l++) tpurt__promise_get(G->promises[l])->local = l;
+  uint64_t k1, k2;
+  graph_key(G, &k1, &k2);
+  pthread_mutex_lock(&g_plan_mu);
+  plan *P = g_plans[k1 % PLAN_BUCKETS];
+  while (P && !(P->key == k1 && P->key2 == k2 && P->nnodes == G->n && P->nprom == G->np)) P = P->next;
+  pthread_mutex_unlock(&g_plan_mu);
+  int hit = P != NULL;
+  tpurt_status st = TPURT_OK;
+  if (!P) {
+    P = tpurt__plan_build(G);
+    if (!P) {
+      st = tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "deferred graph: out of host memory while planning %d ops", G->n);
+    } else {
+      P->key = k1;
+      P->key2 = k2;
+      pthread_mutex_lock(&g_plan_mu);
+      P->next = g_plans[k1 % PLAN_BUCKETS];
+      g_plans[k1 % PLAN_BUCKETS] = P;
+      pthread_mutex_unlock(&g_plan_mu);
+      atomic_fetch_add(&g_nplans, 1);
+    }
+  }
+  uint64_t mat = 0, never = 0, rbytes = 0;
+  if (P) {
+    exec_ctx x = {s, G, P, P->nremat ? calloc((size_t)P->nremat, sizeof(tpurt_devptr)) : NULL, read};
+    if (!hit) debug_plan(G, P);
+    if (P->nremat && !x.rreal)
+      st = tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "deferred graph: out of host memory");
+    else
+      st = run_plan(&x);
+    free(x.rreal);
+    for (int l = 0; l < G->np; l++) {
+      tpurt__promise *q = tpurt__promise_get(G->promises[l]);
+      if (P->materialize[l])
+        mat += q->size;
+      else
+        never += q->size;
+    }
+    for (int r = 0; r < P->nremat; r++) rbytes += tpurt__promise_get(G->promises[P->remat[r].l])->size;
+  }
+  ran->P = P;
+  ran->hit = hit;
+  ran->bytes_materialized = mat;
+  ran->bytes_recomputed = rbytes;
+  ran->bytes_never_materialized = never;
+  return st;
+}
