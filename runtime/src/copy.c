@@ -12,6 +12,7 @@
 #endif
 
 #include "internal.h"
+#include "kernels/fused.h"
 #include "kernels/gemm_internal.h" /* tpurt__cpu_has_avx512 */
 
 #define PAR_BYTES (4ll << 20) /* memcpy split threshold */

@@ -17,7 +17,7 @@
  * order: a fused group as one elementwise launch (a lone copy as the copy
  * kernel), an opaque node as its kernel, a foreach chain as one pass, a
  * GEMM with its epilogue group and a reduction with its prologue and / or
- * epilogue group as one kernel (internal.h's fusion entry points). A host read
+ * epilogue group as one kernel, all through kernels/fused.h. A host read
  * that cut the graph is placed right after the last step that may write what
  * it reads, so the host waits for that value and not for the whole graph.
  */

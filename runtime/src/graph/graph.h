@@ -12,7 +12,7 @@
  *   memplan.c  the memory plan: which promises take memory, liveness and
  *              the alloc / release steps, recomputation of stored values
  *   execute.c  the plan cache (structural keys) and running a plan's steps
- * Kernels are reached through their fusion entry points (internal.h).
+ * Kernels are reached only through kernels/fused.h.
  *
  * Names here are private to the folder: types and inline helpers keep the
  * short names they have in the stages; functions with external linkage are
@@ -22,6 +22,7 @@
 #define TPURT_GRAPH_H
 
 #include "../internal.h"
+#include "../kernels/fused.h"
 
 /* ------------------------------------------------------ recorded graphs */
 

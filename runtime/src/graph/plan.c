@@ -22,8 +22,9 @@
  * reduction runs the group that computes its input as its prologue and
  * the group that reads its outputs as its epilogue; a GEMM runs the group
  * that reads its output as its epilogue (each in its section below). The
- * planner asks a kernel family whether a launch can host a group (the
- * fusion entry points of internal.h) and the executor enqueues the pair.
+ * kernels they run in are reached through kernels/fused.h only: the
+ * planner asks a family whether a launch can host a group and the
+ * executor enqueues the pair.
  *
  * A plan is built once per graph structure and cached (execute.c): it
  * depends on nothing but the structure and the settings mixed into the key

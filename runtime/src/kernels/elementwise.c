@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "fused.h"
 #include "gemm_internal.h"
 
 #undef I /* complex.h's imaginary unit; _Complex_I is used instead */

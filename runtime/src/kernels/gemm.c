@@ -33,6 +33,7 @@
 
 #include <cblas.h>
 
+#include "fused.h"
 #include "gemm_internal.h"
 
 /* ------------------------------------------------------------- library */

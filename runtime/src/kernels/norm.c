@@ -10,6 +10,7 @@
  * parallel over column blocks or channels, so no atomics or partial buffers
  * are needed and results are deterministic.
  */
+#include "fused.h"
 #include "rk_common.h"
 #include "gemm_internal.h" /* tpurt__cpu_has_avx512 */
 #if defined(__x86_64__) || defined(__i386__)

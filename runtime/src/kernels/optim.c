@@ -20,6 +20,7 @@
 #endif
 
 #include "../internal.h"
+#include "fused.h"
 
 #define BLK 512
 #define CHUNK (64 * 1024)    /* elements per (tensor, chunk) pair */

@@ -8,6 +8,7 @@
  * Box-Muller on word pairs (0,1) and (2,3). The host reserves the blocks
  * at launch, so results depend only on (seed, offset), never on threads.
  */
+#include "fused.h"
 #include "kcommon.h"
 
 /* Blocks are drawn in bulk, RNG_BATCH at a time into a stack buffer:

@@ -24,6 +24,7 @@
  * the outputs each inner chunk has written, or whole after the walk). The
  * walk itself is unchanged, so the bits are strict mode's.
  */
+#include "fused.h"
 #include "rk_common.h"
 
 #define CH 2048 /* row chunk (elements) */
