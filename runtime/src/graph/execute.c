@@ -27,12 +27,20 @@
 
 #include "graph.h"
 
+/* ------------------------------------------------------------ plan cache */
+
 #define PLAN_BUCKETS 1024
 static plan *g_plans[PLAN_BUCKETS];
 static pthread_mutex_t g_plan_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int g_nplans;
 
 uint64_t tpurt__plan_cache_size(void) { return (uint64_t)atomic_load(&g_nplans); }
+
+static inline uint64_t mixd(uint64_t h, double d) {
+  uint64_t u;
+  memcpy(&u, &d, 8);
+  return mix(h, u);
+}
 
 /* Structural key of a graph. Promises of the graph are named by their
  * local index; other memory by the cluster of overlapping ranges it falls
@@ -200,7 +208,7 @@ static void graph_key(dgraph *G, uint64_t *k1, uint64_t *k2) {
   *k2 = mix(h2, h);
 }
 
-/* --------------------------------------------------------------- execution */
+/* -------------------------------------------------------------- running */
 
 typedef struct exec_ctx {
   tpurt_stream *s;
@@ -512,6 +520,8 @@ static tpurt_status run_plan(exec_ctx *x) {
   return st;
 }
 
+/* The key is computed with the promises' local indices set (local_of); a
+ * miss builds the plan and caches it. */
 tpurt_status tpurt__graph_execute(tpurt_stream *s, dgraph *G, tpurt__host_read *read, tpurt__graph_ran *ran) {
   for (int l = 0; l < G->np; l++) tpurt__promise_get(G->promises[l])->local = l;
   uint64_t k1, k2;

@@ -37,6 +37,7 @@ typedef struct acc {
   int ro;         /* the kernel only reads this range */
 } acc;
 
+/* A recorded launch. */
 typedef struct dnode {
   uint64_t sig; /* structural signature for loop detection */
   uint8_t kind;
@@ -59,15 +60,13 @@ typedef struct dnode {
   tpurt_devptr freed;
 } dnode;
 
+/* The memory a graph's nodes point into (record.c). */
 typedef struct bump {
   struct bchunk *head;
 } bump;
-typedef struct bchunk {
-  struct bchunk *next;
-  size_t used, cap;
-  _Alignas(16) unsigned char data[];
-} bchunk;
 
+/* A stream's pending graph: its nodes in order and the promises allocated
+ * while it was recorded. */
 typedef struct dgraph {
   dnode *nodes;
   int n, cap;
@@ -79,15 +78,11 @@ typedef struct dgraph {
 
 /* ---------------------------------------------------------------- hashing */
 
+/* Node signatures (loop detection) and plan keys. */
 static inline uint64_t mix(uint64_t h, uint64_t x) {
   h ^= x + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
   h *= 0xBF58476D1CE4E5B9ull;
   return h ^ (h >> 31);
-}
-static inline uint64_t mixd(uint64_t h, double d) {
-  uint64_t u;
-  memcpy(&u, &d, 8);
-  return mix(h, u);
 }
 
 /* ------------------------------------------------------------------ plans */

@@ -212,6 +212,12 @@ tpurt_status tpurt__promise_free_real(tpurt__promise *q) {
 
 /* A graph's recorded memory (arguments, views, staged data): bump
  * allocated, freed at once on the worker after the graph's kernels. */
+typedef struct bchunk {
+  struct bchunk *next;
+  size_t used, cap;
+  _Alignas(16) unsigned char data[];
+} bchunk;
+
 static void *bump_alloc(bump *b, size_t n) {
   n = (n + 15) & ~(size_t)15;
   bchunk *c = b->head;
@@ -456,7 +462,7 @@ tpurt_status tpurt__defer_record_launch(tpurt_stream *s, const char *name, tpurt
   }
   tpurt_status st = TPURT_OK;
   for (int i = 0; i < nn && !st; i++) st = flush_foreign(s, &notes[i].p, 1);
-  if (!st) st = flush_foreign(s, extra, nextra);
+  if (!st && nextra) st = flush_foreign(s, extra, nextra);
   if (st) goto out;
   if (overflow) { /* too many ranges to track: run what is pending, then this launch, in order */
     st = tpurt__defer_flush_stream(s, TPURT_FLUSH_SIZE_CAP);
