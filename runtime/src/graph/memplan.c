@@ -11,8 +11,8 @@
  *
  * Liveness. Memory is allocated before the first unit that touches a
  * promise in memory and freed after the last (the steps of the plan),
- * through the stream-ordered caching allocator, so a freed block serves the
- * next allocation of the same graph. Pairs run as one kernel (plan.c) move
+ * through the stream-ordered caching allocator (the memory one promise
+ * releases can serve a later one). Pairs run as one kernel (plan.c) move
  * the allocations between their units before the pair.
  *
  * Recomputation: see the section below.
@@ -38,7 +38,7 @@ static void touch(const plan *P, pfacts *f, tpurt_devptr p, int u) {
  * end, and those a unit reads from memory (a group's loads, an opaque
  * kernel's ranges but a reduction's input computed by its prologue, the
  * outputs of an op that can fail). Called after grouping, chains and
- * prologue pairing; every other promise lives in registers only. */
+ * prologue pairing; the others are never stored. */
 int tpurt__memplan_materialize(plan *P, const dgraph *G, const gstate *gl, pfacts *pf) {
   for (int u = 0; u < P->nunits; u++) {
     unit *U = &P->units[u];
