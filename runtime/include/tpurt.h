@@ -48,7 +48,8 @@ typedef enum tpurt_status {
   TPURT_ERR_NOT_SUPPORTED = 4,    /* valid request the runtime cannot do */
   TPURT_ERR_KERNEL = 5,           /* an asynchronous operation failed */
   TPURT_ERR_INDEX = 6,            /* index out of range (async or sync) */
-  TPURT_ERR_INTERNAL = 7
+  TPURT_ERR_INTERNAL = 7,
+  TPURT_ERR_IO = 8                /* a file-system call failed (kernel cache) */
 } tpurt_status;
 
 /* Message of the last failing call on this thread ("" if none). */
@@ -355,6 +356,55 @@ typedef struct tpurt_flush_record {
   int cache_hit;
 } tpurt_flush_record;
 TPURT_API int tpurt_defer_get_flush(int i, tpurt_flush_record *out);
+
+/* --------------------------------------------------------- kernel cache */
+/* Compiled kernels (shared objects built by the code generator with the
+ * system C compiler) persist in a directory shared by processes:
+ * TORCH_TPU_CACHE_DIR, default $XDG_CACHE_HOME/torch_tpu, else
+ * ~/.cache/torch_tpu (created with mode 0700). An entry is loaded only after
+ * its whole key (kernel source, runtime version, compiler and its version,
+ * flags, target ISA) compared equal and its content hash checked; the
+ * directory and the entry must belong to the effective user and not be
+ * writable by group or others, or the cache is refused (one warning, the
+ * kernels run without it). TORCH_TPU_CACHE_READONLY=1: lookups only, nothing
+ * written, touched or deleted. TORCH_TPU_CACHE_MAX_BYTES (default 1 GiB,
+ * K/M/G suffixes): least recently read entries are evicted past it. Stats
+ * are this process's, thread-safe. */
+typedef struct tpurt_kcache_stats {
+  uint64_t requests;        /* lookups (TorchTPU: num_cache_reqs) */
+  uint64_t hits;            /* lookups that returned a verified entry (num_cache_hits) */
+  uint64_t misses;          /* lookups that did not (requests - hits) */
+  uint64_t refused;         /* of the misses: directory or entry refused by the
+                               security checks, or the cache unusable */
+  uint64_t corrupt;         /* corrupt entries found (removed unless read-only) */
+  uint64_t stores;          /* entries stored (or found already stored) */
+  uint64_t stores_skipped;  /* stores not done: read-only, disabled, over the cap */
+  uint64_t store_failures;  /* stores that failed (full disk, permissions) */
+  uint64_t evictions;       /* entries evicted by the size cap */
+  uint64_t max_bytes;       /* the size cap in force */
+  int readonly;             /* TORCH_TPU_CACHE_READONLY=1 */
+  int usable;               /* the directory passes the checks now */
+} tpurt_kcache_stats;
+TPURT_API tpurt_status tpurt_kcache_get_stats(tpurt_kcache_stats *out);
+/* Entries this process looked up with a hit or stored, in first-seen order. */
+typedef struct tpurt_kcache_entry_stats {
+  char key_hash[65];        /* entry id: hex SHA-256 of the key (its file name) */
+  uint64_t read_count;      /* hits in this process */
+  double compile_seconds;   /* compile time reported at store (kept in the entry) */
+  double last_read;         /* Unix time of the last hit in this process, 0 if none */
+} tpurt_kcache_entry_stats;
+TPURT_API int tpurt_kcache_entry_count(void);
+/* TPURT_ERR_INVALID_ARGUMENT when i is out of [0, tpurt_kcache_entry_count()). */
+TPURT_API tpurt_status tpurt_kcache_get_entry(int i, tpurt_kcache_entry_stats *out);
+/* Removes every cache file (entries, locks, temporaries: only files named as
+ * the cache names them) from the directory and resets the stats and entry
+ * records. In read-only mode, or when the directory is refused, no file is
+ * touched and only the stats are reset (still TPURT_OK). */
+TPURT_API tpurt_status tpurt_kcache_clear(void);
+/* The cache directory (resolved: a symlinked directory by its target) into
+ * buf; TPURT_OK when it is usable, otherwise the reason (buf then holds the
+ * configured path, or "" if there is none). */
+TPURT_API tpurt_status tpurt_kcache_dir(char *buf, size_t n);
 
 enum { TPURT_EVENT_DEFAULT = 0, TPURT_EVENT_TIMING = 1, TPURT_EVENT_BLOCKING_SYNC = 2 };
 TPURT_API tpurt_status tpurt_event_create(int flags, tpurt_event **out);

@@ -44,8 +44,7 @@ static int parse_int(const char *s, long lo, long hi, long *out) {
   return 0;
 }
 
-/* bytes with optional K/M/G/T suffix (binary multiples), optional "B"/"iB". */
-static int parse_bytes(const char *s, uint64_t *out) {
+int tpurt__parse_bytes(const char *s, uint64_t *out) {
   char *end;
   errno = 0;
   while (isspace((unsigned char)*s)) s++;
@@ -98,7 +97,7 @@ static tpurt_status do_init(void) {
 
   uint64_t limit = UINT64_MAX;
   if ((e = getenv("TORCH_TPU_HBM_LIMIT")) && *e) {
-    if (parse_bytes(e, &limit) || limit == 0)
+    if (tpurt__parse_bytes(e, &limit) || limit == 0)
       return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
                         "TORCH_TPU_HBM_LIMIT=\"%s\" is invalid: expected a positive byte count "
                         "(suffixes K, M, G accepted)", e);

@@ -32,6 +32,9 @@ TPURT_INTERNAL tpurt_status tpurt__err(tpurt_status st, const char *fmt, ...)
 TPURT_INTERNAL tpurt_status tpurt__err_str(tpurt_status st, const char *msg);
 /* PyTorch-style size formatting ("N bytes", "x.xx KiB/MiB/GiB"). */
 TPURT_INTERNAL void tpurt__format_size(uint64_t size, char *buf, size_t len);
+/* A byte count with optional K/M/G/T suffix (binary multiples) and optional
+ * "B"/"iB" (device.c); 0 on success, -1 if s is not one. */
+TPURT_INTERNAL int tpurt__parse_bytes(const char *s, uint64_t *out);
 
 /* --------------------------------------------------------- runtime config */
 typedef struct tpurt__config {

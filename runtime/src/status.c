@@ -33,6 +33,7 @@ const char *tpurt_status_name(tpurt_status s) {
     case TPURT_ERR_KERNEL: return "TPURT_ERR_KERNEL";
     case TPURT_ERR_INDEX: return "TPURT_ERR_INDEX";
     case TPURT_ERR_INTERNAL: return "TPURT_ERR_INTERNAL";
+    case TPURT_ERR_IO: return "TPURT_ERR_IO";
   }
   return "TPURT_ERR_UNKNOWN";
 }
