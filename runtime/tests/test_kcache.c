@@ -2,13 +2,14 @@
  * vectors; store and verified hit; whole-key comparison; corrupt and
  * truncated entries removed with one warning; concurrent writer processes;
  * refused directories and entry files; read-only mode; LRU eviction; a full
- * disk (RLIMIT_FSIZE); clear; the stats. Each case runs in a fresh cache
- * directory named by TORCH_TPU_CACHE_DIR. */
+ * disk (RLIMIT_FSIZE); threads of one process; clear; the stats. Each case
+ * runs in a fresh cache directory named by TORCH_TPU_CACHE_DIR. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -793,6 +794,50 @@ static void test_full_disk(void) {
   free(pb);
 }
 
+#define NTHREADS 4
+#define TROUNDS 40
+
+static void *thread_body(void *arg) {
+  int id = (int)(intptr_t)arg, bad = 0;
+  unsigned char *p = payload(3000, 300);
+  for (int r = 0; r < TROUNDS; r++) {
+    char src[32];
+    snprintf(src, sizeof src, "thread kernel %d", (r + id) % 6);
+    tpurt__kkey k = mk_key(src);
+    int res = tpurt__kcache_lookup(&k, &(tpurt__kcache_so){0});
+    if (res == TPURT__KCACHE_MISS) bad += tpurt__kcache_store(&k, p, 3000, 0.1) != TPURT_OK;
+    else if (res != TPURT__KCACHE_HIT) bad++;
+  }
+  free(p);
+  return (void *)(intptr_t)bad;
+}
+
+/* threads of one process: the counters add up */
+static void test_threads(void) {
+  new_case("threads");
+  pthread_t t[NTHREADS];
+  for (int i = 0; i < NTHREADS; i++) CHECK(pthread_create(&t[i], NULL, thread_body, (void *)(intptr_t)i) == 0);
+  for (int i = 0; i < NTHREADS; i++) {
+    void *bad = NULL;
+    pthread_join(t[i], &bad);
+    CHECK_EQ((intptr_t)bad, 0);
+  }
+  tpurt_kcache_stats s = stats();
+  CHECK_EQ(s.requests, NTHREADS * TROUNDS);
+  CHECK_EQ(s.hits + s.misses, s.requests);
+  CHECK_EQ(s.stores, s.misses);
+  CHECK(s.hits >= NTHREADS * TROUNDS - 6 * NTHREADS);
+  CHECK_EQ(tpurt_kcache_entry_count(), 6);
+  uint64_t reads = 0;
+  for (int i = 0; i < 6; i++) {
+    tpurt_kcache_entry_stats e;
+    CHECK_OK(tpurt_kcache_get_entry(i, &e));
+    reads += e.read_count;
+  }
+  CHECK_EQ(reads, s.hits);
+  CHECK_EQ(count_files(g_dir, ".tkc"), 6);
+}
+
 static void test_clear(void) {
   new_case("clear");
   unsigned char *p = payload(700, 7);
@@ -834,6 +879,7 @@ int main(void) {
   test_readonly();
   test_eviction();
   test_full_disk();
+  test_threads();
   test_clear();
   tpurt__kcache_reset();
   char cmd[400];

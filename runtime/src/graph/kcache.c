@@ -414,6 +414,14 @@ static const char *owner_mode_problem(const struct stat *sb, char *why, size_t n
 #define REFUSE_DIR(path, fmt, ...) \
   fail_warn(TPURT_ERR_NOT_SUPPORTED, NULL, "kernel cache disabled: directory %s " fmt, path, ##__VA_ARGS__)
 
+/* The refusal of a directory that fails the owner / mode checks; real is
+ * the symlink's target (or path itself). */
+static tpurt_status refuse_unsafe(const char *path, const char *real, const char *why) {
+  int link = strcmp(path, real) != 0;
+  return REFUSE_DIR(path, "%s%s%s%s: refusing to load kernels from it (chmod 700 / chown it, or set "
+                    "TORCH_TPU_CACHE_DIR)", link ? "-> " : "", link ? real : "", link ? " " : "", why);
+}
+
 /* Opens and checks the directory (creating it unless read-only). */
 static tpurt_status dir_open(const char *path, int readonly, int *fd_out, char *real, size_t nreal) {
   struct stat ls, fs;
@@ -441,8 +449,7 @@ static tpurt_status dir_open(const char *path, int readonly, int *fd_out, char *
   }
   if (owner_mode_problem(&fs, why, sizeof why)) {
     close(fd);
-    return REFUSE_DIR(path, "%s%s%s: refusing to load kernels from it (chmod 700 / chown it, or set "
-                      "TORCH_TPU_CACHE_DIR)", open_path != path ? "-> " : "", open_path != path ? open_path : "", why);
+    return refuse_unsafe(path, open_path, why);
   }
   *fd_out = fd;
   snprintf(real, nreal, "%s", open_path);
@@ -469,9 +476,10 @@ static tpurt_status ctx_open(kctx *c) {
         close(g.dirfd); /* unusable until it passes again */
         g.dirfd = -1;
         g.cfg_path[0] = 0;
+        char real[PATH_MAX];
+        snprintf(real, sizeof real, "%s", g.real_path);
         pthread_mutex_unlock(&g.mu);
-        return REFUSE_DIR(want, "%s: refusing to load kernels from it (chmod 700 / chown it, or set "
-                          "TORCH_TPU_CACHE_DIR)", why);
+        return refuse_unsafe(want, real, why);
       }
       c->dirfd = fcntl(g.dirfd, F_DUPFD_CLOEXEC, 0);
       snprintf(c->dir, sizeof c->dir, "%s", g.real_path);
