@@ -233,6 +233,36 @@ py::dict defer_stats() {
   return d;
 }
 
+// torch.tpu._get_cache_stats(): the kernel cache's counters under TorchTPU's
+// names, per_entry_stats keyed by entry id (the key's SHA-256).
+py::dict kcache_stats() {
+  tpurt_kcache_stats s;
+  check(tpurt_kcache_get_stats(&s), "_get_cache_stats");
+  py::dict d;
+  d["num_cache_reqs"] = s.requests;
+  d["num_cache_hits"] = s.hits;
+  d["num_cache_misses"] = s.misses;
+  d["num_cache_refused"] = s.refused;
+  d["num_cache_corrupt"] = s.corrupt;
+  d["num_cache_stores"] = s.stores;
+  d["num_cache_stores_skipped"] = s.stores_skipped;
+  d["num_cache_store_failures"] = s.store_failures;
+  d["num_cache_evictions"] = s.evictions;
+  d["max_bytes"] = s.max_bytes;
+  d["readonly"] = static_cast<bool>(s.readonly);
+  py::dict per;
+  tpurt_kcache_entry_stats e;
+  for (int i = 0; tpurt_kcache_get_entry(i, &e) == TPURT_OK; i++) {
+    py::dict x;
+    x["read_count"] = e.read_count;
+    x["compile_duration"] = e.compile_seconds;
+    x["last_read"] = e.read_count ? py::object(py::float_(e.last_read)) : py::object(py::none());
+    per[py::str(e.key_hash)] = x;
+  }
+  d["per_entry_stats"] = per;
+  return d;
+}
+
 }  // namespace
 }  // namespace torch_tpu
 
@@ -303,5 +333,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_defer_segment_ops", [](int n) { tpurt_defer_set_segment_ops(n); });
   m.def("_get_defer_segment_ops", [] { return tpurt_defer_get_segment_ops(); });
   m.def("_install_site_fn", &install_site_fn);
+  m.def("_kcache_stats", &kcache_stats);
+  m.def("_kcache_clear", [] { check(tpurt_kcache_clear(), "_clear_cache"); });
+  m.def("_kcache_dir", [] {
+    char buf[4096];
+    tpurt_status st = tpurt_kcache_dir(buf, sizeof buf);
+    return py::make_tuple(std::string(buf), st == TPURT_OK, std::string(st == TPURT_OK ? "" : tpurt_last_error()));
+  });
   m.attr("_api_version") = TPURT_API_VERSION;
 }

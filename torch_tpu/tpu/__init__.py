@@ -400,3 +400,48 @@ def defer_stats() -> dict[str, Any]:
 
 def reset_defer_stats() -> None:
     _C._reset_defer_stats()
+
+
+# ------------------------------------------------------------ kernel cache
+
+
+def _get_cache_stats() -> dict[str, Any]:
+    """Statistics of the persistent kernel cache (compiled kernels kept on
+    disk in ``TORCH_TPU_CACHE_DIR``, default ``~/.cache/torch_tpu``) for this
+    process since the last :func:`_clear_cache`, with TorchTPU's names:
+
+    - ``num_cache_reqs``: lookups; ``num_cache_hits``: lookups that loaded a
+      verified entry; ``num_cache_misses``: the others;
+    - ``num_cache_refused``: misses because the directory or an entry failed
+      the security checks (owner, permissions) or the cache was unusable;
+      ``num_cache_corrupt``: corrupt entries found (removed unless the cache
+      is read-only, then rebuilt);
+    - ``num_cache_stores``, ``num_cache_stores_skipped`` (read-only mode,
+      refused directory, entry over the cap), ``num_cache_store_failures``
+      (full disk, permissions), ``num_cache_evictions`` (size cap);
+    - ``max_bytes`` (``TORCH_TPU_CACHE_MAX_BYTES``), ``readonly``
+      (``TORCH_TPU_CACHE_READONLY=1``);
+    - ``per_entry_stats``: for each entry this process read or stored, keyed
+      by its id (the hex SHA-256 of its key, also its file name):
+      ``read_count`` (hits), ``compile_duration`` (seconds the compile took,
+      kept in the entry so a later process reports it too) and ``last_read``
+      (Unix time of the last hit, ``None`` if not read in this process).
+    """
+    return dict(_C._kcache_stats())
+
+
+def _clear_cache() -> None:
+    """Removes every entry of the persistent kernel cache (only the cache's
+    own files of its directory) and resets :func:`_get_cache_stats`. In
+    read-only mode (``TORCH_TPU_CACHE_READONLY=1``) or when the directory is
+    refused, no file is touched and only the statistics are reset."""
+    _C._kcache_clear()
+
+
+def _cache_dir() -> str:
+    """The kernel cache's directory (a symlinked one by its target). Raises
+    ``RuntimeError`` with the reason when the cache can't use it."""
+    path, ok, why = _C._kcache_dir()
+    if not ok:
+        raise RuntimeError(why)
+    return path
