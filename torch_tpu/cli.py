@@ -104,6 +104,11 @@ def doctor() -> int:
     _check("copy both ways", roundtrip, failures)
     _check("one op", one_op, failures)
     _check("memory", memory, failures)
+    ok, info = _C._codegen_info()
+    if ok:
+        print(f"  [ok]   generated kernels: {info}")
+    else:
+        print(f"  [info] generated kernels: {info}")
     if failures:
         print(f"\n{len(failures)} check(s) failed:")
         for f in failures:

@@ -344,8 +344,23 @@ typedef struct tpurt_defer_stats {
   uint64_t cached_plans;        /* plans in the cache now */
   uint64_t values_recomputed;   /* values recomputed for late readers instead of kept */
   uint64_t bytes_recomputed;    /* their bytes */
+  /* Generated kernels (the second tier of elementwise programs, in every
+   * mode): counted over launches of programs with >= 2 compute
+   * instructions, the ones code generation applies to. */
+  uint64_t codegen_kernels;              /* kernels compiled and loaded */
+  uint64_t codegen_failures;             /* programs whose compile or load failed (interpreted) */
+  uint64_t codegen_not_generated;        /* launches the generator declined (overlapping operands) */
+  uint64_t codegen_launches_compiled;    /* launches run by a generated kernel */
+  uint64_t codegen_launches_interpreted; /* launches the interpreter ran (compile pending or failed,
+                                            declined, TORCH_TPU_CODEGEN=0) */
+  double codegen_compile_seconds;        /* wall time spent generating, compiling and loading */
 } tpurt_defer_stats;
 TPURT_API void tpurt_defer_get_stats(tpurt_defer_stats *out);
+/* Whether generated elementwise kernels are available: 1 and the compiler
+ * (version, target ISA, compile mode) in buf, or 0 and why the interpreter
+ * serves every program (TORCH_TPU_CODEGEN=0, no C compiler, ...). May run
+ * the compiler once to find it. */
+TPURT_API int tpurt_codegen_info(char *buf, size_t n);
 TPURT_API void tpurt_defer_reset_stats(void);
 /* The i-th most recent cut (0 = latest); returns 0 if there is none. */
 typedef struct tpurt_flush_record {

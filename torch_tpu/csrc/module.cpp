@@ -218,6 +218,12 @@ py::dict defer_stats() {
   d["bytes_never_materialized"] = s.bytes_never_materialized;
   d["values_recomputed"] = s.values_recomputed;
   d["bytes_recomputed"] = s.bytes_recomputed;
+  d["codegen_kernels"] = s.codegen_kernels;
+  d["codegen_failures"] = s.codegen_failures;
+  d["codegen_not_generated"] = s.codegen_not_generated;
+  d["codegen_launches_compiled"] = s.codegen_launches_compiled;
+  d["codegen_launches_interpreted"] = s.codegen_launches_interpreted;
+  d["codegen_compile_seconds"] = s.codegen_compile_seconds;
   py::list recent;
   tpurt_flush_record r;
   for (int i = 0; tpurt_defer_get_flush(i, &r); i++) {
@@ -329,6 +335,11 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_defer_stats", &defer_stats);
   m.def("_reset_defer_stats", [] { tpurt_defer_reset_stats(); });
+  m.def("_codegen_info", [] {
+    char buf[512];
+    int ok = tpurt_codegen_info(buf, sizeof buf);
+    return py::make_tuple(static_cast<bool>(ok), std::string(buf));
+  });
   m.def("_set_defer_max_ops", [](int n) { tpurt_defer_set_max_ops(n); });
   m.def("_set_defer_segment_ops", [](int n) { tpurt_defer_set_segment_ops(n); });
   m.def("_get_defer_segment_ops", [] { return tpurt_defer_get_segment_ops(); });

@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "codegen.h"
 #include "graph.h"
 
 _Atomic int tpurt__defer_on;
@@ -64,6 +65,14 @@ void tpurt_defer_get_stats(tpurt_defer_stats *out) {
   pthread_mutex_lock(&g_stat_mu);
   *out = g_stats;
   pthread_mutex_unlock(&g_stat_mu);
+  tpurt__cg_stats cg; /* generated kernels (codegen.c) */
+  tpurt__codegen_stats(&cg);
+  out->codegen_kernels = cg.kernels;
+  out->codegen_failures = cg.failures;
+  out->codegen_not_generated = cg.not_generated;
+  out->codegen_launches_compiled = cg.launches_compiled;
+  out->codegen_launches_interpreted = cg.launches_interpreted;
+  out->codegen_compile_seconds = cg.compile_seconds;
 }
 
 void tpurt_defer_reset_stats(void) {
@@ -71,6 +80,7 @@ void tpurt_defer_reset_stats(void) {
   memset(&g_stats, 0, sizeof g_stats);
   g_nlog = 0;
   pthread_mutex_unlock(&g_stat_mu);
+  tpurt__codegen_reset_stats();
 }
 
 int tpurt_defer_get_flush(int i, tpurt_flush_record *out) {

@@ -12,6 +12,12 @@
  * scalars into the instruction list, coalesces dimensions of all views
  * together and serializes everything into the launch arguments.
  *
+ * Second tier: when the launch's program has a generated kernel ready
+ * (graph/codegen.c: the same per-element bodies of ew_exec.h compiled as
+ * one loop), every chunk the pool runs, and every range another kernel
+ * runs through tpurt__ew_epi_range / tpurt__ew_into_range, is computed by
+ * it instead: the same elements, the same bits, the same thread split.
+ *
  * Parameter conventions beyond tpurt.h's comments:
  *   ADD / SUB          p0 is alpha as given (a zeroed instruction means alpha 0)
  *   ROUND              p0 = decimals (0: round half to even)
@@ -33,16 +39,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "../graph/codegen.h"
+#include "ew_exec.h"
 #include "fused.h"
 #include "gemm_internal.h"
-
-#undef I /* complex.h's imaginary unit; _Complex_I is used instead */
 
 #define EW_BLK 2048
 #define EW_GRAIN 32768
 #define EW_KPB_MAX 128 /* row mode: most whole rows in one block */
 #define EW_MAX_OPS (2 * TPURT_EW_MAX_IO)
-#define I_UNIT (_Complex_I)
 
 /* ------------------------------------------------------------ op table */
 
@@ -226,421 +231,6 @@ const char *tpurt_ew_op_name(tpurt_ew_op op) {
   return k_ops[op].name;
 }
 
-/* ------------------------------------------------- special functions */
-
-static double ew_lgamma(double x) {
-  int sg;
-  return lgamma_r(x, &sg);
-}
-
-static double ew_digamma(double x) {
-  if (x == 0) return copysign(INFINITY, -x);
-  if (x != x) return x;
-  double result = 0;
-  if (x < 0) {
-    if (x == trunc(x)) return NAN;
-    /* reflection: psi(1 - x) - pi / tan(pi * x), with x's fraction for accuracy */
-    double q, r = modf(x, &q);
-    return ew_digamma(1 - x) - M_PI / tan(M_PI * r);
-  }
-  while (x < 10) {
-    result -= 1 / x;
-    x += 1;
-  }
-  if (x == 10) return result + 2.25175258906672110764;
-  /* asymptotic expansion with Bernoulli numbers */
-  double y = 1 / (x * x);
-  double poly = y * (1.0 / 12 - y * (1.0 / 120 - y * (1.0 / 252 - y * (1.0 / 240 - y * (1.0 / 132 - y * (691.0 / 32760 - y / 12))))));
-  return result + log(x) - 0.5 / x - poly;
-}
-
-static double ew_erfinv(double y) {
-  if (y != y || y < -1 || y > 1) return NAN;
-  if (y == 1) return INFINITY;
-  if (y == -1) return -INFINITY;
-  if (y == 0) return y;
-  /* initial guess (Giles, "Approximating the erfinv function"), then Newton */
-  double w = -log((1.0 - y) * (1.0 + y)), p;
-  if (w < 5.0) {
-    w -= 2.5;
-    p = 2.81022636e-08;
-    p = 3.43273939e-07 + p * w;
-    p = -3.5233877e-06 + p * w;
-    p = -4.39150654e-06 + p * w;
-    p = 0.00021858087 + p * w;
-    p = -0.00125372503 + p * w;
-    p = -0.00417768164 + p * w;
-    p = 0.246640727 + p * w;
-    p = 1.50140941 + p * w;
-  } else {
-    w = sqrt(w) - 3.0;
-    p = -0.000200214257;
-    p = 0.000100950558 + p * w;
-    p = 0.00134934322 + p * w;
-    p = -0.00367342844 + p * w;
-    p = 0.00573950773 + p * w;
-    p = -0.0076224613 + p * w;
-    p = 0.00943887047 + p * w;
-    p = 1.00167406 + p * w;
-    p = 2.83297682 + p * w;
-  }
-  double x = p * y;
-  for (int k = 0; k < 2; k++) {
-    double e = erf(x) - y;
-    x -= e / (M_2_SQRTPI * exp(-x * x));
-  }
-  return x;
-}
-
-#include "ew_special.h"
-
-#include "vmath.h"
-
-/* exp(x) for finite x <= 0 (degree-7 polynomial: relative error ~1.5e-7),
- * 0 where it underflows; callers select their results where x is out of
- * range (-inf gives NaN) */
-static inline float ew_expneg_f(float x) {
-  static const float c[8] = {1.0f, 1.0f, 0.5f, 1.0f / 6.0f, 1.0f / 24.0f, 1.0f / 120.0f, 1.0f / 720.0f, 1.0f / 5040.0f};
-  return tpurt__vexpf_core(x, c, 8);
-}
-
-/* exp(-(zz + zl)) for zz >= 0 and |zl| <= ulp(zz): e^-zz (1 - zl) */
-static inline float ew_gauss_f(float zz, float zl) { return ew_expneg_f(-zz) * fmaf(-1.0f, zl, 1.0f); }
-
-/* erfcx(z) = exp(z^2) erfc(z) for 0 <= z <= 10.5 (erfc underflows float
- * beyond) as t P(t), t = 1 / (1 + 0.4 z): a degree-9 polynomial fitted
- * for relative error (< 1e-8 in exact arithmetic, 3e-8 with the float
- * coefficients); erfc(z) = exp(-z^2) erfcx(z) keeps the tail's relative
- * accuracy, and phi's exp(-x^2/2) is the same factor. */
-static inline float ew_erfcx_f(float z) {
-  static const float c[10] = {0.225703672f,  0.225015238f, 0.214390993f,  0.132155135f, 0.264877856f,
-                              -0.270931065f, 0.531236649f, -0.486636281f, 0.192825258f, -0.0286374614f};
-  float t = 1.0f / fmaf(0.4f, z, 1.0f);
-  return t * tpurt__vhornerf(t, c, 10);
-}
-
-/* Phi(x), the standard normal CDF, from erfc(|x| / sqrt 2) = g erfcx(|x| /
- * sqrt 2), where g = exp(-x^2 / 2) (x*x split exactly with an fma) is
- * returned in *gauss for the GELU backward's density. */
-static inline float ew_phi_g_f(float x, float *gauss) {
-  float a = fabsf(x);
-  float xx = a * a, xl = fmaf(a, a, -xx);
-  float g = ew_gauss_f(0.5f * xx, 0.5f * xl);
-  float ec = g * ew_erfcx_f(a * 0.70710678118654752f);
-  ec = a > 19.5f ? 0.0f : ec; /* erfc underflowed long before; x*x may be inf */
-  float p = x >= 0 ? fmaf(-0.5f, ec, 1.0f) : 0.5f * ec;
-  *gauss = a > 19.5f ? 0.0f : g;
-  return x != x ? x : p;
-}
-
-/* erfc(|x|); 0 where it underflows float */
-static inline float ew_erfc_abs_f(float x) {
-  float a = fabsf(x), aa = a * a;
-  float e = ew_gauss_f(aa, fmaf(a, a, -aa)) * ew_erfcx_f(a);
-  return a > 10.5f ? 0.0f : e;
-}
-
-/* erf: an odd Taylor series below |x| = 0.75 (ten terms: truncation
- * < 4e-11; 1 - erfc would cancel there), 1 - erfc(|x|) with x's sign above */
-static inline float ew_erf_f(float x) {
-  /* (2 / sqrt pi) (-1)^n / (n! (2n + 1)), n = 0..9 */
-  static const float c[10] = {1.1283791670955126f,     -0.37612638903183754f,  0.11283791670955126f,
-                              -0.026866170645131252f,  0.005223977625442188f,  -0.0008548327023450852f,
-                              0.00012055332981789664f, -1.492565035840625e-05f, 1.6462114365889246e-06f,
-                              -1.6365844691234924e-07f};
-  float p = tpurt__vhornerf(x * x, c, 10);
-  float tail = 1.0f - ew_erfc_abs_f(x);
-  float r = fabsf(x) < 0.75f ? x * p : (x < 0 ? -tail : tail);
-  return x != x ? x : r;
-}
-
-/* erfc: erfc(|x|) for x >= 0 (relative accuracy in the tail), 2 - it below */
-static inline float ew_erfc_f(float x) {
-  float e = ew_erfc_abs_f(x);
-  float r = x >= 0 ? e : 2.0f - e;
-  return x != x ? x : r;
-}
-
-/* tanh: an odd Taylor series below |x| = 0.4 (eight terms: truncation
- * < 2e-10), 1 - 2 / (exp(2|x|) + 1) with x's sign above (exp's overflow to
- * infinity gives 1) */
-static inline float ew_tanh_f(float x) {
-  /* tanh x = x + x^3 (-1/3 + x^2 (2/15 + ...)) */
-  static const float c[7] = {-1.0f / 3.0f,        2.0f / 15.0f,          -17.0f / 315.0f,          62.0f / 2835.0f,
-                             -1382.0f / 155925.0f, 21844.0f / 6081075.0f, -929569.0f / 638512875.0f};
-  float s = x * x;
-  float small = x * fmaf(s, tpurt__vhornerf(s, c, 7), 1.0f); /* x (1 + ...): -0.0 stays -0.0 */
-  float big = 1.0f - 2.0f / (tpurt__vexpf(2.0f * fabsf(x)) + 1.0f);
-  float r = fabsf(x) < 0.4f ? small : (x < 0 ? -big : big);
-  return x != x ? x : r;
-}
-
-/* natural log: x = 2^e m with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(s)
- * for s = (m - 1) / (m + 1) (|s| <= 0.1716: odd series to s^9, truncation
- * < 1e-9 relative), e ln2 added in two parts. Subnormals are scaled by 2^23
- * first; x < 0 gives NaN, 0 -inf, inf inf; NaN is kept. Branch-free. */
-static inline float ew_log_f(float x) {
-  static const float c[5] = {2.0f, 2.0f / 3.0f, 2.0f / 5.0f, 2.0f / 7.0f, 2.0f / 9.0f};
-  int sub = x < 1.17549435e-38f;
-  float xs = sub ? x * 8388608.0f : x;
-  uint32_t u = tpurt__vubits(xs);
-  float e = (float)((int32_t)((u >> 23) & 0xff) - 127) - (sub ? 23.0f : 0.0f);
-  float m = tpurt__vbits((u & 0x007fffffu) | 0x3f800000u); /* [1, 2) */
-  int big = m > 1.41421356f;
-  m = big ? 0.5f * m : m;
-  e = big ? e + 1.0f : e;
-  float sv = (m - 1.0f) / (m + 1.0f);
-  float lm = sv * tpurt__vhornerf(sv * sv, c, 5);
-  float r = fmaf(e, 0.693145751953125f, fmaf(e, 1.428606765330187e-06f, lm));
-  r = x == 0 ? -INFINITY : r;
-  r = x < 0 ? NAN : r;
-  r = x == INFINITY ? x : r;
-  return x != x ? x : r;
-}
-
-/* log1p: log(u) x / (u - 1) with u = 1 + x (the quotient corrects u's
- * rounding), x itself where u rounds to 1 */
-static inline float ew_log1p_f(float x) {
-  float u = 1.0f + x;
-  float r = ew_log_f(u) * (x / (u - 1.0f));
-  r = u == 1.0f ? x : r;
-  return x == INFINITY ? x : r;
-}
-
-/* gelu(x) = x * Phi(x) */
-static inline float ew_gelu_f(float x) {
-  float gauss;
-  return x * ew_phi_g_f(x, &gauss);
-}
-
-/* d gelu(y) / dy * g = g * (Phi(y) + y * phi(y)), phi(y) = exp(-y^2 / 2) / sqrt(2 pi) */
-static inline float ew_gelu_backward_f(float g, float y) {
-  float gauss, p = ew_phi_g_f(y, &gauss);
-  return g * fmaf(y, gauss * 0.3989422804014327f, p);
-}
-
-/* --------------------------------------------------- instruction loops */
-
-#define EW_T float
-#define EW_FN exec_f32
-#define EW_M(fn) fn##f
-#define EW_EXP(x) tpurt__vexpf(x)
-#define EW_TANH(x) ew_tanh_f(x)
-#define EW_LOG(x) ew_log_f(x)
-#define EW_LOG1P(x) ew_log1p_f(x)
-#define EW_FAST 1
-#include "ew_real.h"
-#undef EW_T
-#undef EW_FN
-#undef EW_M
-#undef EW_EXP
-#undef EW_TANH
-#undef EW_LOG
-#undef EW_LOG1P
-#undef EW_FAST
-
-#define EW_T double
-#define EW_FN exec_f64
-#define EW_M(f) f
-#define EW_EXP(x) exp(x)
-#define EW_TANH(x) tanh(x)
-#define EW_LOG(x) log(x)
-#define EW_LOG1P(x) log1p(x)
-#define EW_FAST 0
-#include "ew_real.h"
-#undef EW_T
-#undef EW_FN
-#undef EW_M
-#undef EW_EXP
-#undef EW_TANH
-#undef EW_LOG
-#undef EW_LOG1P
-#undef EW_FAST
-
-#define EW_T float _Complex
-#define EW_R float
-#define EW_FN exec_c64
-#define EW_CM(fn) fn##f
-#define EW_CR(fn) fn##f
-#include "ew_complex.h"
-#undef EW_T
-#undef EW_R
-#undef EW_FN
-#undef EW_CM
-#undef EW_CR
-
-#define EW_T double _Complex
-#define EW_R double
-#define EW_FN exec_c128
-#define EW_CM(f) f
-#define EW_CR(f) f
-#include "ew_complex.h"
-#undef EW_T
-#undef EW_R
-#undef EW_FN
-#undef EW_CM
-#undef EW_CR
-
-static inline int64_t wrap_add(int64_t a, int64_t b) { return (int64_t)((uint64_t)a + (uint64_t)b); }
-static inline int64_t wrap_sub(int64_t a, int64_t b) { return (int64_t)((uint64_t)a - (uint64_t)b); }
-static inline int64_t wrap_mul(int64_t a, int64_t b) { return (int64_t)((uint64_t)a * (uint64_t)b); }
-
-/* Euclid on magnitudes (unsigned: |INT64_MIN| is representable) */
-static int64_t igcd(int64_t a, int64_t b) {
-  uint64_t x = a < 0 ? 0 - (uint64_t)a : (uint64_t)a, y = b < 0 ? 0 - (uint64_t)b : (uint64_t)b;
-  while (y) {
-    uint64_t t = x % y;
-    x = y;
-    y = t;
-  }
-  return (int64_t)x;
-}
-static int64_t ilcm(int64_t a, int64_t b) {
-  int64_t g = igcd(a, b);
-  if (g == 0) return 0;
-  int64_t m = wrap_mul(a / g, b); /* g > 0, or INT64_MIN for a gcd of 2^63: never -1 */
-  return m < 0 ? wrap_sub(0, m) : m;
-}
-
-static int64_t ipow(int64_t base, int64_t e) {
-  if (e < 0) {
-    if (base == 1) return 1;
-    if (base == -1) return (e & 1) ? -1 : 1;
-    return 0;
-  }
-  int64_t r = 1;
-  while (e) {
-    if (e & 1) r = wrap_mul(r, base);
-    base = wrap_mul(base, base);
-    e >>= 1;
-  }
-  return r;
-}
-
-static int64_t f2i_param(double v) { return tpurt__f2i64(v); }
-
-/* returns 1 on an integer division by zero */
-static int exec_i64(const tpurt_ew_inst *I, int64_t *restrict d, const int64_t *restrict a,
-                    const int64_t *restrict b, const int64_t *restrict c, int n) {
-  typedef int64_t T;
-  const T p0 = f2i_param(I->p[0]), p1 = f2i_param(I->p[1]);
-  int bad = 0;
-#include "ew_loops.h"
-#define BDIV(expr)                \
-  for (int i = 0; i < n; i++) {   \
-    T x = a[i], y = b[i];         \
-    if (y == 0) {                 \
-      bad = 1;                    \
-      d[i] = 0;                   \
-      continue;                   \
-    }                             \
-    d[i] = (expr);                \
-  }                               \
-  break
-  switch (I->op) {
-    case TPURT_EW_NEG: U(wrap_sub(0, x));
-    case TPURT_EW_ABS: U(x < 0 ? wrap_sub(0, x) : x);
-    case TPURT_EW_SQUARE: U(wrap_mul(x, x));
-    case TPURT_EW_SIGN:
-    case TPURT_EW_SGN: U((T)((x > 0) - (x < 0)));
-    case TPURT_EW_FLOOR:
-    case TPURT_EW_CEIL:
-    case TPURT_EW_ROUND:
-    case TPURT_EW_TRUNC:
-    case TPURT_EW_NAN_TO_NUM: U(x);
-    case TPURT_EW_RELU: U(x < 0 ? 0 : x);
-    case TPURT_EW_HARDTANH: U(x < p0 ? p0 : (x > p1 ? p1 : x));
-    case TPURT_EW_LOGICAL_NOT: U((T)(x == 0));
-    case TPURT_EW_BITWISE_NOT: U(~x);
-    case TPURT_EW_ISNAN:
-    case TPURT_EW_ISINF:
-    case TPURT_EW_ISPOSINF:
-    case TPURT_EW_ISNEGINF: U((T)0 * x);
-    case TPURT_EW_ISFINITE: U((T)1 + 0 * x);
-    case TPURT_EW_CAST: {
-      tpurt_dtype via = (tpurt_dtype)(int)I->p[0];
-      for (int i = 0; i < n; i++) {
-        unsigned char tmp[16];
-        tpurt__val v = {0, a[i], (uint64_t)a[i], 0.0, 0.0};
-        tpurt__store(via, tmp, v);
-        tpurt__val r = tpurt__load(via, tmp);
-        d[i] = r.cls == 0 ? r.i : r.cls == 1 ? (int64_t)r.u : tpurt__f2i64(r.re);
-      }
-      break;
-    }
-    case TPURT_EW_ADD: B(wrap_add(x, wrap_mul(p0, y)));
-    case TPURT_EW_SUB: B(wrap_sub(x, wrap_mul(p0, y)));
-    case TPURT_EW_MUL: B(wrap_mul(x, y));
-    case TPURT_EW_DIV:
-    case TPURT_EW_DIV_TRUNC: BDIV(y == -1 ? wrap_sub(0, x) : x / y);
-    case TPURT_EW_DIV_FLOOR: {
-      for (int i = 0; i < n; i++) {
-        T x = a[i], y = b[i];
-        if (y == 0) {
-          bad = 1;
-          d[i] = 0;
-          continue;
-        }
-        if (y == -1) {
-          d[i] = wrap_sub(0, x);
-          continue;
-        }
-        T q = x / y, r = x % y;
-        if (r != 0 && ((r < 0) != (y < 0))) q--;
-        d[i] = q;
-      }
-      break;
-    }
-    case TPURT_EW_REMAINDER: {
-      for (int i = 0; i < n; i++) {
-        T x = a[i], y = b[i];
-        if (y == 0) {
-          bad = 1;
-          d[i] = 0;
-          continue;
-        }
-        T r = y == -1 ? 0 : x % y;
-        if (r != 0 && ((r < 0) != (y < 0))) r += y;
-        d[i] = r;
-      }
-      break;
-    }
-    case TPURT_EW_FMOD: BDIV(y == -1 ? 0 : x % y);
-    case TPURT_EW_POW: B(ipow(x, y));
-    case TPURT_EW_MAXIMUM:
-    case TPURT_EW_FMAX: B(x >= y ? x : y);
-    case TPURT_EW_MINIMUM:
-    case TPURT_EW_FMIN: B(x <= y ? x : y);
-    case TPURT_EW_EQ: B((T)(x == y));
-    case TPURT_EW_NE: B((T)(x != y));
-    case TPURT_EW_LT: B((T)(x < y));
-    case TPURT_EW_LE: B((T)(x <= y));
-    case TPURT_EW_GT: B((T)(x > y));
-    case TPURT_EW_GE: B((T)(x >= y));
-    case TPURT_EW_LOGICAL_AND: B((T)((x != 0) & (y != 0)));
-    case TPURT_EW_LOGICAL_OR: B((T)((x != 0) | (y != 0)));
-    case TPURT_EW_LOGICAL_XOR: B((T)((x != 0) ^ (y != 0)));
-    case TPURT_EW_BITWISE_AND: B(x & y);
-    case TPURT_EW_BITWISE_OR: B(x | y);
-    case TPURT_EW_BITWISE_XOR: B(x ^ y);
-    case TPURT_EW_LSHIFT: B((y < 0 || y >= 64) ? 0 : (T)((uint64_t)x << y));
-    case TPURT_EW_RSHIFT: B((y < 0 || y >= 64) ? (x >> 63) : (x >> y));
-    case TPURT_EW_THRESHOLD_BACKWARD: B(y <= p0 ? p1 : x);
-    case TPURT_EW_SIGNBIT: U((T)(x < 0));
-    case TPURT_EW_HEAVISIDE: B(x == 0 ? y : (T)(x > 0));
-    case TPURT_EW_GCD: B(igcd(x, y));
-    case TPURT_EW_LCM: B(ilcm(x, y));
-    case TPURT_EW_WHERE: TR(x != 0 ? y : z);
-    case TPURT_EW_CLAMP: TR((x >= y ? x : y) <= z ? (x >= y ? x : y) : z);
-    case TPURT_EW_ADDCMUL: TR(wrap_add(x, wrap_mul(wrap_mul(p0, y), z)));
-    default: break;
-  }
-#undef U
-#undef B
-#undef BDIV
-#undef TR
-  return bad;
-}
 
 /* ------------------------------------------------------ loads / stores */
 
@@ -672,61 +262,22 @@ static inline int is_int_dtype(tpurt_dtype t) {
     }                                                                            \
   } while (0)
 
-#define LOAD_REAL(DT, CONVF)                                             \
+/* one load function per compute type: a switch over the dtype table of
+ * ew_exec.h */
+#define LOAD_CASE(DT, D, ST, EXPR) \
+  case D: LOADLOOP(DT, ST, EXPR); break;
+#define LOAD_FN(DT, TABLE, CONVF)                                                                                \
   static void load_##DT(DT *restrict d, tpurt_dtype dt, const char *base, int64_t st, const int64_t *off, int n) { \
-    switch (dt) {                                                        \
-      case TPURT_BOOL: LOADLOOP(DT, uint8_t, (DT)(v != 0)); break;       \
-      case TPURT_U8: LOADLOOP(DT, uint8_t, (DT)v); break;                \
-      case TPURT_I8: LOADLOOP(DT, int8_t, (DT)v); break;                 \
-      case TPURT_I16: LOADLOOP(DT, int16_t, (DT)v); break;               \
-      case TPURT_I32: LOADLOOP(DT, int32_t, (DT)v); break;               \
-      case TPURT_I64: LOADLOOP(DT, int64_t, (DT)v); break;               \
-      case TPURT_U16: LOADLOOP(DT, uint16_t, (DT)v); break;              \
-      case TPURT_U32: LOADLOOP(DT, uint32_t, (DT)v); break;              \
-      case TPURT_U64: LOADLOOP(DT, uint64_t, (DT)v); break;              \
-      case TPURT_F16: LOADLOOP(DT, uint16_t, (DT)tpurt__f16_to_f32(v)); break; \
-      case TPURT_BF16: LOADLOOP(DT, uint16_t, (DT)tpurt__bf16_to_f32(v)); break; \
-      case TPURT_F32: LOADLOOP(DT, float, CONVF(v)); break;              \
-      case TPURT_F64: LOADLOOP(DT, double, CONVF(v)); break;             \
-      case TPURT_C64: LOADLOOP(DT, float _Complex, CONVF(crealf(v))); break; \
-      case TPURT_C128: LOADLOOP(DT, double _Complex, CONVF(creal(v))); break; \
-      default: break;                                                    \
-    }                                                                    \
+    switch (dt) {                                                                                                \
+      TABLE(LOAD_CASE, DT, CONVF)                                                                                \
+      default: break;                                                                                            \
+    }                                                                                                            \
   }
-#define CONV_F32(v) ((float)(v))
-#define CONV_F64(v) ((double)(v))
-#define CONV_I64(v) tpurt__f2i64((double)(v))
-#define CONV_C64(v) ((float _Complex)(v))
-#define CONV_C128(v) ((double _Complex)(v))
-typedef float _Complex c64_t;
-typedef double _Complex c128_t;
-LOAD_REAL(float, CONV_F32)
-LOAD_REAL(double, CONV_F64)
-LOAD_REAL(int64_t, CONV_I64)
-
-#define LOAD_CPLX(DT, CONVF)                                             \
-  static void load_##DT(DT *restrict d, tpurt_dtype dt, const char *base, int64_t st, const int64_t *off, int n) { \
-    switch (dt) {                                                        \
-      case TPURT_BOOL: LOADLOOP(DT, uint8_t, (DT)(v != 0)); break;       \
-      case TPURT_U8: LOADLOOP(DT, uint8_t, (DT)v); break;                \
-      case TPURT_I8: LOADLOOP(DT, int8_t, (DT)v); break;                 \
-      case TPURT_I16: LOADLOOP(DT, int16_t, (DT)v); break;               \
-      case TPURT_I32: LOADLOOP(DT, int32_t, (DT)v); break;               \
-      case TPURT_I64: LOADLOOP(DT, int64_t, (DT)v); break;               \
-      case TPURT_U16: LOADLOOP(DT, uint16_t, (DT)v); break;              \
-      case TPURT_U32: LOADLOOP(DT, uint32_t, (DT)v); break;              \
-      case TPURT_U64: LOADLOOP(DT, uint64_t, (DT)v); break;              \
-      case TPURT_F16: LOADLOOP(DT, uint16_t, (DT)tpurt__f16_to_f32(v)); break; \
-      case TPURT_BF16: LOADLOOP(DT, uint16_t, (DT)tpurt__bf16_to_f32(v)); break; \
-      case TPURT_F32: LOADLOOP(DT, float, (DT)v); break;                 \
-      case TPURT_F64: LOADLOOP(DT, double, (DT)v); break;                \
-      case TPURT_C64: LOADLOOP(DT, c64_t, CONVF(v)); break;              \
-      case TPURT_C128: LOADLOOP(DT, c128_t, CONVF(v)); break;            \
-      default: break;                                                    \
-    }                                                                    \
-  }
-LOAD_CPLX(c64_t, CONV_C64)
-LOAD_CPLX(c128_t, CONV_C128)
+LOAD_FN(float, EW_LOAD_REAL, CONV_F32)
+LOAD_FN(double, EW_LOAD_REAL, CONV_F64)
+LOAD_FN(int64_t, EW_LOAD_REAL, CONV_I64)
+LOAD_FN(c64_t, EW_LOAD_CPLX, CONV_C64)
+LOAD_FN(c128_t, EW_LOAD_CPLX, CONV_C128)
 
 #define EW_PUT(TYPE, j) (*(TYPE *)(off ? base + off[j] : base + (int64_t)(j) * st * (int64_t)sizeof(TYPE)))
 #define STORELOOP(DST, EXPR)                                                     \
@@ -745,57 +296,20 @@ LOAD_CPLX(c128_t, CONV_C128)
     }                                                                            \
   } while (0)
 
-/* float -> integer as the copy kernel does it (truncation, NaN -> 0, wrap) */
-#define F2I(v) tpurt__f2i64((double)(v))
-#define STORE_REAL(ST, TOI)                                                  \
-  static void store_##ST(const ST *restrict s, tpurt_dtype dt, char *base, int64_t st, const int64_t *off, int n) { \
-    switch (dt) {                                                            \
-      case TPURT_BOOL: STORELOOP(uint8_t, v != 0); break;                    \
-      case TPURT_U8: STORELOOP(uint8_t, (uint8_t)TOI(v)); break;             \
-      case TPURT_I8: STORELOOP(int8_t, (int8_t)(uint8_t)TOI(v)); break;      \
-      case TPURT_I16: STORELOOP(int16_t, (int16_t)(uint16_t)TOI(v)); break;  \
-      case TPURT_I32: STORELOOP(int32_t, (int32_t)(uint32_t)TOI(v)); break;  \
-      case TPURT_I64: STORELOOP(int64_t, TOI(v)); break;                     \
-      case TPURT_U16: STORELOOP(uint16_t, (uint16_t)TOI(v)); break;          \
-      case TPURT_U32: STORELOOP(uint32_t, (uint32_t)TOI(v)); break;          \
-      case TPURT_U64: STORELOOP(uint64_t, (uint64_t)TOI(v)); break;          \
-      case TPURT_F16: STORELOOP(uint16_t, tpurt__f32_to_f16((float)v)); break; \
-      case TPURT_BF16: STORELOOP(uint16_t, tpurt__f32_to_bf16((float)v)); break; \
-      case TPURT_F32: STORELOOP(float, v); break;                            \
-      case TPURT_F64: STORELOOP(double, v); break;                           \
-      case TPURT_C64: STORELOOP(c64_t, (float)v); break;                     \
-      case TPURT_C128: STORELOOP(c128_t, (double)v); break;                  \
-      default: break;                                                        \
-    }                                                                        \
+#define STORE_CASE(CT, D, DST, EXPR) \
+  case D: STORELOOP(DST, EXPR); break;
+#define STORE_FN(CT, TABLE, CONV)                                                                                 \
+  static void store_##CT(const CT *restrict s, tpurt_dtype dt, char *base, int64_t st, const int64_t *off, int n) { \
+    switch (dt) {                                                                                                 \
+      TABLE(STORE_CASE, CT, CONV)                                                                                 \
+      default: break;                                                                                             \
+    }                                                                                                             \
   }
-#define ID_I(v) (v)
-STORE_REAL(float, F2I)
-STORE_REAL(double, F2I)
-STORE_REAL(int64_t, ID_I)
-
-#define STORE_CPLX(ST, RE, RT)                                               \
-  static void store_##ST(const ST *restrict s, tpurt_dtype dt, char *base, int64_t st, const int64_t *off, int n) { \
-    switch (dt) {                                                            \
-      case TPURT_BOOL: STORELOOP(uint8_t, v != 0); break;                    \
-      case TPURT_U8: STORELOOP(uint8_t, (uint8_t)F2I(RE(v))); break;         \
-      case TPURT_I8: STORELOOP(int8_t, (int8_t)(uint8_t)F2I(RE(v))); break;  \
-      case TPURT_I16: STORELOOP(int16_t, (int16_t)(uint16_t)F2I(RE(v))); break; \
-      case TPURT_I32: STORELOOP(int32_t, (int32_t)(uint32_t)F2I(RE(v))); break; \
-      case TPURT_I64: STORELOOP(int64_t, F2I(RE(v))); break;                 \
-      case TPURT_U16: STORELOOP(uint16_t, (uint16_t)F2I(RE(v))); break;      \
-      case TPURT_U32: STORELOOP(uint32_t, (uint32_t)F2I(RE(v))); break;      \
-      case TPURT_U64: STORELOOP(uint64_t, (uint64_t)F2I(RE(v))); break;      \
-      case TPURT_F16: STORELOOP(uint16_t, tpurt__f32_to_f16((float)RE(v))); break; \
-      case TPURT_BF16: STORELOOP(uint16_t, tpurt__f32_to_bf16((float)RE(v))); break; \
-      case TPURT_F32: STORELOOP(float, (float)RE(v)); break;                 \
-      case TPURT_F64: STORELOOP(double, (double)RE(v)); break;               \
-      case TPURT_C64: STORELOOP(c64_t, v); break;                            \
-      case TPURT_C128: STORELOOP(c128_t, v); break;                          \
-      default: break;                                                        \
-    }                                                                        \
-  }
-STORE_CPLX(c64_t, crealf, float)
-STORE_CPLX(c128_t, creal, double)
+STORE_FN(float, EW_STORE_REAL, F2I)
+STORE_FN(double, EW_STORE_REAL, F2I)
+STORE_FN(int64_t, EW_STORE_REAL, ID_I)
+STORE_FN(c64_t, EW_STORE_CPLX, crealf)
+STORE_FN(c128_t, EW_STORE_CPLX, creal)
 
 /* ------------------------------------------------------ launch arguments */
 
@@ -818,6 +332,7 @@ typedef struct {
   int64_t inner, rows, bpr;  /* row mode: inner size, rows, blocks per row */
   int64_t kpb;               /* row mode, short rows: whole rows per block (1: blocks within a row) */
   int64_t est[EW_MAX_OPS];   /* innermost stride of each operand, in elements */
+  tpurt__cg_fn cg;           /* the launch's generated kernel (graph/codegen.c), or NULL: interpret */
   _Atomic int err;
 } ew_ctx;
 
@@ -828,6 +343,20 @@ static size_t csize(tpurt_dtype c) { return tpurt_dtype_size(c); }
 static void uniform_block(float *d, const double *p, int64_t lin0, int n) {
   uint64_t key = (uint64_t)p[0] | (uint64_t)p[1] << 32, off = (uint64_t)p[2] | (uint64_t)p[3] << 32;
   tpurt__philox_uniform(key, off, lin0, n, d);
+}
+
+static void cg_uniform(const double *p, int64_t lin0, int n, float *out) { uniform_block(out, p, lin0, n); }
+
+/* Elements [lo, hi) of the launch (row-major) by its generated kernel:
+ * the same elements a chunk of the interpreter computes, with the same
+ * bits. 0 (error noted in x->err) on an integer division by zero. */
+static int cg_run(ew_ctx *x, int64_t lo, int64_t hi) {
+  tpurt__cg_args a = {x->h->ndim, x->sizes, x->base, (const int64_t(*)[TPURT_MAX_DIMS])x->bstr, x->inst, cg_uniform, 0};
+  if (lo < hi && x->cg(&a, lo, hi)) {
+    atomic_store(&x->err, 1);
+    return 0;
+  }
+  return 1;
 }
 
 /* [p, p + n) and [q, q + m) share a byte (q NULL: no) */
@@ -1072,6 +601,13 @@ static int row_block(ew_ctx *x, int64_t row, int64_t col, int64_t n, char *scrat
 /* row mode: unit = a block inside one row of the innermost dimension */
 static void rows_chunk(void *c, int64_t b, int64_t e) {
   ew_ctx *x = c;
+  if (x->cg) { /* units b..e cover consecutive elements: whole rows, or blocks of rows */
+    if (x->kpb > 1)
+      cg_run(x, b * x->kpb * x->inner, (e * x->kpb < x->rows ? e * x->kpb : x->rows) * x->inner);
+    else
+      cg_run(x, b / x->bpr * x->inner + b % x->bpr * EW_BLK, e / x->bpr * x->inner + e % x->bpr * EW_BLK);
+    return;
+  }
   char *scratch = scratch_of(x->h);
   if (!scratch) {
     atomic_store(&x->err, 2);
@@ -1093,6 +629,10 @@ static void rows_chunk(void *c, int64_t b, int64_t e) {
 static void gather_chunk(void *c, int64_t b, int64_t e) {
   ew_ctx *x = c;
   const ew_hdr *h = x->h;
+  if (x->cg) {
+    cg_run(x, b * EW_BLK, e * EW_BLK < h->numel ? e * EW_BLK : h->numel);
+    return;
+  }
   int nops = h->nops, nd = h->ndim;
   char *scratch = scratch_of(h);
   if (!scratch) {
@@ -1178,6 +718,9 @@ static void ew_ctx_init(ew_ctx *x, const void *args, int skip) {
     x->kpb = h->ndim > 1 && x->inner <= EW_BLK / 2 ? EW_BLK / x->inner : 1;
     if (x->kpb > EW_KPB_MAX) x->kpb = EW_KPB_MAX;
   }
+  tpurt__cg_launch l = {h->compute, h->nout, h->nin, h->ninst, h->ndim, h->dt, h->out_reg, x->inst, sizes,
+                        (const int64_t(*)[TPURT_MAX_DIMS])x->bstr, x->base};
+  x->cg = tpurt__codegen_find(&l);
 }
 
 static tpurt_status ew_status(const ew_ctx *x, char *err, size_t errlen) {
@@ -1279,6 +822,10 @@ void tpurt__ew_into_whole(tpurt__ew_epi *e, void *dst) {
 
 void tpurt__ew_epi_range(tpurt__ew_epi *e, int64_t lo, int64_t hi) {
   ew_ctx *x = &e->x;
+  if (x->cg) {
+    if (!atomic_load_explicit(&x->err, memory_order_relaxed)) cg_run(x, lo, hi);
+    return;
+  }
   char *scratch = scratch_of(x->h);
   if (!scratch) {
     atomic_store(&x->err, 2);

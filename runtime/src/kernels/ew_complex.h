@@ -5,7 +5,7 @@
  * comparisons, predicates) are stored with a zero imaginary part.
  */
 
-static void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict a, const EW_T *restrict b,
+static EW_FN_ATTR void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict a, const EW_T *restrict b,
                   const EW_T *restrict c, int n) {
   typedef EW_T T;
   typedef EW_R R;

@@ -12,7 +12,7 @@
  * d never aliases a source (the interpreter writes into a spare buffer).
  */
 
-static void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict a, const EW_T *restrict b,
+static EW_FN_ATTR void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict a, const EW_T *restrict b,
                   const EW_T *restrict c, int n) {
   typedef EW_T T;
   const T p0 = (T)I->p[0], p1 = (T)I->p[1], p2 = (T)I->p[2];
