@@ -67,10 +67,10 @@
  * strict launch of a multi-instruction program (dropout, the norm
  * kernels' elementwise parts) is compiled like a fused one.
  *
- * Compiler: $CC, else cc, found once; -march= the x86-64 ISA level this
- * CPU has (detected here at run time, never the build host's), so a kernel
- * built on one host is valid on any host of the same level (the kernel
- * cache's key holds it). Kernels compile in a private temporary directory
+ * Compiler: $CC, else cc, found once; -march= the x86-64 ISA level of the
+ * runtime's kernels (cpu.c's level at run time, TORCH_TPU_ISA's cap
+ * included; never the build host's), so a kernel built on one host is
+ * valid on any host of the same level (the kernel cache's key holds it). Kernels compile in a private temporary directory
  * (mkdtemp); cache_lookup / cache_store are the one place the persistent
  * kernel cache (graph/kcache.c) plugs in.
  */
@@ -629,18 +629,20 @@ static void read_head(const char *path, char *buf, size_t n, int lines) {
   while (o && (buf[o - 1] == '\n' || buf[o - 1] == ' ')) buf[--o] = 0;
 }
 
+/* The x86-64 ISA level of the kernels: the runtime's level in force
+ * (cpu.c: detected at run time, capped by TORCH_TPU_ISA) as the compiler's
+ * -march level, with the features that level needs checked as well. */
 static const char *isa_level(void) {
 #if defined(__x86_64__)
+  int lv = tpurt__isa_level();
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512cd") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") &&
-      __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2"))
-    return "x86-64-v4";
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi") &&
-      __builtin_cpu_supports("bmi2"))
-    return "x86-64-v3";
-  if (__builtin_cpu_supports("sse4.2") && __builtin_cpu_supports("popcnt") && __builtin_cpu_supports("ssse3"))
-    return "x86-64-v2";
+  int v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi") &&
+           __builtin_cpu_supports("bmi2");
+  int v4 = v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vl");
+  if (lv >= TPURT__ISA_AVX512 && v4) return "x86-64-v4";
+  if (lv >= TPURT__ISA_AVX2 && v3) return "x86-64-v3";
   return "x86-64";
 #else
   return "";
