@@ -37,7 +37,13 @@
  * in the same process. The kernels run on the same worker threads as the
  * interpreter, so the FP environment (FTZ/DAZ) is theirs. Baked constants
  * are values the interpreter computes with exactly (1 * y == y), or branch
- * selectors.
+ * selectors. Each instruction's value passes a fold barrier (CG_BARRIER),
+ * so no expression is folded into the next one's, as none can across the
+ * interpreter's passes. The one freedom left is the compiler's in both
+ * tiers: the sign of a NaN an op returns where it meets two NaNs (which
+ * operand of a commutative instruction comes first) or where a negation
+ * inside an op meets one — chosen per loop, it differs between the
+ * interpreter's own vector and scalar loops the same way.
  *
  * What is declined (the interpreter runs it, counted as not generated):
  * an output overlapping another operand other than exactly (same address,
