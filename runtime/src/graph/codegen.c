@@ -93,6 +93,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../kernels/fused.h"
 #include "codegen.h"
 
 extern char **environ;
