@@ -565,7 +565,9 @@ static double now_s(void) {
 
 enum { W_NOCC = 1, W_COMPILE = 2, W_DLOPEN = 4, W_TMP = 8 };
 static void warn_once(unsigned kind, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static _Atomic int g_exiting; /* the process exits: a compile under way loses its files, silently */
 static void warn_once(unsigned kind, const char *fmt, ...) {
+  if (atomic_load(&g_exiting)) return;
   pthread_mutex_lock(&g_cc_mu);
   int first = !(g_warned & kind);
   g_warned |= kind;
@@ -668,6 +670,7 @@ static pid_t g_tmp_pid;
 /* at exit: files of a compile still under way, then the directory (only
  * the process that made it: a forked child shares the path) */
 static void cleanup_tmpdir(void) {
+  atomic_store(&g_exiting, 1);
   if (!g_tmpdir[0] || getpid() != g_tmp_pid || keep_files()) return;
   DIR *d = opendir(g_tmpdir);
   if (d) {
