@@ -76,9 +76,12 @@
  * Compiler: $CC, else cc, found once; -march= the x86-64 ISA level of the
  * runtime's kernels (cpu.c's level at run time, TORCH_TPU_ISA's cap
  * included; never the build host's), so a kernel built on one host is
- * valid on any host of the same level (the kernel cache's key holds it). Kernels compile in a private temporary directory
- * (mkdtemp); cache_lookup / cache_store are the one place the persistent
- * kernel cache (graph/kcache.c) plugs in.
+ * valid on any host of the same level (the kernel cache's key holds it).
+ * Kernels compile in a private temporary directory (mkdtemp); the
+ * persistent kernel cache (graph/kcache.c) is asked first and given every
+ * fresh object (cache_lookup / cache_store, the one place it plugs in):
+ * its key is the whole generated source (the embedded headers included),
+ * the compiler and its version, the flags and the ISA.
  */
 #include <dirent.h>
 #include <dlfcn.h>
@@ -95,6 +98,7 @@
 
 #include "../kernels/fused.h"
 #include "codegen.h"
+#include "kcache.h"
 
 extern char **environ;
 
@@ -746,19 +750,28 @@ typedef struct cg_key {
   const char *source, *compiler, *compiler_version, *flags, *isa;
 } cg_key;
 
-/* The one place the persistent kernel cache plugs in: a shared object for
- * the key (its path into so_path, 1) or a miss (0); and the file of a fresh
- * compile to store under the key. No cache yet: always a miss. */
+/* The one place the persistent kernel cache (kcache.c) plugs in: a shared
+ * object for the key (its path into so_path, 1) or a miss (0); and the
+ * file of a fresh compile, stored under the key. A hit's descriptor stays
+ * open for the life of the process (the library stays loaded: kcache.h). */
 static int cache_lookup(const cg_key *key, char *so_path, size_t n) {
-  (void)key;
-  (void)so_path;
-  (void)n;
-  return 0;
+  tpurt__kkey k = {key->source, key->compiler, key->compiler_version, key->flags, key->isa};
+  tpurt__kcache_so so;
+  if (tpurt__kcache_lookup(&k, &so) != TPURT__KCACHE_HIT) return 0;
+  snprintf(so_path, n, "%s", so.path);
+  return 1;
 }
 static void cache_store(const cg_key *key, const char *so_path, double seconds) {
-  (void)key;
-  (void)so_path;
-  (void)seconds;
+  FILE *f = fopen(so_path, "rb");
+  if (!f) return;
+  char *buf = NULL;
+  long len = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+  if (len > 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)len)) && fread(buf, 1, (size_t)len, f) == (size_t)len) {
+    tpurt__kkey k = {key->source, key->compiler, key->compiler_version, key->flags, key->isa};
+    tpurt__kcache_store(&k, buf, (size_t)len, seconds); /* a failure is the cache's to report; the kernel is loaded */
+  }
+  free(buf);
+  fclose(f);
 }
 
 /* ------------------------------------------------------------ compile */
