@@ -130,8 +130,32 @@ static void xfer_rows(void *c, int64_t r0, int64_t r1) {
   }
 }
 
+/* A dense view of 16-bit floats: elements [b, e) converted as one flat
+ * run (vectorized; the row walk above costs index arithmetic a row). */
+static void xfer_flat16(void *c, int64_t b, int64_t e) {
+  xfer_ctx *x = c;
+  uint16_t *h = (uint16_t *)hv(x->v->ptr);
+  float *d = x->dst;
+  int bf = x->v->dtype == TPURT_BF16;
+  if (!x->store) {
+    if (bf)
+      for (int64_t i = b; i < e; i++) d[i] = tpurt__bf16_to_f32(h[i]);
+    else
+      for (int64_t i = b; i < e; i++) d[i] = tpurt__f16_to_f32(h[i]);
+  } else {
+    if (bf)
+      for (int64_t i = b; i < e; i++) h[i] = tpurt__f32_to_bf16(d[i]);
+    else
+      for (int64_t i = b; i < e; i++) h[i] = tpurt__f32_to_f16(d[i]);
+  }
+}
+
 static void xfer(const tpurt_view *v, void *buf, int f64, int store) {
   xfer_ctx x = {v, buf, f64, store, 0};
+  if (!f64 && (v->dtype == TPURT_BF16 || v->dtype == TPURT_F16) && is_contig4(v)) {
+    tpurt_parallel_for(numel4(v), 1 << 15, xfer_flat16, &x);
+    return;
+  }
   int64_t rows = v->sizes[0] * v->sizes[1] * v->sizes[2] * v->sizes[3];
   int64_t W = v->sizes[4] ? v->sizes[4] : 1;
   tpurt_parallel_for(rows, (1 << 14) / W + 1, xfer_rows, &x);
