@@ -659,17 +659,16 @@ AMX_TARGET static void amx_block(int64_t ks, const uint16_t *a, int64_t lda, con
 #undef AMX_TARGET
 #endif
 
-/* Task t of a panel on the tile unit: row block t / np, column part t % np
- * (as panel_tasks); each 32-row block of A packed once into the thread's
- * buffer and run against the part's sliver pairs. Blocks at the edges of C
- * go through a 32 x 32 temporary. */
+/* Task t of a panel on the tile unit: row block t / np (AMX_MB rows),
+ * column part t % np (as panel_tasks); each 32-row block of the chunk's
+ * packed A (run_amx) against the part's sliver pairs, in the thread's C
+ * strip. */
 static void amx_tasks(void *p, int64_t b, int64_t e) {
 #if defined(__x86_64__)
   const bpanel *j = p;
   const bprod *x = j->x;
   int64_t kc = j->kc, kp = kc / 2;
   int load_c = j->k0 > 0 || j->beta != 0.0f;
-  _Alignas(64) float t[AMX_MR * AMX_MR];
   _Alignas(64) float strip[AMX_MR * AMX_STRIP_LD]; /* 137 KiB: the stacks of pool and stream threads hold it */
   amx_config();
   for (int64_t task = b; task < e; task++) {
@@ -683,8 +682,10 @@ static void amx_tasks(void *p, int64_t b, int64_t e) {
       /* the part's 32 x w block of C accumulates in the strip (rows one
        * cache line more than the block apart: tiles of a C whose rows are
        * 2^n bytes apart evict each other in the L1); C is read (load_c)
-       * and written once a chunk */
-      float *c = x->c + (i0 + r) * x->ldc + j->j0 + s0 * BNR, *cs = strip;
+       * and written once a chunk. A block of fewer than 32 rows runs whole
+       * in the strip too: its rows past m (A's zero rows) are never
+       * copied out. */
+      float *c = x->c + (i0 + r) * x->ldc + j->j0 + s0 * BNR;
       int64_t ldcs = (w + 2 * BNR - 1) / (2 * BNR) * (2 * BNR) + 16; /* whole pairs, and a cache line */
       if (load_c)
         for (int64_t i = 0; i < m; i++) memcpy(strip + i * ldcs, c + i * x->ldc, (size_t)w * 4);
@@ -695,18 +696,8 @@ static void amx_tasks(void *p, int64_t b, int64_t e) {
         int lc = load_c || q0 > 0;
         const uint16_t *ab = j->ap + (i0 + r) * j->lda + q0;
         for (int64_t s = s0; s < s1; s += 2) {
-          int64_t c0 = (s - s0) * BNR, n = j->nc - s * BNR < 2 * BNR ? j->nc - s * BNR : 2 * BNR;
           const uint32_t *b0 = j->bp + s * kp * BNR + q0 / 2 * BNR, *b1 = s + 1 < j->nsl ? b0 + kp * BNR : b0;
-          if (m == AMX_MR) {
-            amx_block(qs, ab, lda, b0, b1, cs + c0, ldcs * 4, lc);
-            continue;
-          }
-          if (lc) {
-            memset(t, 0, sizeof t);
-            for (int64_t i = 0; i < m; i++) memcpy(t + i * AMX_MR, cs + i * ldcs + c0, (size_t)n * 4);
-          }
-          amx_block(qs, ab, lda, b0, b1, t, AMX_MR * 4, lc);
-          for (int64_t i = 0; i < m; i++) memcpy(cs + i * ldcs + c0, t + i * AMX_MR, (size_t)n * 4);
+          amx_block(qs, ab, lda, b0, b1, strip + (s - s0) * BNR, ldcs * 4, lc);
         }
       }
       if (j->out && j->k0 + kc >= x->K2)
