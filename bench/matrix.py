@@ -50,7 +50,8 @@ from bench import common
 WORKLOADS = ("mingpt", "llama", "resnet", "dlrm", "unet")
 OPTIONAL = ("qwen",)
 INFERENCE = ("llama", "resnet")
-CONFIGS = ("cpu eager", "cpu inductor", "tpu strict", "tpu defer", "cpu eager bf16", "tpu strict bf16")
+CONFIGS = ("cpu eager", "cpu inductor", "tpu strict", "tpu defer", "tpu compiled", "cpu eager bf16", "tpu strict bf16")
+# "tpu compiled": torch.compile(model, backend="tpu"); the optimizer step eager (strict)
 # "... bf16": the same step under torch.autocast(device, torch.bfloat16) (weights
 # f32, products and activations bf16), compared with CPU eager under autocast.
 TOKEN_MODELS = ("mingpt", "llama", "qwen")
@@ -115,10 +116,12 @@ class Runner:
         self.config, self.train = config, train
         self.device = "cpu" if config.startswith("cpu") else "tpu"
         self.bf16 = config.endswith(" bf16")
-        self.mode = {"tpu strict": "strict", "tpu defer": "defer"}.get(config.removesuffix(" bf16"))
+        self.mode = {"tpu strict": "strict", "tpu defer": "defer", "tpu compiled": "strict"}.get(
+            config.removesuffix(" bf16"))
         self.model = copy.deepcopy(base).to(self.device)
         self.model.train(train)
-        self.fn = torch.compile(self.model, backend="inductor") if config == "cpu inductor" else self.model
+        backend = {"cpu inductor": "inductor", "tpu compiled": "tpu"}.get(config)
+        self.fn = torch.compile(self.model, backend=backend) if backend else self.model
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3) if train else None
         self.batches = [(_to(x if isinstance(x, (tuple, list)) else (x,), self.device), _to(y, self.device))
                         for x, y in batches]
@@ -276,6 +279,8 @@ def run_task(name: str, base, batches, loss_fn, train: bool, configs, repeats: i
         ref = "cpu eager bf16" if c.endswith(" bf16") else "cpu eager"
         v["speed_vs_cpu_eager"] = ok[ref]["step_s"] / v["step_s"] if ref in ok else None
         v["speed_vs_tpu_strict"] = ok["tpu strict"]["step_s"] / v["step_s"] if "tpu strict" in ok else None
+        if c == "tpu compiled" and "cpu inductor" in ok:
+            v["speed_vs_cpu_inductor"] = ok["cpu inductor"]["step_s"] / v["step_s"]
     del runners
     return res
 
@@ -359,6 +364,10 @@ def table(out: dict) -> str:
                     st = v.get("defer_stats", {})
                     compile_ = (f"{v['first_step_s']:.2f} s; graphs {st.get('graphs_built', '?')} / "
                                 f"hits {st.get('cache_hits', '?')}")
+                elif c == "tpu compiled":
+                    vs = v.get("speed_vs_cpu_inductor")
+                    compile_ = (f"{v['first_step_s']:.1f} s" +
+                                (f"; {vs:.2f}× cpu inductor's step" if vs is not None else ""))
                 else:
                     compile_ = f"first step {v['first_step_s']:.2f} s"
                 peak = "n/a" if v.get("peak_bytes") is None else f"{v['peak_bytes'] / 2**20:.1f}"

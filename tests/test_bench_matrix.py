@@ -14,7 +14,7 @@ import torch_tpu  # noqa: F401
 from bench import common, matrix, plot
 from examples.common import read_png_size
 
-CONFIGS = ("cpu eager", "tpu strict", "tpu defer")
+CONFIGS = ("cpu eager", "tpu strict", "tpu defer", "tpu compiled")
 
 
 @pytest.fixture(scope="module")

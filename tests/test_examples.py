@@ -28,8 +28,3 @@ def test_mingpt_trains_in_both_modes_and_matches_cpu(tmp_path):
     # the checkpoint loads and training continues from it
     rc, (resumed,) = mingpt.run(_args("--load", str(tmp_path / "ck.pt"), "--dropout", "0"))
     assert rc == 0 and resumed["loss_first"] < strict["loss_first"] - 0.5
-
-
-def test_mingpt_compiled_mode_says_not_available(capsys):
-    rc, _ = mingpt.run(_args("--mode", "compiled"))
-    assert rc == 2 and "not available yet" in capsys.readouterr().err

@@ -51,6 +51,14 @@ def _register() -> None:
     execution_mode._apply_environment()
     del _C
 
+    # torch.compile(backend="tpu"), Dynamo's device interface and plain
+    # torch.compile on tpu tensors, registered when Dynamo / Inductor load
+    from torch_tpu._internal.import_hooks import after_import
+
+    after_import("torch._dynamo", lambda _m: __import__("torch_tpu.compiler").compiler._install_dynamo())
+    after_import("torch._inductor.compile_fx",
+                 lambda m: __import__("torch_tpu.compiler").compiler._install_inductor(m))
+
 
 _register()
 _importing = False

@@ -102,13 +102,14 @@ def train(args: argparse.Namespace, data: SyntheticClickLog, mode: str) -> dict:
             raise SystemExit(f"--batch-size {args.batch_size} exceeds the {len(train_idx)} training samples")
         order: list[torch.Tensor] = []
 
+        fwd = run.compile(model)
         def step(i: int) -> torch.Tensor:
             if i % per_epoch == 0:
                 order[:] = [train_idx[torch.randperm(len(train_idx), generator=g)]]
             j = i % per_epoch
             (x, ix, off), y = data.batch(order[0][j * args.batch_size:(j + 1) * args.batch_size])
             x, ix, off, y = x.to(dev), ix.to(dev), off.to(dev), y.to(dev)
-            return run.update(opt, lambda: model(x, ix, off), lambda logits: F.binary_cross_entropy_with_logits(logits, y))
+            return run.update(opt, lambda: fwd(x, ix, off), lambda logits: F.binary_cross_entropy_with_logits(logits, y))
 
         model.train()
         run.train(step, units_per_step=args.batch_size, unit="samples")

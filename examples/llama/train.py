@@ -56,10 +56,11 @@ def train(args: argparse.Namespace, data: common.CharData, mode: str) -> dict:
             common.load_checkpoint(args.load, model, opt)
         g = torch.Generator().manual_seed(args.seed)
 
+        fwd = run.compile(model)
         def step(i: int) -> torch.Tensor:
             x, y = data.batch("train", args.batch_size, g)
             x, y = x.to(dev), y.to(dev)
-            return run.update(opt, lambda: model(x),
+            return run.update(opt, lambda: fwd(x),
                               lambda out: common.lm_loss(out, y))
 
         model.train()

@@ -85,10 +85,11 @@ def train(args: argparse.Namespace, data: common.CharData, mode: str, folder: st
             opt.load_state_dict(torch.load(os.path.join(args.load, "optimizer.pt"), map_location="cpu"))
         g = torch.Generator().manual_seed(args.seed)
 
+        fwd = run.compile(model)
         def step(i: int) -> torch.Tensor:
             x, _ = data.batch("train", args.batch_size, g)
             x = x.to(dev)
-            return run.update(opt, lambda: model(input_ids=x, labels=x, use_cache=False).loss, lambda loss: loss)
+            return run.update(opt, lambda: fwd(input_ids=x, labels=x, use_cache=False).loss, lambda loss: loss)
 
         model.train()
         run.train(step, units_per_step=args.batch_size * (args.block - 1), unit="tokens")

@@ -64,12 +64,13 @@ def train(args: argparse.Namespace, data: Digits, mode: str) -> dict:
             common.load_checkpoint(args.load, model, opt)
         batches = data.batches(args.batch_size, torch.Generator().manual_seed(args.seed))
 
+        fwd = run.compile(model)
         def step(i: int) -> torch.Tensor:
             for group in opt.param_groups:  # cosine decay to 0 over the run
                 group["lr"] = args.lr * 0.5 * (1 + math.cos(math.pi * i / args.steps))
             x, y = next(batches)
             x, y = x.to(dev), y.to(dev)
-            return run.update(opt, lambda: model(x), lambda logits: F.cross_entropy(logits, y))
+            return run.update(opt, lambda: fwd(x), lambda logits: F.cross_entropy(logits, y))
 
         model.train()
         run.train(step, units_per_step=args.batch_size, unit="images")

@@ -99,13 +99,14 @@ def train(args: argparse.Namespace, data: tuple[torch.Tensor, torch.Tensor], mod
             common.load_checkpoint(args.load, model, opt)
         diff = Diffusion(args.schedule, args.timesteps, dev)
         g = torch.Generator().manual_seed(args.seed)
+        fwd = run.compile(model)
 
         def step(i: int) -> torch.Tensor:
             b = args.batch_size
             idx = torch.randint(len(xtrain), (b,), generator=g)
             t = torch.randint(diff.T, (b,), generator=g)
             noise = torch.randn((b, 1, args.size, args.size), generator=g)
-            loss = diff.loss(model, xtrain[idx].to(dev), t.to(dev), noise.to(dev), run.autocast())
+            loss = diff.loss(fwd, xtrain[idx].to(dev), t.to(dev), noise.to(dev), run.autocast())
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

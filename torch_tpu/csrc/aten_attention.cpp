@@ -104,6 +104,22 @@ double scale_of(const at::Tensor& q, std::optional<double> scale) {
   return scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
 }
 
+// The forward's output takes the query's dimension order (as PyTorch's meta
+// function for this op computes it), so graphs traced on meta tensors see
+// the strides the kernel really produces: [B, L, H, D] storage under a
+// [B, H, L, D] view when the query was made by a transpose.
+at::Tensor empty_like_layout(const at::Tensor& q4, at::IntArrayRef sizes) {
+  if (q4.sizes() == sizes) return at::empty_like(q4, at::MemoryFormat::Preserve);
+  std::array<int64_t, 4> order{0, 1, 2, 3}, strides{};
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return q4.stride(a) > q4.stride(b); });
+  int64_t st = 1;
+  for (int i = 3; i >= 0; i--) {
+    strides[order[i]] = st;
+    st *= sizes[order[i]];
+  }
+  return at::empty_strided(sizes, strides, q4.options());
+}
+
 using FwdResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor,
                              at::Tensor, at::Tensor>;
 
@@ -117,7 +133,7 @@ FwdResult sdpa_forward(const at::Tensor& query, const at::Tensor& key, const at:
   c10::DeviceGuard guard(query.device());
   at::Tensor q = as4(query), k = as4(key), v = as4(value);
   int64_t B = q.size(0), H = q.size(1), L = q.size(2), S = k.size(2), Dv = v.size(3);
-  at::Tensor out4 = at::empty({B, H, L, Dv}, q.options());
+  at::Tensor out4 = empty_like_layout(q, {B, H, L, Dv});
   at::Tensor lse = at::empty({B, H, L}, q.options().dtype(at::kFloat));
   at::Tensor m;
   if (attn_bias.has_value() && attn_bias->defined()) m = mask4(*attn_bias, query, S);
@@ -167,9 +183,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
   TORCH_CHECK(lse.dim() == 3 && lse.size(0) == B && lse.size(1) == H && lse.size(2) == L &&
                   lse.scalar_type() == at::kFloat && lse.device() == query.device(),
               op, ": logsumexp must be the float32 [B, H, L] output of the forward");
-  at::Tensor dq = grad_input_mask[0] ? at::empty(query.sizes(), query.options()) : at::Tensor();
-  at::Tensor dk = grad_input_mask[1] ? at::empty(key.sizes(), key.options()) : at::Tensor();
-  at::Tensor dv = grad_input_mask[2] ? at::empty(value.sizes(), value.options()) : at::Tensor();
+  // gradients in their input's layout (empty_like), as the meta function has them
+  at::Tensor dq = grad_input_mask[0] ? at::empty_like(query, at::MemoryFormat::Preserve) : at::Tensor();
+  at::Tensor dk = grad_input_mask[1] ? at::empty_like(key, at::MemoryFormat::Preserve) : at::Tensor();
+  at::Tensor dv = grad_input_mask[2] ? at::empty_like(value, at::MemoryFormat::Preserve) : at::Tensor();
   at::Tensor m, dm;
   if (attn_bias.defined()) {
     m = mask4(attn_bias, query, S);

@@ -402,6 +402,24 @@ def reset_defer_stats() -> None:
     _C._reset_defer_stats()
 
 
+# ------------------------------------------------------------ torch.compile
+
+
+def compile_stats() -> dict[str, Any]:
+    """What ``torch.compile(backend="tpu")`` did in this process: graphs
+    lowered, compiled calls, graphs routed from plain ``torch.compile`` and
+    Dynamo's recompiles with their reasons (see ``torch_tpu.compiler``)."""
+    from torch_tpu import compiler
+
+    return compiler.compile_stats()
+
+
+def reset_compile_stats() -> None:
+    from torch_tpu import compiler
+
+    compiler.reset_compile_stats()
+
+
 # ------------------------------------------------------------ kernel cache
 
 

@@ -1,0 +1,292 @@
+"""torch.compile(backend="tpu") (torch_tpu/compiler.py): compiled results
+equal eager tpu (strict) and CPU results, forward, backward and optimizer
+step, in every process mode; graph breaks, in-place updates of buffers,
+views, RNG, autocast, no_grad; dynamic shapes keep the graph count bounded;
+plain torch.compile on tpu tensors is routed here; Dynamo's device interface
+is the device's; unsupported operators and bad shapes raise as in eager."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu
+from torch_tpu import compiler
+from tests.conftest import run_python
+
+MODES = ["strict", "defer", "debug"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    torch._dynamo.reset()
+    compiler.reset_compile_stats()
+    yield
+    torch._dynamo.reset()
+
+
+class Net(torch.nn.Module):
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(12, 24)
+        self.norm = torch.nn.LayerNorm(24)
+        self.drop = torch.nn.Dropout(dropout)
+        self.fc2 = torch.nn.Linear(24, 5)
+
+    def forward(self, x):
+        h = self.drop(F.gelu(self.norm(self.fc1(x))))
+        return self.fc2(h).log_softmax(-1)
+
+
+def _train(model, x, y, steps, compile_model):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    fn = torch.compile(model, backend="tpu") if compile_model else model
+    losses = []
+    for _ in range(steps):
+        loss = F.nll_loss(fn(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_training_equals_eager_tpu_and_cpu(mode):
+    torch.manual_seed(0)
+    base = Net()
+    x, y = torch.randn(16, 12), torch.randint(0, 5, (16,))
+    cpu_losses, cpu_state = _train(copy.deepcopy(base), x, y, 4, False)
+    with torch_tpu.execution_mode("strict"):
+        ref_losses, ref_state = _train(copy.deepcopy(base).to("tpu"), x.to("tpu"), y.to("tpu"), 4, False)
+    with torch_tpu.execution_mode(mode):
+        got_losses, got_state = _train(copy.deepcopy(base).to("tpu"), x.to("tpu"), y.to("tpu"), 4, True)
+    st = compiler.compile_stats()
+    assert st["forward_graphs"] == 1 and st["backward_graphs"] == 1 and st["calls"] == 8, st
+    assert got_losses == ref_losses  # the same kernels as eager tpu: bit-equal
+    for k in ref_state:
+        assert torch.equal(got_state[k], ref_state[k]), k
+    torch.testing.assert_close(torch.tensor(got_losses), torch.tensor(cpu_losses), rtol=1e-4, atol=1e-5)
+    for k in cpu_state:
+        torch.testing.assert_close(got_state[k], cpu_state[k], rtol=1e-3, atol=1e-4)
+
+
+def test_dropout_masks_equal_strict_for_the_same_seed():
+    base = Net(dropout=0.5).to("tpu")
+    x = torch.randn(64, 12, device="tpu")
+    torch.manual_seed(7)
+    ref = base(x)
+    ref.sum().backward()
+    ref_grad = base.fc1.weight.grad.clone()
+    base.zero_grad()
+    torch.manual_seed(7)
+    got = torch.compile(base, backend="tpu")(x)
+    got.sum().backward()
+    assert torch.equal(got.cpu(), ref.cpu())
+    assert torch.equal(base.fc1.weight.grad.cpu(), ref_grad.cpu())
+    assert (ref.cpu() != torch.compile(base, backend="tpu")(x).cpu()).any()  # the generator moved on
+
+
+def test_batchnorm_buffers_views_and_inplace_inputs():
+    torch.manual_seed(0)
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+    x = torch.randn(2, 3, 6, 6)
+
+    def f(m, inp, acc):
+        out = m(inp)
+        acc.add_(out.mean())  # in-place update of an input
+        v = out.transpose(1, 3)[:, 1:, ::2]  # views
+        return v.sum(dim=(1, 2)), out.flatten(1).view(2, -1, 2)
+
+    ref_m = copy.deepcopy(conv)
+    ref_acc = torch.zeros(())
+    ref = f(ref_m, x, ref_acc)
+    m = copy.deepcopy(conv).to("tpu")
+    acc = torch.zeros((), device="tpu")
+    cf = torch.compile(f, backend="tpu")
+    got = cf(m, x.to("tpu"), acc)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(acc.cpu(), ref_acc, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(m[1].running_mean.cpu(), ref_m[1].running_mean, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(m[1].running_var.cpu(), ref_m[1].running_var, rtol=1e-4, atol=1e-6)
+    assert int(m[1].num_batches_tracked) == 1
+
+
+def test_graph_breaks_item_and_data_dependent_control_flow():
+    def f(x):
+        y = x.sin() * 2
+        if y.sum().item() > 0:  # a graph break: .item() and Python control flow
+            y = y + 10
+        print("inside", end="")  # another break
+        return y.cos()
+
+    x = torch.randn(8)
+    for sign in (1.0, -1.0):
+        xs = x.abs() * sign
+        ref = f(xs)
+        got = torch.compile(f, backend="tpu")(xs.to("tpu"))
+        torch.testing.assert_close(got.cpu(), ref, rtol=1e-5, atol=1e-6)
+    assert compiler.compile_stats()["dynamo_graphs"] >= 2
+
+
+def test_autocast_no_grad_and_inference_mode():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(32, 16).to("tpu")
+    x = torch.randn(8, 32, device="tpu")
+
+    def f(inp):
+        with torch.autocast("tpu", torch.bfloat16):
+            return lin(inp).relu()
+
+    ref = f(x)
+    got = torch.compile(f, backend="tpu")(x)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got.cpu(), ref.cpu())
+    cl = torch.compile(lin, backend="tpu")
+    with torch.no_grad():
+        a = cl(x)
+    assert not a.requires_grad
+    with torch.inference_mode():
+        b = cl(x)
+    assert torch.equal(a.cpu(), lin(x).detach().cpu()) and torch.equal(b.cpu(), a.cpu())
+    assert compiler.compile_stats()["inference_graphs"] >= 1
+
+
+def test_compiled_optimizer_step_and_eager_optimizer_after_compiled_model():
+    torch.manual_seed(0)
+    base = Net()
+    x, y = torch.randn(16, 12), torch.randint(0, 5, (16,))
+    ref_losses, ref_state = _train(copy.deepcopy(base).to("tpu"), x.to("tpu"), y.to("tpu"), 3, False)
+    model = copy.deepcopy(base).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_model = copy.deepcopy(base).to("tpu")
+    ref_opt = torch.optim.SGD(ref_model.parameters(), lr=0.1, momentum=0.9)
+
+    @torch.compile(backend="tpu")
+    def opt_step():
+        opt.step()
+
+    xt, yt = x.to("tpu"), y.to("tpu")
+    for _ in range(3):
+        for m, o, step in ((model, opt, opt_step), (ref_model, ref_opt, ref_opt.step)):
+            o.zero_grad()
+            F.nll_loss(m(xt), yt).backward()
+            step()
+    for (k, a), b in zip(model.state_dict().items(), ref_model.state_dict().values()):
+        torch.testing.assert_close(a.cpu(), b.cpu(), rtol=1e-5, atol=1e-6, msg=k)
+    assert ref_losses  # the AdamW run of _train (eager optimizer after a compiled model) is in the first test
+
+
+def test_dynamic_shapes_bound_the_graph_count():
+    emb = torch.nn.Embedding(50, 16).to("tpu")
+    lin = torch.nn.Linear(16, 50).to("tpu")
+
+    def lm(tokens):
+        return F.cross_entropy(lin(emb(tokens)).flatten(0, 1), tokens.flatten())
+
+    f = torch.compile(lm, backend="tpu", dynamic=True)
+    g = torch.Generator().manual_seed(0)
+    for b, t in [(1, 1), (2, 3), (4, 17), (8, 64), (3, 200), (64, 5), (16, 512)]:
+        tok = torch.randint(0, 50, (b, t), generator=g)
+        ref = lm(tok.to("tpu"))
+        got = f(tok.to("tpu"))
+        got.backward()
+        torch.testing.assert_close(got.cpu(), ref.cpu(), rtol=1e-5, atol=1e-6)
+    st = compiler.compile_stats()
+    assert st["dynamo_graphs"] <= 2 and st["forward_graphs"] <= 2, st
+
+
+def test_mark_dynamic_and_recompile_reasons_are_reported():
+    def f(x):
+        return (x * 2).sum(0)
+
+    cf = torch.compile(f, backend="tpu")
+    x = torch.randn(4, 3, device="tpu")
+    torch._dynamo.mark_dynamic(x, 0)
+    cf(x)
+    cf(torch.randn(9, 3, device="tpu"))
+    assert compiler.compile_stats()["dynamo_graphs"] == 1
+    cf(torch.randn(9, 5, device="tpu"))  # a static dimension changed: a recompile
+    st = compiler.compile_stats()
+    assert st["dynamo_graphs"] == 2
+    reasons = [r for rs in st["recompiles"].values() for r in rs]
+    assert any("size" in r for r in reasons), st["recompiles"]
+    assert torch.tpu.compile_stats()["dynamo_graphs"] == 2
+
+
+def test_plain_torch_compile_on_tpu_is_routed_here():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 3).to("tpu")
+    x = torch.randn(5, 8, device="tpu")
+    out = torch.compile(lin)(x)
+    out.sum().backward()  # Inductor's Pallas code generator would fail here (no jax)
+    torch.testing.assert_close(out.detach().cpu(), (x @ lin.weight.t() + lin.bias).detach().cpu())
+    assert lin.weight.grad is not None
+    assert compiler.compile_stats()["routed_from_inductor"] == 1
+    cpu_lin = torch.nn.Linear(8, 3)
+    torch.compile(cpu_lin)(torch.randn(2, 8))  # CPU graphs still go to Inductor
+    assert compiler.compile_stats()["routed_from_inductor"] == 1
+
+
+def test_dynamo_device_interface_is_the_devices():
+    from torch._dynamo.device_interface import get_interface_for_device
+
+    di = get_interface_for_device("tpu")
+    assert di.device_count() == torch.tpu.device_count() and di.is_available()
+    assert di.current_device() == torch.tpu.current_device()
+    s = di.current_stream()
+    assert s.device.type == "tpu"
+    e = di.Event()
+    e.record()
+    di.synchronize()
+    assert e.query()
+    assert di.get_raw_stream(0) == torch.tpu.current_stream(0).stream_id
+    assert get_interface_for_device("tpu:0") is di
+
+
+def test_modes_and_options():
+    f = torch.compile(lambda x: x + 1, backend="tpu", mode="max-autotune")
+    assert torch.equal(f(torch.ones(2, device="tpu")).cpu(), torch.full((2,), 2.0))
+    g = torch.compile(lambda x: x + 1, backend="tpu", options={"triton.cudagraphs": True})
+    with pytest.raises(Exception, match="takes no options"):
+        g(torch.ones(2, device="tpu"))
+
+
+def test_unsupported_operator_names_op_and_line_and_device_stays_usable():
+    def f(r):
+        return torch.poisson(r * 2) + 1  # aten::poisson has no tpu kernel
+
+    x = torch.rand(4, device="tpu")
+    with pytest.raises(NotImplementedError, match="aten::poisson' is not implemented for TPU") as eager:
+        f(x)
+    with pytest.raises(NotImplementedError, match="aten::poisson' is not implemented for TPU") as comp:
+        torch.compile(f, backend="tpu")(x)
+    assert "test_compile.py" in str(comp.value) and "torch.compile" in str(comp.value)
+    assert type(comp.value) is type(eager.value)
+    assert torch.equal((x + 1).cpu(), x.cpu() + 1)
+
+
+def test_shape_error_raises_the_eager_class():
+    def f(a, b):
+        return a @ b
+
+    a, b = torch.randn(3, 4, device="tpu"), torch.randn(5, 6, device="tpu")
+    with pytest.raises(RuntimeError) as eager:
+        f(a, b)
+    with pytest.raises(RuntimeError):
+        torch.compile(f, backend="tpu")(a, b)
+    assert "cannot be multiplied" in str(eager.value)
+    assert torch.equal((a + 1).cpu(), a.cpu() + 1)
+
+
+def test_backend_found_in_a_fresh_process_without_importing_torch_tpu():
+    r = run_python("import torch\n"
+                   "f = torch.compile(lambda x: x.sin() * 2, backend='tpu')\n"
+                   "x = torch.randn(4, device='tpu')\n"
+                   "assert torch.equal(f(x).cpu(), (x.sin() * 2).cpu())\n"
+                   "print(torch.tpu.compile_stats()['forward_graphs'] + torch.tpu.compile_stats()['inference_graphs'])")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "1"

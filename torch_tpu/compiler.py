@@ -1,0 +1,347 @@
+"""``torch.compile(model, backend="tpu")``: Dynamo + AOTAutograd graphs run
+by the runtime's graph engine.
+
+How a compiled call runs
+------------------------
+Dynamo captures the Python function as an FX graph; AOTAutograd turns it
+into a forward and a backward graph of ATen operators (functionalized: in-
+place updates of inputs and buffers become outputs that AOTAutograd's
+wrapper copies back), partitioned with the min-cut partitioner, which
+recomputes cheap activations in the backward instead of saving them. Each
+graph is checked once, when it is lowered: every operator must have a
+``tpu`` kernel (the error names the operator and the user's source line, as
+eager raises it, when the graph is called). A call runs the graph's ATen
+operators straight into the DeferAndFuse recorder (``torch_tpu.execution_mode``
+"defer"): the runtime fuses them, plans their memory and runs the generated
+kernels of its cached plan, the same engine and plans as the eager
+DeferAndFuse mode. Outside any compiled region the process keeps its own
+mode; a compiled call made in strict mode cuts its graph when it returns (one
+plan per graph, reused every step); in defer mode it records into the
+program's graph without a cut; in debug mode (``TPU_LAUNCH_BLOCKING=1``) it
+keeps waiting for every kernel, so an error still names its operator.
+
+Decompositions: none beyond what AOTAutograd always applies (the ops
+PyTorch marks CompositeImplicitAutograd). The device has kernels for the
+composite operators eager uses (layer norm, softmax, convolution, attention
+and their backwards), so a compiled graph computes with exactly the kernels
+of eager mode and its results equal strict mode's, dropout masks included
+(the dropout ops draw from the device generator in the same order).
+
+Dynamic shapes: ``dynamic=True`` / ``torch._dynamo.mark_dynamic`` give one
+graph with symbolic sizes for all sizes of a dimension; its operators take
+the sizes of each call, and the runtime keeps one cached plan per distinct
+shape (``plans`` in ``compile_stats()``).
+
+Plain ``torch.compile(model)`` (Inductor) on ``tpu`` tensors: Inductor's own
+code generator for a device named "tpu" is its Pallas/JAX one. Graphs whose
+inputs live on ``tpu`` are handed to this backend instead (counted as
+``routed_from_inductor``); graphs on other devices go to Inductor unchanged.
+
+``compile_stats()`` counts graphs lowered, calls and Dynamo's recompiles
+with their reasons; ``TORCH_LOGS=recompiles`` prints them as they happen.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.fx.graph import _BoxedCodeGen
+
+from torch_tpu import _C
+
+__all__ = ["tpu_backend", "compile_stats", "reset_compile_stats"]
+
+_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_DEFER = 2
+_BLOCKING = 1
+
+_lock = threading.Lock()
+_stats: dict[str, Any] = {}
+
+
+def reset_compile_stats() -> None:
+    """Zeroes the counters of ``compile_stats()``."""
+    with _lock:
+        _stats.clear()
+        _stats.update(dynamo_graphs=0, forward_graphs=0, backward_graphs=0, inference_graphs=0, nodes_lowered=0,
+                      lowering_seconds=0.0, calls=0, routed_from_inductor=0, unsupported_graphs=0)
+
+
+reset_compile_stats()
+
+
+def compile_stats() -> dict[str, Any]:
+    """What ``torch.compile(backend="tpu")`` did in this process: Dynamo
+    graphs handed to the backend (``dynamo_graphs``), the ATen graphs lowered
+    (``forward_graphs``, ``backward_graphs``, ``inference_graphs``,
+    ``nodes_lowered``, ``lowering_seconds``), compiled calls run
+    (``calls``), graphs of plain ``torch.compile`` routed here from Inductor
+    (``routed_from_inductor``), graphs holding an operator without a kernel
+    (``unsupported_graphs``), and ``recompiles``: Dynamo's recompilations of
+    each function with the guard that failed (``{"fn (file:line)": [reason,
+    ...]}``)."""
+    with _lock:
+        out = dict(_stats)
+    out["recompiles"] = _recompile_reasons()
+    return out
+
+
+def _count(key: str, n: float = 1) -> None:
+    with _lock:
+        _stats[key] += n
+
+
+def _recompile_reasons() -> dict[str, list[str]]:
+    try:
+        from torch._dynamo.utils import guard_failures
+    except ImportError:  # pragma: no cover - torch without Dynamo
+        return {}
+    out = {}
+    for code, reasons in guard_failures.items():
+        if reasons:
+            out[f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"] = [str(r) for r in reasons]
+    return out
+
+
+# ------------------------------------------------------------- lowering
+
+
+def _has_kernel(op: torch._ops.OpOverload) -> bool:
+    """Whether eager dispatch of op on tpu reaches a kernel (the device's own,
+    or a composite that runs through other operators)."""
+    name = op.name()
+    for key in ("PrivateUse1", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional",
+                "CompositeImplicitAutograd"):
+        if torch._C._dispatch_has_kernel_for_dispatch_key(name, key):
+            return True
+    return False
+
+
+def _user_line(node: torch.fx.Node) -> str:
+    """The innermost user frame of the node's stack trace ("file.py:12 in f")."""
+    trace = node.meta.get("stack_trace") or ""
+    lines = [ln.strip() for ln in trace.splitlines() if ln.strip().startswith("File ")]
+    if not lines:
+        return "an unknown line"
+    # 'File "x.py", line 12, in f' -> x.py:12 in f
+    last = lines[-1]
+    try:
+        path = last.split('"')[1]
+        rest = last.split('"', 2)[2]
+        lineno = rest.split("line", 1)[1].split(",")[0].strip()
+        fn = rest.split(" in ", 1)[1].strip() if " in " in rest else ""
+        return f"{path}:{lineno}" + (f" in {fn}" if fn else "")
+    except IndexError:
+        return last
+
+
+def _unsupported(gm: torch.fx.GraphModule) -> tuple[str, str] | None:
+    """(operator, user line) of the first node without a tpu kernel."""
+    if _C._cpu_fallback_enabled():
+        return None  # eager would run it on the CPU (counted and warned there); so does the graph
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            if node.target.namespace in ("aten", "prims") and not _has_kernel(node.target):
+                return node.target.name(), _user_line(node)
+    return None
+
+
+class _Compiled:
+    """One lowered ATen graph: calling it runs the graph's operators into the
+    runtime's DeferAndFuse recorder (see the module's docstring)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, kind: str) -> None:
+        self.gm = gm
+        self.kind = kind
+        # AOTAutograd passes the inputs as one list (an instance attribute:
+        # the wrappers Dynamo puts around the backward copy __dict__ only)
+        self._boxed_call = True
+        self.missing = _unsupported(gm)
+        if self.missing:
+            _count("unsupported_graphs")
+
+    def __call__(self, args: list[Any]) -> Any:
+        if self.missing:
+            op, line = self.missing
+            raise NotImplementedError(
+                f"operator '{op}' is not implemented for TPU (in a graph compiled by torch.compile(backend=\"tpu\"), "
+                f"from {line}). To run it on the CPU instead (slow: the tensors are copied to the host and back), "
+                f"set TORCH_TPU_CPU_FALLBACK=1 or call torch_tpu._internal.execution_mode.cpu_fallback_mode(True).")
+        _count("calls")
+        mode = _C._exec_mode()
+        # the graph's code takes the list and empties it, so each input can die
+        # at its last use inside the graph (and its memory be reused there)
+        if mode == _DEFER or mode == _BLOCKING:
+            return self.gm(args)
+        _C._set_exec_mode(_DEFER)
+        try:
+            return self.gm(args)
+        finally:
+            _C._set_exec_mode(mode)  # cuts the graph: its plan runs now (asynchronously)
+
+
+def _lowerer(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
+    def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        t0 = time.perf_counter()
+        gm.graph.set_codegen(_BoxedCodeGen())
+        gm.recompile()
+        fn = _Compiled(gm, kind)
+        with _lock:
+            _stats[f"{kind}_graphs"] += 1
+            _stats["nodes_lowered"] += sum(1 for n in gm.graph.nodes if n.op == "call_function")
+            _stats["lowering_seconds"] += time.perf_counter() - t0
+        return fn
+
+    return lower
+
+
+@functools.lru_cache(maxsize=1)
+def _aot_backend() -> Callable[..., Any]:
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    return aot_autograd(fw_compiler=_lowerer("forward"), bw_compiler=_lowerer("backward"),
+                        inference_compiler=_lowerer("inference"),
+                        partition_fn=min_cut_rematerialization_partition, keep_inference_input_mutations=True)
+
+
+def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: str | None = None,
+                options: dict[str, Any] | None = None) -> Callable[..., Any]:
+    """The Dynamo backend registered as ``"tpu"``. ``mode`` takes
+    torch.compile's names (all run the same way: there are no autotuning
+    choices or CUDA graphs on this device); ``options`` must be empty."""
+    if mode not in _MODES:
+        raise ValueError(f"torch.compile(backend='tpu'): unknown mode {mode!r}; expected one of "
+                         f"{', '.join(repr(m) for m in _MODES[1:])}")
+    if options:
+        raise ValueError(f"torch.compile(backend='tpu') takes no options (got {sorted(options)})")
+    fn = _aot_backend()(gm, example_inputs)  # may restart Dynamo's analysis (an exception): not counted
+    _count("dynamo_graphs")
+    return fn
+
+
+# ------------------------------------------------ plain torch.compile
+
+
+def _on_tpu(example_inputs: Sequence[Any]) -> bool:
+    return any(isinstance(x, torch.Tensor) and x.device.type == "tpu" for x in example_inputs)
+
+
+def _route_inductor(compile_fx: Callable[..., Any]) -> Callable[..., Any]:
+    """Wraps Inductor's entry point: graphs on tpu tensors come here."""
+    if getattr(compile_fx, "_torch_tpu_routed", False):
+        return compile_fx
+
+    @functools.wraps(compile_fx)
+    def routed(model_: Any, example_inputs_: Sequence[Any], *args: Any, **kwargs: Any) -> Any:
+        if _on_tpu(example_inputs_):  # Inductor's options (config_patches, ...) do not apply here
+            _count("routed_from_inductor")
+            return tpu_backend(model_, example_inputs_)
+        return compile_fx(model_, example_inputs_, *args, **kwargs)
+
+    routed._torch_tpu_routed = True  # type: ignore[attr-defined]
+    return routed
+
+
+# ------------------------------------------------- Dynamo's device interface
+
+
+def _device_interface() -> type:
+    from torch._dynamo.device_interface import DeviceInterface
+
+    tpu = torch.tpu
+
+    class TpuInterface(DeviceInterface):
+        """Dynamo's view of the tpu device: chips, streams, events."""
+
+        device = tpu.device
+        Event = tpu.Event
+        Stream = tpu.Stream
+
+        class Worker:
+            @staticmethod
+            def set_device(device: int) -> None:
+                tpu.set_device(device)
+
+            @staticmethod
+            def current_device() -> int:
+                return tpu.current_device()
+
+            @staticmethod
+            def get_device_properties(device: torch.types.Device = None) -> Any:
+                return tpu.get_device_properties(device)
+
+        current_device = staticmethod(tpu.current_device)
+        set_device = staticmethod(tpu.set_device)
+        device_count = staticmethod(tpu.device_count)
+        is_available = staticmethod(tpu.is_available)
+        stream = staticmethod(tpu.stream)
+        current_stream = staticmethod(tpu.current_stream)
+        set_stream = staticmethod(tpu.set_stream)
+        synchronize = staticmethod(tpu.synchronize)
+        memory_allocated = staticmethod(tpu.memory_allocated)
+
+        @staticmethod
+        def maybe_exchange_device(device: int) -> int:
+            return TpuInterface.exchange_device(device)
+
+        @staticmethod
+        def exchange_device(device: int) -> int:
+            previous = tpu.current_device()
+            if device >= 0 and device != previous:
+                tpu.set_device(device)
+            return previous
+
+        @staticmethod
+        def _set_stream_by_id(stream_id: int, device_index: int, device_type: int) -> None:
+            tpu.set_stream(torch.Stream(stream_id=stream_id, device_index=device_index, device_type=device_type))
+
+        @staticmethod
+        def get_raw_stream(device_idx: int) -> int:
+            return tpu.current_stream(device_idx).stream_id
+
+        @classmethod
+        def get_device_properties(cls, device: torch.types.Device = None) -> Any:
+            return tpu.get_device_properties(device)
+
+        @staticmethod
+        def get_compute_capability(device: torch.types.Device = None) -> Any:
+            return tpu.get_device_properties(device).host_isa
+
+        @staticmethod
+        def is_bf16_supported(including_emulation: bool = False) -> bool:
+            return True
+
+        @classmethod
+        def is_dtype_supported(cls, dtype: torch.dtype, including_emulation: bool = False) -> bool:
+            return True
+
+        @staticmethod
+        def is_triton_capable(device: torch.types.Device = None) -> bool:
+            return False
+
+    return TpuInterface
+
+
+def _install_dynamo() -> None:
+    """Called once torch._dynamo is imported: registers the backend name and
+    the device interface (after Dynamo's own registrations, which would
+    otherwise replace it)."""
+    from torch._dynamo import device_interface as di
+    from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+
+    if "tpu" not in _COMPILER_FNS:
+        register_backend(tpu_backend, name="tpu")
+    di.get_registered_device_interfaces()  # Dynamo's defaults first
+    iface = _device_interface()
+    di.register_interface_for_device("tpu", iface)
+    for i in range(torch.tpu.device_count()):
+        di.register_interface_for_device(f"tpu:{i}", iface)
+
+
+def _install_inductor(module: Any) -> None:
+    module.compile_fx = _route_inductor(module.compile_fx)
+
