@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m bench [device] [elementwise] [gemm] [bf16] [attention] [defer] [fusion] [fft] [matrix] [sweep] [--repeats N] [--quick|--full] [--record]``.
+"""Run the benchmarks: ``python -m bench [device] [elementwise] [gemm] [bf16] [attention] [defer] [fusion] [fft] [compile] [matrix] [sweep] [--repeats N] [--quick|--full] [--record]``.
 
 device   host<->device copy bandwidth vs memcpy, empty-op round trip
 elementwise  large add/mul/gelu vs CPU and vs the machine's STREAM triad; softmax, norms,
@@ -15,8 +15,11 @@ fusion   DeferAndFuse fusion patterns (RMSNorm, row sums, logsumexp with their r
          scale and a softmax's sum with their reduction epilogues; autocast casts; a linear layer's epilogue),
          each with its setting off and on, paired (not in the default run)
 fft      rfft / fft of 2^20 and of 1024x1024 (batch and 2-d) vs CPU torch.fft (not in the default run)
+compile  torch.compile(backend="tpu"): cold and warm-cache first training step vs cpu Inductor (fresh
+         processes, minGPT / Llama / ResNet), the same vs Llama depth 1..32 (PNG), Llama decode tokens/s
+         compiled vs strict vs CPU (not in the default run; steady-state steps: the matrix's tpu compiled)
 matrix   examples' workloads (minGPT, Llama, ResNet, DLRM, UNet; Qwen with --qwen) x {cpu eager,
-         cpu Inductor, tpu strict, tpu defer}: train (and Llama/ResNet inference) step time,
+         cpu Inductor, tpu strict, tpu defer, tpu compiled}: train (and Llama/ResNet inference) step time,
          throughput, ratios, peak memory, compile cost; PNG charts (not in the default run)
 sweep    Llama at ~1M..100M params: step time and peak memory vs params and FLOPs (not in the default run)
 
@@ -43,7 +46,7 @@ from bench import attention, common, defer, device, elementwise, fft, fusion, ge
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("suites", nargs="*", choices=[[], "device", "elementwise", "gemm", "bf16", "attention", "defer", "fusion", "fft", "matrix", "sweep"], help="suites to run (default: all)")
+    parser.add_argument("suites", nargs="*", choices=[[], "device", "elementwise", "gemm", "bf16", "attention", "defer", "fusion", "fft", "compile", "matrix", "sweep"], help="suites to run (default: all)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="repeats per configuration (median reported; default 15, matrix/sweep: 3 quick, 10 full)")
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 16, 256], help="copy sizes in MiB")
@@ -124,6 +127,19 @@ def main(argv: list[str] | None = None) -> int:
     if "fft" in args.suites:
         res, table = fft.fft(max(3, args.repeats // 3))
         emit("fft", {"machine": common.machine(), **res}, "FFT", table)
+    if "compile" in args.suites:
+        from bench import compile as comp
+
+        cold_res, cold_table = comp.cold()
+        lay_res, lay_table, png = comp.layers()
+        dec_res, dec_table = comp.decode(repeats=max(3, args.repeats // 3))
+        emit("compile", {"machine": common.machine(), "cold": cold_res, "layers": lay_res, "decode": dec_res},
+             "torch.compile(backend=\"tpu\"): compile cost and decode",
+             "First training step of a fresh process (compile included; `TORCH_TPU_CODEGEN=sync` so kernel "
+             "compiles are inside it), empty caches, then a second process on the warm caches:\n\n" + cold_table +
+             f"\n\nCold first step vs depth (chart {png}):\n\n" + lay_table +
+             "\n\nLlama (quick preset) decode, one token a step with the KV cache, greedy on the device, 64 "
+             "tokens a sample:\n\n" + dec_table)
     if "matrix" in args.suites:
         from bench import matrix, plot
 

@@ -290,3 +290,35 @@ def test_backend_found_in_a_fresh_process_without_importing_torch_tpu():
                    "print(torch.tpu.compile_stats()['forward_graphs'] + torch.tpu.compile_stats()['inference_graphs'])")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == "1"
+
+
+
+def test_input_updates_run_in_place_only_where_the_old_value_is_dead():
+    def update(cache, idx, src):  # a KV-cache write: index_copy_ into a graph input
+        cache.index_copy_(1, idx, src)
+        return cache.sum(1)
+
+    def read_before(cache, idx, src):  # the old value is read before the update: still in place
+        old = cache * 1
+        cache.index_copy_(1, idx, src)
+        return old.sum(1) - cache.sum(1)
+
+    def view_before(cache, idx, src):  # a view of the input taken before the update: left functional
+        v = cache[:, 0]
+        w = v * 2
+        cache.index_copy_(1, idx, src)
+        return w + cache[:, 2]
+
+    torch.manual_seed(0)
+    for fn, in_place in ((update, 1), (read_before, 1), (view_before, 0)):
+        compiler.reset_compile_stats()
+        torch._dynamo.reset()
+        start, idx, src = torch.randn(3, 8, 4), torch.tensor([2, 5]), torch.randn(3, 2, 4)
+        ref_cache = start.clone()
+        ref = fn(ref_cache, idx, src)
+        cache = start.to("tpu")
+        with torch.no_grad():
+            got = torch.compile(fn, backend="tpu")(cache, idx.to("tpu"), src.to("tpu"))
+        torch.testing.assert_close(got.cpu(), ref)
+        assert torch.equal(cache.cpu(), ref_cache)
+        assert compiler.compile_stats()["inputs_updated_in_place"] == in_place, fn.__name__

@@ -67,7 +67,7 @@ def reset_compile_stats() -> None:
     with _lock:
         _stats.clear()
         _stats.update(dynamo_graphs=0, forward_graphs=0, backward_graphs=0, inference_graphs=0, nodes_lowered=0,
-                      lowering_seconds=0.0, calls=0, routed_from_inductor=0, unsupported_graphs=0)
+                      lowering_seconds=0.0, inputs_updated_in_place=0, calls=0, routed_from_inductor=0, unsupported_graphs=0)
 
 
 reset_compile_stats()
@@ -77,7 +77,9 @@ def compile_stats() -> dict[str, Any]:
     """What ``torch.compile(backend="tpu")`` did in this process: Dynamo
     graphs handed to the backend (``dynamo_graphs``), the ATen graphs lowered
     (``forward_graphs``, ``backward_graphs``, ``inference_graphs``,
-    ``nodes_lowered``, ``lowering_seconds``), compiled calls run
+    ``nodes_lowered``, ``lowering_seconds``, ``inputs_updated_in_place``:
+    input updates run in place instead of through a copy of the input),
+    compiled calls run
     (``calls``), graphs of plain ``torch.compile`` routed here from Inductor
     (``routed_from_inductor``), graphs holding an operator without a kernel
     (``unsupported_graphs``), and ``recompiles``: Dynamo's recompilations of
@@ -149,6 +151,53 @@ def _unsupported(gm: torch.fx.GraphModule) -> tuple[str, str] | None:
     return None
 
 
+def _inplace_table() -> dict[Any, Any]:
+    aten = torch.ops.aten
+    return {aten.index_copy.default: aten.index_copy_.default, aten.index_put.default: aten.index_put_.default,
+            aten.scatter.src: aten.scatter_.src, aten.scatter.value: aten.scatter_.value,
+            aten.scatter_add.default: aten.scatter_add_.default}
+
+
+def _returns_alias(node: torch.fx.Node) -> bool:
+    t = node.target
+    if not isinstance(t, torch._ops.OpOverload):
+        return node.op == "call_function"  # getitem of a tuple etc.: conservatively a possible alias
+    return any(r.alias_info is not None for r in t._schema.returns)
+
+
+def _reinplace(gm: torch.fx.GraphModule) -> int:
+    """Functionalization turns an in-place update of a graph input (a KV
+    cache's index_copy_) into an out-of-place copy of the whole input plus a
+    copy_ back at the end. Where nothing reads the input's old value after
+    the update, this puts the in-place operator back and drops the copy_:
+    O(update) instead of O(input) work per call. Returns the number of
+    updates made in place."""
+    table = _inplace_table()
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    done = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.copy_.default or node.users:
+            continue
+        inp, val = node.args[0], node.args[1]
+        if not (isinstance(inp, torch.fx.Node) and inp.op == "placeholder" and isinstance(val, torch.fx.Node)):
+            continue
+        if val.target not in table or not val.args or val.args[0] is not inp or val.kwargs:
+            continue
+        a, b = inp.meta.get("val"), val.meta.get("val")
+        if a is None or b is None or a.shape != b.shape or a.stride() != b.stride() or a.dtype != b.dtype:
+            continue
+        others = [u for u in inp.users if u is not val and u is not node]
+        if any(order[u] > order[val] or _returns_alias(u) for u in others):
+            continue  # the old value is read after the update, or through a view
+        val.target = table[val.target]
+        gm.graph.erase_node(node)
+        done += 1
+    if done:
+        gm.graph.lint()
+        gm.recompile()
+    return done
+
+
 class _Compiled:
     """One lowered ATen graph: calling it runs the graph's operators into the
     runtime's DeferAndFuse recorder (see the module's docstring)."""
@@ -186,6 +235,7 @@ class _Compiled:
 def _lowerer(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
     def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         t0 = time.perf_counter()
+        reinplaced = _reinplace(gm)
         gm.graph.set_codegen(_BoxedCodeGen())
         gm.recompile()
         fn = _Compiled(gm, kind)
@@ -193,6 +243,7 @@ def _lowerer(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Calla
             _stats[f"{kind}_graphs"] += 1
             _stats["nodes_lowered"] += sum(1 for n in gm.graph.nodes if n.op == "call_function")
             _stats["lowering_seconds"] += time.perf_counter() - t0
+            _stats["inputs_updated_in_place"] += reinplaced
         return fn
 
     return lower
