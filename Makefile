@@ -6,6 +6,8 @@
 #   make bench      benchmarks (results printed and appended to BENCHMARKS.md), then the workload matrix
 #                   and Llama size sweep (BENCH_PRESET=--quick by default, --full for realistic sizes)
 #   make test-full  longer suites, OpInfo conformance of the whole database (tests/conformance/REPORT.md)
+#   make wheel      dist/torch_tpu-*.whl built from a clean copy of the sources (pip wheel .)
+#   make test-wheel that wheel installed into a fresh venv (with torch==2.13.0) + a smoke test
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -16,7 +18,7 @@ BENCH_PRESET ?= --quick
 RUNTIME_SRC := $(wildcard runtime/include/*.h runtime/src/*.c runtime/src/*.h runtime/src/*/*.c runtime/src/*/*.h runtime/CMakeLists.txt)
 GLUE_SRC    := $(wildcard torch_tpu/csrc/*.cpp torch_tpu/csrc/*.h) setup.py
 
-.PHONY: all venv build run demo test test-c test-c-asan test-py test-full bench clean
+.PHONY: all venv build run demo test test-c test-c-asan test-py test-full bench clean wheel test-wheel
 
 all: build
 
@@ -70,6 +72,20 @@ test: test-c test-c-asan test-py
 test-full: test
 	TORCH_TPU_TEST_FULL=1 $(PY) -m pytest -q tests
 	$(PY) -m tests.conformance --quiet --jobs $(JOBS)
+
+# The wheel is built from a copy of the committed sources (git archive), so
+# the tree's build/ folders and .venv never leak into it.
+WHEEL_TMP := build/wheel-src
+wheel:
+	rm -rf $(WHEEL_TMP) && mkdir -p $(WHEEL_TMP) dist
+	git archive HEAD | tar -x -C $(WHEEL_TMP)
+	cd $(WHEEL_TMP) && $(PYTHON) -m pip wheel . --no-deps -w $(CURDIR)/dist
+
+test-wheel: wheel
+	rm -rf build/wheel-venv && $(PYTHON) -m venv build/wheel-venv
+	build/wheel-venv/bin/pip install --quiet --disable-pip-version-check torch==2.13.0 \
+	  $$(ls -t dist/torch_tpu-*.whl | head -1)
+	cd /tmp && $(CURDIR)/build/wheel-venv/bin/python $(CURDIR)/tests/packaging/wheel_smoke.py
 
 bench: build
 	$(PY) -m bench

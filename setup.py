@@ -35,6 +35,12 @@ def build_runtime() -> None:
 class Build(BuildExtension):
     def run(self) -> None:
         build_runtime()
+        if not self.inplace:
+            # a wheel: build_py copied the package before the runtime existed,
+            # so the library goes beside the extension in the build tree too
+            dst = Path(self.build_lib) / "torch_tpu" / "lib"
+            dst.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(LIB_DIR / "libtpurt.so", dst / "libtpurt.so")
         super().run()
 
 

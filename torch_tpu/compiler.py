@@ -67,7 +67,8 @@ def reset_compile_stats() -> None:
     with _lock:
         _stats.clear()
         _stats.update(dynamo_graphs=0, forward_graphs=0, backward_graphs=0, inference_graphs=0, nodes_lowered=0,
-                      lowering_seconds=0.0, inputs_updated_in_place=0, calls=0, routed_from_inductor=0, unsupported_graphs=0)
+                      lowering_seconds=0.0, inputs_updated_in_place=0, calls=0, first_calls_seconds=0.0,
+                      backend_seconds=0.0, routed_from_inductor=0, unsupported_graphs=0)
 
 
 reset_compile_stats()
@@ -80,7 +81,9 @@ def compile_stats() -> dict[str, Any]:
     ``nodes_lowered``, ``lowering_seconds``, ``inputs_updated_in_place``:
     input updates run in place instead of through a copy of the input),
     compiled calls run
-    (``calls``), graphs of plain ``torch.compile`` routed here from Inductor
+    (``calls``; ``first_calls_seconds``: the first call of each graph, which
+    builds its plan and compiles or loads its kernels), ``backend_seconds``
+    (AOTAutograd's tracing and partitioning plus the lowering), graphs of plain ``torch.compile`` routed here from Inductor
     (``routed_from_inductor``), graphs holding an operator without a kernel
     (``unsupported_graphs``), and ``recompiles``: Dynamo's recompilations of
     each function with the guard that failed (``{"fn (file:line)": [reason,
@@ -208,6 +211,7 @@ class _Compiled:
         # AOTAutograd passes the inputs as one list (an instance attribute:
         # the wrappers Dynamo puts around the backward copy __dict__ only)
         self._boxed_call = True
+        self.first = True
         self.missing = _unsupported(gm)
         if self.missing:
             _count("unsupported_graphs")
@@ -220,6 +224,16 @@ class _Compiled:
                 f"from {line}). To run it on the CPU instead (slow: the tensors are copied to the host and back), "
                 f"set TORCH_TPU_CPU_FALLBACK=1 or call torch_tpu._internal.execution_mode.cpu_fallback_mode(True).")
         _count("calls")
+        if self.first:
+            self.first = False
+            t0 = time.perf_counter()
+            try:
+                return self._run(args)
+            finally:
+                _count("first_calls_seconds", time.perf_counter() - t0)
+        return self._run(args)
+
+    def _run(self, args: list[Any]) -> Any:
         mode = _C._exec_mode()
         # the graph's code takes the list and empties it, so each input can die
         # at its last use inside the graph (and its memory be reused there)
@@ -269,7 +283,9 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: s
                          f"{', '.join(repr(m) for m in _MODES[1:])}")
     if options:
         raise ValueError(f"torch.compile(backend='tpu') takes no options (got {sorted(options)})")
+    t0 = time.perf_counter()
     fn = _aot_backend()(gm, example_inputs)  # may restart Dynamo's analysis (an exception): not counted
+    _count("backend_seconds", time.perf_counter() - t0)
     _count("dynamo_graphs")
     return fn
 

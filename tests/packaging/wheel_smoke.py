@@ -1,0 +1,30 @@
+"""Smoke test of an installed torch_tpu wheel (run by `make test-wheel` in a
+fresh virtual environment, outside the source tree): autoload through
+`import torch`, the device, kernels, DeferAndFuse, torch.compile, the CLI and
+the version info."""
+import os
+import subprocess
+import sys
+
+import torch  # the torch.backends entry point loads torch_tpu
+
+assert hasattr(torch, "tpu"), "torch_tpu was not autoloaded by import torch"
+import torch_tpu  # noqa: E402
+import torch_tpu.version as v  # noqa: E402
+
+here = os.path.dirname(os.path.abspath(torch_tpu.__file__))
+assert "site-packages" in here, f"torch_tpu imported from {here}, not from the installed wheel"
+x = torch.arange(12, dtype=torch.float32, device="tpu").reshape(3, 4)
+assert torch.equal((x @ x.t()).cpu(), torch.arange(12.).reshape(3, 4) @ torch.arange(12.).reshape(3, 4).t())
+with torch_tpu.execution_mode("defer"):
+    y = ((x * 2 + 1).relu() - 3).sum()
+    assert y.item() == float(((torch.arange(12.) * 2 + 1).relu() - 3).sum())
+    assert torch.tpu.defer_stats()["ops_recorded"] >= 4
+f = torch.compile(lambda t: t.sin() * 2, backend="tpu")
+assert torch.allclose(f(x).cpu(), torch.arange(12.).reshape(3, 4).sin() * 2)
+info = v.info()
+assert info["torch_tpu"] == torch_tpu.__version__ and info["api_version"] >= 1 and info["isa"]
+r = subprocess.run([os.path.join(os.path.dirname(sys.executable), "torch-tpu"), "doctor"], capture_output=True,
+                   text=True)
+assert r.returncode == 0 and "host:" in r.stdout, r.stdout + r.stderr
+print("wheel smoke test passed:", info)

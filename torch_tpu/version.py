@@ -1,0 +1,36 @@
+"""Version and build facts of the installed torch_tpu.
+
+    >>> import torch_tpu.version as v
+    >>> v.__version__, v.runtime, v.api_version, v.torch
+    >>> v.info()   # everything below in one dict (what `torch-tpu doctor` prints)
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torch_tpu import __version__, _C
+
+#: the C runtime's own version string ("tpurt X.Y.Z")
+runtime: str = _C._runtime_version()
+#: the runtime's C API version (TPURT_API_VERSION the glue was built against)
+api_version: int = int(_C._api_version)
+#: the PyTorch release the glue was built for (its C++ ABI is pinned to it)
+torch_version: str = torch.__version__
+torch = torch_version  # noqa: F811 - the name users look for
+
+
+def info() -> dict[str, Any]:
+    """Versions, the kernel level chosen on this host (run-time CPU
+    detection, ``TORCH_TPU_ISA``), the bf16 matmul path, the GEMM library and
+    whether generated kernels (the C compiler) are available."""
+    cpu = _C._cpu_info()
+    cg_ok, cg_text = _C._codegen_info()
+    return {"torch_tpu": __version__, "runtime": runtime, "api_version": api_version, "torch": torch_version,
+            "host_cpu": cpu["model"], "isa": cpu["isa"], "host_isa": cpu["host_isa"],
+            "bf16_matmul": cpu["bf16_matmul"], "gemm_library": cpu["gemm_library"],
+            "codegen": cg_text if cg_ok else f"off: {cg_text}"}
+
+
+__all__ = ["__version__", "runtime", "api_version", "torch", "info"]
