@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m bench [device] [elementwise] [gemm] [bf16] [attention] [defer] [fusion] [fft] [compile] [matrix] [sweep] [--repeats N] [--quick|--full] [--record]``.
+"""Run the benchmarks: ``python -m bench [device] [elementwise] [gemm] [bf16] [attention] [defer] [fusion] [fft] [compile] [matrix] [sweep] [dist] [--repeats N] [--quick|--full] [--record]``.
 
 device   host<->device copy bandwidth vs memcpy, empty-op round trip
 elementwise  large add/mul/gelu vs CPU and vs the machine's STREAM triad; softmax, norms,
@@ -22,6 +22,8 @@ matrix   examples' workloads (minGPT, Llama, ResNet, DLRM, UNet; Qwen with --qwe
          cpu Inductor, tpu strict, tpu defer, tpu compiled}: train (and Llama/ResNet inference) step time,
          throughput, ratios, peak memory, compile cost; PNG charts (not in the default run)
 sweep    Llama at ~1M..100M params: step time and peak memory vs params and FLOPs (not in the default run)
+dist     tpu_dist all_reduce bus bandwidth vs Gloo on CPU tensors (2 processes, 4 KiB-256 MiB), DDP Llama
+         throughput on 1 and 2 processes under torchrun (not in the default run)
 
 ``--quick`` (default for matrix/sweep: quick presets, 3 repeats, sweep up to 10M)
 or ``--full`` (full presets, 10 repeats, sweep up to 100M), e.g.
@@ -46,7 +48,7 @@ from bench import attention, common, defer, device, elementwise, fft, fusion, ge
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("suites", nargs="*", choices=[[], "device", "elementwise", "gemm", "bf16", "attention", "defer", "fusion", "fft", "compile", "matrix", "sweep"], help="suites to run (default: all)")
+    parser.add_argument("suites", nargs="*", choices=[[], "device", "elementwise", "gemm", "bf16", "attention", "defer", "fusion", "fft", "compile", "matrix", "sweep", "dist"], help="suites to run (default: all)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="repeats per configuration (median reported; default 15, matrix/sweep: 3 quick, 10 full)")
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 16, 256], help="copy sizes in MiB")
@@ -140,6 +142,16 @@ def main(argv: list[str] | None = None) -> int:
              f"\n\nCold first step vs depth (chart {png}):\n\n" + lay_table +
              "\n\nLlama (quick preset) decode, one token a step with the KV cache, greedy on the device, 64 "
              "tokens a sample:\n\n" + dec_table)
+    if "dist" in args.suites:
+        from bench import dist
+
+        ar, ar_table = dist.allreduce(max(3, args.repeats // 3))
+        ddp, ddp_table = dist.ddp_scaling()
+        emit("dist", {"machine": common.machine(), "allreduce": ar, "ddp": ddp}, "Distributed: tpu_dist",
+             "all_reduce on 2 processes, one \"cpu:gloo,tpu:tpu_dist\" group, medians of interleaved repeats "
+             "(goal tpu_dist / gloo ≥ 0.8×; verify=0: without the fingerprint exchange):\n\n" + ar_table +
+             "\n\nDDP training of the Llama example under torchrun (4 layers, width 128, 64 tokens x 8 "
+             "sequences a process a step; the host's cores are shared by the processes):\n\n" + ddp_table)
     if "matrix" in args.suites:
         from bench import matrix, plot
 

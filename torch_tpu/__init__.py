@@ -49,6 +49,9 @@ def _register() -> None:
     from torch_tpu._internal import execution_mode
 
     execution_mode._apply_environment()
+    from torch_tpu import distributed as _distributed
+
+    _distributed._register_backend()  # c10d backend "tpu_dist" for devices=["tpu"]
     del _C
 
     # torch.compile(backend="tpu"), Dynamo's device interface and plain

@@ -83,6 +83,16 @@ static tpurt_status do_init(void) {
       return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "TPU_NUM_DEVICES=\"%s\" is invalid: expected an integer in 1..%d",
                         e, TPURT_MAX_DEVICES);
     c.num_devices = (int)v;
+  } else if ((e = getenv("LOCAL_WORLD_SIZE")) && *e) {
+    /* Launched by torchrun (or another launcher that sets it): as many chips
+     * as processes on this host, so CUDA-style scripts that pick
+     * tpu:LOCAL_RANK run unchanged; TPU_NUM_DEVICES overrides. */
+    if (parse_int(e, 1, TPURT_MAX_DEVICES, &v))
+      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
+                        "LOCAL_WORLD_SIZE=\"%s\" (the launcher's processes on this host, which set the chips per "
+                        "process) is invalid: expected an integer in 1..%d; set TPU_NUM_DEVICES to override",
+                        e, TPURT_MAX_DEVICES);
+    c.num_devices = (int)v;
   }
 
   const gen_spec *sp = &k_specs[1];
@@ -121,6 +131,10 @@ static tpurt_status do_init(void) {
   if (sched_getaffinity(0, sizeof set, &set) == 0) nthreads = CPU_COUNT(&set);
   if (nthreads <= 0) nthreads = (int)sysconf(_SC_NPROCESSORS_ONLN);
   if (nthreads <= 0) nthreads = 1;
+  /* torchrun's processes share the host's cores: each pool gets its share
+   * unless TPU_NUM_THREADS says otherwise. */
+  if ((e = getenv("LOCAL_WORLD_SIZE")) && *e && !parse_int(e, 1, TPURT_MAX_DEVICES, &v) && v > 1)
+    nthreads = nthreads / (int)v > 0 ? nthreads / (int)v : 1;
   if ((e = getenv("TPU_NUM_THREADS")) && *e) {
     if (parse_int(e, 1, 1024, &v))
       return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "TPU_NUM_THREADS=\"%s\" is invalid: expected an integer in 1..1024",

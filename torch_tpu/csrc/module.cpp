@@ -272,6 +272,10 @@ py::dict kcache_stats() {
 }  // namespace
 }  // namespace torch_tpu
 
+namespace torch_tpu {
+void init_c10d(pybind11::module_& m);  // c10d.cpp: the tpu_dist backend
+}
+
 PYBIND11_MODULE(_C, m) {
   using namespace torch_tpu;
   m.doc() = "torch_tpu native glue (C++ adapter over the tpurt C runtime)";
@@ -352,4 +356,5 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(std::string(buf), st == TPURT_OK, std::string(st == TPURT_OK ? "" : tpurt_last_error()));
   });
   m.attr("_api_version") = TPURT_API_VERSION;
+  init_c10d(m);
 }
