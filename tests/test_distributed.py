@@ -453,9 +453,26 @@ def test_chips_follow_local_world_size() -> None:
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
                            env={**base, **env})
         assert r.returncode == 0 and r.stdout.split() == want.split(), (env, r.stdout, r.stderr)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                       env={**base, "LOCAL_WORLD_SIZE": "x"})
+    r = subprocess.run([sys.executable, "-c", "import torch; torch.ones(1, device='tpu')"], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT, env={**base, "LOCAL_WORLD_SIZE": "x"})
     assert r.returncode != 0 and "LOCAL_WORLD_SIZE" in r.stderr, r.stderr
+
+
+def test_is_initialized_follows_first_use() -> None:
+    """As torch.cuda's: counting chips does not initialize the device, using
+    one does (DeviceMesh picks tpu:LOCAL_RANK only before that)."""
+    code = ("import torch\n"
+            "assert torch.tpu.device_count() == 2 and torch.accelerator.is_available()\n"
+            "assert not torch.tpu.is_initialized()\n"
+            "torch.tpu.set_device(1)\n"
+            "assert torch.tpu.is_initialized() and torch.tpu.current_device() == 1\n"
+            "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, "TPU_NUM_DEVICES": "2"})
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+    code = "import torch\ntorch.ones(1, device='tpu')\nassert torch.tpu.is_initialized()\nprint('ok')\n"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 
 
 if __name__ == "__main__":

@@ -172,6 +172,11 @@ Tensors wire(const Tensors& v) {
   return r;
 }
 
+Tensors joined(Tensors a, const Tensors& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 // Pairs (device destination, host result) copied back after the transport.
 struct CopyBack {
   Tensors dev, host;
@@ -445,7 +450,7 @@ class TpuBackend : public c10d::Backend {
     TORCH_CHECK(!ins.empty() && outs.size() == ins.size(), kName,
                 " allgather_into_tensor_coalesced: as many outputs as inputs expected");
     verify(fingerprint(c10d::OpType::COALESCED, ins));
-    Tensors hin, hout, keep;
+    Tensors hin, hout;
     CopyBack back;
     for (size_t i = 0; i < ins.size(); i++) {
       hin.push_back(stage_in(ins[i]));
@@ -453,10 +458,8 @@ class TpuBackend : public c10d::Backend {
       back.add(outs[i], hout.back());
     }
     Tensors wout = wire(hout), win = wire(hin);
-    keep = hin;
-    keep.insert(keep.end(), hout.begin(), hout.end());
     return make(c10d::OpType::COALESCED, inner_->allgather_into_tensor_coalesced(wout, win, opts), std::move(back),
-                ins[0], outs, keep);
+                ins[0], outs, joined(hin, hout));
   }
 
   WorkPtr allgather_coalesced(std::vector<Tensors>& outLists, Tensors& ins, const c10d::AllgatherOptions& opts) override {
@@ -565,7 +568,7 @@ class TpuBackend : public c10d::Backend {
                 " reduce_scatter_tensor_coalesced: as many outputs as inputs expected");
     verify(fingerprint(c10d::OpType::COALESCED, outs, opts.reduceOp.op_));
     c10d::ReduceScatterOptions o = opts;
-    Tensors hin, hout, keep;
+    Tensors hin, hout;
     CopyBack back;
     for (size_t i = 0; i < ins.size(); i++) {
       hin.push_back(stage_reduce(ins[i], opts.reduceOp, "reduce_scatter_tensor_coalesced", &o.reduceOp));
@@ -573,10 +576,8 @@ class TpuBackend : public c10d::Backend {
       back.add(outs[i], hout.back());
     }
     Tensors wout = wire(hout), win = wire(hin);
-    keep = hin;
-    keep.insert(keep.end(), hout.begin(), hout.end());
     return make(c10d::OpType::COALESCED, inner_->reduce_scatter_tensor_coalesced(wout, win, o), std::move(back),
-                ins[0], outs, keep);
+                ins[0], outs, joined(hin, hout));
   }
 
   WorkPtr alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& outSplits,

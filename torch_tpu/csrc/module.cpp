@@ -274,14 +274,19 @@ py::dict kcache_stats() {
 
 namespace torch_tpu {
 void init_c10d(pybind11::module_& m);  // c10d.cpp: the tpu_dist backend
+void mark_device_used();                // runtime.cpp: torch.tpu.is_initialized()
+bool device_used();
 }
 
 PYBIND11_MODULE(_C, m) {
   using namespace torch_tpu;
   m.doc() = "torch_tpu native glue (C++ adapter over the tpurt C runtime)";
-  m.def("_init", [] { ensure_initialized(); });
+  m.def("_init", [] {
+    ensure_initialized();
+    mark_device_used();
+  });
   m.def("_in_bad_fork", [] { return static_cast<bool>(tpurt_in_bad_fork()); });
-  m.def("_is_initialized", [] { return static_cast<bool>(tpurt_is_initialized()); });
+  m.def("_is_initialized", [] { return device_used(); });
   m.def("_device_count", [] { return device_count(); });
   m.def("_get_device", [] {
     ensure_initialized();
@@ -289,6 +294,7 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_set_device", [](int index) {
     check(tpurt_set_device(checked_index(static_cast<c10::DeviceIndex>(index))), "set_device");
+    mark_device_used();
   });
   m.def("_synchronize", [](int index) {
     py::gil_scoped_release nogil;

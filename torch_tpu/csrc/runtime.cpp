@@ -3,6 +3,7 @@
 // allocator, the DeviceGuard implementation (chips, streams, events), the
 // PrivateUse1 hooks and the per-device counter-based generator.
 // Each piece forwards to the C runtime (tpurt.h).
+#include <atomic>
 #include "glue.h"
 
 #include <ATen/core/CachingHostAllocator.h>
@@ -36,6 +37,14 @@ void raise_status(tpurt_status s, const char* what) {
       TORCH_CHECK(false, "TPU error (", tpurt_status_name(s), "): ", msg);
   }
 }
+
+// torch.tpu.is_initialized(), as torch.cuda's: true once the process has
+// used a chip (a tensor allocated, a device set, torch's lazy device init),
+// not merely asked how many there are. DeviceMesh sets the current device
+// from LOCAL_RANK only while this is false.
+static std::atomic<bool> g_device_used{false};
+void mark_device_used() { g_device_used.store(true, std::memory_order_relaxed); }
+bool device_used() { return g_device_used.load(std::memory_order_relaxed) && tpurt_is_initialized(); }
 
 void ensure_initialized() {
   static std::once_flag once;
@@ -178,6 +187,7 @@ void copy_stats(c10::CachingAllocator::StatArray& dst, const tpurt_stat* src) {
 struct TpuAllocator final : c10::DeviceAllocator {
   c10::DataPtr allocate(size_t n) override {
     ensure_initialized();
+    mark_device_used();
     c10::DeviceIndex dev = static_cast<c10::DeviceIndex>(tpurt_get_device());
     tpurt_devptr p = 0;
     if (n > 0) check(tpurt_malloc(dev, n, tpurt_stream_current(dev), &p), "allocate");
@@ -462,7 +472,10 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, TpuGuardImpl);
 // ------------------------------------------------------------------- hooks
 
 struct TpuHooks final : at::PrivateUse1HooksInterface {
-  void init() const override { ensure_initialized(); }
+  void init() const override {
+    ensure_initialized();
+    mark_device_used();
+  }
   bool isBuilt() const override { return true; }
   bool isAvailable() const override {
     try {
@@ -475,6 +488,7 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
   c10::DeviceIndex deviceCount() const override { return static_cast<c10::DeviceIndex>(device_count()); }
   void setCurrentDevice(c10::DeviceIndex d) const override {
     check(tpurt_set_device(checked_index(d)), "set_device");
+    mark_device_used();
   }
   c10::DeviceIndex getCurrentDevice() const override {
     ensure_initialized();
