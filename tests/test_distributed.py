@@ -151,6 +151,12 @@ def case_collectives() -> None:
                 if rank == world - 1:
                     same(t, want, f"reduce {dt} {op}")
 
+    # Unsigned types Gloo lacks reduce in int32 / int64.
+    for dt in (torch.uint16, torch.uint32, torch.uint64):
+        t = _val(torch, rank, torch.int64).to(dev).to(dt)
+        dist.all_reduce(t)
+        same(t.to(torch.int64), sum(_val(torch, r, torch.int64) for r in ranks), f"all_reduce {dt}")
+
     # PREMUL_SUM with a float and a tensor factor.
     for factor in (0.5, torch.tensor(0.25, device=dev)):
         t = on_dev(_val(torch, rank, torch.float32))

@@ -25,7 +25,7 @@
 // Dtypes and reduce ops Gloo lacks: data-moving collectives send any dtype
 // as bytes; reductions run bool as uint8 (SUM -> MAX, PRODUCT -> MIN, as
 // NCCL), complex as its real view (SUM, AVG, PREMUL_SUM), int16 / uint16 in
-// int32, uint32 / uint64 in int64, other floating types (float8) in float32;
+// int32, uint32 / uint64 in int64, other floating types in float32;
 // PREMUL_SUM multiplies the input on the device, then sums.
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/StreamGuard.h>
