@@ -395,12 +395,19 @@ def case_dead_rank() -> None:
 def case_silent_rank() -> None:
     """Rank 1 is alive but never joins the collective: rank 0 raises within
     the process group's timeout."""
+    import datetime
+
     torch, dist, rank, world, dev = _setup("tpu_dist", timeout_s=5)
+    os.environ["TORCH_TPU_DIST_VERIFY"] = "0"  # an async call then returns before its peers arrive
+    quick = dist.new_group(backend="tpu_dist")
     dist.barrier()
     if rank == 1:
         time.sleep(600)
+    work = dist.all_reduce(torch.ones(4, device=dev), group=quick, async_op=True)
     with pytest.raises(RuntimeError, match="(?i)timed? ?out"):
-        dist.all_reduce(torch.ones(4, device=dev))
+        work.wait(timeout=datetime.timedelta(seconds=1))  # Work.wait's own timeout
+    with pytest.raises(RuntimeError, match="(?i)timed? ?out"):
+        dist.all_reduce(torch.ones(4, device=dev))  # the group's timeout
     print(f"rank {rank}: silent rank timed out", flush=True)
     os._exit(0)
 
