@@ -1,7 +1,8 @@
 """tpu_dist, the c10d backend of the tpu device: every collective across 2
 and 4 processes (strict and DeferAndFuse), dtypes and reduce ops, uneven
 splits, point-to-point, coalesced forms, async works, functional and object
-collectives, mixed "cpu:gloo,tpu:tpu_dist" groups, mismatched collectives,
+collectives (also inside torch.compile(backend="tpu") graphs), mixed
+"cpu:gloo,tpu:tpu_dist" groups, mismatched collectives,
 dead and silent ranks.
 
 Each test launches its ranks as fresh interpreters (this file with a case
@@ -349,6 +350,27 @@ def case_mixed() -> None:
     print(f"rank {rank}: mixed ok", flush=True)
 
 
+def case_compiled() -> None:
+    """Functional collectives inside a torch.compile(backend="tpu") graph run
+    on tpu_dist and give eager's results."""
+    torch, dist, rank, world, dev = _setup("tpu_dist")
+    import torch.distributed._functional_collectives as funcol
+
+    def f(x):
+        y = funcol.all_reduce(x * 2, "sum", dist.group.WORLD)
+        z = funcol.all_gather_tensor(y.sin(), 0, dist.group.WORLD)
+        return z + 1
+
+    x = torch.arange(8.0, device=dev) + rank
+    got = torch.compile(f, backend="tpu")(x)
+    want = torch.cat([(sum(torch.arange(8.0) + r for r in range(world)) * 2).sin()] * world) + 1
+    assert torch.allclose(got.cpu(), want, atol=1e-6) and torch.allclose(got.cpu(), f(x).cpu()), (got, want)
+    stats = torch.tpu.compile_stats()
+    assert stats["dynamo_graphs"] >= 1 and stats["unsupported_graphs"] == 0, stats
+    dist.destroy_process_group()
+    print(f"rank {rank}: compiled ok", flush=True)
+
+
 def case_mismatch() -> None:
     """Mismatched shape, dtype and op raise one clear error on every rank;
     the group is still usable afterwards."""
@@ -428,6 +450,11 @@ def test_collectives(world: int, mode: str) -> None:
 def test_mixed_cpu_gloo_tpu_dist() -> None:
     outs = launch("mixed", 2)
     assert all("mixed ok" in o for o in outs)
+
+
+def test_functional_collectives_in_compiled_graph() -> None:
+    outs = launch("compiled", 2)
+    assert all("compiled ok" in o for o in outs)
 
 
 def test_mismatched_collectives_raise() -> None:
