@@ -14,10 +14,27 @@ RUNTIME_BUILD = ROOT / "build" / "runtime"
 LIB_DIR = ROOT / "torch_tpu" / "lib"
 
 
+def _stale(cache: Path) -> bool:
+    """Whether a CMake cache names tools or folders that no longer exist."""
+    for line in cache.read_text(errors="replace").splitlines():
+        for key in ("CMAKE_MAKE_PROGRAM:", "TPURT_OPENBLAS_DIR:", "TPURT_PYTHON:"):
+            if line.startswith(key) and "=" in line:
+                value = line.split("=", 1)[1].strip()
+                if value and not Path(value).exists():
+                    return True
+    return False
+
+
 def build_runtime() -> None:
     """Configure and build libtpurt.so with CMake; copy it into the package."""
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-    if not (RUNTIME_BUILD / "CMakeCache.txt").exists():
+    cache = RUNTIME_BUILD / "CMakeCache.txt"
+    if cache.exists() and _stale(cache):
+        # configured by another build environment (pip's isolated ones are
+        # deleted after each build): its ninja / OpenBLAS paths are gone
+        cache.unlink()
+        shutil.rmtree(RUNTIME_BUILD / "CMakeFiles", ignore_errors=True)
+    if not cache.exists():
         subprocess.check_call(
             ["cmake", "-S", str(ROOT / "runtime"), "-B", str(RUNTIME_BUILD), "-DCMAKE_BUILD_TYPE=Release",
              f"-DTPURT_PYTHON={sys.executable}", *gen]
