@@ -8,6 +8,10 @@
 #   make test-full  longer suites, OpInfo conformance of the whole database (tests/conformance/REPORT.md)
 #   make wheel      dist/torch_tpu-*.whl built from a clean copy of the sources (pip wheel .)
 #   make test-wheel that wheel installed into a fresh venv (with torch==2.13.0) + a smoke test
+#   make fuzz       differential fuzzing, tpu vs CPU in strict and defer modes (N=10000 programs, SEED=0)
+#   make fuzz-c     coverage-guided fuzzing of the C runtime (libFuzzer, clang; FUZZ_SECONDS per harness)
+#   make test-c-tsan  stream / pool / allocator / defer C tests under ThreadSanitizer
+#   make soak       1,000 Llama training steps per mode: device memory and host RSS flat (RELIABILITY.md)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -18,7 +22,7 @@ BENCH_PRESET ?= --quick
 RUNTIME_SRC := $(wildcard runtime/include/*.h runtime/src/*.c runtime/src/*.h runtime/src/*/*.c runtime/src/*/*.h runtime/CMakeLists.txt)
 GLUE_SRC    := $(wildcard torch_tpu/csrc/*.cpp torch_tpu/csrc/*.h) setup.py
 
-.PHONY: all venv build run demo test test-c test-c-asan test-py test-full bench clean wheel test-wheel
+.PHONY: all venv build run demo test test-c test-c-asan test-c-tsan test-py test-full bench clean wheel test-wheel fuzz fuzz-c soak
 
 all: build
 
@@ -60,9 +64,46 @@ test-c: build/runtime/.configured
 	cmake --build build/runtime
 	ctest --test-dir build/runtime --output-on-failure -j$(JOBS)
 
+# LeakSanitizer runs with ASan (detect_leaks, on by default on x86-64 Linux, made explicit here).
 test-c-asan: build/runtime-asan/.configured
 	cmake --build build/runtime-asan
-	ctest --test-dir build/runtime-asan --output-on-failure -j$(JOBS)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 ctest --test-dir build/runtime-asan --output-on-failure -j$(JOBS)
+
+# ThreadSanitizer: the tests of the modules that share state between threads.
+TSAN_TESTS := stream event pool memory host_alloc defer multidev
+empty :=
+space := $(empty) $(empty)
+build/runtime-tsan/.configured: runtime/CMakeLists.txt $(VENV)/.deps
+	cmake -S runtime -B build/runtime-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTPURT_SANITIZE=thread >/dev/null
+	touch $@
+
+test-c-tsan: build/runtime-tsan/.configured
+	cmake --build build/runtime-tsan --target $(addprefix test_,$(TSAN_TESTS))
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/runtime/tests/tsan.supp" \
+	  ctest --test-dir build/runtime-tsan --output-on-failure -j$(JOBS) -R '^($(subst $(space),|,$(TSAN_TESTS)))$$'
+
+# Coverage-guided fuzzing (libFuzzer): the runtime and runtime/tests/fuzz_*.c built with clang,
+# ASan and UBSan; each harness runs FUZZ_SECONDS on its corpus (runtime/tests/fuzz_corpus/NAME,
+# new inputs kept in build/fuzz-corpus/NAME); a crash leaves its input in build/fuzz-crashes/.
+CLANG ?= $(shell command -v clang || command -v clang-14)
+FUZZ_SECONDS ?= 60
+FUZZ_HARNESSES := $(patsubst runtime/tests/fuzz_%.c,%,$(wildcard runtime/tests/fuzz_*.c))
+build/runtime-fuzz/.configured: runtime/CMakeLists.txt $(VENV)/.deps
+	@test -n "$(CLANG)" || { echo "make fuzz-c needs clang (Debian: apt-get install clang-14 libclang-rt-14-dev)"; exit 1; }
+	CC=$(CLANG) cmake -S runtime -B build/runtime-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Debug \
+	  -DTPURT_SANITIZE=address,undefined,fuzzer-no-link -DTPURT_FUZZ=ON >/dev/null
+	touch $@
+
+fuzz-c: build/runtime-fuzz/.configured
+	cmake --build build/runtime-fuzz --target $(addprefix fuzz_,$(FUZZ_HARNESSES))
+	mkdir -p build/fuzz-crashes
+	set -e; for h in $(FUZZ_HARNESSES); do \
+	  mkdir -p build/fuzz-corpus/$$h; \
+	  echo "== fuzz_$$h: $(FUZZ_SECONDS) s"; \
+	  TORCH_TPU_HBM_LIMIT=256M TORCH_TPU_CACHE_DIR=$(CURDIR)/build/fuzz-kcache ASAN_OPTIONS=detect_leaks=1 \
+	  build/runtime-fuzz/fuzz_$$h -max_total_time=$(FUZZ_SECONDS) -timeout=20 -rss_limit_mb=3072 -print_final_stats=1 \
+	    -artifact_prefix=build/fuzz-crashes/$$h- build/fuzz-corpus/$$h runtime/tests/fuzz_corpus/$$h; \
+	done
 
 test-py: build
 	$(PY) -m pytest -q tests
@@ -86,6 +127,14 @@ test-wheel: wheel
 	build/wheel-venv/bin/pip install --quiet --disable-pip-version-check torch==2.13.0 \
 	  $$(ls -t dist/torch_tpu-*.whl | head -1)
 	cd /tmp && $(CURDIR)/build/wheel-venv/bin/python $(CURDIR)/tests/packaging/wheel_smoke.py
+
+N ?= 10000
+SEED ?= 0
+fuzz: build
+	$(PY) -m tests.fuzz --seed $(SEED) --n $(N) --minimize --json build/fuzz-$(SEED)-$(N).json
+
+soak: build
+	$(PY) tests/test_soak.py --steps 1000
 
 bench: build
 	$(PY) -m bench

@@ -5,9 +5,10 @@
  *
  * Float -> integer conversion is defined for every input (no C UB):
  *   - the value is truncated toward zero;
- *   - NaN converts to 0;
- *   - values outside [-2^63, 2^63) convert to INT64_MIN (what x86's cvttsd2si
- *     produces), except that unsigned 64-bit targets accept [2^63, 2^64);
+ *   - NaN and values outside [-2^63, 2^63) convert to INT64_MIN (what x86's
+ *     cvttsd2si produces, so what PyTorch's CPU backend gives on x86: a NaN
+ *     cast to an index is out of range, not index 0), except that unsigned
+ *     64-bit targets accept [2^63, 2^64) and take NaN to 0;
  *   - narrower integer targets then take the low bits (two's complement
  *     wrap), like static_cast<int64_t> followed by a narrowing cast.
  * Integer -> half/bfloat16 goes through float (as c10::Half/BFloat16 do);

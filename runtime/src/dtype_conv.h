@@ -14,7 +14,6 @@
 #include "internal.h"
 
 int64_t tpurt__f2i64(double d) {
-  if (d != d) return 0;
   if (d >= -9223372036854775808.0 && d < 9223372036854775808.0) return (int64_t)d;
   return INT64_MIN;
 }

@@ -262,14 +262,19 @@ at::Tensor& k_div_mode_out(const at::Tensor& self, const at::Tensor& other, std:
   return out;
 }
 
+void check_floor_divide(const at::TensorIteratorBase& iter) {
+  TORCH_CHECK_NOT_IMPLEMENTED(iter.common_dtype() != at::kBool, "\"floor_divide\" not implemented for 'Bool'");
+}
 at::Tensor& k_floor_divide_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
   auto iter = at::TensorIterator::binary_op(out, self, other);
+  check_floor_divide(iter);
   run_op(iter, TPURT_EW_DIV_FLOOR, "floor_divide");
   return out;
 }
 at::Tensor k_floor_divide(const at::Tensor& self, const at::Tensor& other) {
   at::Tensor out;
   auto iter = at::TensorIterator::binary_op(out, self, other);
+  check_floor_divide(iter);
   run_op(iter, TPURT_EW_DIV_FLOOR, "floor_divide");
   return iter.output();
 }
@@ -410,6 +415,7 @@ at::Tensor& k_neg_out(const at::Tensor& self, at::Tensor& out) {
 }
 
 at::Tensor& k_abs_out(const at::Tensor& self, at::Tensor& out) {
+  TORCH_CHECK_NOT_IMPLEMENTED(self.scalar_type() != at::kBool, "\"abs\" not implemented for 'Bool'");
   if (self.is_complex()) {
     at::native::resize_output(out, self.sizes());
     at::TensorIteratorConfig cfg;
@@ -429,7 +435,17 @@ at::Tensor& k_sign_out(const at::Tensor& self, at::Tensor& out) {
   return out;
 }
 
+// floor / ceil / trunc / round are defined for numbers, not for booleans (as on the CPU)
+void check_rounding(const at::Tensor& self, const char* name) {
+  TORCH_CHECK_NOT_IMPLEMENTED(self.scalar_type() != at::kBool, "\"", name, "\" not implemented for 'Bool'");
+}
+template <tpurt_ew_op OP>
+at::Tensor& rounding_out(const at::Tensor& self, at::Tensor& out) {
+  check_rounding(self, tpurt_ew_op_name(OP));
+  return unary_out<OP>(self, out);
+}
 at::Tensor& k_round_decimals_out(const at::Tensor& self, int64_t decimals, at::Tensor& out) {
+  check_rounding(self, "round");
   auto iter = at::TensorIterator::unary_op(out, self);
   TORCH_CHECK_NOT_IMPLEMENTED(decimals == 0 || !at::isIntegralType(iter.common_dtype(), true),
                               "\"round_cpu\" not implemented for '", iter.common_dtype(), "'");
@@ -534,6 +550,8 @@ at::Tensor& k_gelu_backward_out(const at::Tensor& grad, const at::Tensor& self, 
 // program (stable for large |x|). Like CUDA's kernel, it needs no buffer
 // for the backward: the returned buffer is empty.
 at::Tensor& log_sigmoid_run(const at::Tensor& self, at::Tensor& out) {
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(self.scalar_type()), "\"log_sigmoid\" not implemented for '",
+                              self.scalar_type(), "'");
   auto iter = at::TensorIterator::unary_float_op(out, self);
   if (iter.numel() == 0) return out;
   check_tpu(iter, "log_sigmoid_forward");
@@ -855,8 +873,13 @@ at::Tensor& k_clamp_max_tensor_out(const at::Tensor& self, const at::Tensor& hi,
   return k_clamp_tensor_out(self, std::nullopt, hi, out);
 }
 
+void check_lerp(const at::Tensor& self) {
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(self.scalar_type()) || at::isComplexType(self.scalar_type()),
+                              "\"lerp\" not implemented for '", self.scalar_type(), "'");
+}
 at::Tensor& k_lerp_scalar_out(const at::Tensor& self, const at::Tensor& end, const c10::Scalar& weight, at::Tensor& out) {
   TORCH_CHECK(self.dtype() == end.dtype(), "expected dtype ", self.dtype(), " for `end` but got dtype ", end.dtype());
+  check_lerp(self);
   auto iter = make_iter(out, {self, end, wrap(weight)});
   run_op(iter, TPURT_EW_LERP, "lerp", self.scalar_type());
   return out;
@@ -865,6 +888,7 @@ at::Tensor& k_lerp_tensor_out(const at::Tensor& self, const at::Tensor& end, con
   TORCH_CHECK(self.dtype() == end.dtype(), "expected dtype ", self.dtype(), " for `end` but got dtype ", end.dtype());
   TORCH_CHECK(self.dtype() == weight.dtype(), "expected dtype ", self.dtype(), " for `weight` but got dtype ",
               weight.dtype());
+  check_lerp(self);
   auto iter = make_iter(out, {self, end, weight});
   run_op(iter, TPURT_EW_LERP, "lerp", self.scalar_type());
   return out;
@@ -873,6 +897,7 @@ at::Tensor& k_lerp_tensor_out(const at::Tensor& self, const at::Tensor& end, con
 at::Tensor& k_addcmul_out(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2, const c10::Scalar& value,
                         at::Tensor& out) {
   auto iter = make_iter(out, {self, t1, t2});
+  TORCH_CHECK_NOT_IMPLEMENTED(iter.common_dtype() != at::kBool, "\"addcmul\" not implemented for 'Bool'");
   TORCH_CHECK(!value.isComplex() || iter.common_dtype() == at::kComplexFloat ||
                   iter.common_dtype() == at::kComplexDouble,
               "addcmul: complex value needs complex tensors");
@@ -1298,9 +1323,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("logit_backward.grad_input", TORCH_FN(k_logit_backward_out));
   m.impl("sign.out", TORCH_FN(k_sign_out));
   m.impl("sgn.out", TORCH_FN(unary_out<TPURT_EW_SGN>));
-  m.impl("floor.out", TORCH_FN(unary_out<TPURT_EW_FLOOR>));
-  m.impl("ceil.out", TORCH_FN(unary_out<TPURT_EW_CEIL>));
-  m.impl("trunc.out", TORCH_FN(unary_out<TPURT_EW_TRUNC>));
+  m.impl("floor.out", TORCH_FN(rounding_out<TPURT_EW_FLOOR>));
+  m.impl("ceil.out", TORCH_FN(rounding_out<TPURT_EW_CEIL>));
+  m.impl("trunc.out", TORCH_FN(rounding_out<TPURT_EW_TRUNC>));
   m.impl("round.out", TORCH_FN(k_round_out));
   m.impl("round.decimals_out", TORCH_FN(k_round_decimals_out));
   m.impl("frac.out", TORCH_FN(k_frac_out));

@@ -121,6 +121,9 @@ void scatter_impl(at::Tensor& self, int64_t dim, const at::Tensor& index_in, con
   at::Tensor index = on_device(index_in, self);
   dim = at::maybe_wrap_dim(dim, self.dim());
   gather_shape_check(self, dim, index, name);
+  // the mean of booleans is not defined (the CPU refuses it even with no index)
+  TORCH_CHECK_NOT_IMPLEMENTED(!(op == TPURT_SCATTER_MEAN && self.scalar_type() == at::kBool),
+                              "scatter_reduce(): reduce='mean' is not implemented for 'Bool'");
   if (index.numel() == 0) return;
   if (src) {
     TORCH_CHECK(src->scalar_type() == self.scalar_type(), name, "(): Expected self.dtype to be equal to src.dtype");
@@ -253,7 +256,8 @@ at::Tensor& index_add_out(const at::Tensor& self, int64_t dim, const at::Tensor&
               "index_add_(): Number of indices (", index.numel(), ") should be equal to source.size(dim) (",
               (source.dim() == 0 ? 1 : source.size(dim)), ")");
   prep_out(self, out);
-  if (index.numel() == 0) return out;
+  // as the CPU: nothing to add (no index is read) into an empty tensor of 2+ dimensions
+  if (index.numel() == 0 || (self.dim() > 1 && self.numel() == 0)) return out;
   at::Tensor o = out.dim() == 0 ? out.view({1}) : out;
   at::Tensor src = on_device(source, self);
   src = src.dim() == 0 ? src.view({1}) : src;

@@ -20,12 +20,25 @@ namespace torch_tpu {
 
 // ------------------------------------------------------------------ errors
 
+namespace {
+bool index_error_is_runtime_error(const std::string& msg) {
+  size_t end = msg.find_first_of(": (");
+  std::string op = msg.substr(0, end == std::string::npos ? 0 : end);
+  return op == "gather" || op == "scatter" || op == "scatter_add" || op == "scatter_reduce" || op == "index_add";
+}
+}  // namespace
+
 void raise_status(tpurt_status s, const char* what) {
   std::string msg = tpurt_last_error();
   switch (s) {
     case TPURT_ERR_OUT_OF_MEMORY:
       TORCH_CHECK_WITH(OutOfMemoryError, false, "TPU out of memory. ", msg);
     case TPURT_ERR_INDEX:
+      // PyTorch's CPU kernels report an out-of-range index of gather, the
+      // scatters and index_add as RuntimeError, every other one as
+      // IndexError; the message starts with the failing launch's name (an
+      // asynchronous error knows nothing else of its op).
+      if (index_error_is_runtime_error(msg)) TORCH_CHECK(false, msg);
       TORCH_CHECK_INDEX(false, msg);
     case TPURT_ERR_NOT_SUPPORTED:
       TORCH_CHECK_NOT_IMPLEMENTED(false, what, ": ", msg);

@@ -487,7 +487,7 @@ typedef double _Complex c128_t;
   X(DT, TPURT_C64, c64_t, CONVF(v))                                  \
   X(DT, TPURT_C128, c128_t, CONVF(v))
 
-/* float -> integer as the copy kernel does it (truncation, NaN -> 0, wrap) */
+/* float -> integer as the copy kernel does it (truncation, NaN and out of range -> INT64_MIN, wrap) */
 #define F2I(v) tpurt__f2i64((double)(v))
 #define ID_I(v) (v)
 #define EW_STORE_REAL(X, CT, TOI)                                    \

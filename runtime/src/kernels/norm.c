@@ -24,6 +24,12 @@
 static int flat_range(const tpurt_view *v, int d0, int d1, int64_t *n, int64_t *st) {
   int64_t cnt = 1, s = 1;
   int first = 1;
+  for (int k = d0; k < d1; k++)
+    if (v->sizes[k] == 0) { /* no element: any strides address it */
+      *n = 0;
+      *st = 1;
+      return 1;
+    }
   for (int k = d1 - 1; k >= d0; k--) {
     if (v->sizes[k] == 1) continue;
     if (first) {
@@ -34,8 +40,6 @@ static int flat_range(const tpurt_view *v, int d0, int d1, int64_t *n, int64_t *
     }
     cnt *= v->sizes[k];
   }
-  for (int k = d0; k < d1; k++)
-    if (v->sizes[k] == 0) cnt = 0;
   *n = cnt;
   *st = s;
   return 1;

@@ -306,7 +306,11 @@ static void row_op(const rplan *p, const void *xv, int64_t n, int64_t lin, rstat
       double c = s->a.d;
       int64_t ci = s->k, i0 = 0;
       if (ci < 0) { c = AT(0); ci = lin; i0 = 1; }
-      if (c != c) return;
+      if (c != c) { /* a NaN wins: the row's first element, or one seen before */
+        s->a.d = c;
+        s->k = ci;
+        return;
+      }
       for (int64_t i = i0; i < n; i++) {
         double v = AT(i);
         if (v != v) { c = v; ci = lin + i; break; }

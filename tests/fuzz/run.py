@@ -1,0 +1,253 @@
+"""Running a fuzz program on a device and comparing two runs.
+
+``check(program, modes)`` runs the program on tpu in strict mode (recording
+the random numbers it draws), on the CPU (replaying them) and on tpu in each
+other mode, and returns ``None`` when every tpu run agrees with the CPU, or a
+one-line description of the first difference:
+
+* errors: every statement that raised, by index and exception class, must be
+  the same (a statement flagged ``sync`` — an index that may be out of range —
+  is followed by a synchronization on tpu, so that the asynchronous error is
+  raised by that statement);
+* values: every variable alive at the end and the gradients of the leaves:
+  dtype, shape, strides, then values — bit for bit (NaN equal) for exact
+  values, within a tolerance by dtype otherwise.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import torch
+
+import torch_tpu
+
+from .ops import RUN, Ctx
+
+# (rtol, atol) for inexact values, by dtype; atol is scaled by the magnitude
+# of the reference (max(1, max |ref|)): long chains, sums of many terms.
+TOLERANCES = {torch.float64: (1e-6, 1e-7), torch.float32: (2e-4, 1e-4), torch.bfloat16: (4e-2, 2e-2),
+              torch.float16: (5e-3, 2e-3)}
+MODES = ("strict", "defer")
+
+
+def _groups(program: dict[str, Any]) -> dict[int, int]:
+    """Alias group of every var: views share their base's group."""
+    grp: dict[int, int] = {}
+    for st in program["stmts"]:
+        out = st.get("out")
+        if out is None:
+            continue
+        view = st["op"] == "view" or (st["op"] == "getitem" and len(st["in"]) == 1)
+        src = st["in"][0] if view else st.get("alias")
+        grp[out] = grp.get(src, src) if src is not None else out
+    return grp
+
+
+def execute(program: dict[str, Any], device: str, mode: str = "strict",
+            tape: dict[int, torch.Tensor] | None = None) -> dict[str, Any]:
+    """Runs the program; returns {"errors": [(index, class name, message)],
+    "values": {name: host tensor}}."""
+    ctx = Ctx(device, program.get("precision", "HIGHEST"), tape if tape is not None else {},
+              record=device != "cpu" and mode == "strict")
+    grp = _groups(program)
+    env: dict[int, torch.Tensor] = {}
+    leaves: list[int] = []
+    errors: list[tuple[int, str, str]] = []
+    grads_valid = True
+    on_tpu = device != "cpu"
+    torch.manual_seed(program["seed"])
+    if on_tpu:
+        torch.tpu.precision.set(program.get("precision", "HIGHEST"))
+        previous = torch_tpu.set_execution_mode(mode)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for i, st in enumerate(program["stmts"]):
+                if any(v not in env for v in st["in"]):
+                    continue
+                ctx.index = i
+                try:
+                    out = RUN[st["op"]](ctx, [env[v] for v in st["in"]], st["p"])
+                    if on_tpu and st.get("sync"):
+                        torch.tpu.synchronize()
+                except Exception as exc:  # the devices must agree on it
+                    errors.append((i, type(exc).__name__, str(exc).split("\n")[0][:300]))
+                    if st["op"] == "backward":   # the leaves' grads are then as far as the engine got
+                        grads_valid = False
+                    if st.get("mut") is not None:
+                        g = grp.get(st["mut"], st["mut"])
+                        for k in [k for k in env if grp.get(k, k) == g]:
+                            del env[k]
+                    continue
+                if st.get("out") is not None and isinstance(out, torch.Tensor):
+                    env[st["out"]] = out
+                    if st["op"] == "input" and st["p"].get("rg"):
+                        leaves.append(st["out"])
+            values: dict[str, Any] = {}
+            try:
+                for k, t in env.items():
+                    values[f"v{k}"] = t.detach().cpu()
+                    values[f"v{k}.stride"] = t.stride()
+                for k in leaves if grads_valid else []:
+                    if k in env and env[k].grad is not None:
+                        values[f"v{k}.grad"] = env[k].grad.cpu()
+                if on_tpu:
+                    torch.tpu.synchronize()
+            except Exception as exc:
+                errors.append((len(program["stmts"]), type(exc).__name__, str(exc).split("\n")[0][:300]))
+    finally:
+        if on_tpu:
+            torch_tpu.set_execution_mode(previous)
+            torch.tpu.precision.set(None)
+            try:
+                torch.tpu.synchronize()
+            except Exception as exc:
+                errors.append((len(program["stmts"]) + 1, type(exc).__name__, str(exc).split("\n")[0][:300]))
+    return {"errors": errors, "values": values, "tape": ctx.tape}
+
+
+def exact_vars(program: dict[str, Any]) -> set[str]:
+    """Names of the values that must match bit for bit (recorded by the
+    generator as "x" on each statement)."""
+    out = set()
+    for st in program["stmts"]:
+        if st.get("out") is not None and st.get("x", False):
+            out.add(f"v{st['out']}")
+    # an in-place op that is not exact makes its whole alias group inexact
+    grp = _groups(program)
+    for st in program["stmts"]:
+        if st.get("mut") is not None and not st.get("x", False):
+            g = grp.get(st["mut"], st["mut"])
+            out -= {f"v{k}" for k, gg in grp.items() if gg == g}
+    return out
+
+
+def view_inputs(program: dict[str, Any]) -> dict[str, str]:
+    """{view var: the var it views} for the program's view statements."""
+    out = {}
+    for st in program["stmts"]:
+        if st.get("out") is not None and (st["op"] == "view" or (st["op"] == "getitem" and len(st["in"]) == 1)):
+            out[f"v{st['out']}"] = f"v{st['in'][0]}"
+    return out
+
+
+def _scale(t: torch.Tensor) -> float:
+    f = t.double()
+    f = f[torch.isfinite(f)]
+    return max(1.0, float(f.abs().max())) if f.numel() else 1.0
+
+
+def compare_values(name: str, a: Any, e: Any, exact: bool, precision: str) -> str | None:
+    if isinstance(e, tuple):
+        if a != e:
+            return f"{name}: {a} != {e}"
+        return None
+    if a.dtype != e.dtype:
+        return f"{name}: dtype {a.dtype} != {e.dtype}"
+    if a.shape != e.shape:
+        return f"{name}: shape {tuple(a.shape)} != {tuple(e.shape)}"
+    if not a.numel():
+        return None
+    if exact or not (e.is_floating_point() or e.is_complex()):
+        same = (a == e) | (a.isnan() & e.isnan()) if e.is_floating_point() else (a == e)
+        if bool(same.all()):
+            return None
+        bad = (~same).nonzero()[0].tolist()
+        return f"{name}: values differ at {bad}: {a[tuple(bad)].item()!r} != {e[tuple(bad)].item()!r} (exact)"
+    rtol, atol = TOLERANCES[e.dtype]
+    if name.endswith(".grad") and precision != "HIGHEST":
+        rtol, atol = TOLERANCES[torch.bfloat16]   # backward products run at the device's precision
+    atol *= _scale(e)
+    try:
+        torch.testing.assert_close(a, e, rtol=rtol, atol=atol, equal_nan=True)
+    except AssertionError as exc:
+        msg = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())[:300]
+        return f"{name}: {msg}"
+    return None
+
+
+# Differences of exception class explained in RELIABILITY.md: the CPU's own
+# class depends on which of its internal paths ran; the device raises one
+# class for the op. (statement op, f, tpu class, cpu class, cpu message part)
+EXPLAINED = [
+    ("index", "index_select", "IndexError", "RuntimeError", "INDICES element is out of DATA bounds"),
+    ("index", "index_add", "RuntimeError", "IndexError", "index out of range in self"),
+    # the mean of booleans is refused at once; the CPU finds a bad index first, in its kernel's loop
+    ("index", "scatter_reduce", "NotImplementedError", "RuntimeError", "out of bounds"),
+]
+
+
+# An error on tpu only, explained: the fused RMSNorm saves its input for the
+# backward pass (as on CUDA); the CPU's composite saves an upcast copy of a
+# float16 / bfloat16 input, so an in-place change of that input before the
+# backward pass is caught on tpu and not on the CPU.
+TPU_ONLY = [("backward", "RuntimeError", "modified by an inplace operation", "rms_norm")]
+
+
+def tpu_only_explained(program: dict[str, Any], got: tuple) -> bool:
+    if got[0] >= len(program["stmts"]):
+        return False
+    st = program["stmts"][got[0]]
+    uses = {s["p"].get("f") for s in program["stmts"][: got[0]]}
+    return any(st["op"] == o and got[1] == c and part in got[2] and needs in uses for o, c, part, needs in TPU_ONLY)
+
+
+def explained(program: dict[str, Any], got: tuple, ref: tuple) -> bool:
+    if got[0] != ref[0] or got[0] >= len(program["stmts"]):
+        return False
+    st = program["stmts"][got[0]]
+    return any(st["op"] in (o, o + "_") and st["p"].get("f", "").rstrip("_") == f and got[1] == gc and ref[1] == rc and part in ref[2]
+               for o, f, gc, rc, part in EXPLAINED)
+
+
+def compare(program: dict[str, Any], got: dict[str, Any], ref: dict[str, Any], mode: str) -> str | None:
+    ref_at = {e[0] for e in ref["errors"]}
+    skip_grads = False
+    for e in list(got["errors"]):
+        if e[0] not in ref_at and tpu_only_explained(program, e):
+            got = {**got, "errors": [x for x in got["errors"] if x is not e]}
+            skip_grads = True
+    ge = [(i, c if not (j < len(ref["errors"]) and explained(program, got["errors"][j], ref["errors"][j]))
+           else ref["errors"][j][1]) for j, (i, c, _) in enumerate(got["errors"])]
+    re_ = [(i, c) for i, c, _ in ref["errors"]]
+    if ge != re_:
+        for a, b in zip(got["errors"] + [None] * len(re_), ref["errors"] + [None] * len(ge)):
+            if a is None or b is None or (a[0], a[1]) != (b[0], b[1]):
+                return f"[{mode}] errors differ: tpu {a} vs cpu {b}"
+    exact = exact_vars(program)
+    views = view_inputs(program)
+    for name in sorted(set(got["values"]) | set(ref["values"]), key=_natural):
+        if skip_grads and name.endswith(".grad"):
+            continue
+        if name.endswith(".stride"):
+            # a layout is a contract for views only (other ops' output layouts are
+            # the backend's choice), and only where the viewed tensors agree
+            src = views.get(name[: -len(".stride")])
+            if src is None or got["values"].get(src + ".stride") != ref["values"].get(src + ".stride"):
+                continue
+        if name not in got["values"] or name not in ref["values"]:
+            return f"[{mode}] {name} present on {'tpu' if name in got['values'] else 'cpu'} only"
+        d = compare_values(name, got["values"][name], ref["values"][name], name in exact,
+                           program.get("precision", "HIGHEST"))
+        if d:
+            return f"[{mode}] {d}"
+    return None
+
+
+def _natural(name: str):
+    digits = "".join(ch for ch in name.split(".")[0] if ch.isdigit())
+    return (int(digits) if digits else math.inf, name)
+
+
+def check(program: dict[str, Any], modes: tuple[str, ...] = MODES) -> str | None:
+    """None when tpu agrees with the CPU in every mode, else the first difference."""
+    strict = execute(program, "tpu", "strict")
+    ref = execute(program, "cpu", tape=strict["tape"])
+    for mode in modes:
+        got = strict if mode == "strict" else execute(program, "tpu", mode)
+        d = compare(program, got, ref, mode)
+        if d:
+            return d
+    return None
