@@ -35,10 +35,14 @@ struct Prog {
   std::vector<double> scalars;
   tpurt_view ins[TPURT_EW_MAX_IO];
   int nin = 0, nreg = 0;
+  // the operands' common dtype when the caller knows it: integer operands of another dtype are
+  // converted to it before use (load_inputs), as PyTorch's kernels do
+  at::ScalarType operand = at::ScalarType::Undefined;
   explicit Prog(tpurt_dtype compute) {
     std::memset(&p, 0, sizeof p);
     p.compute = compute;
   }
+  explicit Prog(at::ScalarType common) : Prog(compute_for(common)) { operand = common; }
   bool is_complex() const { return p.compute == TPURT_C64 || p.compute == TPURT_C128; }
   int emit(tpurt_ew_op op, std::initializer_list<int> src, double p0 = 0, double p1 = 0, double p2 = 0,
            double p3 = 0) {
@@ -94,12 +98,15 @@ tpurt_view iter_view(const at::TensorIteratorBase& iter, int arg) {
 // Registers of the iterator's inputs (CPU scalars become launch scalars).
 std::vector<int> load_inputs(Prog& pr, const at::TensorIteratorBase& iter) {
   std::vector<int> regs;
+  // registers hold integers as int64: an operand of another integer dtype than the common one (an
+  // int16 -16 meeting a uint8 tensor, a Python -3 compared with one) takes the common dtype's value first
+  bool narrow = pr.operand != at::ScalarType::Undefined && pr.operand != at::kLong &&
+                at::isIntegralType(pr.operand, /*includeBool=*/true);
   for (int i = iter.noutputs(); i < iter.ntensors(); i++) {
-    if (iter.is_cpu_scalar(i)) {
-      regs.push_back(pr.scalar(iter.tensor(i).item()));
-    } else {
-      regs.push_back(pr.load(iter_view(iter, i)));
-    }
+    int r = iter.is_cpu_scalar(i) ? pr.scalar(iter.tensor(i).item()) : pr.load(iter_view(iter, i));
+    if (narrow && iter.dtype(i) != pr.operand)
+      r = pr.emit(TPURT_EW_CAST, {r}, static_cast<double>(to_runtime(pr.operand)));
+    regs.push_back(r);
   }
   return regs;
 }
@@ -127,7 +134,7 @@ void run_op(const at::TensorIteratorBase& iter, tpurt_ew_op op, const char* name
             double p1 = 0, double p2 = 0, double p3 = 0) {
   if (iter.numel() == 0) return;
   check_tpu(iter, name);
-  Prog pr(compute_for(compute));
+  Prog pr(compute);
   auto r = load_inputs(pr, iter);
   int o;
   switch (r.size()) {
@@ -202,7 +209,7 @@ void add_sub(const at::Tensor& self, const at::Tensor& other, const c10::Scalar&
   alpha_check(iter.common_dtype(), alpha);
   if (iter.numel() == 0) return;
   check_tpu(iter, name);
-  Prog pr(compute_for(iter.common_dtype()));
+  Prog pr(iter.common_dtype());
   auto r = load_inputs(pr, iter);
   int b = r[1];
   bool unit = !alpha.isComplex() && (alpha.isIntegral(true) ? alpha.toLong() == 1 : alpha.toDouble() == 1.0);
@@ -299,7 +306,7 @@ at::Tensor& pow_ts_out(const at::Tensor& base, const c10::Scalar& exp, at::Tenso
   if (real_float && (exp.toDouble() == 2.0 || exp.toDouble() == 0.5 || exp.toDouble() == 1.0)) {
     // the CPU kernel's special cases: exact square, sqrt, identity
     check_tpu(iter, "pow");
-    Prog pr(compute_for(ct));
+    Prog pr(ct);
     auto r = load_inputs(pr, iter);
     double e = exp.toDouble();
     int o = e == 2.0 ? pr.emit(TPURT_EW_SQUARE, {r[0]})
@@ -555,7 +562,7 @@ at::Tensor& log_sigmoid_run(const at::Tensor& self, at::Tensor& out) {
   auto iter = at::TensorIterator::unary_float_op(out, self);
   if (iter.numel() == 0) return out;
   check_tpu(iter, "log_sigmoid_forward");
-  Prog pr(compute_for(iter.common_dtype()));
+  Prog pr(iter.common_dtype());
   int x = load_inputs(pr, iter)[0];
   int e = pr.emit(TPURT_EW_EXP, {pr.emit(TPURT_EW_NEG, {pr.emit(TPURT_EW_ABS, {x})})});
   int lo = pr.emit(TPURT_EW_MINIMUM, {x, pr.emit(TPURT_EW_CONST, {}, 0.0)});
@@ -582,7 +589,7 @@ at::Tensor& k_log_sigmoid_backward_out(const at::Tensor& grad, const at::Tensor&
   auto iter = at::TensorIterator::binary_op(grad_input, grad, self);
   if (iter.numel() == 0) return grad_input;
   check_tpu(iter, "log_sigmoid_backward");
-  Prog pr(compute_for(iter.common_dtype()));
+  Prog pr(iter.common_dtype());
   auto r = load_inputs(pr, iter);
   int o = pr.emit(TPURT_EW_MUL, {r[0], pr.emit(TPURT_EW_SIGMOID, {pr.emit(TPURT_EW_NEG, {r[1]})})});
   launch(pr, iter, {o}, "log_sigmoid_backward");
@@ -758,7 +765,7 @@ void masked_fill_run(const at::Tensor& out, const at::Tensor& self, const at::Te
   auto iter = cfg.build();
   if (iter.numel() == 0) return;
   check_tpu(iter, "masked_fill_");
-  Prog pr(compute_for(st));
+  Prog pr(st);
   int x = pr.load(iter_view(iter, 1)), m = pr.load(iter_view(iter, 2)), v;
   if (vt_on_device) {
     v = pr.load(iter_view(iter, 3));
@@ -806,7 +813,7 @@ at::Tensor k_masked_fill_t(const at::Tensor& self, const at::Tensor& mask, const
 void clamp_run(at::TensorIterator& iter, bool has_lo, bool has_hi, const char* name) {
   if (iter.numel() == 0) return;
   check_tpu(iter, name);
-  Prog pr(compute_for(iter.common_dtype()));
+  Prog pr(iter.common_dtype());
   auto r = load_inputs(pr, iter);
   int o;
   if (has_lo && has_hi)
@@ -840,7 +847,7 @@ at::Tensor& k_clamp_out(const at::Tensor& self, const std::optional<c10::Scalar>
   auto iter = cfg.build();
   if (iter.numel() == 0) return out;
   check_tpu(iter, "clamp");
-  Prog pr(compute_for(rt));
+  Prog pr(rt);
   int x = load_inputs(pr, iter)[0], o;
   if (lo && hi)
     o = pr.emit(TPURT_EW_CLAMP, {x, pr.scalar(*lo), pr.scalar(*hi)});
@@ -993,7 +1000,7 @@ std::tuple<at::Tensor&, at::Tensor&> k_frexp_out(const at::Tensor& self, at::Ten
   auto iter = cfg.build();
   if (iter.numel() == 0) return {mantissa, exponent};
   check_tpu(iter, "frexp");
-  Prog pr(compute_for(self.scalar_type()));
+  Prog pr(self.scalar_type());
   int x = load_inputs(pr, iter)[0];
   int m = pr.emit(TPURT_EW_FREXP_MANTISSA, {x});
   int e = pr.emit(TPURT_EW_FREXP_EXPONENT, {x});
@@ -1009,7 +1016,7 @@ at::Tensor k_rsub(const at::Tensor& self, const at::Tensor& other, const c10::Sc
   alpha_check(iter.common_dtype(), alpha);
   if (iter.numel() == 0) return iter.output();
   check_tpu(iter, "rsub");
-  Prog pr(compute_for(iter.common_dtype()));
+  Prog pr(iter.common_dtype());
   auto r = load_inputs(pr, iter);
   int b = r[1];
   bool unit = !alpha.isComplex() && (alpha.isIntegral(true) ? alpha.toLong() == 1 : alpha.toDouble() == 1.0);
@@ -1124,7 +1131,7 @@ at::Tensor& k_glu_out(const at::Tensor& self, int64_t dim, at::Tensor& out) {
   float_only(iter, "glu");
   if (iter.numel() == 0) return out;
   check_tpu(iter, "glu");
-  Prog pr(compute_for(iter.common_dtype()));
+  Prog pr(iter.common_dtype());
   auto r = load_inputs(pr, iter);
   int o = pr.emit(TPURT_EW_MUL, {r[0], pr.emit(TPURT_EW_SIGMOID, {r[1]})});
   launch(pr, iter, {o}, "glu");
@@ -1143,7 +1150,7 @@ at::Tensor& k_glu_backward_out(const at::Tensor& grad, const at::Tensor& self, i
   float_only(iter, "glu_backward");
   if (iter.numel() == 0) return grad_input;
   check_tpu(iter, "glu_backward");
-  Prog pr(compute_for(iter.common_dtype()));
+  Prog pr(iter.common_dtype());
   auto r = load_inputs(pr, iter);  // a, b, grad
   int s = pr.emit(TPURT_EW_SIGMOID, {r[1]});
   int oa = pr.emit(TPURT_EW_MUL, {r[2], s});
@@ -1163,7 +1170,7 @@ at::Tensor k_prelu_kernel(const at::Tensor& self, const at::Tensor& weight) {
   auto iter = at::TensorIterator::binary_op(out, self, weight);
   if (iter.numel() == 0) return iter.output();
   check_tpu(iter, "_prelu_kernel");
-  Prog pr(compute_for(iter.common_dtype()));
+  Prog pr(iter.common_dtype());
   auto r = load_inputs(pr, iter);
   int pos = pr.emit(TPURT_EW_GT, {r[0], pr.emit(TPURT_EW_CONST, {}, 0.0)});
   int o = pr.emit(TPURT_EW_WHERE, {pos, r[0], pr.emit(TPURT_EW_MUL, {r[1], r[0]})});
@@ -1179,7 +1186,7 @@ std::tuple<at::Tensor, at::Tensor> k_prelu_kernel_backward(const at::Tensor& gra
   auto iter = cfg.build();
   if (iter.numel() > 0) {
     check_tpu(iter, "_prelu_kernel_backward");
-    Prog pr(compute_for(iter.common_dtype()));
+    Prog pr(iter.common_dtype());
     auto r = load_inputs(pr, iter);  // x, w, g
     int zero = pr.emit(TPURT_EW_CONST, {}, 0.0);
     int pos = pr.emit(TPURT_EW_GT, {r[0], zero});
@@ -1211,7 +1218,7 @@ at::Tensor& k_rrelu_with_noise_out(const at::Tensor& self, at::Tensor& noise, co
   auto iter = cfg.build();
   if (iter.numel() == 0) return out;
   check_tpu(iter, "rrelu_with_noise");
-  Prog pr(compute_for(self.scalar_type()));
+  Prog pr(self.scalar_type());
   auto r = load_inputs(pr, iter);  // x, drawn noise
   int pos = pr.emit(TPURT_EW_GT, {r[0], pr.emit(TPURT_EW_CONST, {}, 0.0)});
   int slope = pr.emit(TPURT_EW_WHERE, {pos, pr.emit(TPURT_EW_CONST, {}, 1.0), r[1]});

@@ -55,7 +55,7 @@ at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tens
     check(tpurt_index_select(stream_of(self), &ov, &sv, 0, &iv), "index_select");
     return out;
   }
-  TORCH_CHECK_INDEX(self.size(dim) > 0 || index.numel() == 0, "index_select(): self indexing axis dim should be positive");
+  TORCH_CHECK(self.size(dim) > 0 || index.numel() == 0, "index_select(): self indexing axis dim should be positive");
   tpurt_view ov = view_of(out), sv = view_of(self), iv = view_of(index);
   check(tpurt_index_select(stream_of(self), &ov, &sv, static_cast<int>(dim), &iv), "index_select");
   return out;

@@ -1002,15 +1002,13 @@ plan *tpurt__plan_build(dgraph *G) {
   gstate *gl = NULL; /* groups' states */
   int ngl = 0, capgl = 0;
   int (*pro)[2] = NULL; /* per group: its reduction's node + 1, its write of the input (plan_prologues) */
+  int *deferred_frees = NULL; /* freed on every path, fail included */
   if (!P || !gs || !pf) goto fail;
   P->nnodes = G->n;
   P->nprom = G->np;
   P->units = malloc(sizeof(unit) * (size_t)(G->n + 1));
-  int *deferred_frees = malloc(sizeof(int) * (size_t)(G->n + 1));
-  if (!P->units || !deferred_frees) {
-    free(deferred_frees);
-    goto fail;
-  }
+  deferred_frees = malloc(sizeof(int) * (size_t)(G->n + 1));
+  if (!P->units || !deferred_frees) goto fail;
   int ndf = 0;
   for (int l = 0; l < G->np; l++) {
     tpurt__promise *q = tpurt__promise_get(G->promises[l]);
@@ -1059,6 +1057,7 @@ plan *tpurt__plan_build(dgraph *G) {
   CLOSE_GROUP();
 #undef CLOSE_GROUP
   free(deferred_frees);
+  deferred_frees = NULL;
   if (plan_chains(P, G, pf, gl) != 0) goto fail;
   pro = calloc((size_t)(ngl ? ngl : 1), sizeof *pro);
   if (!pro || plan_prologues(P, G, gl, pf, pro) != 0) goto fail;
@@ -1138,6 +1137,7 @@ fail:
   free(gl);
   free(pf);
   free(pro);
+  free(deferred_frees);
   return NULL;
 }
 

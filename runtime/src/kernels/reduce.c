@@ -331,10 +331,11 @@ static void row_op(const rplan *p, const void *xv, int64_t n, int64_t lin, rstat
           for (int k = 0; k < 16; k++) { float d = xf[i + k] - mf; acc[k] += d * d; }
         for (; i < n; i++) { double d = xf[i] - m; m2 += d * d; }
         for (int k = 0; k < 16; k++) m2 += acc[k];
-        /* correct for the f32 rounding of the mean */
+        /* correct for the f32 rounding of the mean (not when the deviations overflow: m2 is then
+         * rightly infinite, and inf - inf would make it NaN) */
         double corr = 0;
         for (int64_t j = 0; j < n; j++) corr += (double)xf[j] - m;
-        m2 -= corr * corr / (double)n;
+        if (isfinite(corr)) m2 -= corr * corr / (double)n;
       } else {
         double acc[8] = {0}, corr = 0;
         int64_t i = 0;
@@ -343,7 +344,7 @@ static void row_op(const rplan *p, const void *xv, int64_t n, int64_t lin, rstat
         for (; i < n; i++) { double d = xd[i] - m; m2 += d * d; }
         for (int k = 0; k < 8; k++) m2 += acc[k];
         for (int64_t j = 0; j < n; j++) corr += xd[j] - m;
-        m2 -= corr * corr / (double)n;
+        if (isfinite(corr)) m2 -= corr * corr / (double)n; /* as above */
       }
       rstate t = {{.d = m}, m2, n};
       st_combine(p, s, &t);
