@@ -3,6 +3,7 @@ error messages and `torch-tpu check` on planted problems."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,7 @@ from torch_tpu import debug
 
 def test_check_nan_strict_names_first_op():
     x = torch.tensor([1.0, -1.0, 4.0], device="tpu")
-    with pytest.raises(FloatingPointError, match=r"aten::log .*output 0 at test_debug_tools.py:\d+") as ei:
+    with pytest.raises(FloatingPointError, match=r"aten::log .*output 0 at .*test_debug_tools.py:\d+") as ei:
         with debug.check_nan():
             y = x * 2
             z = torch.log(y)  # the first NaN
@@ -42,7 +43,7 @@ def test_check_nan_quiet_and_inf_option():
     assert chk.ops_checked >= 3
     with debug.check_nan(inf=False):
         (1 / x)  # +inf, allowed
-    with pytest.raises(FloatingPointError, match="aten::div"):
+    with pytest.raises(FloatingPointError, match="aten::(div|reciprocal)"):
         with debug.check_nan():
             (1 / x)
 
@@ -119,7 +120,7 @@ def test_cli_check_flags_item_in_loop_and_missing_op(tmp_path):
     r = subprocess.run([sys.executable, "-m", "torch_tpu.cli", "check", str(script)], capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "host sync inside a loop at train.py:11" in r.stdout, r.stdout
+    assert re.search(r"host sync inside a loop at \S*train.py:11:", r.stdout), r.stdout
     assert "[BLOCKER] operator 'aten::poisson" in r.stdout, r.stdout
     assert "fits the HBM of v5e" in r.stdout
     clean = tmp_path / "clean.py"

@@ -43,7 +43,7 @@ def test_strict_trace_has_ops_kernels_copies_memory(tmp_path):
     mm = [e for e in kernels if e["args"].get("ops") == ["mm"]]
     assert len(mm) == 1 and mm[0]["dur"] > 0
     assert mm[0]["args"]["flops"] == 2 * 64 * 32 * 16
-    assert mm[0]["args"]["source"].startswith("test_profiler.py:")
+    assert mm[0]["args"]["source"].rsplit("/", 1)[-1].startswith("test_profiler.py:")
     # the kernel runs after the host op launched it, linked by a flow
     mm_op = [e for e in ops if e["name"].startswith("mm")][0]
     assert mm[0]["ts"] >= mm_op["ts"]
@@ -85,14 +85,14 @@ def test_defer_fused_kernels_named_after_their_ops_and_cut_reasons():
             y = (x * 2 + 1).relu()
             y.sum().item()
     kernels = prof.kernels
-    fused = [k for k in kernels if "+" in k.base_name]
+    fused = [k for k in kernels if k.base_name.startswith("fused(")]
     assert fused, [k.name for k in kernels]
     k = fused[0]
-    assert k.site and k.site.startswith("test_profiler.py:")
+    assert k.site and k.site.rsplit("/", 1)[-1].startswith("test_profiler.py:")
     ops = [prof.ops[c].name for c in k.ops]
     assert len(ops) >= 2 and {"mul.Tensor", "add.Tensor"} & set(ops), ops
     assert k.flops >= 2 * 4096
-    assert any(c["reason"] == "item" and c["site"] and c["site"].startswith("test_profiler.py:") for c in prof.cuts)
+    assert any(c["reason"] == "item" and c["site"] and c["site"].rsplit("/", 1)[-1].startswith("test_profiler.py:") for c in prof.cuts)
     ev = prof.trace_events()
     assert any(e.get("cat") == "cut" and e["args"]["reason"] == "item" for e in ev)
     assert any(e.get("cat") in ("plan",) for e in ev) or any(c["cache_hit"] for c in prof.cuts)

@@ -192,6 +192,13 @@ class _Porter(cst.CSTTransformer):
             return updated.with_changes(parts=parts)
         return updated
 
+    def visit_Import(self, node: cst.Import) -> bool:
+        for alias in node.names:
+            if _dotted(alias.name) == "torch.backends.cudnn":
+                self._note(node, "no effect on tpu (cuDNN settings made through this name); keep or remove",
+                           fixable=False)
+        return False
+
     def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
         mod = _dotted(node.module) if node.module else None
         if mod and (mod == "torch.cuda" or mod.startswith("torch.cuda.")):

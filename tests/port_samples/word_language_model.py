@@ -84,6 +84,6 @@ for batch, i in enumerate(range(0, train_data.size(0) - 1, args.bptt)):
     for p in model.parameters():
         p.data.add_(p.grad, alpha=-args.lr)
     total = loss.item()
-if args.cuda:
+if device.type == "cuda":
     torch.cuda.synchronize()
 print(json.dumps({"loss": total, "ppl": math.exp(total), "device": str(device)}))
