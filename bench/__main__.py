@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m bench [device] [elementwise] [gemm] [bf16] [attention] [defer] [fusion] [fft] [compile] [matrix] [sweep] [dist] [--repeats N] [--quick|--full] [--record]``.
+"""Run the benchmarks: ``python -m bench [device] [elementwise] [gemm] [bf16] [attention] [defer] [fusion] [fft] [compile] [matrix] [sweep] [dist] [profiler] [--repeats N] [--quick|--full] [--record]``.
 
 device   host<->device copy bandwidth vs memcpy, empty-op round trip
 elementwise  large add/mul/gelu vs CPU and vs the machine's STREAM triad; softmax, norms,
@@ -21,6 +21,8 @@ compile  torch.compile(backend="tpu"): cold and warm-cache first training step v
 matrix   examples' workloads (minGPT, Llama, ResNet, DLRM, UNet; Qwen with --qwen) x {cpu eager,
          cpu Inductor, tpu strict, tpu defer, tpu compiled}: train (and Llama/ResNet inference) step time,
          throughput, ratios, peak memory, compile cost; PNG charts (not in the default run)
+profiler torch_tpu.profiler's cost per op: off, the runtime's trace ring alone, the whole profile (not in
+         the default run)
 sweep    Llama at ~1M..100M params: step time and peak memory vs params and FLOPs (not in the default run)
 dist     tpu_dist all_reduce bus bandwidth vs Gloo on CPU tensors (2 processes, 4 KiB-256 MiB), DDP Llama
          throughput on 1 and 2 processes under torchrun (not in the default run)
@@ -48,7 +50,7 @@ from bench import attention, common, defer, device, elementwise, fft, fusion, ge
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("suites", nargs="*", choices=[[], "device", "elementwise", "gemm", "bf16", "attention", "defer", "fusion", "fft", "compile", "matrix", "sweep", "dist"], help="suites to run (default: all)")
+    parser.add_argument("suites", nargs="*", choices=[[], "device", "elementwise", "gemm", "bf16", "attention", "defer", "fusion", "fft", "compile", "matrix", "sweep", "dist", "profiler"], help="suites to run (default: all)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="repeats per configuration (median reported; default 15, matrix/sweep: 3 quick, 10 full)")
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 16, 256], help="copy sizes in MiB")
@@ -129,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     if "fft" in args.suites:
         res, table = fft.fft(max(3, args.repeats // 3))
         emit("fft", {"machine": common.machine(), **res}, "FFT", table)
+    if "profiler" in args.suites:
+        from bench import profiler as prof
+
+        res, table = prof.overhead(args.repeats)
+        emit("profiler", {"machine": common.machine(), **res}, "Profiler overhead (issue 31)", table)
     if "compile" in args.suites:
         from bench import compile as comp
 

@@ -66,6 +66,11 @@ def _register() -> None:
 _register()
 _importing = False
 
+if __import__("os").environ.get("TORCH_TPU_CHECK_NAN"):  # NaN / Inf checker mode (torch_tpu.debug)
+    from torch_tpu import debug as _debug
+
+    _debug._install_from_environment()
+
 from torch_tpu._internal.execution_mode import (  # noqa: E402
     cpu_fallback_mode, execution_mode, flush, get_execution_mode, set_execution_mode)
 

@@ -1340,6 +1340,56 @@ TPURT_API tpurt_status tpurt_segment_reduce_backward(tpurt_stream *s, const tpur
                                                      const tpurt_view *data, const tpurt_view *offsets,
                                                      tpurt_segment_op op, int has_initial, double initial);
 
+/* ----------------------------------------------------------------- trace */
+/* A ring of timestamped events the runtime writes while tracing is on
+ * (trace.c): the profiler's device side. Off, each hook costs one relaxed
+ * load and a predictable branch. Times are CLOCK_MONOTONIC nanoseconds
+ * (tpurt_trace_now_ns). Strings are process-lifetime (literals or interned).
+ *   KERNEL   a command a stream worker ran: [ts, ts + dur), name, dev,
+ *            stream, seq (the command's number on its stream)
+ *   LAUNCH   a command enqueued: host tid, dev, stream, seq, corr (the host
+ *            op id the enqueuing thread set, 0 inside a deferred graph)
+ *   MEMBER   one recorded op a launch of a deferred graph contains: seq and
+ *            stream of that launch, corr of the op (one event per op fused)
+ *   CUT      a DeferAndFuse graph run: a = reason (tpurt_flush_reason),
+ *            b = ops recorded, site = user line, dur = run time on the host;
+ *            seq = kernels launched, corr = 1 if its plan came from the cache
+ *   PLAN     a plan built (span on the host) — a cache miss
+ *   COMPILE  a generated kernel: span on the compile thread; a = 1 if it came
+ *            from the persistent kernel cache, b = 1 if it loaded
+ *   COPY     a copy enqueued or recorded: a = bytes, b = 0 h2d, 1 d2h, 2 d2d
+ *   MEMORY   a counter sample of dev: a = allocated bytes, b = reserved */
+typedef enum {
+  TPURT_TRACE_KERNEL = 1,
+  TPURT_TRACE_LAUNCH,
+  TPURT_TRACE_MEMBER,
+  TPURT_TRACE_CUT,
+  TPURT_TRACE_PLAN,
+  TPURT_TRACE_COMPILE,
+  TPURT_TRACE_COPY,
+  TPURT_TRACE_MEMORY
+} tpurt_trace_kind;
+typedef struct tpurt_trace_event {
+  int64_t ts_ns, dur_ns;
+  const char *name, *site;
+  uint64_t seq, corr;
+  int64_t a, b;
+  int32_t kind, dev, stream, tid;
+} tpurt_trace_event;
+/* Starts tracing into a fresh ring of capacity events (rounded up to a power
+ * of two; 0: 1 << 18). When the ring is full the oldest events go (counted). */
+TPURT_API tpurt_status tpurt_trace_start(size_t capacity);
+TPURT_API void tpurt_trace_stop(void);
+TPURT_API int tpurt_trace_enabled(void);
+/* The calling thread's current host op id: launches it enqueues or records
+ * carry it (0: none). */
+TPURT_API void tpurt_trace_set_corr(uint64_t id);
+/* Copies up to max events, oldest first, into out; *dropped = events the
+ * ring lost. Call after tpurt_trace_stop and a device synchronize. */
+TPURT_API size_t tpurt_trace_read(tpurt_trace_event *out, size_t max, uint64_t *dropped);
+TPURT_API size_t tpurt_trace_count(void);
+TPURT_API int64_t tpurt_trace_now_ns(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -132,6 +132,7 @@ static tpurt_status launch_memcpy(tpurt_stream *s, memcpy_args *m, const char *n
   uint64_t seq = 0;
   int placed = 0; /* enqueued inside a deferred graph */
   tpurt_status st;
+  if (TPURT__TRACE_ON()) tpurt__trace_emit(TPURT_TRACE_COPY, tpurt__now_ns(), 0, name, NULL, s->dev, (int)s->id, 0, tpurt__trace_corr, (int64_t)m->n, m->dir == DIR_H2D ? 0 : m->dir == DIR_D2H ? 1 : 2);
   if (tpurt__deferring()) {
     /* host->device: the data is staged now, so the host buffer is free to
      * change (pinned or not); device->host: the graph runs, the copy placed

@@ -91,6 +91,17 @@ TPURT_INTERNAL void tpurt__wait_until(tpurt__waiter *w, _Atomic uint64_t *v, uin
 /* After storing value into the counter. */
 TPURT_INTERNAL void tpurt__notify_reached(tpurt__waiter *w, uint64_t value, _Atomic uint64_t *wake_at);
 TPURT_INTERNAL int64_t tpurt__now_ns(void);
+/* trace.c: the event ring behind tpurt_trace_* (tpurt.h); every hook sits
+ * behind TPURT__TRACE_ON(), one relaxed load and a predictable branch */
+TPURT_INTERNAL extern _Atomic int tpurt__trace_on;
+#define TPURT__TRACE_ON() __builtin_expect(atomic_load_explicit(&tpurt__trace_on, memory_order_relaxed), 0)
+TPURT_INTERNAL extern _Thread_local uint64_t tpurt__trace_corr;
+TPURT_INTERNAL void tpurt__trace_emit(int kind, int64_t ts, int64_t dur, const char *name, const char *site, int dev,
+                                      int stream, uint64_t seq, uint64_t corr, int64_t a, int64_t b);
+/* a command enqueued on stream s as number seq: its LAUNCH, and one MEMBER
+ * per op tpurt__trace_members named for it (consumed) */
+TPURT_INTERNAL void tpurt__trace_launch(const tpurt_stream *s, const char *name, uint64_t seq);
+TPURT_INTERNAL void tpurt__trace_members(const uint64_t *corr, int n);
 /* ktimes.c: per-name command times (TORCH_TPU_KERNEL_TIMES=1), printed at exit */
 TPURT_INTERNAL int tpurt__ktimes_on(void);
 TPURT_INTERNAL void tpurt__ktimes_add(const char *name, int64_t ns);

@@ -519,6 +519,12 @@ static blk *try_alloc(devmem *m, uint64_t rounded, int pool, tpurt_stream *s, in
   return fresh;
 }
 
+/* a counter sample for the trace (under m->mu) */
+static void trace_memory(const devmem *m, int dev) {
+  tpurt__trace_emit(TPURT_TRACE_MEMORY, tpurt__now_ns(), 0, "memory", NULL, dev, -1, 0, 0,
+                    m->st.allocated_bytes[TPURT_POOL_ALL].current, m->st.reserved_bytes[TPURT_POOL_ALL].current);
+}
+
 tpurt_status tpurt_malloc(int dev, size_t size, tpurt_stream *s, tpurt_devptr *out) {
   tpurt_status st = tpurt__check_device(dev);
   if (st) return st;
@@ -557,6 +563,7 @@ tpurt_status tpurt_malloc(int dev, size_t size, tpurt_stream *s, tpurt_devptr *o
   }
   if (b && take_block(m, b, rounded, size) == 0) {
     if (ht_insert(m, b) == 0) {
+      if (TPURT__TRACE_ON()) trace_memory(m, dev);
       pthread_mutex_unlock(&m->mu);
       *out = tpurt__devptr_make(dev, b->off);
       return TPURT_OK;
@@ -618,6 +625,7 @@ tpurt_status tpurt_free(tpurt_devptr p) {
   b->allocated = 0;
   stat_upd(m->st.allocation, b->pool, -1);
   stat_upd(m->st.allocated_bytes, b->pool, -(int64_t)b->size);
+  if (TPURT__TRACE_ON()) trace_memory(m, dev);
   if (b->nuses > 0) {
     tpurt__fence *f = malloc((size_t)b->nuses * sizeof *f);
     int nf = 0;

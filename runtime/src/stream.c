@@ -66,9 +66,13 @@ static void *worker_main(void *arg) {
     int is_record = sl->fn == k_event_record;
     unsigned char record_args[EVENT_CMD_BYTES];
     if (is_record) memcpy(record_args, args, sizeof record_args);
-    int64_t t0 = tpurt__ktimes_on() ? tpurt__now_ns() : 0;
+    int64_t t0 = tpurt__ktimes_on() || TPURT__TRACE_ON() ? tpurt__now_ns() : 0;
     tpurt_status st = is_record ? TPURT_OK : sl->fn(args, err, sizeof err);
-    if (t0) tpurt__ktimes_add(sl->name, tpurt__now_ns() - t0);
+    if (t0) {
+      int64_t t1 = tpurt__now_ns();
+      if (tpurt__ktimes_on()) tpurt__ktimes_add(sl->name, t1 - t0);
+      if (TPURT__TRACE_ON()) tpurt__trace_emit(TPURT_TRACE_KERNEL, t0, t1 - t0, sl->name, NULL, s->dev, (int)s->id, h + 1, 0, st, 0);
+    }
     if (st != TPURT_OK) {
       err[sizeof err - 1] = 0;
       record_error(s, h + 1, sl->name, st, err);
@@ -234,6 +238,7 @@ tpurt_status tpurt__enqueue(tpurt_stream *s, const char *name, tpurt_kernel_fn f
   atomic_store_explicit(&s->tail, t + 1, memory_order_release);
   tpurt__notify(&s->work_w);
   pthread_mutex_unlock(&s->mu);
+  if (TPURT__TRACE_ON()) tpurt__trace_launch(s, name, t + 1);
   if (seq) *seq = t + 1;
   return TPURT_OK;
 }

@@ -1,6 +1,7 @@
 // Python bindings of the glue: the `torch_tpu._C` extension module. Only
 // what the Python device module needs that PyTorch's generic APIs
 // (torch.accelerator, torch.Stream, torch.Event) do not already reach.
+#include <vector>
 #include <torch/csrc/Generator.h>
 #include <torch/extension.h>
 
@@ -269,6 +270,23 @@ py::dict kcache_stats() {
   return d;
 }
 
+// The runtime's trace ring (tpurt_trace_*) as tuples for torch_tpu.profiler:
+// (kind, ts_ns, dur_ns, name, site, dev, stream, seq, corr, a, b, tid).
+py::tuple trace_read() {
+  size_t n = tpurt_trace_count();
+  std::vector<tpurt_trace_event> ev(n);
+  uint64_t dropped = 0;
+  n = tpurt_trace_read(ev.data(), n, &dropped);
+  py::list out;
+  for (size_t i = 0; i < n; i++) {
+    const tpurt_trace_event &e = ev[i];
+    out.append(py::make_tuple(e.kind, e.ts_ns, e.dur_ns, e.name ? py::object(py::str(e.name)) : py::object(py::none()),
+                              e.site ? py::object(py::str(e.site)) : py::object(py::none()), e.dev, e.stream, e.seq,
+                              e.corr, e.a, e.b, e.tid));
+  }
+  return py::make_tuple(out, dropped);
+}
+
 }  // namespace
 }  // namespace torch_tpu
 
@@ -360,6 +378,17 @@ PYBIND11_MODULE(_C, m) {
     char buf[4096];
     tpurt_status st = tpurt_kcache_dir(buf, sizeof buf);
     return py::make_tuple(std::string(buf), st == TPURT_OK, std::string(st == TPURT_OK ? "" : tpurt_last_error()));
+  });
+  m.def("_trace_start", [](size_t capacity) { check(tpurt_trace_start(capacity), "profiler"); });
+  m.def("_trace_stop", [] { tpurt_trace_stop(); });
+  m.def("_trace_enabled", [] { return static_cast<bool>(tpurt_trace_enabled()); });
+  m.def("_trace_set_corr", [](uint64_t id) { tpurt_trace_set_corr(id); });
+  m.def("_trace_read", &trace_read);
+  m.def("_trace_now_ns", [] { return tpurt_trace_now_ns(); });
+  m.def("_user_site", [] {  // the innermost frame outside torch and torch_tpu, as "file:line" (or None)
+    tpurt_flush_reason r = TPURT_FLUSH_EXPLICIT;
+    const char* s = site_fn(&r);
+    return s ? py::object(py::str(s)) : py::object(py::none());
   });
   m.attr("_api_version") = TPURT_API_VERSION;
   init_c10d(m);

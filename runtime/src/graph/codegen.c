@@ -781,7 +781,7 @@ static _Atomic uint64_t g_seq;
 /* Generates, compiles and loads e's kernel; sets its state. */
 static void compile_entry(cg_entry *e) {
   double t0 = now_s();
-  int ok = 0;
+  int ok = 0, from_cache = 0;
   if (!compiler_ready()) goto done;
   char *src = gen_source(&e->sig);
   if (!src) {
@@ -798,6 +798,7 @@ static void compile_entry(cg_entry *e) {
   char cached[320];
   int hit = cache_lookup(&key, cached, sizeof cached);
   const char *load = hit ? cached : sopath;
+  from_cache = hit;
   if (!hit) {
     FILE *f = fopen(cpath, "w");
     size_t len = strlen(src);
@@ -858,6 +859,7 @@ static void compile_entry(cg_entry *e) {
   free(src);
 done:;
   double dt = now_s() - t0;
+  if (TPURT__TRACE_ON()) tpurt__trace_emit(TPURT_TRACE_COMPILE, tpurt__now_ns() - (int64_t)(dt * 1e9), (int64_t)(dt * 1e9), from_cache ? "kernel cache hit" : "kernel compile", NULL, -1, -1, e->sig.ninst, 0, from_cache, ok);
   pthread_mutex_lock(&g_mu);
   g_compile_secs += dt;
   pthread_mutex_unlock(&g_mu);

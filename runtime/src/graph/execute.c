@@ -374,9 +374,30 @@ static tpurt_status run_reduce_pro(exec_ctx *x, int u) {
   return run_reduce_fused(x, u, x->P->groups[x->P->units[u].idx].pro_node - 1, u);
 }
 
+/* Tracing: the recorded ops (their host op ids) unit u's launch contains,
+ * named to the trace before it is enqueued. A GEMM's epilogue group comes
+ * with it; a reduction's prologue group names its own nodes (the
+ * reduction node is recorded with its launch). */
+static void trace_unit_members(const exec_ctx *x, int u) {
+  const unit *U = &x->P->units[u];
+  const dgraph *G = x->G;
+  uint64_t c[256];
+  int n = 0;
+  if (U->kind == U_NODE) c[n++] = G->nodes[U->idx].corr;
+  const int *nodes = NULL;
+  int nn = 0;
+  if (U->kind == U_CHAIN) nodes = x->P->chains[U->idx].nodes, nn = x->P->chains[U->idx].nn;
+  if (U->kind == U_GROUP) nodes = x->P->groups[U->idx].nodes, nn = x->P->groups[U->idx].nn;
+  if (U->kind == U_NODE && x->P->epi && x->P->epi[u] && u + 1 < x->P->nunits && x->P->units[u + 1].kind == U_GROUP)
+    nodes = x->P->groups[x->P->units[u + 1].idx].nodes, nn = x->P->groups[x->P->units[u + 1].idx].nn;
+  for (int k = 0; k < nn && n < 256; k++) c[n++] = G->nodes[nodes[k]].corr;
+  tpurt__trace_members(c, n);
+}
+
 static tpurt_status run_unit(exec_ctx *x, int u) {
   unit *U = &x->P->units[u];
   dgraph *G = x->G;
+  if (TPURT__TRACE_ON()) trace_unit_members(x, u);
   if (U->kind == U_FREE) {
     const dnode *d = &G->nodes[U->idx];
     if (local_of(d->freed) >= 0) return TPURT_OK; /* the plan releases it after its last use */
@@ -533,7 +554,9 @@ tpurt_status tpurt__graph_execute(tpurt_stream *s, dgraph *G, tpurt__host_read *
   int hit = P != NULL;
   tpurt_status st = TPURT_OK;
   if (!P) {
+    int64_t tr0 = TPURT__TRACE_ON() ? tpurt__now_ns() : 0;
     P = tpurt__plan_build(G);
+    if (tr0) tpurt__trace_emit(TPURT_TRACE_PLAN, tr0, tpurt__now_ns() - tr0, "plan build", NULL, s->dev, (int)s->id, 0, 0, G->n, P ? P->kernels : 0);
     if (!P) {
       st = tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "deferred graph: out of host memory while planning %d ops", G->n);
     } else {
@@ -550,10 +573,14 @@ tpurt_status tpurt__graph_execute(tpurt_stream *s, dgraph *G, tpurt__host_read *
   if (P) {
     exec_ctx x = {s, G, P, P->nremat ? calloc((size_t)P->nremat, sizeof(tpurt_devptr)) : NULL, read};
     if (!hit) debug_plan(G, P);
+    uint64_t corr = tpurt__trace_corr; /* launches of the plan carry their ops' ids, not the flushing op's */
+    tpurt__trace_corr = 0;
     if (P->nremat && !x.rreal)
       st = tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "deferred graph: out of host memory");
     else
       st = run_plan(&x);
+    tpurt__trace_corr = corr;
+    tpurt__trace_members(NULL, 0);
     free(x.rreal);
     for (int l = 0; l < G->np; l++) {
       tpurt__promise *q = tpurt__promise_get(G->promises[l]);

@@ -45,6 +45,7 @@ typedef struct dnode {
   int ninst;
   tpurt_dtype compute;
   const char *name, *site;
+  uint64_t corr; /* the host op that recorded it (trace.c) */
   /* N_EW */
   tpurt_ew_inst *inst;
   uint8_t out_reg[TPURT_EW_MAX_IO];

@@ -515,6 +515,7 @@ tpurt_status tpurt__defer_record_launch(tpurt_stream *s, const char *name, tpurt
   d->kind = N_OPAQUE;
   d->name = name;
   d->site = site;
+  d->corr = tpurt__trace_corr;
   d->fn = fn;
   d->args = a;
   d->args_size = args_size;
@@ -571,6 +572,7 @@ tpurt_status tpurt__defer_record_ew(tpurt_stream *s, const tpurt_ew_program *pro
   d->views = views;
   d->scal = sc;
   d->site = site;
+  d->corr = tpurt__trace_corr;
   d->name = name ? name : tpurt_ew_op_name((tpurt_ew_op)prog->inst[prog->ninst - 1].op);
   return record_end(s, g, d, was_empty);
 }
@@ -617,6 +619,7 @@ tpurt_status tpurt__defer_record_h2d(tpurt_stream *s, tpurt_devptr dst, const vo
   d->kind = N_H2D;
   d->name = "copy_h2d";
   d->site = site;
+  d->corr = tpurt__trace_corr;
   d->fn = k_h2d_staged;
   d->args = a;
   d->args_size = sizeof *a;
@@ -755,6 +758,7 @@ tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reaso
   }
   tpurt__defer_bypass++;
   tpurt__graph_ran ran;
+  int64_t tr0 = TPURT__TRACE_ON() ? tpurt__now_ns() : 0;
   tpurt_status st = tpurt__graph_execute(s, G, t_read && t_read->s == s ? t_read : NULL, &ran);
   const plan *P = ran.P;
   int hit = ran.hit;
@@ -808,6 +812,7 @@ tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reaso
   r->kernels = P ? P->kernels : 0;
   r->cache_hit = hit;
   g_nlog++;
+  if (tr0) tpurt__trace_emit(TPURT_TRACE_CUT, tr0, tpurt__now_ns() - tr0, tpurt_flush_reason_name(reason), r->site, s->dev, (int)s->id, (uint64_t)r->kernels, (uint64_t)hit, reason, G->nops);
   pthread_mutex_unlock(&g_stat_mu);
   /* the recorded memory (staged host->device data among it) is freed on
    * the worker, after the kernels that read it */

@@ -1,0 +1,198 @@
+"""torch_tpu.profiler: the runtime's trace ring, the Chrome / Perfetto JSON,
+the summary table, the roofline estimate and `torch-tpu trace`."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import torch_tpu
+from torch_tpu import _C
+from torch_tpu import profiler as tp
+
+
+def _events(prof: tp.profile) -> list[dict]:
+    return prof.trace_events()
+
+
+def test_strict_trace_has_ops_kernels_copies_memory(tmp_path):
+    a = torch.randn(64, 32)
+    b = torch.randn(32, 16)
+    with tp.profile() as prof:
+        x = a.to("tpu")
+        y = b.to("tpu")
+        z = torch.relu(x @ y + 1)
+        out = z.cpu()
+    torch.testing.assert_close(out, torch.relu(a @ b + 1))
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    data = json.loads(path.read_text())
+    ev = data["traceEvents"]
+    ops = [e for e in ev if e.get("cat") == "op"]
+    kernels = [e for e in ev if e.get("cat") == "kernel"]
+    assert {"mm", "add", "relu"} <= {e["name"].split(".")[0] for e in ops}
+    # device kernels sit on a stream track of the tpu:0 process
+    names = {e["args"]["name"] for e in ev if e.get("ph") == "M" and e["name"] == "thread_name"}
+    assert "stream 0 (default)" in names
+    assert {e["pid"] for e in kernels} == {1_000_000}
+    mm = [e for e in kernels if e["args"].get("ops") == ["mm"]]
+    assert len(mm) == 1 and mm[0]["dur"] > 0
+    assert mm[0]["args"]["flops"] == 2 * 64 * 32 * 16
+    assert mm[0]["args"]["source"].rsplit("/", 1)[-1].startswith("test_profiler.py:")
+    # the kernel runs after the host op launched it, linked by a flow
+    mm_op = [e for e in ops if e["name"].startswith("mm")][0]
+    assert mm[0]["ts"] >= mm_op["ts"]
+    assert sum(e["ph"] == "s" for e in ev) == sum(e["ph"] == "f" for e in ev) >= 3
+    copies = [e for e in ev if e.get("cat") == "copy"]
+    assert {c["args"]["direction"] for c in copies} >= {"h2d", "d2h"}
+    assert sum(c["args"]["bytes"] for c in copies if c["args"]["direction"] == "h2d") == (64 * 32 + 32 * 16) * 4
+    mem = [e for e in ev if e.get("ph") == "C" and e["name"] == "memory"]
+    assert mem and max(m["args"]["allocated"] for m in mem) >= (64 * 32 + 32 * 16 + 64 * 16) * 4
+    assert all(m["args"]["reserved"] >= m["args"]["allocated"] for m in mem)
+    assert not _C._trace_enabled()
+
+
+def test_summary_consistent_with_trace():
+    x = torch.randn(128, 128, device="tpu")
+    with tp.profile() as prof:
+        for _ in range(3):
+            x = torch.tanh(x @ x)
+        torch.tpu.synchronize()
+    rows = prof.key_averages()
+    by = {r["name"]: r for r in rows}
+    kernels = [e for e in prof.trace_events() if e.get("cat") == "kernel"]
+    assert by["tanh"]["calls"] == 3
+    total_us = sum(e["dur"] for e in kernels)
+    assert abs(sum(r["device_s"] for r in rows) * 1e6 - total_us) < 1e-3 * total_us + 1e-3
+    assert abs(sum(r["share"] for r in rows) - 1.0) < 1e-9
+    mm = [r for r in rows if r["flops"] == 3 * 2 * 128 ** 3]
+    assert len(mm) == 1
+    r = mm[0]
+    assert r["gflops_s"] == pytest.approx(r["flops"] / r["device_s"] / 1e9)
+    text = prof.summary()
+    assert "tanh" in text and "GFLOP/s" in text
+
+
+def test_defer_fused_kernels_named_after_their_ops_and_cut_reasons():
+    x = torch.randn(4096, device="tpu")
+    with torch_tpu.execution_mode("defer"):
+        with tp.profile() as prof:
+            y = (x * 2 + 1).relu()
+            y.sum().item()
+    kernels = prof.kernels
+    fused = [k for k in kernels if k.base_name.startswith("fused(")]
+    assert fused, [k.name for k in kernels]
+    k = fused[0]
+    assert k.site and k.site.rsplit("/", 1)[-1].startswith("test_profiler.py:")
+    ops = [prof.ops[c].name for c in k.ops]
+    assert len(ops) >= 2 and {"mul.Tensor", "add.Tensor"} & set(ops), ops
+    assert k.flops >= 2 * 4096
+    assert any(c["reason"] == "item" and c["site"] and c["site"].rsplit("/", 1)[-1].startswith("test_profiler.py:") for c in prof.cuts)
+    ev = prof.trace_events()
+    assert any(e.get("cat") == "cut" and e["args"]["reason"] == "item" for e in ev)
+    assert any(e.get("cat") in ("plan",) for e in ev) or any(c["cache_hit"] for c in prof.cuts)
+
+
+def test_roofline_known_gemm(tmp_path):
+    n = 1024  # 2n^3 FLOPs over 3 n^2 bf16 values: n / 3 = 341 FLOP/B
+    a = torch.randn(n, n, device="tpu", dtype=torch.bfloat16)
+    with tp.profile() as prof:
+        (a @ a)
+    flops, nbytes = 2 * n ** 3, 3 * n * n * 2
+    for gen, peak, bw, bound in (("v5e", 197e12, 819e9, "compute"),  # ridge 240 FLOP/B
+                                 ("v6e", 918e12, 1640e9, "memory"),  # ridge 560
+                                 ("v7x", 2307e12, 7.37e12, "compute")):  # ridge 313
+        roof = prof.roofline(gen)
+        row = [r for r in roof.rows if r["flops"] == flops][0]
+        assert row["bytes"] == nbytes
+        assert row["est_s"] == pytest.approx(max(flops / peak, nbytes / bw))
+        assert row["bound"] == bound
+        assert roof.step_estimate_s == pytest.approx(sum(r["est_s"] for r in roof.rows))
+        assert "ESTIMATE" in roof.table()
+
+
+def test_roofline_png(tmp_path):
+    a = torch.randn(256, 256, device="tpu")
+    with tp.profile() as prof:
+        (a @ a).relu()
+    p = tmp_path / "roof.png"
+    prof.save_roofline_png(str(p))
+    assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
+
+
+def test_off_records_nothing():
+    x = torch.randn(100, device="tpu")
+    with tp.profile() as prof:
+        pass
+    (x + 1).sum().item()  # after the profile: not traced
+    events, _ = _C._trace_read()
+    assert all(e[1] <= prof.t1 for e in events)
+    assert not prof.kernels
+
+
+def test_nested_profile_refused():
+    with tp.profile():
+        with pytest.raises(RuntimeError, match="already active"):
+            with tp.profile():
+                pass
+
+
+def test_generated_kernel_compile_and_cache_hit(tmp_path):
+    script = textwrap.dedent("""
+        import torch, torch_tpu
+        from torch_tpu import profiler as tp
+        x = torch.randn(1 << 16, device="tpu")
+        with torch_tpu.execution_mode("defer"):
+            with tp.profile() as prof:
+                for _ in range(3):
+                    y = (((x * 1.5 + 0.5).sin() * x).relu() - 0.25).exp()
+                    y.sum().item()
+        print(sorted({c["name"] for c in prof.compiles}))
+    """)
+    env = dict(os.environ, TORCH_TPU_CODEGEN="sync", TORCH_TPU_CACHE_DIR=str(tmp_path / "kc"))
+    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    ok, _info = _C._codegen_info()
+    if not ok:
+        pytest.skip("no C compiler: the interpreter runs every program")
+    assert "kernel compile" in first.stdout
+    second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert "kernel cache hit" in second.stdout and "kernel compile" not in second.stdout
+
+
+def test_cli_trace(tmp_path):
+    script = tmp_path / "step.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        m = torch.nn.Linear(64, 32).to("tpu")
+        x = torch.randn(16, 64, device="tpu")
+        for _ in range(2):
+            m(x).sum().backward()
+    """))
+    out = tmp_path / "t.json"
+    png = tmp_path / "r.png"
+    r = subprocess.run([sys.executable, "-m", "torch_tpu.cli", "trace", "--out", str(out), "--png", str(png),
+                        str(script)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "device ms" in r.stdout and "Roofline ESTIMATE" in r.stdout
+    ev = json.loads(out.read_text())["traceEvents"]
+    ops = {e["name"] for e in ev if e.get("cat") == "op"}
+    assert "addmm" in ops or "mm" in ops
+    assert any(e.get("cat") == "kernel" for e in ev)
+    assert png.stat().st_size > 0
+
+
+def test_torch_profiler_merged():
+    x = torch.randn(32, 32, device="tpu")
+    with tp.profile(torch_profiler=True) as prof:
+        (x @ x).relu().cpu()
+    ev = prof.trace_events()
+    torch_ev = [e for e in ev if e.get("pid") == 2_000_000 and e.get("ph") == "X"]
+    assert any(e["name"].startswith("aten::mm") for e in torch_ev)
+    assert any(e.get("cat") == "kernel" for e in ev)
