@@ -128,8 +128,3 @@ def test_bench_workload_quick():
     assert loss.dim() == 0 and 0.3 < loss.item() < 1.5
     model2, batches2, _ = dlrm.bench_workload(batch=128)
     assert batches2[0][1].shape == (128,)
-
-
-def test_dlrm_compiled_mode_says_not_available(capsys):
-    rc, _ = dlrm_train.run(_args("--mode", "compiled"))
-    assert rc == 2 and "not available yet" in capsys.readouterr().err

@@ -151,8 +151,6 @@ def test_bench_workload_and_bench_models():
     assert loss == pytest.approx(math.log(96), rel=0.05)
 
 
-def test_llama_compiled_mode_says_not_available(capsys):
-    rc, _ = llama.run(_args("--mode", "compiled"))
-    assert rc == 2 and "not available yet" in capsys.readouterr().err
+def test_llama_refuses_kv_heads_that_do_not_divide_heads(capsys):
     rc, _ = llama.run(_args("--heads", "4", "--kv-heads", "3"))
     assert rc == 2 and "--kv-heads" in capsys.readouterr().err

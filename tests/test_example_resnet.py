@@ -73,10 +73,6 @@ def test_resnet_epochs_and_data_split():
     assert torch.equal(x0, epoch[0][0]) and torch.equal(y0, epoch[0][1])
 
 
-def test_resnet_compiled_mode_says_not_available(capsys):
-    rc, _ = resnet.run(_args("--mode", "compiled"))
-    assert rc == 2 and "not available yet" in capsys.readouterr().err
-
 
 def test_resnet_bench_workload():
     model, batches, loss_fn = resnet_model.bench_workload()

@@ -104,8 +104,3 @@ def test_unet_bench_workload():
     with torch.no_grad():
         loss = loss_fn(model(x, t), noise)
     assert loss.dim() == 0 and 0.5 < loss.item() < 2.0
-
-
-def test_unet_compiled_mode_says_not_available(capsys):
-    rc, _ = unet.run(_args("--mode", "compiled"))
-    assert rc == 2 and "not available yet" in capsys.readouterr().err
