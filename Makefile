@@ -5,7 +5,8 @@
 #   make build      venv + runtime + extension (incremental)
 #   make bench      benchmarks (results printed and appended to BENCHMARKS.md), then the workload matrix
 #                   and Llama size sweep (BENCH_PRESET=--quick by default, --full for realistic sizes)
-#   make test-full  longer suites, OpInfo conformance of the whole database (tests/conformance/REPORT.md)
+#   make test-full  longer suites, OpInfo conformance of the whole database (tests/conformance/REPORT.md),
+#                   the Hugging Face architecture sweep (tests/hf/SWEEP.md)
 #   make wheel      dist/torch_tpu-*.whl built from a clean copy of the sources (pip wheel .)
 #   make test-wheel that wheel installed into a fresh venv (with torch==2.13.0) + a smoke test
 #   make fuzz       differential fuzzing, tpu vs CPU in strict and defer modes (N=10000 programs, SEED=0)
@@ -113,6 +114,7 @@ test: test-c test-c-asan test-py
 test-full: test
 	TORCH_TPU_TEST_FULL=1 $(PY) -m pytest -q tests
 	$(PY) -m tests.conformance --quiet --jobs $(JOBS)
+	$(PY) -m tests.hf --quiet
 
 # The wheel is built from a copy of the committed sources (git archive), so
 # the tree's build/ folders and .venv never leak into it.

@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m bench [device] [elementwise] [gemm] [bf16] [attention] [defer] [fusion] [fft] [compile] [matrix] [sweep] [dist] [profiler] [--repeats N] [--quick|--full] [--record]``.
+"""Run the benchmarks: ``python -m bench [device] [elementwise] [gemm] [bf16] [attention] [defer] [fusion] [fft] [compile] [hf] [matrix] [sweep] [dist] [profiler] [--repeats N] [--quick|--full] [--record]``.
 
 device   host<->device copy bandwidth vs memcpy, empty-op round trip
 elementwise  large add/mul/gelu vs CPU and vs the machine's STREAM triad; softmax, norms,
@@ -23,6 +23,8 @@ matrix   examples' workloads (minGPT, Llama, ResNet, DLRM, UNet; Qwen with --qwe
          throughput, ratios, peak memory, compile cost; PNG charts (not in the default run)
 profiler torch_tpu.profiler's cost per op: off, the runtime's trace ring alone, the whole profile (not in
          the default run)
+hf       Hugging Face clients: Transformers generate() tokens/s of a ~10M-parameter Llama and a Diffusers
+         DDPM sampling loop's steps/s, tpu strict / defer vs CPU eager (not in the default run)
 sweep    Llama at ~1M..100M params: step time and peak memory vs params and FLOPs (not in the default run)
 dist     tpu_dist all_reduce bus bandwidth vs Gloo on CPU tensors (2 processes, 4 KiB-256 MiB), DDP Llama
          throughput on 1 and 2 processes under torchrun (not in the default run)
@@ -50,7 +52,7 @@ from bench import attention, common, defer, device, elementwise, fft, fusion, ge
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("suites", nargs="*", choices=[[], "device", "elementwise", "gemm", "bf16", "attention", "defer", "fusion", "fft", "compile", "matrix", "sweep", "dist", "profiler"], help="suites to run (default: all)")
+    parser.add_argument("suites", nargs="*", choices=[[], "device", "elementwise", "gemm", "bf16", "attention", "defer", "fusion", "fft", "compile", "hf", "matrix", "sweep", "dist", "profiler"], help="suites to run (default: all)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="repeats per configuration (median reported; default 15, matrix/sweep: 3 quick, 10 full)")
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 16, 256], help="copy sizes in MiB")
@@ -159,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
              "(goal tpu_dist / gloo ≥ 0.8×; verify=0: without the fingerprint exchange):\n\n" + ar_table +
              "\n\nDDP training of the Llama example under torchrun (4 layers, width 128, 64 tokens x 8 "
              "sequences a process a step; the host's cores are shared by the processes):\n\n" + ddp_table)
+    if "hf" in args.suites:
+        from bench import hf
+
+        res, table = hf.run(max(3, args.repeats // 3))
+        emit("hf", {"machine": common.machine(), **res}, "Hugging Face clients: generate() and DDPM sampling", table)
     if "matrix" in args.suites:
         from bench import matrix, plot
 

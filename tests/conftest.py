@@ -70,3 +70,22 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 12
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env,
                           timeout=timeout, cwd=ROOT)
+
+
+@pytest.fixture(params=["strict", "defer"])
+def both_modes(request):
+    """Runs the test once in the strict and once in the DeferAndFuse mode
+    (for suites outside the ops modules, e.g. tests/hf, tests/clients)."""
+    previous = torch_tpu.set_execution_mode(request.param)
+    yield request.param
+    torch_tpu.set_execution_mode(previous)
+
+
+@pytest.fixture
+def one_cpu_thread():
+    """The CPU reference on one thread: OpenMP threads that spin on this
+    shared 2-core machine make a tiny CPU run take tens of seconds."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

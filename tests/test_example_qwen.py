@@ -22,16 +22,6 @@ def _run(*extra: str) -> tuple[int, list[dict]]:
     return qwen_train.run(qwen_train.parse([*SMALL, *extra]))
 
 
-@pytest.fixture
-def one_cpu_thread():
-    """The CPU reference on one thread: OpenMP threads that spin on this
-    shared 2-core machine make a tiny CPU run take tens of seconds."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _close(a: list[float], b: list[float], rel: float) -> None:
     assert len(a) == len(b)
     for x, y in zip(a, b):

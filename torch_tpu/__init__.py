@@ -61,6 +61,10 @@ def _register() -> None:
     after_import("torch._dynamo", lambda _m: __import__("torch_tpu.compiler").compiler._install_dynamo())
     after_import("torch._inductor.compile_fx",
                  lambda m: __import__("torch_tpu.compiler").compiler._install_inductor(m))
+    # Accelerate's default device and memory probe see the chips (torch_tpu/_accelerate.py)
+    from torch_tpu import _accelerate
+
+    _accelerate.install()
 
 
 _register()

@@ -1318,6 +1318,37 @@ typedef enum { TPURT_HIST_LINEAR = 0,        /* bin by division (histc) */
 TPURT_API tpurt_status tpurt_histogramdd(tpurt_stream *s, const tpurt_view *hist, const tpurt_view *input,
                                          const tpurt_view *weight, const tpurt_view *edges, int D,
                                          tpurt_hist_mode mode);
+/* hist [bins] (integer or floating) = counts of the samples of the integer
+ * input [N] in [lo, hi] (lo < hi), sample x in bin (x - lo) * bins / (hi - lo)
+ * computed exactly in integers, hi in the last bin, the others skipped:
+ * histc of an integer tensor as CUDA computes it. */
+TPURT_API tpurt_status tpurt_histc_int(tpurt_stream *s, const tpurt_view *hist, const tpurt_view *input, int64_t lo,
+                                       int64_t hi);
+/* -------------------------------------------- recurrent cells (rnn.c)
+ * The pointwise part of the LSTM / GRU cells after their two gate products
+ * (PyTorch's layouts and gate orders), computed in double, rounded once.
+ * LSTM: igates, hgates [B, 4H] (input, forget, cell, output), cx [B, H],
+ * biases [4H] (both or neither, NULL allowed) -> hy, cy [B, H] and the
+ * activated gates in workspace [B, 4H]. */
+TPURT_API tpurt_status tpurt_lstm_cell(tpurt_stream *s, const tpurt_view *hy, const tpurt_view *cy,
+                                       const tpurt_view *workspace, const tpurt_view *igates,
+                                       const tpurt_view *hgates, const tpurt_view *cx, const tpurt_view *bias_i,
+                                       const tpurt_view *bias_h);
+/* grad_gates [B, 4H] (the gates' pre-activation gradient, the same for both
+ * gate sets) and grad_cx [B, H] from grad_hy / grad_cy (NULL = zero). */
+TPURT_API tpurt_status tpurt_lstm_cell_backward(tpurt_stream *s, const tpurt_view *grad_gates,
+                                                const tpurt_view *grad_cx, const tpurt_view *grad_hy,
+                                                const tpurt_view *grad_cy, const tpurt_view *cx,
+                                                const tpurt_view *cy, const tpurt_view *workspace);
+/* GRU: igates, hgates [B, 3H] (reset, update, new), hx [B, H], biases [3H]
+ * -> hy [B, H] and workspace [B, 5H] = r, z, n, hx, hidden new-gate term. */
+TPURT_API tpurt_status tpurt_gru_cell(tpurt_stream *s, const tpurt_view *hy, const tpurt_view *workspace,
+                                      const tpurt_view *igates, const tpurt_view *hgates, const tpurt_view *hx,
+                                      const tpurt_view *bias_i, const tpurt_view *bias_h);
+/* grad_igates, grad_hgates [B, 3H] and grad_hx [B, H] from grad_hy. */
+TPURT_API tpurt_status tpurt_gru_cell_backward(tpurt_stream *s, const tpurt_view *grad_igates,
+                                               const tpurt_view *grad_hgates, const tpurt_view *grad_hx,
+                                               const tpurt_view *grad_hy, const tpurt_view *workspace);
 typedef enum { TPURT_SELECT_KTH = 0, TPURT_SELECT_MEDIAN, TPURT_SELECT_NANMEDIAN, TPURT_SELECT_MODE } tpurt_select_kind;
 /* Per row of in [R, n]: values [R, 1] / indices [R, 1] (int64, may be NULL)
  * = the k-th smallest (0-based; NaN largest; equal values in index order),

@@ -697,12 +697,36 @@ std::tuple<at::Tensor, at::Tensor> histogram_bins_tensor(const at::Tensor& self,
   return {h, e};
 }
 
+// Integer input as CUDA accepts it (Transformers' grouped-experts MoE routing
+// counts tokens per expert with histc on int32 ids on every non-CPU device):
+// a histogram of the input's dtype, bins computed exactly in integers.
+at::Tensor& histc_int_out(const at::Tensor& self, int64_t bins, const c10::Scalar& min, const c10::Scalar& max,
+                          at::Tensor& out) {
+  int64_t lo = min.toLong(), hi = max.toLong();
+  at::Tensor flat = self.reshape({-1});
+  if (lo == hi && flat.numel() > 0) {
+    lo = at::amin(flat, {0}).item<int64_t>();
+    hi = at::amax(flat, {0}).item<int64_t>();
+  }
+  if (lo == hi) {
+    lo -= 1;
+    hi += 1;
+  }
+  TORCH_CHECK(lo < hi, "torch.histc: max must be larger than min");
+  resize_out(out, {bins});
+  tpurt_view hv = view_of(out), iv = view_of(flat);
+  check(tpurt_histc_int(stream_of(out), &hv, &iv, lo, hi), "histc");
+  return out;
+}
+
 at::Tensor& histc_out(const at::Tensor& self, int64_t bins, const c10::Scalar& min, const c10::Scalar& max,
                       at::Tensor& out) {
-  TORCH_CHECK(at::isFloatingType(self.scalar_type()), "torch.histc: input tensor must be floating point, but got ",
-              self.scalar_type());
+  bool integer = at::isIntegralType(self.scalar_type(), /*includeBool=*/false);
+  TORCH_CHECK(integer || at::isFloatingType(self.scalar_type()),
+              "torch.histc: input tensor must be floating point or integer, but got ", self.scalar_type());
   TORCH_CHECK(bins > 0, "torch.histc(): bins must be > 0, but got ", bins, " for bins");
   c10::DeviceGuard g(self.device());
+  if (integer) return histc_int_out(self, bins, min, max, out);
   double lo = min.toDouble(), hi = max.toDouble();
   at::Tensor in2d = self.reshape({-1, 1});
   if (lo == hi && in2d.size(0) > 0) {

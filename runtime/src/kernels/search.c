@@ -272,6 +272,61 @@ tpurt_status tpurt_histogramdd(tpurt_stream *s, const tpurt_view *hist, const tp
   return tpurt_launch(s, op, k_histogramdd, &a, sizeof a);
 }
 
+/* -------------------------------------------- histc of integer samples */
+
+typedef struct {
+  tpurt_view hist, input;
+  int64_t lo, hi;
+} histi_args;
+
+static tpurt_status k_histc_int(void *p, char *err, size_t errlen) {
+  (void)err;
+  (void)errlen;
+  histi_args *a = p;
+  char *h = tpurt__host_view(a->hist.ptr);
+  const char *in = a->input.sizes[0] ? tpurt__host_view(a->input.ptr) : NULL;
+  int64_t bins = a->hist.sizes[0], hs = a->hist.strides[0] * (int64_t)tpurt_dtype_size(a->hist.dtype);
+  int64_t is = a->input.strides[0] * (int64_t)tpurt_dtype_size(a->input.dtype);
+  int64_t *count = calloc((size_t)bins, sizeof *count);
+  if (!count) return TPURT_ERR_OUT_OF_MEMORY;
+  __int128 range = (__int128)a->hi - a->lo;
+  for (int64_t n = 0; n < a->input.sizes[0]; n++) {
+    int64_t x = kc_ldi(a->input.dtype, in + n * is);
+    if (x < a->lo || x > a->hi) continue;
+    int64_t b = (int64_t)(((__int128)x - a->lo) * bins / range);
+    count[b == bins ? bins - 1 : b]++;
+  }
+  for (int64_t b = 0; b < bins; b++) {
+    if (kc_is_float(a->hist.dtype))
+      kc_st(a->hist.dtype, h + b * hs, (double)count[b]);
+    else
+      kc_sti(a->hist.dtype, h + b * hs, count[b]);
+  }
+  free(count);
+  return TPURT_OK;
+}
+
+tpurt_status tpurt_histc_int(tpurt_stream *s, const tpurt_view *hist, const tpurt_view *input, int64_t lo,
+                             int64_t hi) {
+  TPURT__INIT_OR_RETURN();
+  const char *op = "histc";
+  tpurt_status st;
+  if (!hist || !input) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: NULL view", op);
+  if ((st = stream_for(&s, hist))) return st;
+  tpurt__defer_note_reads(1);
+  st = kc_check(s->dev, input, op, "input");
+  tpurt__defer_note_reads(0);
+  if (st || (st = kc_check(s->dev, hist, op, "hist"))) return st;
+  if (hist->ndim != 1 || input->ndim != 1 || kc_is_complex(hist->dtype))
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: expected a real 1-D hist and a 1-D input", op);
+  if (kc_is_float(input->dtype) || kc_is_complex(input->dtype) || input->dtype == TPURT_BOOL)
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: the input must be an integer view", op);
+  if (!(lo < hi)) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: max must be larger than min", op);
+  histi_args a = {*hist, *input, lo, hi};
+  if (kc_numel(hist) == 0) return TPURT_OK;
+  return tpurt_launch(s, op, k_histc_int, &a, sizeof a);
+}
+
 /* ------------------------------------------------ order statistics */
 
 typedef struct {

@@ -1,0 +1,1 @@
+"""Real client scripts' settings, offline and tiny, on tpu vs CPU."""
