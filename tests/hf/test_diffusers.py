@@ -1,7 +1,7 @@
 """Hugging Face Diffusers on tpu from tiny configs: UNet2DModel,
 UNet2DConditionModel, AutoencoderKL and a DiT (DiTTransformer2DModel)
 forward + backward against CPU; DDPMPipeline and DDIMPipeline end to end in
-the strict and DeferAndFuse modes (the same images as on CPU: the noise is
+the strict, DeferAndFuse and compiled modes (the same images as on CPU: the noise is
 drawn by a CPU generator, as Diffusers does for a CPU generator); a UNet
 training step; a pipeline split across two chips."""
 from __future__ import annotations
@@ -93,8 +93,10 @@ def test_models_forward_and_backward_match_cpu(name, both_modes, one_cpu_thread)
         assert err <= 2e-3 * max(p.grad.abs().max().item(), 1e-3 * scale), (n, err)
 
 
-@pytest.mark.parametrize("pipe_cls,sched_cls", [("DDPMPipeline", "DDPMScheduler"), ("DDIMPipeline", "DDIMScheduler")])
-def test_pipelines_end_to_end_give_cpus_images(pipe_cls, sched_cls, both_modes, one_cpu_thread):
+PIPELINES = [("DDPMPipeline", "DDPMScheduler"), ("DDIMPipeline", "DDIMScheduler")]
+
+
+def _pipelines_match_cpu(pipe_cls, sched_cls, compiled):
     import diffusers
 
     unet = unet2d()
@@ -102,12 +104,27 @@ def test_pipelines_end_to_end_give_cpus_images(pipe_cls, sched_cls, both_modes, 
     cpu_pipe = getattr(diffusers, pipe_cls)(unet=unet, scheduler=sched)
     dev_pipe = getattr(diffusers, pipe_cls)(unet=copy.deepcopy(unet), scheduler=copy.deepcopy(sched)).to("tpu")
     assert dev_pipe.device.type == "tpu"
+    if compiled:  # torch.compile(backend="tpu"): one graph for every denoising step
+        dev_pipe.unet = torch.compile(dev_pipe.unet, backend="tpu")
+        before = torch.tpu.compile_stats()["calls"]
     kw = dict(batch_size=2, num_inference_steps=6, output_type="np")
     want = cpu_pipe(generator=torch.Generator().manual_seed(0), **kw).images
     got = dev_pipe(generator=torch.Generator().manual_seed(0), **kw).images
     assert got.shape == want.shape == (2, 16, 16, 3)
     assert np.isfinite(got).all() and 0.0 <= got.min() and got.max() <= 1.0
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-4)
+    if compiled:
+        assert torch.tpu.compile_stats()["calls"] >= before + 6
+
+
+@pytest.mark.parametrize("pipe_cls,sched_cls", PIPELINES)
+def test_pipelines_end_to_end_give_cpus_images(pipe_cls, sched_cls, both_modes, one_cpu_thread):
+    _pipelines_match_cpu(pipe_cls, sched_cls, compiled=False)
+
+
+@pytest.mark.parametrize("pipe_cls,sched_cls", PIPELINES)
+def test_compiled_pipelines_give_cpus_images(pipe_cls, sched_cls, one_cpu_thread):
+    _pipelines_match_cpu(pipe_cls, sched_cls, compiled=True)
 
 
 def test_unet_training_step_lowers_the_loss_like_cpu(both_modes, one_cpu_thread):

@@ -193,3 +193,15 @@ def test_accelerate_sizes_the_chips_and_defaults_to_the_tpu():
     assert 0 < mm[0] <= torch.tpu.get_device_properties(0).total_memory and mm["cpu"] > 0
     assert get_max_memory({0: "1MB"}) == {0: 10**6}  # an explicit budget is Accelerate's own business
     assert PartialState().default_device == torch.device("tpu")
+
+
+def test_static_cache_generate_compiles_with_the_tpu_backend(model_dir):
+    """generate() with a static cache compiles the forward by itself on tpu
+    (Transformers' default CompileConfig: backend "tpu") and gives the CPU's tokens."""
+    from transformers import AutoModelForCausalLM
+
+    dev = AutoModelForCausalLM.from_pretrained(model_dir, device_map="tpu")
+    before = torch.tpu.compile_stats()["calls"]
+    got = dev.generate(PROMPT.to("tpu"), max_new_tokens=10, do_sample=False, cache_implementation="static")
+    assert got.cpu().tolist() == _cpu(model_dir).generate(PROMPT, max_new_tokens=10, do_sample=False).tolist()
+    assert torch.tpu.compile_stats()["calls"] > before
