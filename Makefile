@@ -13,6 +13,7 @@
 #   make fuzz-c     coverage-guided fuzzing of the C runtime (libFuzzer, clang; FUZZ_SECONDS per harness)
 #   make test-c-tsan  stream / pool / allocator / defer C tests under ThreadSanitizer
 #   make soak       1,000 Llama training steps per mode: device memory and host RSS flat (RELIABILITY.md)
+#   make docs       the user guide: runs every notebook in docs/ and exports it to HTML in docs/_build/
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -23,7 +24,7 @@ BENCH_PRESET ?= --quick
 RUNTIME_SRC := $(wildcard runtime/include/*.h runtime/src/*.c runtime/src/*.h runtime/src/*/*.c runtime/src/*/*.h runtime/CMakeLists.txt)
 GLUE_SRC    := $(wildcard torch_tpu/csrc/*.cpp torch_tpu/csrc/*.h) setup.py
 
-.PHONY: all venv build run demo test test-c test-c-asan test-c-tsan test-py test-full bench clean wheel test-wheel fuzz fuzz-c soak
+.PHONY: all venv build run demo test test-c test-c-asan test-c-tsan test-py test-full bench docs clean wheel test-wheel fuzz fuzz-c soak
 
 all: build
 
@@ -141,6 +142,10 @@ soak: build
 bench: build
 	$(PY) -m bench
 	$(PY) -m bench matrix sweep $(BENCH_PRESET)
+
+# docs/_build/index.html links the pages; `$(PY) docs/build.py --serve` serves them
+docs: build
+	$(PY) docs/build.py
 
 clean:
 	rm -rf build torch_tpu/lib torch_tpu/_C*.so torch_tpu/.built
