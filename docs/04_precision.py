@@ -13,7 +13,7 @@ def _():
         # Precision and autocast
 
         A TPU's matrix unit multiplies bfloat16 values and accumulates in float32. The device follows that
-        contract: float32 matrix products and convolutions run at one of three precisions,
+        contract: float32 matrix products and convolutions run at one of three precisions.
 
         | `torch.tpu.Precision` | float32 product computed as | `torch.set_float32_matmul_precision` |
         |---|---|---|

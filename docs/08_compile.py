@@ -1,7 +1,7 @@
 import marimo
 
 __generated_with = "0.25.2"
-app = marimo.App(width="medium", app_title="torch.compile(backend=\"tpu\")")
+app = marimo.App(width="medium", app_title="torch.compile with the tpu backend")
 
 
 @app.cell(hide_code=True)

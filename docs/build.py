@@ -66,7 +66,17 @@ def describe(path: Path) -> tuple[str, str]:
                 break
             if s:
                 para.append(s)
-    return title, " ".join(para)
+    text = " ".join(para)
+    if "." in text and not text.endswith("."):  # the paragraph runs into a table: keep its whole sentences
+        text = text[:text.rindex(".") + 1]
+    return title, text
+
+
+def inline_markdown(text: str) -> str:
+    """HTML of a line of Markdown with `code` and *emphasis* (escaped)."""
+    out = html.escape(text, quote=False)
+    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+    return re.sub(r"\*([^*\s][^*]*)\*", r"<em>\1</em>", out)
 
 
 def marimo_static() -> Path:
@@ -141,7 +151,7 @@ def write_index(out: Path, built_now: dict[str, tuple[bool, float]]) -> Path:
         state = "" if ok else ' <strong class="err">(cells failed: see the page)</strong>'
         meta = nb.name + (f", built in {secs:.0f} s" if secs is not None else "")
         items.append(f'<li><a href="{nb.stem}.html">{html.escape(title)}</a>{state}'
-                     f'<p>{html.escape(blurb)}</p><p class="meta">{meta}</p></li>')
+                     f'<p>{inline_markdown(blurb)}</p><p class="meta">{meta}</p></li>')
     built = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     index = out / "index.html"
     index.write_text(f"""<!doctype html>
