@@ -74,7 +74,7 @@ def _cell_errors(session: dict) -> list[str]:
 def test_the_guide_has_its_pages():
     names = [p.stem for p in NOTEBOOKS]
     for topic in ("getting_started", "execution_modes", "device_agnostic", "precision", "examples",
-                  "benchmarking", "porting_cuda", "compile"):
+                  "benchmarking", "porting_cuda", "compile", "distributed"):
         assert any(n.endswith(topic) for n in names), f"no notebook about {topic} in docs/: {names}"
     for nb in NOTEBOOKS:
         title, blurb = build.describe(nb)
