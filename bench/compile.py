@@ -37,19 +37,18 @@ def _first_step(workload: str, backend: str, layers: int | None) -> dict:
     import importlib
 
     import torch_tpu  # noqa: F401
+    from examples import common as ex
 
     device = "tpu" if backend == "tpu" else "cpu"
-    mod = importlib.import_module(f"examples.{workload}.model")
     if layers is not None:
         from examples.llama.model import Llama
 
         torch.manual_seed(0)
         model = Llama(vocab=96, d=64, layers=layers, heads=4, kv_heads=2, block=32)
-        g = torch.Generator().manual_seed(0)
-        batches = common_batches(g)
-        loss_fn = __import__("examples.common", fromlist=["lm_loss"]).lm_loss
+        batches = ex.random_token_batches(96, 8, 32, torch.Generator().manual_seed(0), n=1)
+        loss_fn = ex.lm_loss
     else:
-        model, batches, loss_fn = mod.bench_workload(preset="quick")
+        model, batches, loss_fn = importlib.import_module(f"examples.{workload}.model").bench_workload(preset="quick")
     model = model.to(device)
     fn = torch.compile(model, backend=backend)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -75,12 +74,6 @@ def _first_step(workload: str, backend: str, layers: int | None) -> dict:
                    kernels_compiled=ds["codegen_kernels"], codegen_s=ds["codegen_compile_seconds"],
                    cache_hits=cs.get("num_cache_hits", 0), cache_reqs=cs.get("num_cache_reqs", 0))
     return out
-
-
-def common_batches(g: torch.Generator) -> list:
-    from examples import common as ex
-
-    return ex.random_token_batches(96, 8, 32, g, n=1)
 
 
 def _worker_run(workload: str, backend: str, caches: dict[str, str], layers: int | None = None) -> dict:
