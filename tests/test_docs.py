@@ -25,7 +25,10 @@ DOCS = ROOT / "docs"
 # loaded 2-core machine, much less on a quiet one)
 NOTEBOOK_TIMEOUT = 300
 
-pytest.importorskip("marimo", reason="marimo is not installed: run `make build` (requirements.txt pins it)")
+# found, not imported: a marimo module in this process makes other libraries believe they
+# run inside a notebook (transformers' Trainer then imports IPython for its progress bars)
+if importlib.util.find_spec("marimo") is None:
+    pytest.skip("marimo is not installed: run `make build` (requirements.txt pins it)", allow_module_level=True)
 
 
 def _load_build():
