@@ -58,6 +58,20 @@ static inline void *hv(tpurt_devptr p) { return p ? tpurt__host_view(p) : NULL; 
 
 /* ------------------------------------------------ padded phase planes */
 
+#if defined(__x86_64__)
+/* o[0..n) = row[0], row[2], .. (the even elements of 2 n) */
+__attribute__((target("avx512f,avx512bw"))) static void evens16(uint16_t *o, const uint16_t *row, int64_t n) {
+  const __m512i idx = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 26, 24,
+                                       22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  int64_t q = 0;
+  for (; q + 32 < n; q += 32) { /* reads 2 q + 63 <= 2 n - 3: inside the row */
+    __m512i a = _mm512_loadu_si512(row + 2 * q), b = _mm512_loadu_si512(row + 2 * q + 32);
+    _mm512_storeu_si512(o + q, _mm512_permutex2var_epi16(a, idx, b));
+  }
+  for (; q < n; q++) o[q] = row[2 * q];
+}
+#endif
+
 /* A 4-D bf16 view [N, C, H, W] (strides in elements) copied into planes
  * xp[((n C + c) sh + a) sw + b][i][j] = x[n, c, i sh + a - pt, j sw + b - pl]
  * (zero outside the image), each Hq x Wq. */
@@ -78,33 +92,37 @@ static void pad_planes(void *p, int64_t b, int64_t e) {
   for (int64_t u = b; u < e; u++) {
     int64_t n = u / j->C, c = u % j->C;
     const uint16_t *src = j->x + n * j->sn + c * j->sc;
-    for (int64_t a = 0; a < j->sh; a++)
+    uint16_t *planes = j->xp + u * j->sh * j->sw * pq;
+    memset(planes, 0, (size_t)(j->sh * j->sw * pq) * 2);
+    for (int64_t a = 0; a < j->sh; a++) {
+      /* rows i with 0 <= i sh + a - pt < H */
+      int64_t i_lo = j->pt - a > 0 ? (j->pt - a + j->sh - 1) / j->sh : 0;
+      int64_t i_hi = j->H - 1 + j->pt - a >= 0 ? (j->H - 1 + j->pt - a) / j->sh + 1 : 0;
+      if (i_hi > j->hq) i_hi = j->hq;
       for (int64_t bb = 0; bb < j->sw; bb++) {
-        uint16_t *pl = j->xp + (u * j->sh * j->sw + a * j->sw + bb) * pq;
-        for (int64_t i = 0; i < j->hq; i++) {
+        uint16_t *pl = planes + (a * j->sw + bb) * pq;
+        /* columns q with 0 <= q sw + bb - pl < W */
+        int64_t lo = j->pl - bb > 0 ? (j->pl - bb + j->sw - 1) / j->sw : 0;
+        int64_t hi = j->W - 1 + j->pl - bb >= 0 ? (j->W - 1 + j->pl - bb) / j->sw + 1 : 0;
+        if (hi > j->wq) hi = j->wq;
+        if (lo >= hi) continue;
+        int64_t iw0 = lo * j->sw + bb - j->pl;
+        for (int64_t i = i_lo; i < i_hi; i++) {
           uint16_t *o = pl + i * j->wq;
-          int64_t ih = i * j->sh + a - j->pt;
-          if (ih < 0 || ih >= j->H) {
-            memset(o, 0, (size_t)j->wq * 2);
-            continue;
-          }
-          const uint16_t *row = src + ih * j->sh_;
-          /* columns jj with 0 <= jj sw + bb - pl < W */
-          int64_t lo = j->pl - bb > 0 ? (j->pl - bb + j->sw - 1) / j->sw : 0;
-          int64_t hi = j->W - 1 + j->pl - bb >= 0 ? (j->W - 1 + j->pl - bb) / j->sw + 1 : 0;
-          if (hi > j->wq) hi = j->wq;
-          if (lo > hi) lo = hi;
-          memset(o, 0, (size_t)lo * 2);
-          int64_t iw0 = lo * j->sw + bb - j->pl;
+          const uint16_t *row = src + (i * j->sh + a - j->pt) * j->sh_;
           if (j->sw == 1 && j->sw_ == 1)
             memcpy(o + lo, row + iw0, (size_t)(hi - lo) * 2);
+#if defined(__x86_64__)
+          else if (j->sw == 2 && j->sw_ == 1 && tpurt__cpu_avx512())
+            evens16(o + lo, row + iw0, hi - lo);
+#endif
           else
             for (int64_t q = lo; q < hi; q++) o[q] = row[(iw0 + (q - lo) * j->sw) * j->sw_];
-          memset(o + hi, 0, (size_t)(j->wq - hi) * 2);
           if (j->check)
             for (int64_t q = lo; q < hi; q++) bad |= (o[q] & 0x7f80) == 0x7f80;
         }
       }
+    }
   }
   if (bad) atomic_store(&j->nonfinite, 1);
 }
@@ -169,6 +187,32 @@ static void image_koff(const planes *g, int64_t c0, int64_t C, int64_t kh, int64
         koff[(c * kh + r) * kw + s] = tap_off(g, c0 + c, r * p->dilation[1], s * p->dilation[2]);
 }
 
+#if defined(__x86_64__)
+/* r[0..15] (16 u32 each) transposed in place: r[q][i] <- r[i][q]. */
+__attribute__((target("avx512f"))) static inline void tr16x16(__m512i r[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  /* u[4 g + j] lane k: rows 4g..4g+3 at column 4k + j */
+  for (int j = 0; j < 4; j++) {
+    __m512i v = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88), w = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xdd);
+    __m512i v2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88), w2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xdd);
+    r[j] = _mm512_shuffle_i32x4(v, v2, 0x88);
+    r[8 + j] = _mm512_shuffle_i32x4(v, v2, 0xdd);
+    r[4 + j] = _mm512_shuffle_i32x4(w, w2, 0x88);
+    r[12 + j] = _mm512_shuffle_i32x4(w, w2, 0xdd);
+  }
+}
+#endif
+
 /* ------------------------------------------------ hooks */
 
 typedef struct {
@@ -185,6 +229,7 @@ typedef struct {
   const uint32_t *dyt;
   int64_t ldt;
   const int64_t *woff;
+  int wdense; /* woff[k] = k */
 } cjob;
 
 static const uint16_t k_zero[64];
@@ -204,33 +249,49 @@ static void col_pack_b(const tpurt__bhooks *h, uint32_t *d, int64_t j0, int64_t 
   }
 }
 
+#if defined(__x86_64__)
+/* o[i] = bf16(s[i] + b) for the lanes of mask k (the others neither read nor written) */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline void store_bf16_tail(uint16_t *o, const float *s,
+                                                                                      __m512 vb, __mmask16 k) {
+  __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(k, s), vb);
+  _mm256_mask_storeu_epi16(o, k, _mm512_cvtepi32_epi16(rne_bf16(v)));
+}
+
+#endif
+
 /* Row m of C, columns [j0, j0 + n) -> the valid positions of y (bias, one rounding). */
 static void col_out(const tpurt__bhooks *h, const float *t, int64_t ldt, int64_t i0, int64_t m, int64_t j0,
                     int64_t n) {
   const cjob *j = (const cjob *)h;
-  int64_t lp = j->g->lp, wq = j->g->wq;
+  int64_t lp = j->g->lp, wq = j->g->wq, end = j0 + n;
   for (int64_t i = 0; i < m; i++) {
     int64_t row = i0 + i;
     float b = j->bias ? j->bias[row] : 0.0f;
     const float *tr = t + i * ldt - j0;
-    for (int64_t c = j0; c < j0 + n;) {
-      int64_t im = c / lp, l = c % lp, oh = l / wq, ow = l % wq;
+    int64_t im = j0 / lp, l = j0 % lp, oh = l / wq, ow = l % wq;
+    for (int64_t c = j0; c < end;) {
       int64_t run = wq - ow;
       if (run > lp - l) run = lp - l;
-      if (run > j0 + n - c) run = j0 + n - c;
+      if (run > end - c) run = end - c;
       if (oh < j->ho && ow < j->wo) {
         int64_t cnt = j->wo - ow < run ? j->wo - ow : run, q = 0;
         uint16_t *o = j->y + im * j->o_n + row * j->o_m + oh * j->o_h + ow * j->o_w;
         const float *s = tr + c;
 #if defined(__x86_64__)
-        if (j->o_w == 1) {
+        if (j->o_w == 1 && tpurt__cpu_avx512()) {
           __m512 vb = _mm512_set1_ps(b);
           for (; q + 16 <= cnt; q += 16) store_bf16x16(o + q, _mm512_add_ps(_mm512_loadu_ps(s + q), vb), 0.0f);
+          if (q < cnt) store_bf16_tail(o + q, s + q, vb, (__mmask16)((1u << (cnt - q)) - 1));
+          q = cnt;
         }
 #endif
         for (; q < cnt; q++) o[q * j->o_w] = tpurt__f32_to_bf16(s[q] + b);
       }
-      c += run;
+      c += run, l += run, ow += run;
+      if (l == lp)
+        im++, l = 0, oh = 0, ow = 0;
+      else if (ow == wq)
+        oh++, ow = 0;
     }
   }
 }
@@ -270,11 +331,29 @@ static void wg_pack_b(const tpurt__bhooks *h, uint32_t *d, int64_t j0, int64_t k
   }
 }
 
-/* C[k, m] -> dw (rounded once) */
+/* C[k, m] -> dw (rounded once); 16 x 16 blocks transposed when dw's k's
+ * are contiguous (woff[k] = k) */
 static void wg_out(const tpurt__bhooks *h, const float *t, int64_t ldt, int64_t i0, int64_t m, int64_t j0,
                    int64_t n) {
   const cjob *j = (const cjob *)h;
-  for (int64_t i = 0; i < m; i++)
+  int64_t i = 0;
+#if defined(__x86_64__)
+  if (j->wdense && tpurt__cpu_avx512())
+    for (; i + 16 <= m; i += 16) {
+      int64_t q = 0;
+      for (; q + 16 <= n; q += 16) {
+        __m512i r[16];
+        for (int u = 0; u < 16; u++) r[u] = _mm512_loadu_si512(t + (i + u) * ldt + q);
+        tr16x16(r);
+        for (int u = 0; u < 16; u++)
+          store_bf16x16(j->y + (j0 + q + u) * j->o_m + i0 + i, _mm512_castsi512_ps(r[u]), 0.0f);
+      }
+      for (; q < n; q++)
+        for (int u = 0; u < 16; u++)
+          j->y[(j0 + q) * j->o_m + j->woff[i0 + i + u]] = tpurt__f32_to_bf16(t[(i + u) * ldt + q]);
+    }
+#endif
+  for (; i < m; i++)
     for (int64_t q = 0; q < n; q++)
       j->y[(j0 + q) * j->o_m + j->woff[i0 + i]] = tpurt__f32_to_bf16(t[i * ldt + q]);
 }
@@ -291,23 +370,49 @@ typedef struct {
   int64_t ldt;
 } dyt_job;
 
+
+
+/* Per image, 16 rows and DYT_BLOCK positions at a time: dy' laid out in a
+ * stack block (zero at dropped columns), then 16 x 16 pairs transposed
+ * into dyt. */
+#define DYT_BLOCK 512
 static void dyt_images(void *p, int64_t b, int64_t e) {
   const dyt_job *j = p;
-  int64_t lp = j->g->lp, wq = j->g->wq;
-  uint16_t *t = (uint16_t *)j->dyt; /* half p * 2 + (l & 1) of u32 p */
+  int64_t lp = j->g->lp, wq = j->g->wq, np = lp / 2;
+  _Alignas(64) uint16_t t[16][DYT_BLOCK];
   for (int64_t n = b; n < e; n++) {
-    memset(j->dyt + n * lp / 2 * j->ldt, 0, (size_t)(lp / 2 * j->ldt) * 4);
-    for (int64_t m = 0; m < j->M; m++) {
-      const uint16_t *src = j->dy + n * j->dn + m * j->dc;
-      for (int64_t oh = 0; oh < j->ho; oh++) {
-        const uint16_t *row = src + oh * j->dh;
-        int64_t l0 = n * lp + oh * wq;
-        for (int64_t ow = 0; ow < j->wo; ow++) {
-          int64_t l = l0 + ow;
-          t[((l >> 1) * j->ldt + m) * 2 + (l & 1)] = row[ow * j->dw];
+    uint32_t *dst = j->dyt + n * np * j->ldt;
+    for (int64_t m0 = 0; m0 < j->ldt; m0 += 16)
+      for (int64_t l0 = 0; l0 < lp; l0 += DYT_BLOCK) {
+        int64_t l1 = l0 + DYT_BLOCK < lp ? l0 + DYT_BLOCK : lp;
+        memset(t, 0, sizeof t);
+        for (int64_t m = m0; m < m0 + 16 && m < j->M; m++) {
+          const uint16_t *src = j->dy + n * j->dn + m * j->dc;
+          for (int64_t oh = l0 / wq; oh < j->ho && oh * wq < l1; oh++) {
+            int64_t a = oh * wq > l0 ? oh * wq : l0, z = oh * wq + j->wo < l1 ? oh * wq + j->wo : l1;
+            const uint16_t *row = src + oh * j->dh - oh * wq * j->dw;
+            uint16_t *o = t[m - m0] - l0;
+            if (j->dw == 1)
+              memcpy(o + a, row + a, (size_t)(z > a ? z - a : 0) * 2);
+            else
+              for (int64_t l = a; l < z; l++) o[l] = row[l * j->dw];
+          }
+        }
+        for (int64_t p0 = l0 / 2; p0 < l1 / 2; p0 += 16) {
+#if defined(__x86_64__)
+          if (tpurt__cpu_avx512()) {
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(&t[i][2 * p0 - l0]);
+            tr16x16(r);
+            for (int q = 0; q < 16 && p0 + q < l1 / 2; q++) _mm512_storeu_si512(dst + (p0 + q) * j->ldt + m0, r[q]);
+            continue;
+          }
+#endif
+          for (int64_t q = p0; q < p0 + 16 && q < l1 / 2; q++)
+            for (int i = 0; i < 16; i++)
+              dst[q * j->ldt + m0 + i] = (uint32_t)t[i][2 * q - l0] | (uint32_t)t[i][2 * q + 1 - l0] << 16;
         }
       }
-    }
   }
 }
 
@@ -344,11 +449,14 @@ int tpurt__bconv_forward(const tpurt_view *y, const tpurt_view *x, const tpurt_v
   plan_images(&g, x, Ho, Wo, kh, kw, p);
   int64_t *koff = koff_buf(Kd, 1);
   float *b = bias ? bias_f32(bias, Co, 4) : NULL;
-  uint16_t *wc = tpurt__scratch(2, (size_t)(Co * Kd) * 2);
-  if (!koff || (bias && !b) || !wc || pad(&g, x, 0, 0) < 0) return 0;
-  /* weights [Co, Kd] contiguous */
+  /* weights [Co, Kd] contiguous: the view itself, or a copy */
   const uint16_t *wv = hv(w->ptr);
-  for (int64_t o = 0; o < Co; o++)
+  int dense = 1;
+  for (int d = 4, st = 1; d >= 0; st *= (int)w->sizes[d], d--)
+    if (w->sizes[d] != 1 && w->strides[d] != st) dense = 0;
+  uint16_t *wc = dense ? (uint16_t *)wv : tpurt__scratch(2, (size_t)(Co * Kd) * 2);
+  if (!koff || (bias && !b) || !wc || pad(&g, x, 0, 0) < 0) return 0;
+  for (int64_t o = 0; o < Co && !dense; o++)
     for (int64_t c = 0; c < Cig; c++)
       for (int64_t r = 0; r < kh; r++)
         for (int64_t s = 0; s < kw; s++)
@@ -357,7 +465,7 @@ int tpurt__bconv_forward(const tpurt_view *y, const tpurt_view *x, const tpurt_v
     image_koff(&g, gi * Cig, Cig, kh, kw, p, koff);
     cjob j = {{NULL, col_pack_b, col_out}, &g, koff, Kd, N * g.lp, Ho, Wo,
               (uint16_t *)hv(y->ptr) + gi * Cog * y->strides[1], y->strides[0], y->strides[1], y->strides[3],
-              y->strides[4], b ? b + gi * Cog : NULL, NULL, 0, NULL};
+              y->strides[4], b ? b + gi * Cog : NULL, NULL, 0, NULL, 0};
     tpurt__bmat A = {wc + gi * Cog * Kd, TPURT_BF16, Kd, 1};
     if (!tpurt__bgemm_hooked(Cog, N * g.lp, Kd, &A, &j.h)) return 0; /* the f32 path rewrites the whole output */
     atomic_fetch_add(&g_passes, 1);
@@ -447,7 +555,7 @@ int tpurt__bconv_backward_input(const tpurt_view *dx, const tpurt_view *dy, cons
               koff[co * nt + u * nw + v] = tap_off(&gp, gi * Cog + co, g.pt + oh_[u], g.pl + ow_[v]);
         cjob j = {{NULL, col_pack_b, col_out}, &gp, koff, Cog * nt, N * gp.lp, hq, wq,
                   dxp + gi * Cig * dx->strides[1] + ah * dx->strides[3] + aw * dx->strides[4], dx->strides[0],
-                  dx->strides[1], sh * dx->strides[3], sw * dx->strides[4], b ? b + gi * Cig : NULL, NULL, 0, NULL};
+                  dx->strides[1], sh * dx->strides[3], sw * dx->strides[4], b ? b + gi * Cig : NULL, NULL, 0, NULL, 0};
         tpurt__bmat A = {wt, TPURT_BF16, Cog * nt, 1};
         if (!tpurt__bgemm_hooked(Cig, N * gp.lp, Cog * nt, &A, &j.h)) return 0; /* the f32 path rewrites the whole output */
         atomic_fetch_add(&g_passes, 1);
@@ -475,13 +583,16 @@ int tpurt__bconv_backward_weight(const tpurt_view *dwv, const tpurt_view *dy, co
     for (int64_t r = 0; r < kh; r++)
       for (int64_t s = 0; s < kw; s++)
         woff[c * kk + r * kw + s] = c * dwv->strides[1] + r * dwv->strides[3] + s * dwv->strides[4];
+  int wdense = 1;
+  for (int64_t k = 0; k < Kd; k++) wdense &= woff[k] == k;
   for (int64_t gi = 0; gi < G; gi++) {
     image_koff(&g, gi * Cig, Cig, kh, kw, p, koff);
     dyt_job dj = {(const uint16_t *)hv(dy->ptr) + gi * Cog * dy->strides[1], dy->strides[0], dy->strides[1],
                   dy->strides[3], dy->strides[4], Cog, Ho, Wo, &g, dyt, ldt};
     tpurt_parallel_for(N, 1, dyt_images, &dj);
     cjob j = {{wg_pack_a, wg_pack_b, wg_out}, &g, koff, Kd, np, Ho, Wo,
-              (uint16_t *)hv(dwv->ptr) + gi * Cog * dwv->strides[0], 0, dwv->strides[0], 0, 0, NULL, dyt, ldt, woff};
+              (uint16_t *)hv(dwv->ptr) + gi * Cog * dwv->strides[0], 0, dwv->strides[0], 0, 0, NULL, dyt, ldt, woff,
+              wdense};
     if (!tpurt__bgemm_hooked(Kd, Cog, np, NULL, &j.h)) return 0; /* the f32 path rewrites the whole output */
     atomic_fetch_add(&g_passes, 1);
   }
