@@ -81,6 +81,7 @@ typedef struct {
   int64_t C, H, W;
   uint16_t *xp;
   int64_t sh, sw, pt, pl, hq, wq;
+  uint64_t used;         /* phases (a sw + b) some tap reads (bit 63: 63 and up) */
   int check;             /* note non-finite values */
   _Atomic int nonfinite; /* ... found */
 } pad_job;
@@ -100,7 +101,9 @@ static void pad_planes(void *p, int64_t b, int64_t e) {
       int64_t i_hi = j->H - 1 + j->pt - a >= 0 ? (j->H - 1 + j->pt - a) / j->sh + 1 : 0;
       if (i_hi > j->hq) i_hi = j->hq;
       for (int64_t bb = 0; bb < j->sw; bb++) {
-        uint16_t *pl = planes + (a * j->sw + bb) * pq;
+        int64_t ph = a * j->sw + bb;
+        if (!(j->used >> (ph < 63 ? ph : 63) & 1)) continue; /* left zero */
+        uint16_t *pl = planes + ph * pq;
         /* columns q with 0 <= q sw + bb - pl < W */
         int64_t lo = j->pl - bb > 0 ? (j->pl - bb + j->sw - 1) / j->sw : 0;
         int64_t hi = j->W - 1 + j->pl - bb >= 0 ? (j->W - 1 + j->pl - bb) / j->sw + 1 : 0;
@@ -132,6 +135,7 @@ static void pad_planes(void *p, int64_t b, int64_t e) {
  * Filled by plan(); xp allocated and written by pad(). */
 typedef struct {
   int64_t N, C, sh, sw, pt, pl, hq, wq, pq, chan, img, lp;
+  uint64_t used; /* phases a tap reads (pad_job.used) */
   size_t bytes; /* of the planes, with the slack the dropped columns read */
   uint16_t *xp;
 } planes;
@@ -148,6 +152,7 @@ static void plan(planes *g, int64_t N, int64_t C, int64_t H, int64_t W, int64_t 
   g->chan = sh * sw * g->pq;
   g->img = C * g->chan;
   g->lp = (Ho * g->wq + 15) / 16 * 16;
+  g->used = ~(uint64_t)0;
   /* the last image's dropped columns read up to the largest offset + lp + 32 */
   g->bytes = (size_t)(N * g->img + g->img + g->lp + 64) * 2;
 }
@@ -159,6 +164,12 @@ static void plan_images(planes *g, const tpurt_view *x, int64_t Ho, int64_t Wo, 
   int64_t sh = p->stride[1], sw = p->stride[2];
   plan(g, x->sizes[0], x->sizes[1], x->sizes[3], x->sizes[4], sh, sw, p->padding[1], p->padding[2],
        (Ho - 1) * sh + (kh - 1) * p->dilation[1] + 1, (Wo - 1) * sw + (kw - 1) * p->dilation[2] + 1, Ho);
+  g->used = 0; /* a 1 x 1 kernel at stride 2 reads one phase of four */
+  for (int64_t r = 0; r < kh; r++)
+    for (int64_t s = 0; s < kw; s++) {
+      int64_t ph = (r * p->dilation[1] % sh) * sw + s * p->dilation[2] % sw;
+      g->used |= (uint64_t)1 << (ph < 63 ? ph : 63);
+    }
 }
 
 static int pad(planes *g, const tpurt_view *v, int check, int slot) {
@@ -175,7 +186,7 @@ static int pad(planes *g, const tpurt_view *v, int check, int slot) {
   g->xp = tpurt__scratch(slot, g->bytes);
   if (!g->xp) return -1;
   pad_job j = {(const uint16_t *)hv(v->ptr), v->strides[0], v->strides[1], v->strides[3], v->strides[4],
-               g->C, v->sizes[3], v->sizes[4], g->xp, g->sh, g->sw, g->pt, g->pl, g->hq, g->wq, check, 0};
+               g->C, v->sizes[3], v->sizes[4], g->xp, g->sh, g->sw, g->pt, g->pl, g->hq, g->wq, g->used, check, 0};
   tpurt_parallel_for(g->N * g->C, 1 + 4096 / (g->chan + 1), pad_planes, &j);
   size_t used = (size_t)(g->N * g->img) * 2;
   memset((char *)g->xp + used, 0, g->bytes - used);
