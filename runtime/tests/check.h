@@ -3,6 +3,7 @@
 #ifndef TPURT_TEST_CHECK_H
 #define TPURT_TEST_CHECK_H
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,6 +106,20 @@ static inline tpurt_view check_view(tpurt_devptr p, tpurt_dtype dt, int nd, cons
     st *= sz[k];
   }
   return v;
+}
+
+/* f32 -> bf16 rounded to nearest even (a NaN stays a quiet NaN), and back */
+static inline uint16_t check_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+static inline float check_from_bf16(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
 }
 
 #endif

@@ -24,22 +24,11 @@
 #endif
 
 #include "check.h"
+#include "check_child.h"
 
 static tpurt_stream *S;
 
-static uint16_t to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
-static float from_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-static float bf16r(float f) { return from_bf16(to_bf16(f)); }
+static float bf16r(float f) { return check_from_bf16(check_to_bf16(f)); }
 
 /* a strided batch of matrices in f32 or bf16 on host and device */
 typedef struct {
@@ -65,7 +54,7 @@ static void mat_free(mat *m) {
 static int64_t off(const mat *m, int64_t b, int64_t i, int64_t j) { return b * m->st[0] + i * m->st[1] + j * m->st[2]; }
 static float get(const mat *m, int64_t b, int64_t i, int64_t j) {
   int64_t o = off(m, b, i, j);
-  return m->dt == TPURT_BF16 ? from_bf16(((uint16_t *)m->h)[o]) : ((float *)m->h)[o];
+  return m->dt == TPURT_BF16 ? check_from_bf16(((uint16_t *)m->h)[o]) : ((float *)m->h)[o];
 }
 static void fill(mat *m, unsigned seed) {
   for (int64_t b = 0; b < m->sz[0]; b++)
@@ -75,7 +64,7 @@ static void fill(mat *m, unsigned seed) {
         float v = (float)(((seed >> 8) % 200001) / 100000.0 - 1.0);
         int64_t o = off(m, b, i, j);
         if (m->dt == TPURT_BF16)
-          ((uint16_t *)m->h)[o] = to_bf16(v);
+          ((uint16_t *)m->h)[o] = check_to_bf16(v);
         else
           ((float *)m->h)[o] = v;
       }
@@ -206,9 +195,6 @@ static int child_gemm(const char *level) {
   return g_failures ? 1 : 0;
 }
 
-/* Runs this binary as a child with env assignments; its stdout+stderr in out. */
-static int run_child(char *const argv[], const char *const *env, char *out, size_t n, int seccomp_amx);
-
 #if defined(__x86_64__)
 /* arch_prctl(ARCH_REQ_XCOMP_PERM, ...) fails with EPERM; every other call passes. */
 static int deny_amx_permission(void) {
@@ -229,30 +215,15 @@ static int deny_amx_permission(void) {
 }
 #endif
 
+/* this binary as a child with env assignments (the AMX permission denied
+ * when seccomp_amx); its stdout+stderr in out */
 static int run_child(char *const argv[], const char *const *env, char *out, size_t n, int seccomp_amx) {
-  int fd[2];
-  if (pipe(fd)) return -1;
-  pid_t pid = fork();
-  if (pid == 0) {
-    dup2(fd[1], 1);
-    dup2(fd[1], 2);
-    close(fd[0]);
-    for (const char *const *e = env; *e; e++) putenv((char *)*e);
 #if defined(__x86_64__)
-    if (seccomp_amx && deny_amx_permission()) _exit(99);
+  return check_run_child(argv, env, out, n, seccomp_amx ? deny_amx_permission : NULL);
+#else
+  (void)seccomp_amx;
+  return check_run_child(argv, env, out, n, NULL);
 #endif
-    execv("/proc/self/exe", argv);
-    _exit(98);
-  }
-  close(fd[1]);
-  size_t got = 0;
-  ssize_t r;
-  while ((r = read(fd[0], out + got, n - 1 - got)) > 0) got += (size_t)r;
-  out[got] = 0;
-  close(fd[0]);
-  int st;
-  waitpid(pid, &st, 0);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
 static const char *bits_of(const char *out) {

@@ -34,6 +34,7 @@
 #include <sys/mman.h>
 
 #include "gemm_internal.h"
+#include "bf16_simd.h"
 
 #define BMR 8
 #define BNR 16
@@ -78,6 +79,7 @@ typedef struct {
   float alpha, beta;
   float *c; /* f32, row-major */
   int64_t ldc;
+  const tpurt__bhooks *hk; /* the operands' packing and the result's store, or NULL (tile unit only) */
 } bprod;
 
 static inline float mat_get(const tpurt__bmat *m, int64_t r, int64_t c) {
@@ -111,19 +113,6 @@ static inline uint32_t load_u32(const uint16_t *p) {
   return v;
 }
 
-#if defined(__x86_64__) || defined(__i386__)
-/* 16 f32 -> bf16 in the low halves of 32-bit lanes, rounded as
- * tpurt__f32_to_bf16 (nearest even; a NaN stays a quiet NaN). */
-__attribute__((target("avx512f"))) static inline __m512i rne_bf16(__m512 v) {
-  __m512i x = _mm512_castps_si512(v), hi = _mm512_srli_epi32(x, 16);
-  __m512i r = _mm512_srli_epi32(
-      _mm512_add_epi32(x, _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fff))),
-      16);
-  __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)),
-                                          _mm512_set1_epi32(0x7f800000));
-  return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
-}
-#endif
 
 /* o[0..n) = bf16 of s[0..n) (unit stride): the value rounded, or (lo) the
  * rounding error of that, rounded — a_elem's / b_elem's parts, same bits. */
@@ -176,17 +165,6 @@ static void pack_a(uint32_t *restrict d, const bprod *x, int64_t i0, int64_t k0,
   }
 }
 
-#if defined(__x86_64__) || defined(__i386__)
-/* 16 columns of two bf16 rows interleaved into pairs (d[j] = r0[j] | r1[j] << 16). */
-__attribute__((target("avx512f,avx512bw"))) static inline void interleave16(uint32_t *d, const uint16_t *r0,
-                                                                            const uint16_t *r1) {
-  const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                                       37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  __m512i lo = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)r0));
-  __m512i hi = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)r1));
-  _mm512_storeu_si512(d, _mm512_permutex2var_epi16(lo, idx, hi));
-}
-#endif
 
 /* Columns j0..j0+15 of B, k's k0..k0+kc-1 (kc even) -> d[p * 16 + j]. */
 static void pack_b(uint32_t *restrict d, const bprod *x, int64_t j0, int64_t k0, int64_t kc) {
@@ -391,6 +369,10 @@ static void pack_panel(void *p, int64_t b, int64_t e) {
   for (int64_t s = b; s < e; s++) {
     uint32_t *d = j->bp + s * kp * BNR;
     int64_t c0 = j->j0 + s * BNR;
+    if (x->hk && x->hk->pack_b) {
+      x->hk->pack_b(x->hk, d, c0, j->k0, j->kc);
+      continue;
+    }
 #if defined(__x86_64__) || defined(__i386__)
     /* bf16 rows of B: two slivers a pass read whole cache lines of B's
      * rows (one sliver reads half of each, a row 2^n bytes down each time) */
@@ -497,17 +479,6 @@ static size_t panel_words(int64_t n, int64_t k2, int amx) {
   return (size_t)((nc + BNR - 1) / BNR) * (size_t)(chunk_k(k2, amx) / 2) * BNR;
 }
 
-#if defined(__x86_64__) || defined(__i386__)
-/* d[0..15] (bf16) = bf16(v + beta * d) — beta == 0 does not read d —
- * rounded as tpurt__f32_to_bf16 (nearest even, NaN quiet). */
-__attribute__((target("avx512f"))) static inline void store_bf16x16(uint16_t *d, __m512 v, float beta) {
-  if (beta != 0.0f) {
-    __m512 old = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)d)), 16));
-    v = _mm512_fmadd_ps(_mm512_set1_ps(beta), old, v);
-  }
-  _mm256_storeu_si256((__m256i *)d, _mm512_cvtepi32_epi16(rne_bf16(v)));
-}
-#endif
 
 /* Row i of c (any dtype and strides), columns j0 .. j0+n-1 = alpha t +
  * beta c (one fused rounding, then the dtype's; beta 0 does not read c). */
@@ -582,6 +553,10 @@ static void epi_rows(void *p, int64_t b, int64_t e) {
 
 /* Rows i0..i0+31 of A, k's k0..k0+kc-1 (kc a multiple of 32) -> d[r * ld + q] bf16; zero past M / K2. */
 static void pack_a_rows(uint16_t *restrict d, int64_t ld, const bprod *x, int64_t i0, int64_t k0, int64_t kc) {
+  if (x->hk && x->hk->pack_a) {
+    x->hk->pack_a(x->hk, d, ld, i0, k0, kc);
+    return;
+  }
   for (int r = 0; r < AMX_MR; r++) {
     uint16_t *o = d + r * ld;
     int64_t i = i0 + r;
@@ -700,7 +675,9 @@ static void amx_tasks(void *p, int64_t b, int64_t e) {
           amx_block(qs, ab, lda, b0, b1, strip + (s - s0) * BNR, ldcs * 4, lc);
         }
       }
-      if (j->out && j->k0 + kc >= x->K2)
+      if (x->hk && x->hk->out && j->k0 + kc >= x->K2)
+        x->hk->out(x->hk, strip, ldcs, i0 + r, m, j->j0 + s0 * BNR, w);
+      else if (j->out && j->k0 + kc >= x->K2)
         out_rows(j->out, strip, ldcs, i0 + r, m, j->j0 + s0 * BNR, w, j->oalpha, j->obeta);
       else
         for (int64_t i = 0; i < m; i++) memcpy(c + i * x->ldc, strip + i * ldcs, (size_t)w * 4);
@@ -811,7 +788,8 @@ static void run_product(const bbatch *bb, const bprod *x, char *mem, const tpurt
 
 static void one_product(bbatch *bb, int64_t bi, int slot) {
   size_t ea = tpurt_dtype_size(bb->a.dt), eb = tpurt_dtype_size(bb->b.dt), ec = tpurt_dtype_size(bb->c.dt);
-  bprod x = {bb->a, bb->b, bb->M, bb->N, bb->K, bb->split ? 3 * bb->K : bb->K, bb->split, bb->alpha, bb->beta, NULL, 0};
+  bprod x = {bb->a, bb->b, bb->M, bb->N, bb->K, bb->split ? 3 * bb->K : bb->K, bb->split, bb->alpha, bb->beta, NULL, 0,
+             NULL};
   x.a.p = (const char *)bb->a.p + (ptrdiff_t)(bi * bb->sa) * (ptrdiff_t)ea;
   x.b.p = (const char *)bb->b.p + (ptrdiff_t)(bi * bb->sb) * (ptrdiff_t)eb;
   tpurt__bmat c = bb->c;
@@ -878,5 +856,22 @@ int tpurt__bgemm(int64_t nb, int64_t M, int64_t N, int64_t K, float alpha, const
   }
   bb.par = par;
   for (int64_t i = 0; i < nb; i++) one_product(&bb, i, 0);
+  return 1;
+}
+
+int tpurt__bgemm_hooked(int64_t M, int64_t N, int64_t K, const tpurt__bmat *A, const tpurt__bhooks *hk) {
+  if (M <= 0 || N <= 0 || K <= 0 || !tpurt__bgemm_amx() || !hk->pack_b || !hk->out || (!hk->pack_a && !A))
+    return 0;
+  static const uint16_t zero = 0;
+  tpurt__bmat a = A ? *A : (tpurt__bmat){&zero, TPURT_BF16, 0, 1};
+  tpurt__bmat b = {&zero, TPURT_BF16, 0, 1}; /* read only through hk->pack_b */
+  int64_t KC = chunk_k(K, 1);
+  size_t panel = (panel_words(N, K, 1) * 4 + 63) & ~(size_t)63, apack = (amx_a_bytes(M, K) + 63) & ~(size_t)63;
+  size_t cbytes = K > KC ? (size_t)(M * N) * 4 : 0; /* C between K chunks (one chunk: the strip only) */
+  char *mem = buf(panel + apack + cbytes);
+  if (!mem) return 0;
+  bprod x = {a, b, M, N, K, K, 0, 1.0f, 0.0f, (float *)(mem + panel + apack), N, hk};
+  int par = tpurt_num_threads() > 1 && !tpurt__pool_nested();
+  run_amx(&x, (uint32_t *)mem, (uint16_t *)(mem + panel), par, NULL, 1.0f, 0.0f);
   return 1;
 }

@@ -446,6 +446,36 @@ static int bwd_input_phases(const float *dy, const float *w, float *dx, int64_t 
 
 /* ---------------------------------------------------------- kernel */
 
+/* element c of a bias gradient view = s in its dtype */
+static void store_bias_grad(const tpurt_view *bv, int64_t c, double s) {
+  char *bp = (char *)hv(bv->ptr) + (ptrdiff_t)(c * bv->strides[0]) * (ptrdiff_t)tpurt_dtype_size(bv->dtype);
+  switch (bv->dtype) {
+    case TPURT_F64: *(double *)bp = s; break;
+    case TPURT_F32: *(float *)bp = (float)s; break;
+    case TPURT_BF16: *(uint16_t *)bp = tpurt__f32_to_bf16((float)s); break;
+    default: *(uint16_t *)bp = tpurt__f32_to_f16((float)s); break;
+  }
+}
+
+/* db[c] = sum of bf16 dy over images and positions (per image in f32,
+ * over images in f64: the order of the f32 path below). */
+static void bias_grad_bf16(const tpurt_view *bv, const tpurt_view *dyv) {
+  const uint16_t *dy = hv(dyv->ptr);
+  int64_t N = dyv->sizes[0], Co = dyv->sizes[1], Ho = dyv->sizes[3], Wo = dyv->sizes[4];
+  for (int64_t c = 0; c < Co; c++) {
+    double s = 0;
+    for (int64_t n = 0; n < N; n++) {
+      float fs = 0;
+      for (int64_t h = 0; h < Ho; h++) {
+        const uint16_t *row = dy + n * dyv->strides[0] + c * dyv->strides[1] + h * dyv->strides[3];
+        for (int64_t w = 0; w < Wo; w++) fs += tpurt__bf16_to_f32(row[w * dyv->strides[4]]);
+      }
+      s += fs;
+    }
+    store_bias_grad(bv, c, s);
+  }
+}
+
 static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
   conv_args *a = pa;
   tpurt__gemm_lib_init();
@@ -471,6 +501,20 @@ static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
   /* ... and 2-D: implicit GEMM, the column matrix never stored */
   int implicit = batched && a->implicit && kd == 1 && D == 1 && Do == 1;
   int ig_flags = a->implicit == 2 ? 1 : 0;
+
+  /* bf16 2-D: the tile unit (bconv.c), bias fused, one rounding */
+  if (a->in0.dtype == TPURT_BF16 && kd == 1 && D == 1 && Do == 1 && N > 0 && L > 0 && HW > 0 &&
+      (a->kind != CONV_BWD_W || a->has0) && tpurt__bconv_applies()) {
+    const tpurt_view *bias = a->has1 && a->kind != CONV_BWD_W ? &a->out1 : NULL;
+    int done = a->kind == CONV_FWD      ? tpurt__bconv_forward(&a->out0, &a->in0, &a->in1, bias, p)
+               : a->kind == CONV_BWD_IN ? tpurt__bconv_backward_input(&a->out0, &a->in0, &a->in1, bias, p)
+                                        : tpurt__bconv_backward_weight(&a->out0, &a->in0, &a->in1, p);
+    if (done) {
+      if (a->kind == CONV_BWD_W && a->has1) bias_grad_bf16(&a->out1, &a->in0);
+      tpurt__scratch_trim();
+      return TPURT_OK;
+    }
+  }
 
   if (a->kind == CONV_FWD) {
     const char *x = load4(&a->in0, 0, f64);
@@ -690,8 +734,6 @@ static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
     }
     if (a->has1) {
       const tpurt_view *bv = &a->out1;
-      char *bb = hv(bv->ptr);
-      size_t bes = tpurt_dtype_size(bv->dtype);
       for (int64_t c = 0; c < Co; c++) {
         double s = 0;
         for (int64_t n = 0; n < N; n++) {
@@ -705,13 +747,7 @@ static tpurt_status k_conv(void *pa, char *err, size_t errlen) {
             s += fs;
           }
         }
-        char *bp = bb + (ptrdiff_t)(c * bv->strides[0]) * (ptrdiff_t)bes;
-        switch (bv->dtype) {
-          case TPURT_F64: *(double *)bp = s; break;
-          case TPURT_F32: *(float *)bp = (float)s; break;
-          case TPURT_BF16: *(uint16_t *)bp = tpurt__f32_to_bf16((float)s); break;
-          default: *(uint16_t *)bp = tpurt__f32_to_f16((float)s); break;
-        }
+        store_bias_grad(bv, c, s);
       }
     }
   }

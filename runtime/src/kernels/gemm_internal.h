@@ -91,6 +91,38 @@ TPURT_INTERNAL int tpurt__bgemm_amx(void);
 TPURT_INTERNAL int tpurt__bgemm(int64_t nb, int64_t M, int64_t N, int64_t K, float alpha, const tpurt__bmat *A,
                                 int64_t sa, const tpurt__bmat *B, int64_t sb, int split, float beta,
                                 const tpurt__bmat *C, int64_t sc);
+/* A product on the tile unit whose operands the caller packs and whose
+ * result it stores (bconv.c: a convolution's column matrix gathered from
+ * the images, the result scattered into them). Each hook gets the hooks
+ * pointer back (embed it first in a larger struct for context).
+ *   pack_a: rows i0..i0+31 of A, k's k0..k0+kc-1 (kc a multiple of 32) as
+ *           bf16 at d[r * ld + q], zero past M and K; NULL: A from the bmat
+ *   pack_b: columns j0..j0+15 of B, k's k0..k0+kc-1 (kc even) as pairs
+ *           d[p * 16 + j] = B[k0 + 2p, j] | B[k0 + 2p + 1, j] << 16, zero
+ *           past N and K
+ *   out:    rows i0..i0+m-1, columns j0..j0+n-1 of the f32 product C = A B
+ *           at t[(i - i0) * ldt + (j - j0)], each element once, when final.
+ * Hooks run on pool threads, concurrently. 0 (nothing run) without the
+ * tile unit (TORCH_TPU_ISA, TORCH_TPU_BGEMM=0) or buffers. */
+typedef struct tpurt__bhooks tpurt__bhooks;
+struct tpurt__bhooks {
+  void (*pack_a)(const tpurt__bhooks *h, uint16_t *d, int64_t ld, int64_t i0, int64_t k0, int64_t kc);
+  void (*pack_b)(const tpurt__bhooks *h, uint32_t *d, int64_t j0, int64_t k0, int64_t kc);
+  void (*out)(const tpurt__bhooks *h, const float *t, int64_t ldt, int64_t i0, int64_t m, int64_t j0, int64_t n);
+};
+TPURT_INTERNAL int tpurt__bgemm_hooked(int64_t M, int64_t N, int64_t K, const tpurt__bmat *A,
+                                       const tpurt__bhooks *hk);
+/* bf16 2-D convolutions on the tile unit (bconv.c), 5-D views with D = 1:
+ * applies when the tile unit serves bf16 products and TORCH_TPU_CONV_AMX
+ * is not 0; each returns 1 when done, 0 when the caller must run the f32
+ * path (memory, a non-finite image value in a weight gradient). */
+TPURT_INTERNAL int tpurt__bconv_applies(void);
+TPURT_INTERNAL int tpurt__bconv_forward(const tpurt_view *y, const tpurt_view *x, const tpurt_view *w,
+                                        const tpurt_view *bias, const tpurt_conv3d_params *p);
+TPURT_INTERNAL int tpurt__bconv_backward_input(const tpurt_view *dx, const tpurt_view *dy, const tpurt_view *w,
+                                               const tpurt_view *bias, const tpurt_conv3d_params *p);
+TPURT_INTERNAL int tpurt__bconv_backward_weight(const tpurt_view *dw, const tpurt_view *dy, const tpurt_view *x,
+                                                const tpurt_conv3d_params *p);
 TPURT_INTERNAL void tpurt__dgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const double *A,
                                  int64_t lda, const double *B, int64_t ldb, double beta, double *C, int64_t ldc);
 /* Validates a view of ndim dims (dtype, sizes, device range). */

@@ -1,0 +1,621 @@
+/*
+ * bconv.c — bf16 2-D convolutions (forward, input gradient, weight
+ * gradient) on the AMX tile unit, through the hooked product of bgemm.c:
+ * the column matrix is gathered from the images while the B panel (or the
+ * A rows) are packed, and the tiles' f32 results are stored straight into
+ * the output view with the bias added and one rounding to bf16. Products
+ * of bf16 values are exact in f32 and every sum accumulates in f32 (the
+ * precision contract); before this file a bf16 convolution converted its
+ * operands to f32 and ran the f32 implicit GEMM (sgemm.c).
+ *
+ * Column space. The images are first copied once into zero-padded bf16
+ * planes split by stride phase (space to depth): padded element (u, v) of
+ * a channel goes to phase (u % sh, v % sw) at (u / sh, v / sw) of a Hq x Wq
+ * plane. Tap (r, s) of output (oh, ow) then reads phase (r dh % sh, s dw %
+ * sw) at (oh + r dh / sh, ow + s dw / sw): with columns numbered l = oh *
+ * Wq + ow, element (k, l) of the column matrix is xp[koff[k] + l] — one
+ * offset per k (channel, tap), unit step along l whatever the stride and
+ * dilation. 16 columns are 16 consecutive bf16 values: a B sliver pair row
+ * is two 32-byte loads and one permute (interleave16). Columns with ow >=
+ * Wo (at most Wq - Wo per row) and the tail that rounds an image to 16
+ * columns are computed and dropped by the store.
+ *
+ * Passes (per group):
+ *   forward        y[m, l] = w[m, k] col[k, l]                 A = w, B gathered
+ *   input gradient per phase (ah, aw) of dx: a unit-stride convolution of
+ *                  dy with the taps that reach the phase, their offsets
+ *                  folded into koff; stored to dx[.., i sh + ah, j sw + aw]
+ *   weight grad.   dw^T[k, m] = col[k, (n, l)] dy'[(n, l), m]   A = col rows
+ *                  (runs of one image), B = dy laid out in the column space
+ *                  (zero at dropped columns) as pairs of positions
+ * The weight gradient multiplies the dropped columns' image values by
+ * zeros: an Inf or NaN there would leak into dw, so images with a
+ * non-finite value run the f32 path for that pass (same results as CPU).
+ *
+ * TORCH_TPU_CONV_AMX=0 (and whatever turns the tile unit off for bf16
+ * products: TORCH_TPU_ISA below amx, TORCH_TPU_BGEMM=0) keeps the f32 path.
+ */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16_simd.h"
+#include "gemm_internal.h"
+
+static _Atomic uint64_t g_passes;
+
+int tpurt__bconv_applies(void) {
+  const char *e = getenv("TORCH_TPU_CONV_AMX");
+  if (e && !strcmp(e, "0")) return 0;
+  return tpurt__bgemm_amx();
+}
+
+const char *tpurt_bf16_conv_path(void) { return tpurt__bconv_applies() ? "amx-bf16 tiles" : "f32 implicit GEMM"; }
+
+uint64_t tpurt_bf16_conv_tile_passes(void) { return atomic_load(&g_passes); }
+
+static inline void *hv(tpurt_devptr p) { return p ? tpurt__host_view(p) : NULL; }
+
+/* ------------------------------------------------ padded phase planes */
+
+#if defined(__x86_64__)
+/* o[0..n) = row[0], row[2], .. (the even elements of 2 n) */
+__attribute__((target("avx512f,avx512bw"))) static void evens16(uint16_t *o, const uint16_t *row, int64_t n) {
+  const __m512i idx = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 26, 24,
+                                       22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  int64_t q = 0;
+  for (; q + 32 < n; q += 32) { /* reads 2 q + 63 <= 2 n - 3: inside the row */
+    __m512i a = _mm512_loadu_si512(row + 2 * q), b = _mm512_loadu_si512(row + 2 * q + 32);
+    _mm512_storeu_si512(o + q, _mm512_permutex2var_epi16(a, idx, b));
+  }
+  for (; q < n; q++) o[q] = row[2 * q];
+}
+#endif
+
+/* A 4-D bf16 view [N, C, H, W] (strides in elements) copied into planes
+ * xp[((n C + c) sh + a) sw + b][i][j] = x[n, c, i sh + a - pt, j sw + b - pl]
+ * (zero outside the image), each Hq x Wq. */
+typedef struct {
+  const uint16_t *x;
+  int64_t sn, sc, sh_, sw_; /* strides of the view */
+  int64_t C, H, W;
+  uint16_t *xp;
+  int64_t sh, sw, pt, pl, hq, wq;
+  uint64_t used;         /* phases (a sw + b) some tap reads (bit 63: 63 and up) */
+  int check;             /* note non-finite values */
+  _Atomic int nonfinite; /* ... found */
+} pad_job;
+
+static void pad_planes(void *p, int64_t b, int64_t e) {
+  pad_job *j = p;
+  int64_t pq = j->hq * j->wq;
+  int bad = 0;
+  for (int64_t u = b; u < e; u++) {
+    int64_t n = u / j->C, c = u % j->C;
+    const uint16_t *src = j->x + n * j->sn + c * j->sc;
+    uint16_t *planes = j->xp + u * j->sh * j->sw * pq;
+    memset(planes, 0, (size_t)(j->sh * j->sw * pq) * 2);
+    for (int64_t a = 0; a < j->sh; a++) {
+      /* rows i with 0 <= i sh + a - pt < H */
+      int64_t i_lo = j->pt - a > 0 ? (j->pt - a + j->sh - 1) / j->sh : 0;
+      int64_t i_hi = j->H - 1 + j->pt - a >= 0 ? (j->H - 1 + j->pt - a) / j->sh + 1 : 0;
+      if (i_hi > j->hq) i_hi = j->hq;
+      for (int64_t bb = 0; bb < j->sw; bb++) {
+        int64_t ph = a * j->sw + bb;
+        if (!(j->used >> (ph < 63 ? ph : 63) & 1)) continue; /* left zero */
+        uint16_t *pl = planes + ph * pq;
+        /* columns q with 0 <= q sw + bb - pl < W */
+        int64_t lo = j->pl - bb > 0 ? (j->pl - bb + j->sw - 1) / j->sw : 0;
+        int64_t hi = j->W - 1 + j->pl - bb >= 0 ? (j->W - 1 + j->pl - bb) / j->sw + 1 : 0;
+        if (hi > j->wq) hi = j->wq;
+        if (lo >= hi) continue;
+        int64_t iw0 = lo * j->sw + bb - j->pl;
+        for (int64_t i = i_lo; i < i_hi; i++) {
+          uint16_t *o = pl + i * j->wq;
+          const uint16_t *row = src + (i * j->sh + a - j->pt) * j->sh_;
+          if (j->sw == 1 && j->sw_ == 1)
+            memcpy(o + lo, row + iw0, (size_t)(hi - lo) * 2);
+#if defined(__x86_64__)
+          else if (j->sw == 2 && j->sw_ == 1 && tpurt__cpu_avx512())
+            evens16(o + lo, row + iw0, hi - lo);
+#endif
+          else
+            for (int64_t q = lo; q < hi; q++) o[q] = row[(iw0 + (q - lo) * j->sw) * j->sw_];
+          if (j->check)
+            for (int64_t q = lo; q < hi; q++) bad |= (o[q] & 0x7f80) == 0x7f80;
+        }
+      }
+    }
+  }
+  if (bad) atomic_store(&j->nonfinite, 1);
+}
+
+/* Geometry of the planes of one pass: images [N, C, H, W] of a view,
+ * outputs Ho x Wo, taps reaching padded (u, v) = (oh sh + r dh, ow sw + s dw).
+ * Filled by plan(); xp allocated and written by pad(). */
+typedef struct {
+  int64_t N, C, sh, sw, pt, pl, hq, wq, pq, chan, img, lp;
+  uint64_t used; /* phases a tap reads (pad_job.used) */
+  size_t bytes; /* of the planes, with the slack the dropped columns read */
+  uint16_t *xp;
+} planes;
+
+/* hp x wp: the padded extent the pass reads (at least the image). */
+static void plan(planes *g, int64_t N, int64_t C, int64_t H, int64_t W, int64_t sh, int64_t sw, int64_t pt,
+                 int64_t pl, int64_t hp, int64_t wp, int64_t Ho) {
+  if (hp < pt + H) hp = pt + H;
+  if (wp < pl + W) wp = pl + W;
+  g->N = N, g->C = C, g->sh = sh, g->sw = sw, g->pt = pt, g->pl = pl;
+  g->hq = (hp + sh - 1) / sh;
+  g->wq = (wp + sw - 1) / sw;
+  g->pq = g->hq * g->wq;
+  g->chan = sh * sw * g->pq;
+  g->img = C * g->chan;
+  g->lp = (Ho * g->wq + 15) / 16 * 16;
+  g->used = ~(uint64_t)0;
+  /* the last image's dropped columns read up to the largest offset + lp + 32 */
+  g->bytes = (size_t)(N * g->img + g->img + g->lp + 64) * 2;
+}
+
+/* The planes of the images x read by a convolution (forward, weight
+ * gradient) with outputs Ho x Wo and kh x kw taps. */
+static void plan_images(planes *g, const tpurt_view *x, int64_t Ho, int64_t Wo, int64_t kh, int64_t kw,
+                        const tpurt_conv3d_params *p) {
+  int64_t sh = p->stride[1], sw = p->stride[2];
+  plan(g, x->sizes[0], x->sizes[1], x->sizes[3], x->sizes[4], sh, sw, p->padding[1], p->padding[2],
+       (Ho - 1) * sh + (kh - 1) * p->dilation[1] + 1, (Wo - 1) * sw + (kw - 1) * p->dilation[2] + 1, Ho);
+  g->used = 0; /* a 1 x 1 kernel at stride 2 reads one phase of four */
+  for (int64_t r = 0; r < kh; r++)
+    for (int64_t s = 0; s < kw; s++) {
+      int64_t ph = (r * p->dilation[1] % sh) * sw + s * p->dilation[2] % sw;
+      g->used |= (uint64_t)1 << (ph < 63 ? ph : 63);
+    }
+}
+
+static int pad(planes *g, const tpurt_view *v, int check, int slot) {
+  /* images that are their own planes (unit stride, no padding, H W a
+   * multiple of 16, dense NCHW): read in place; no column is dropped then,
+   * and every read stays inside the images */
+  int64_t H = v->sizes[3], W = v->sizes[4];
+  if (g->sh == 1 && g->sw == 1 && g->pt == 0 && g->pl == 0 && g->hq == H && g->wq == W && g->lp == H * W &&
+      v->strides[4] == 1 && (H == 1 || v->strides[3] == W) && (g->C == 1 || v->strides[1] == H * W) &&
+      (g->N == 1 || v->strides[0] == g->img)) {
+    g->xp = hv(v->ptr);
+    return 0;
+  }
+  g->xp = tpurt__scratch(slot, g->bytes);
+  if (!g->xp) return -1;
+  pad_job j = {(const uint16_t *)hv(v->ptr), v->strides[0], v->strides[1], v->strides[3], v->strides[4],
+               g->C, v->sizes[3], v->sizes[4], g->xp, g->sh, g->sw, g->pt, g->pl, g->hq, g->wq, g->used, check, 0};
+  tpurt_parallel_for(g->N * g->C, 1 + 4096 / (g->chan + 1), pad_planes, &j);
+  size_t used = (size_t)(g->N * g->img) * 2;
+  memset((char *)g->xp + used, 0, g->bytes - used);
+  return atomic_load(&j.nonfinite);
+}
+
+/* Offset of tap (r, s) of channel c in an image of the planes. */
+static inline int64_t tap_off(const planes *g, int64_t c, int64_t u, int64_t v) {
+  return c * g->chan + ((u % g->sh) * g->sw + v % g->sw) * g->pq + (u / g->sh) * g->wq + v / g->sw;
+}
+
+/* koff[(c, r, s)] of channels c0 .. c0 + C - 1 of images read by a
+ * forward-type pass (tap (r, s) at padded (r dh, s dw) from the output's). */
+static void image_koff(const planes *g, int64_t c0, int64_t C, int64_t kh, int64_t kw, const tpurt_conv3d_params *p,
+                       int64_t *koff) {
+  for (int64_t c = 0; c < C; c++)
+    for (int64_t r = 0; r < kh; r++)
+      for (int64_t s = 0; s < kw; s++)
+        koff[(c * kh + r) * kw + s] = tap_off(g, c0 + c, r * p->dilation[1], s * p->dilation[2]);
+}
+
+#if defined(__x86_64__)
+/* r[0..15] (16 u32 each) transposed in place: r[q][i] <- r[i][q]. */
+__attribute__((target("avx512f"))) static inline void tr16x16(__m512i r[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  /* u[4 g + j] lane k: rows 4g..4g+3 at column 4k + j */
+  for (int j = 0; j < 4; j++) {
+    __m512i v = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88), w = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xdd);
+    __m512i v2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88), w2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xdd);
+    r[j] = _mm512_shuffle_i32x4(v, v2, 0x88);
+    r[8 + j] = _mm512_shuffle_i32x4(v, v2, 0xdd);
+    r[4 + j] = _mm512_shuffle_i32x4(w, w2, 0x88);
+    r[12 + j] = _mm512_shuffle_i32x4(w, w2, 0xdd);
+  }
+}
+#endif
+
+/* ------------------------------------------------ hooks */
+
+typedef struct {
+  tpurt__bhooks h; /* first: the hooks get this pointer back */
+  const planes *g;
+  const int64_t *koff; /* K offsets into an image of the planes */
+  int64_t K, ncols;    /* k's; columns N lp */
+  int64_t ho, wo;      /* valid rows / columns of an image's column space */
+  /* forward / input gradient: row m, column (n, oh, ow) of C -> y */
+  uint16_t *y;
+  int64_t o_n, o_m, o_h, o_w;
+  const float *bias; /* per row, or NULL */
+  /* weight gradient: B pairs dyt[p * ldt + m], C[k, m] -> y[m * o_m + woff[k]] */
+  const uint32_t *dyt;
+  int64_t ldt;
+  const int64_t *woff;
+  int wdense; /* woff[k] = k */
+} cjob;
+
+static const uint16_t k_zero[64];
+
+/* B = column matrix: columns j0.. (one image's: lp is a multiple of 16). */
+static void col_pack_b(const tpurt__bhooks *h, uint32_t *d, int64_t j0, int64_t k0, int64_t kc) {
+  const cjob *j = (const cjob *)h;
+  const uint16_t *base = j->g->xp + j0 / j->g->lp * j->g->img + j0 % j->g->lp;
+  for (int64_t p = 0; p < kc / 2; p++) {
+    int64_t k = k0 + 2 * p;
+    const uint16_t *r0 = k < j->K ? base + j->koff[k] : k_zero, *r1 = k + 1 < j->K ? base + j->koff[k + 1] : k_zero;
+#if defined(__x86_64__)
+    interleave16(d + p * 16, r0, r1);
+#else
+    for (int q = 0; q < 16; q++) d[p * 16 + q] = (uint32_t)r0[q] | (uint32_t)r1[q] << 16;
+#endif
+  }
+}
+
+#if defined(__x86_64__)
+/* o[i] = bf16(s[i] + b) for the lanes of mask k (the others neither read nor written) */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline void store_bf16_tail(uint16_t *o, const float *s,
+                                                                                      __m512 vb, __mmask16 k) {
+  __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(k, s), vb);
+  _mm256_mask_storeu_epi16(o, k, _mm512_cvtepi32_epi16(rne_bf16(v)));
+}
+
+#endif
+
+/* Row m of C, columns [j0, j0 + n) -> the valid positions of y (bias, one rounding). */
+static void col_out(const tpurt__bhooks *h, const float *t, int64_t ldt, int64_t i0, int64_t m, int64_t j0,
+                    int64_t n) {
+  const cjob *j = (const cjob *)h;
+  int64_t lp = j->g->lp, wq = j->g->wq, end = j0 + n;
+  for (int64_t i = 0; i < m; i++) {
+    int64_t row = i0 + i;
+    float b = j->bias ? j->bias[row] : 0.0f;
+    const float *tr = t + i * ldt - j0;
+    int64_t im = j0 / lp, l = j0 % lp, oh = l / wq, ow = l % wq;
+    for (int64_t c = j0; c < end;) {
+      int64_t run = wq - ow;
+      if (run > lp - l) run = lp - l;
+      if (run > end - c) run = end - c;
+      if (oh < j->ho && ow < j->wo) {
+        int64_t cnt = j->wo - ow < run ? j->wo - ow : run, q = 0;
+        uint16_t *o = j->y + im * j->o_n + row * j->o_m + oh * j->o_h + ow * j->o_w;
+        const float *s = tr + c;
+#if defined(__x86_64__)
+        if (j->o_w == 1 && tpurt__cpu_avx512()) {
+          __m512 vb = _mm512_set1_ps(b);
+          for (; q + 16 <= cnt; q += 16) store_bf16x16(o + q, _mm512_add_ps(_mm512_loadu_ps(s + q), vb), 0.0f);
+          if (q < cnt) store_bf16_tail(o + q, s + q, vb, (__mmask16)((1u << (cnt - q)) - 1));
+          q = cnt;
+        }
+#endif
+        for (; q < cnt; q++) o[q * j->o_w] = tpurt__f32_to_bf16(s[q] + b);
+      }
+      c += run, l += run, ow += run;
+      if (l == lp)
+        im++, l = 0, oh = 0, ow = 0;
+      else if (ow == wq)
+        oh++, ow = 0;
+    }
+  }
+}
+
+/* A = column matrix rows (weight gradient): rows k = i0.., positions k0.. */
+static void wg_pack_a(const tpurt__bhooks *h, uint16_t *d, int64_t ld, int64_t i0, int64_t k0, int64_t kc) {
+  const cjob *j = (const cjob *)h;
+  int64_t lp = j->g->lp;
+  for (int r = 0; r < 32; r++) {
+    uint16_t *o = d + r * ld;
+    int64_t k = i0 + r;
+    if (k >= j->K) {
+      memset(o, 0, (size_t)kc * 2);
+      continue;
+    }
+    for (int64_t q = k0; q < k0 + kc;) {
+      if (q >= j->ncols) {
+        memset(o + (q - k0), 0, (size_t)(k0 + kc - q) * 2);
+        break;
+      }
+      int64_t l = q % lp, run = lp - l < k0 + kc - q ? lp - l : k0 + kc - q;
+      memcpy(o + (q - k0), j->g->xp + q / lp * j->g->img + j->koff[k] + l, (size_t)run * 2);
+      q += run;
+    }
+  }
+}
+
+/* B = dy in the column space, pairs of positions: rows of dyt. */
+static void wg_pack_b(const tpurt__bhooks *h, uint32_t *d, int64_t j0, int64_t k0, int64_t kc) {
+  const cjob *j = (const cjob *)h;
+  for (int64_t p = 0; p < kc / 2; p++) {
+    int64_t pp = k0 / 2 + p;
+    if (2 * pp < j->ncols)
+      memcpy(d + p * 16, j->dyt + pp * j->ldt + j0, 64);
+    else
+      memset(d + p * 16, 0, 64);
+  }
+}
+
+/* C[k, m] -> dw (rounded once); 16 x 16 blocks transposed when dw's k's
+ * are contiguous (woff[k] = k) */
+static void wg_out(const tpurt__bhooks *h, const float *t, int64_t ldt, int64_t i0, int64_t m, int64_t j0,
+                   int64_t n) {
+  const cjob *j = (const cjob *)h;
+  int64_t i = 0;
+#if defined(__x86_64__)
+  if (j->wdense && tpurt__cpu_avx512())
+    for (; i + 16 <= m; i += 16) {
+      int64_t q = 0;
+      for (; q + 16 <= n; q += 16) {
+        __m512i r[16];
+        for (int u = 0; u < 16; u++) r[u] = _mm512_loadu_si512(t + (i + u) * ldt + q);
+        tr16x16(r);
+        for (int u = 0; u < 16; u++)
+          store_bf16x16(j->y + (j0 + q + u) * j->o_m + i0 + i, _mm512_castsi512_ps(r[u]), 0.0f);
+      }
+      for (; q < n; q++)
+        for (int u = 0; u < 16; u++)
+          j->y[(j0 + q) * j->o_m + j->woff[i0 + i + u]] = tpurt__f32_to_bf16(t[(i + u) * ldt + q]);
+    }
+#endif
+  for (; i < m; i++)
+    for (int64_t q = 0; q < n; q++)
+      j->y[(j0 + q) * j->o_m + j->woff[i0 + i]] = tpurt__f32_to_bf16(t[i * ldt + q]);
+}
+
+/* dy of one group laid out as the column space's pairs of positions:
+ * dyt[(n lp + l) / 2][m] (l = oh wq + ow; zero at dropped columns and
+ * rows m >= M up to ldt). Images [b, e). */
+typedef struct {
+  const uint16_t *dy;
+  int64_t dn, dc, dh, dw; /* strides */
+  int64_t M, ho, wo;
+  const planes *g;
+  uint32_t *dyt;
+  int64_t ldt;
+} dyt_job;
+
+
+
+/* Per image, 16 rows and DYT_BLOCK positions at a time: dy' laid out in a
+ * stack block (zero at dropped columns), then 16 x 16 pairs transposed
+ * into dyt. */
+#define DYT_BLOCK 512
+static void dyt_images(void *p, int64_t b, int64_t e) {
+  const dyt_job *j = p;
+  int64_t lp = j->g->lp, wq = j->g->wq, np = lp / 2;
+  _Alignas(64) uint16_t t[16][DYT_BLOCK];
+  for (int64_t n = b; n < e; n++) {
+    uint32_t *dst = j->dyt + n * np * j->ldt;
+    for (int64_t m0 = 0; m0 < j->ldt; m0 += 16)
+      for (int64_t l0 = 0; l0 < lp; l0 += DYT_BLOCK) {
+        int64_t l1 = l0 + DYT_BLOCK < lp ? l0 + DYT_BLOCK : lp;
+        memset(t, 0, sizeof t);
+        for (int64_t m = m0; m < m0 + 16 && m < j->M; m++) {
+          const uint16_t *src = j->dy + n * j->dn + m * j->dc;
+          for (int64_t oh = l0 / wq; oh < j->ho && oh * wq < l1; oh++) {
+            int64_t a = oh * wq > l0 ? oh * wq : l0, z = oh * wq + j->wo < l1 ? oh * wq + j->wo : l1;
+            const uint16_t *row = src + oh * j->dh - oh * wq * j->dw;
+            uint16_t *o = t[m - m0] - l0;
+            if (j->dw == 1)
+              memcpy(o + a, row + a, (size_t)(z > a ? z - a : 0) * 2);
+            else
+              for (int64_t l = a; l < z; l++) o[l] = row[l * j->dw];
+          }
+        }
+        for (int64_t p0 = l0 / 2; p0 < l1 / 2; p0 += 16) {
+#if defined(__x86_64__)
+          if (tpurt__cpu_avx512()) {
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(&t[i][2 * p0 - l0]);
+            tr16x16(r);
+            for (int q = 0; q < 16 && p0 + q < l1 / 2; q++) _mm512_storeu_si512(dst + (p0 + q) * j->ldt + m0, r[q]);
+            continue;
+          }
+#endif
+          for (int64_t q = p0; q < p0 + 16 && q < l1 / 2; q++)
+            for (int i = 0; i < 16; i++)
+              dst[q * j->ldt + m0 + i] = (uint32_t)t[i][2 * q - l0] | (uint32_t)t[i][2 * q + 1 - l0] << 16;
+        }
+      }
+  }
+}
+
+/* ------------------------------------------------ helpers */
+
+/* bias of any float dtype as f32 (n values) into slot */
+static float *bias_f32(const tpurt_view *bv, int64_t n, int slot) {
+  float *b = tpurt__scratch(slot, sizeof(float) * (size_t)n);
+  if (!b) return NULL;
+  const char *bb = hv(bv->ptr);
+  size_t es = tpurt_dtype_size(bv->dtype);
+  for (int64_t c = 0; c < n; c++) {
+    const char *q = bb + (ptrdiff_t)(c * bv->strides[0]) * (ptrdiff_t)es;
+    b[c] = bv->dtype == TPURT_F64   ? (float)*(const double *)q
+           : bv->dtype == TPURT_F32 ? *(const float *)q
+           : bv->dtype == TPURT_BF16 ? tpurt__bf16_to_f32(*(const uint16_t *)q)
+                                     : tpurt__f16_to_f32(*(const uint16_t *)q);
+  }
+  return b;
+}
+
+static int64_t *koff_buf(int64_t n, int slot) { return tpurt__scratch(slot, sizeof(int64_t) * (size_t)(n > 0 ? n : 1)); }
+
+/* ------------------------------------------------ forward */
+
+/* y = conv(x, w) (+ bias): 5-D views with D = 1, all bf16. 1 done; 0 not
+ * done (no memory): the caller runs the f32 path, which writes all of y. */
+int tpurt__bconv_forward(const tpurt_view *y, const tpurt_view *x, const tpurt_view *w, const tpurt_view *bias,
+                         const tpurt_conv3d_params *p) {
+  int64_t N = x->sizes[0], Ci = x->sizes[1];
+  int64_t Co = y->sizes[1], Ho = y->sizes[3], Wo = y->sizes[4], kh = w->sizes[3], kw = w->sizes[4];
+  int64_t G = p->groups, Cig = Ci / G, Cog = Co / G, kk = kh * kw, Kd = Cig * kk;
+  planes g;
+  plan_images(&g, x, Ho, Wo, kh, kw, p);
+  int64_t *koff = koff_buf(Kd, 1);
+  float *b = bias ? bias_f32(bias, Co, 4) : NULL;
+  /* weights [Co, Kd] contiguous: the view itself, or a copy */
+  const uint16_t *wv = hv(w->ptr);
+  int dense = 1;
+  for (int d = 4, st = 1; d >= 0; st *= (int)w->sizes[d], d--)
+    if (w->sizes[d] != 1 && w->strides[d] != st) dense = 0;
+  uint16_t *wc = dense ? (uint16_t *)wv : tpurt__scratch(2, (size_t)(Co * Kd) * 2);
+  if (!koff || (bias && !b) || !wc || pad(&g, x, 0, 0) < 0) return 0;
+  for (int64_t o = 0; o < Co && !dense; o++)
+    for (int64_t c = 0; c < Cig; c++)
+      for (int64_t r = 0; r < kh; r++)
+        for (int64_t s = 0; s < kw; s++)
+          wc[(o * Cig + c) * kk + r * kw + s] = wv[o * w->strides[0] + c * w->strides[1] + r * w->strides[3] + s * w->strides[4]];
+  for (int64_t gi = 0; gi < G; gi++) {
+    image_koff(&g, gi * Cig, Cig, kh, kw, p, koff);
+    cjob j = {{NULL, col_pack_b, col_out}, &g, koff, Kd, N * g.lp, Ho, Wo,
+              (uint16_t *)hv(y->ptr) + gi * Cog * y->strides[1], y->strides[0], y->strides[1], y->strides[3],
+              y->strides[4], b ? b + gi * Cog : NULL, NULL, 0, NULL, 0};
+    tpurt__bmat A = {wc + gi * Cog * Kd, TPURT_BF16, Kd, 1};
+    if (!tpurt__bgemm_hooked(Cog, N * g.lp, Kd, &A, &j.h)) return 0; /* the f32 path rewrites the whole output */
+    atomic_fetch_add(&g_passes, 1);
+  }
+  return 1;
+}
+
+/* ------------------------------------------------ input gradient */
+
+/* Taps of one dimension reaching dx phase a (positions a, a + s, ..): tap
+ * r with (a + pad - r dil) a multiple of s, at dy offset d = (a + pad - r
+ * dil) / s from the phase's row i. Returns their count. */
+static int64_t phase_taps(int64_t a, int64_t s, int64_t pad, int64_t dil, int64_t k, int64_t *tap, int64_t *off) {
+  int64_t n = 0;
+  for (int64_t r = 0; r < k; r++) {
+    int64_t d = a + pad - r * dil;
+    if (((d % s) + s) % s) continue;
+    tap[n] = r;
+    off[n++] = d >= 0 ? d / s : -((-d) / s);
+  }
+  return n;
+}
+
+#define BC_MAX_K 64 /* taps per kernel dimension (else the f32 path) */
+
+int tpurt__bconv_backward_input(const tpurt_view *dx, const tpurt_view *dy, const tpurt_view *w,
+                                const tpurt_view *bias, const tpurt_conv3d_params *p) {
+  int64_t N = dx->sizes[0], Ci = dx->sizes[1], H = dx->sizes[3], W = dx->sizes[4];
+  int64_t Co = dy->sizes[1], Ho = dy->sizes[3], Wo = dy->sizes[4], kh = w->sizes[3], kw = w->sizes[4];
+  int64_t sh = p->stride[1], sw = p->stride[2], ph = p->padding[1], pw = p->padding[2], dh = p->dilation[1],
+          dw = p->dilation[2], G = p->groups;
+  int64_t Cig = Ci / G, Cog = Co / G, kk = kh * kw;
+  if (kh > BC_MAX_K || kw > BC_MAX_K || sh > BC_MAX_K || sw > BC_MAX_K) return 0;
+  /* offsets of every phase: the padding of dy */
+  int64_t th[BC_MAX_K], oh_[BC_MAX_K], tw[BC_MAX_K], ow_[BC_MAX_K];
+  int64_t dmin = 0, dmax = 0, emin = 0, emax = 0;
+  for (int64_t a = 0; a < sh && a < H; a++) {
+    int64_t n = phase_taps(a, sh, ph, dh, kh, th, oh_), hq = (H - a + sh - 1) / sh;
+    for (int64_t t = 0; t < n; t++) {
+      if (-oh_[t] > dmin) dmin = -oh_[t];
+      if (hq - 1 + oh_[t] + 1 > dmax) dmax = hq + oh_[t];
+    }
+  }
+  for (int64_t a = 0; a < sw && a < W; a++) {
+    int64_t n = phase_taps(a, sw, pw, dw, kw, tw, ow_), wq = (W - a + sw - 1) / sw;
+    for (int64_t t = 0; t < n; t++) {
+      if (-ow_[t] > emin) emin = -ow_[t];
+      if (wq + ow_[t] > emax) emax = wq + ow_[t];
+    }
+  }
+  int64_t hqmax = (H + sh - 1) / sh;
+  planes g;
+  plan(&g, N, Co, Ho, Wo, 1, 1, dmin, emin, dmin + dmax, emin + emax, hqmax);
+  /* the phases' column spaces are at most hqmax rows: g.lp bounds each */
+  int64_t *koff = koff_buf(Cog * kk, 1);
+  float *b = bias ? bias_f32(bias, Ci, 4) : NULL;
+  uint16_t *wt = tpurt__scratch(2, (size_t)(Cig * Cog * kk) * 2);
+  if (!koff || (bias && !b) || !wt || pad(&g, dy, 0, 0) < 0) return 0;
+  const uint16_t *wv = hv(w->ptr);
+  uint16_t *dxp = hv(dx->ptr);
+  for (int64_t ah = 0; ah < sh && ah < H; ah++)
+    for (int64_t aw = 0; aw < sw && aw < W; aw++) {
+      int64_t nh = phase_taps(ah, sh, ph, dh, kh, th, oh_), nw = phase_taps(aw, sw, pw, dw, kw, tw, ow_);
+      int64_t hq = (H - ah + sh - 1) / sh, wq = (W - aw + sw - 1) / sw, nt = nh * nw;
+      if (!nt) { /* no tap reaches these positions: zero (plus the bias) */
+        for (int64_t n = 0; n < N; n++)
+          for (int64_t c = 0; c < Ci; c++)
+            for (int64_t i = 0; i < hq; i++)
+              for (int64_t q = 0; q < wq; q++)
+                dxp[n * dx->strides[0] + c * dx->strides[1] + (i * sh + ah) * dx->strides[3] +
+                    (q * sw + aw) * dx->strides[4]] = tpurt__f32_to_bf16(b ? b[c] : 0.0f);
+        continue;
+      }
+      planes gp = g;
+      gp.lp = (hq * g.wq + 15) / 16 * 16;
+      for (int64_t gi = 0; gi < G; gi++) {
+        /* A[ci][co nt + t] = w[co][ci][tap t]; koff of (co, t) */
+        for (int64_t ci = 0; ci < Cig; ci++)
+          for (int64_t co = 0; co < Cog; co++)
+            for (int64_t u = 0; u < nh; u++)
+              for (int64_t v = 0; v < nw; v++)
+                wt[(ci * Cog + co) * nt + u * nw + v] =
+                    wv[(gi * Cog + co) * w->strides[0] + ci * w->strides[1] + th[u] * w->strides[3] + tw[v] * w->strides[4]];
+        for (int64_t co = 0; co < Cog; co++)
+          for (int64_t u = 0; u < nh; u++)
+            for (int64_t v = 0; v < nw; v++)
+              koff[co * nt + u * nw + v] = tap_off(&gp, gi * Cog + co, g.pt + oh_[u], g.pl + ow_[v]);
+        cjob j = {{NULL, col_pack_b, col_out}, &gp, koff, Cog * nt, N * gp.lp, hq, wq,
+                  dxp + gi * Cig * dx->strides[1] + ah * dx->strides[3] + aw * dx->strides[4], dx->strides[0],
+                  dx->strides[1], sh * dx->strides[3], sw * dx->strides[4], b ? b + gi * Cig : NULL, NULL, 0, NULL, 0};
+        tpurt__bmat A = {wt, TPURT_BF16, Cog * nt, 1};
+        if (!tpurt__bgemm_hooked(Cig, N * gp.lp, Cog * nt, &A, &j.h)) return 0; /* the f32 path rewrites the whole output */
+        atomic_fetch_add(&g_passes, 1);
+      }
+    }
+  return 1;
+}
+
+/* ------------------------------------------------ weight gradient */
+
+int tpurt__bconv_backward_weight(const tpurt_view *dwv, const tpurt_view *dy, const tpurt_view *x,
+                                 const tpurt_conv3d_params *p) {
+  int64_t N = x->sizes[0], Ci = x->sizes[1];
+  int64_t Co = dy->sizes[1], Ho = dy->sizes[3], Wo = dy->sizes[4], kh = dwv->sizes[3], kw = dwv->sizes[4];
+  int64_t G = p->groups, Cig = Ci / G, Cog = Co / G, kk = kh * kw, Kd = Cig * kk;
+  planes g;
+  plan_images(&g, x, Ho, Wo, kh, kw, p);
+  int64_t ldt = (Cog + 15) / 16 * 16, np = N * g.lp;
+  int64_t *koff = koff_buf(Kd, 1), *woff = koff_buf(Kd, 4);
+  uint32_t *dyt = tpurt__scratch(3, (size_t)(np / 2 * ldt) * 4);
+  if (!koff || !woff || !dyt) return 0;
+  int bad = pad(&g, x, 1, 0);
+  if (bad) return 0; /* no memory, or a non-finite value the dropped columns would spread */
+  for (int64_t c = 0; c < Cig; c++)
+    for (int64_t r = 0; r < kh; r++)
+      for (int64_t s = 0; s < kw; s++)
+        woff[c * kk + r * kw + s] = c * dwv->strides[1] + r * dwv->strides[3] + s * dwv->strides[4];
+  int wdense = 1;
+  for (int64_t k = 0; k < Kd; k++) wdense &= woff[k] == k;
+  for (int64_t gi = 0; gi < G; gi++) {
+    image_koff(&g, gi * Cig, Cig, kh, kw, p, koff);
+    dyt_job dj = {(const uint16_t *)hv(dy->ptr) + gi * Cog * dy->strides[1], dy->strides[0], dy->strides[1],
+                  dy->strides[3], dy->strides[4], Cog, Ho, Wo, &g, dyt, ldt};
+    tpurt_parallel_for(N, 1, dyt_images, &dj);
+    cjob j = {{wg_pack_a, wg_pack_b, wg_out}, &g, koff, Kd, np, Ho, Wo,
+              (uint16_t *)hv(dwv->ptr) + gi * Cog * dwv->strides[0], 0, dwv->strides[0], 0, 0, NULL, dyt, ldt, woff,
+              wdense};
+    if (!tpurt__bgemm_hooked(Kd, Cog, np, NULL, &j.h)) return 0; /* the f32 path rewrites the whole output */
+    atomic_fetch_add(&g_passes, 1);
+  }
+  return 1;
+}

@@ -1,0 +1,122 @@
+"""bf16 convolutions at every kernel level the host can run (TORCH_TPU_ISA):
+forward, input gradient and weight/bias gradients through autograd, against
+a float64 reference within the precision contract (bf16 products exact, f32
+accumulation over K, one bf16 rounding), with odd channels, K not a multiple
+of the tile, strides 1/2, padding, dilation, groups, batch 1 and > 1,
+channels-last and sliced (non-contiguous) inputs, and a transposed
+convolution (a stride-2 input gradient in its forward). At level amx the
+passes run on the tile unit (libtpurt's tpurt_bf16_conv_tile_passes counts
+them); below it, and with TORCH_TPU_CONV_AMX=0, they never do."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from torch_tpu import _C
+from tests.conftest import run_python
+
+LEVELS = ["scalar", "avx2", "avx512", "amx"]
+HOST = _C._cpu_info()
+RUNNABLE = LEVELS[: LEVELS.index(HOST["host_isa"]) + 1]
+
+CHILD = r"""
+import ctypes, json, pathlib, torch, torch_tpu
+import torch.nn.functional as F
+lib = ctypes.CDLL(str(pathlib.Path(torch_tpu.__file__).resolve().parent / "lib" / "libtpurt.so"))
+lib.tpurt_bf16_conv_tile_passes.restype = ctypes.c_uint64
+lib.tpurt_bf16_conv_path.restype = ctypes.c_char_p
+torch.manual_seed(0)
+out = {"worst": 0.0, "cases": 0}
+def check(name, got, ref, mag, k):
+    bound = (k + 2) * 2.0**-23 * mag + 2.0**-8 * ref.abs() + 1e-30
+    r = ((got.double() - ref).abs() / bound).max().item()
+    if not r <= 1.0:
+        print("FAIL", name, r)
+    out["worst"] = max(out["worst"], r if r == r else float("inf"))
+def conv_grads(x, w, b, gy, **kw):
+    # values and gradients on tpu (bf16) and the float64 reference with |.| magnitudes
+    xt = x.to("tpu").requires_grad_(); wt = w.to("tpu").requires_grad_()
+    bt = b.to("tpu").requires_grad_() if b is not None else None
+    y = F.conv2d(xt, wt, bt, **kw)
+    y.backward(gy.to("tpu"))
+    xd, wd, gd = x.double().requires_grad_(), w.double().requires_grad_(), gy.double()
+    bd = b.double().requires_grad_() if b is not None else None
+    yd = F.conv2d(xd, wd, bd, **kw)
+    yd.backward(gd)
+    ya = F.conv2d(x.double().abs(), w.double().abs(), b.double().abs() if b is not None else None, **kw)
+    xa, wa = x.double().abs().requires_grad_(), w.double().abs().requires_grad_()
+    F.conv2d(xa, wa, None, **kw).backward(gd.abs())
+    return (y, yd, ya), (xt.grad, xd.grad, xa.grad), (wt.grad, wd.grad, wa.grad), \
+        (bt.grad if b is not None else None, bd.grad if b is not None else None)
+cases = [
+    # N, Ci, H, W, Co, k, dict(stride, padding, dilation, groups), bias, layout
+    (2, 32, 16, 16, 32, 3, dict(padding=1), False, "nchw"),
+    (3, 7, 9, 11, 5, 3, dict(padding=1), True, "nchw"),
+    (1, 13, 12, 10, 9, 3, dict(stride=2, padding=1), True, "nchw"),
+    (2, 16, 11, 13, 24, 1, dict(stride=2), False, "nchw"),
+    (2, 6, 14, 15, 8, 3, dict(padding=2, dilation=2), False, "nchw"),
+    (2, 12, 10, 9, 18, 3, dict(padding=1, groups=3), True, "nchw"),
+    (2, 33, 6, 6, 70, 3, dict(padding=1), True, "channels_last"),
+    (2, 16, 9, 9, 16, 3, dict(stride=2, padding=1), False, "channels_last"),
+    (2, 20, 9, 12, 11, 3, dict(stride=(2, 1), padding=(0, 1)), True, "sliced"),
+    (2, 256, 4, 4, 64, 3, dict(padding=1), False, "nchw"),
+]
+for N, ci, H, W, co, k, kw, bias, layout in cases:
+    g = kw.get("groups", 1)
+    x = torch.randn(N, ci, H, W).bfloat16()
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif layout == "sliced":
+        x = torch.randn(N, ci, H, 2 * W).bfloat16()[..., ::2]
+    w = torch.randn(co, ci // g, k, k).bfloat16()
+    b = torch.randn(co).bfloat16() if bias else None
+    with torch.no_grad():
+        yshape = F.conv2d(x.float(), w.float(), None, **kw).shape
+    gy = torch.randn(yshape).bfloat16()
+    if layout == "channels_last":
+        gy = gy.contiguous(memory_format=torch.channels_last)
+    (y, yd, ya), (gx, gxd, gxa), (gw, gwd, gwa), (gb, gbd) = conv_grads(x, w, b, gy, **kw)
+    kk = k * k
+    check(f"fwd {N, ci, co, kw}", y.detach().cpu(), yd.detach(), ya + (b.double().abs().view(1, -1, 1, 1) if bias else 0),
+          ci // g * kk + 1)
+    check(f"dx {N, ci, co, kw}", gx.cpu(), gxd, gxa, co // g * kk)
+    npos = yshape[0] * yshape[2] * yshape[3]
+    check(f"dw {N, ci, co, kw}", gw.cpu(), gwd, gwa, npos)
+    if bias:
+        check(f"db {N, ci, co, kw}", gb.cpu(), gbd, gy.double().abs().sum((0, 2, 3)), npos)
+    out["cases"] += 1
+# a transposed convolution (UNet's upsampler): its forward is a stride-2 input gradient
+x = torch.randn(2, 24, 5, 5).bfloat16(); w = torch.randn(24, 16, 4, 4).bfloat16()
+y = F.conv_transpose2d(x.to("tpu"), w.to("tpu"), stride=2, padding=1).cpu()
+yd = F.conv_transpose2d(x.double(), w.double(), stride=2, padding=1)
+ya = F.conv_transpose2d(x.double().abs(), w.double().abs(), stride=2, padding=1)
+check("conv_transpose2d", y, yd, ya, 24 * 16)
+out["passes"] = lib.tpurt_bf16_conv_tile_passes()
+out["path"] = lib.tpurt_bf16_conv_path().decode()
+print(json.dumps(out))
+"""
+
+
+def _run(env):
+    r = run_python(CHILD, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "FAIL" not in r.stdout, r.stdout
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("level", RUNNABLE)
+def test_bf16_conv_within_contract(level):
+    out = _run({"TORCH_TPU_ISA": level})
+    assert out["worst"] <= 1.0 and out["cases"] == 10, out
+    if level == "amx":
+        assert out["path"] == "amx-bf16 tiles"
+        assert out["passes"] >= 31, out  # every case's three passes ran on the tiles (and the transposed one)
+    else:
+        assert out["path"] == "f32 implicit GEMM" and out["passes"] == 0, out
+
+
+@pytest.mark.skipif("amx" not in RUNNABLE, reason="this host has no usable AMX")
+def test_bf16_conv_tiles_can_be_turned_off():
+    out = _run({"TORCH_TPU_ISA": "amx", "TORCH_TPU_CONV_AMX": "0"})
+    assert out["worst"] <= 1.0 and out["path"] == "f32 implicit GEMM" and out["passes"] == 0, out
