@@ -7,6 +7,7 @@ is the device's; unsupported operators and bad shapes raise as in eager."""
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -322,3 +323,33 @@ def test_input_updates_run_in_place_only_where_the_old_value_is_dead():
         torch.testing.assert_close(got.cpu(), ref)
         assert torch.equal(cache.cpu(), ref_cache)
         assert compiler.compile_stats()["inputs_updated_in_place"] == in_place, fn.__name__
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer"])
+def test_compiled_ops_are_recorded_at_the_callers_line(mode):
+    # a compiled graph's kernels name a line of the user's compiled function
+    # (TORCH_TPU_KERNEL_TIMES=sites; the frame Dynamo runs it in), never the
+    # generated graph code; eager ops after the call keep their own lines
+    code = f"""
+import torch, torch_tpu
+def g(a):
+    return ((a @ a).relu() * 3 + 1).tanh()
+f = torch.compile(g, backend="tpu")
+with torch_tpu.execution_mode({mode!r}):
+    a = torch.randn(32, 32, device="tpu")
+    for _ in range(3):
+        b = f(a)
+        c = (b - 2).exp()
+        c.sum().item()
+torch.tpu.synchronize()
+"""
+    out = run_python(code, {"TORCH_TPU_KERNEL_TIMES": "sites"}, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stderr.splitlines()
+    head = [i for i, ln in enumerate(lines) if ln.startswith("torch_tpu kernel times")]
+    assert len(head) == 1, out.stderr[-3000:]
+    names = [ln.split(None, 4)[4] for ln in lines[head[0] + 2:] if len(ln.split(None, 4)) == 5]
+    assert not any("eval_with_key" in n for n in names), names
+    assert any("gemm" in n and re.search(r"recorded at <string>:[34]\)", n) for n in names), names
+    if mode == "defer":
+        assert any("exp" in n and "recorded at <string>:10" in n for n in names), names

@@ -234,15 +234,21 @@ class _Compiled:
 
     def _run(self, args: list[Any]) -> Any:
         mode = _C._exec_mode()
-        # the graph's code takes the list and empties it, so each input can die
-        # at its last use inside the graph (and its memory be reused there)
-        if mode == _DEFER or mode == _BLOCKING:
-            return self.gm(args)
-        _C._set_exec_mode(_DEFER)
+        # the graph's ops are recorded at the user's line that called the
+        # compiled function (one frame walk a call, not one an op)
+        _C._hold_site(True)
         try:
-            return self.gm(args)
+            # the graph's code takes the list and empties it, so each input can die
+            # at its last use inside the graph (and its memory be reused there)
+            if mode == _DEFER or mode == _BLOCKING:
+                return self.gm(args)
+            _C._set_exec_mode(_DEFER)
+            try:
+                return self.gm(args)
+            finally:
+                _C._set_exec_mode(mode)  # cuts the graph: its plan runs now (asynchronously)
         finally:
-            _C._set_exec_mode(mode)  # cuts the graph: its plan runs now (asynchronously)
+            _C._hold_site(False)
 
 
 def _lowerer(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
