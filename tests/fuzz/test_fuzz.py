@@ -56,3 +56,35 @@ def test_harness_detects_a_wrong_value():
     assert "exact" in compare(prog, got, ref, "strict")
     got["errors"].append((1, "RuntimeError", "injected"))
     assert kind(compare(prog, got, ref, "strict")) == "[strict] errors"
+
+
+def test_alternative_references_do_not_accept_a_wrong_value():
+    """The float64 and contract references only accept a value close to one
+    of them: a program of inexact values (exp, a HIGH-precision product with
+    its gradient) whose tpu value is moved by 1 % (a gradient at HIGH, compared
+    within the bfloat16 tolerance, by 10 %) is still reported."""
+    prog = {"seed": 2, "precision": "HIGH", "stmts": [
+        {"op": "input", "in": [], "p": {"shape": [4, 5], "dtype": "f32", "kind": "float", "seed": 3, "rg": True},
+         "out": 0, "x": True},
+        {"op": "input", "in": [], "p": {"shape": [5, 3], "dtype": "f32", "kind": "float", "seed": 4}, "out": 1,
+         "x": True},
+        {"op": "unary", "in": [0], "p": {"f": "exp"}, "out": 2},
+        {"op": "matmul", "in": [2, 1], "p": {"f": "mm"}, "out": 3},
+        {"op": "backward", "in": [3], "p": {"seed": 5}, "out": None}]}
+    import tests.fuzz.run as run
+    seen = []
+    orig = run.compare
+
+    def spy(program, got, ref, mode, alts=None):
+        seen.append((got, ref, alts))
+        return orig(program, got, ref, mode, alts)
+
+    run.compare = spy
+    try:
+        assert run.check(prog, ("strict",)) is None
+    finally:
+        run.compare = orig
+    got, ref, alts = seen[0]
+    for name, f in (("v2", 1.01), ("v3", 1.01), ("v0.grad", 1.1)):
+        bad = {**got, "values": {**got["values"], name: got["values"][name] * f}}
+        assert name in (orig(prog, bad, ref, "strict", alts) or ""), name

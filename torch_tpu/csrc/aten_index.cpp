@@ -8,6 +8,7 @@
 #include <ATen/WrapDimUtils.h>
 #include <ATen/WrapDimUtilsMulti.h>
 #include <ATen/core/DistributionsHelper.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/native/IndexingUtils.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/unfold_native.h>
@@ -35,6 +36,20 @@ void resize_out(at::Tensor& out, c10::IntArrayRef sizes, const char* op) {
 
 // ===================================================================== index_select
 
+}  // namespace
+
+// Raises IndexError (PyTorch's message) for the first index outside [0, size). For the paths that
+// launch no kernel (an empty self): the index is read on the host.
+void check_indices_on_host(const at::Tensor& index, int64_t size, int64_t dim, const char* op) {
+  at::Tensor h = index.reshape({-1}).to(at::kCPU, at::kLong);
+  const int64_t* v = h.const_data_ptr<int64_t>();
+  for (int64_t i = 0; i < h.numel(); ++i)
+    TORCH_CHECK_INDEX(v[i] >= 0 && v[i] < size, op, ": index ", v[i], " is out of bounds for dimension ", dim,
+                      " with size ", size);
+}
+
+namespace {
+
 at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tensor& index_in, at::Tensor& out) {
   TORCH_CHECK_INDEX(index_in.dim() <= 1, "index_select(): Index is supposed to be a vector");
   TORCH_CHECK(index_in.scalar_type() == at::kLong || index_in.scalar_type() == at::kInt,
@@ -46,6 +61,15 @@ at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tens
   std::vector<int64_t> sizes = self.sizes().vec();
   if (self.dim() > 0) sizes[dim] = index.numel();
   resize_out(out, sizes, "index_select");
+  if (self.dim() > 0 && self.numel() == 0) {
+    // nothing to read, but the CPU still refuses a bad index into an empty self: every index when the
+    // indexed dim is empty, else each one out of range (read on the host: this path moves no data)
+    if (index.numel() > 0) {
+      TORCH_CHECK(self.dim() == 1 || self.size(dim) > 0, "index_select(): self indexing axis dim should be positive");
+      check_indices_on_host(index, self.size(dim), dim, "index_select");
+    }
+    return out;
+  }
   if (out.numel() == 0) return out;
   if (self.dim() == 0) {
     TORCH_CHECK_INDEX(index.numel() == 1, "index_select(): Index to scalar can have only 1 value, got ",
@@ -55,7 +79,6 @@ at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tens
     check(tpurt_index_select(stream_of(self), &ov, &sv, 0, &iv), "index_select");
     return out;
   }
-  TORCH_CHECK(self.size(dim) > 0 || index.numel() == 0, "index_select(): self indexing axis dim should be positive");
   tpurt_view ov = view_of(out), sv = view_of(self), iv = view_of(index);
   check(tpurt_index_select(stream_of(self), &ov, &sv, static_cast<int>(dim), &iv), "index_select");
   return out;
@@ -121,6 +144,10 @@ void scatter_impl(at::Tensor& self, int64_t dim, const at::Tensor& index_in, con
   at::Tensor index = on_device(index_in, self);
   dim = at::maybe_wrap_dim(dim, self.dim());
   gather_shape_check(self, dim, index, name);
+  // as the CPU: no write into a tensor whose elements share memory, nor over the index or the source
+  at::assert_no_internal_overlap(self);
+  at::assert_no_overlap(self, index);
+  if (src) at::assert_no_overlap(self, *src);
   // the mean of booleans is not defined (the CPU refuses it even with no index)
   TORCH_CHECK_NOT_IMPLEMENTED(!(op == TPURT_SCATTER_MEAN && self.scalar_type() == at::kBool),
                               "scatter_reduce(): reduce='mean' is not implemented for 'Bool'");
@@ -255,6 +282,9 @@ at::Tensor& index_add_out(const at::Tensor& self, int64_t dim, const at::Tensor&
   TORCH_CHECK(index.numel() == (source.dim() == 0 ? 1 : source.size(dim)),
               "index_add_(): Number of indices (", index.numel(), ") should be equal to source.size(dim) (",
               (source.dim() == 0 ? 1 : source.size(dim)), ")");
+  at::assert_no_internal_overlap(out);
+  at::assert_no_overlap(out, index);
+  at::assert_no_overlap(out, source);
   prep_out(self, out);
   // as the CPU: nothing to add (no index is read) into an empty tensor of 2+ dimensions
   if (index.numel() == 0 || (self.dim() > 1 && self.numel() == 0)) return out;
@@ -401,7 +431,12 @@ at::Tensor& nonzero_out(const at::Tensor& self, at::Tensor& out) {
   check(tpurt_count_nonzero(s, &cv, &iv), "nonzero");
   int64_t n = 0;
   check(tpurt_memcpy_d2h(s, &n, reinterpret_cast<tpurt_devptr>(count.data_ptr()), sizeof n, 0), "nonzero");
-  resize_out(out, {n, self.dim()}, "nonzero");
+  if (out.sizes() != c10::IntArrayRef({n, self.dim()})) {
+    // the CPU's layout: [n, ndim] with strides (1, n), the transpose of an [ndim, n] buffer (a
+    // .view of the result fails or succeeds as on the CPU); an out of the right size keeps its own
+    resize_out(out, {self.dim(), n}, "nonzero");
+    out.t_();
+  }
   if (n == 0 || self.dim() == 0) return out;
   tpurt_view ov = view_of(out);
   check(tpurt_nonzero(s, &ov, &iv), "nonzero");
