@@ -17,12 +17,15 @@ from tests.fuzz.gen import generate
 from tests.fuzz.run import check, execute
 
 CI_PROGRAMS = 300
+CI_COMPILED_EVERY = 30   # compiled mode (a few seconds of compilation a program) on 10 of them
 
 
 def test_fuzz_programs():
     seed = int(os.environ.get("TORCH_TPU_FUZZ_SEED", "0"))
-    results = campaign(seed, CI_PROGRAMS, ("strict", "defer"), timeout=120)
+    results = campaign(seed, CI_PROGRAMS, ("strict", "defer", "compiled"), timeout=120,
+                       compiled_every=CI_COMPILED_EVERY)
     assert len(results) == CI_PROGRAMS
+    assert sum("compiled" in r.get("modes", ()) for r in results) == CI_PROGRAMS // CI_COMPILED_EVERY
     failed = [r for r in results if r["status"] != "ok"]
     assert not failed, "\n".join(f"seed {r['seed']}: {r['status']}: {r.get('msg')}" for r in failed[:20])
 
@@ -88,3 +91,16 @@ def test_alternative_references_do_not_accept_a_wrong_value():
     for name, f in (("v2", 1.01), ("v3", 1.01), ("v0.grad", 1.1)):
         bad = {**got, "values": {**got["values"], name: got["values"][name] * f}}
         assert name in (orig(prog, bad, ref, "strict", alts) or ""), name
+
+
+def test_compiled_mode_compiles_every_segment():
+    """Compiled mode really runs graphs through the tpu backend (no recompile limit or error turns a
+    segment eager without being counted): at least one Dynamo graph per segment of the program."""
+    from tests.fuzz.run import EAGER_OPS, _plan
+    prog = generate(20)
+    ref = execute(prog, "cpu", tape=execute(prog, "tpu")["tape"])
+    got = execute(prog, "tpu", "compiled", skip={e[0] for e in ref["errors"]})
+    segments = [x for x in _plan(prog, {e[0] for e in ref["errors"]})
+                if len(x) > 1 or prog["stmts"][x[0]]["op"] not in EAGER_OPS]
+    assert len(segments) >= 5 and got["uncompilable"] == 0
+    assert got["graphs"] >= len(segments)

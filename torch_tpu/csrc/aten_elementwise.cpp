@@ -349,6 +349,19 @@ at::Tensor& pow_st_out(const c10::Scalar& base, const at::Tensor& exp, at::Tenso
   return out;
 }
 
+// remainder(Scalar, Tensor): the scalar as a wrapped number (a Python scalar's type promotion)
+at::Tensor& k_remainder_st_out(const c10::Scalar& self, const at::Tensor& other, at::Tensor& out) {
+  auto iter = at::TensorIterator::binary_op(out, at::native::wrapped_scalar_tensor(self), other);
+  run_op(iter, TPURT_EW_REMAINDER, "remainder");
+  return out;
+}
+at::Tensor k_remainder_st(const c10::Scalar& self, const at::Tensor& other) {
+  at::Tensor out;
+  auto iter = at::TensorIterator::binary_op(out, at::native::wrapped_scalar_tensor(self), other);
+  run_op(iter, TPURT_EW_REMAINDER, "remainder");
+  return iter.output();
+}
+
 at::Tensor& k_xlogy_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
   auto iter = at::TensorIterator::binary_float_op(out, self, other);
   run_op(iter, TPURT_EW_XLOGY, "xlogy");
@@ -1275,6 +1288,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("floor_divide_.Tensor", TORCH_FN(k_floor_divide_));
   m.impl("floor_divide.out", TORCH_FN(k_floor_divide_out));
   m.impl("remainder.Tensor_out", TORCH_FN(binary_out<TPURT_EW_REMAINDER>));
+  m.impl("remainder.Scalar_Tensor", TORCH_FN(k_remainder_st));
+  m.impl("remainder.Scalar_Tensor_out", TORCH_FN(k_remainder_st_out));
   m.impl("fmod.Tensor_out", TORCH_FN(binary_out<TPURT_EW_FMOD>));
   m.impl("pow.Tensor_Tensor_out", TORCH_FN(pow_tt_out));
   m.impl("pow.Tensor_Scalar_out", TORCH_FN(pow_ts_out));

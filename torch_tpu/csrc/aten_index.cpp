@@ -1085,6 +1085,39 @@ at::Tensor& randperm_out(int64_t n, std::optional<at::Generator> gen, at::Tensor
   return out;
 }
 
+// poisson / binomial: each element's rejection sampler draws from its own counters (tpurt.h), one
+// reserved block per element; the result is contiguous (as the CPU's)
+at::Tensor poisson(const at::Tensor& rate, std::optional<at::Generator> gen) {
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(rate.scalar_type()), "\"poisson\" not implemented for '",
+                              rate.scalar_type(), "'");
+  c10::DeviceGuard g(rate.device());
+  at::Tensor out = at::empty(rate.sizes(), rate.options());
+  if (out.numel() == 0) return out;
+  tpurt_view ov = view_of(out), rv = view_of(rate);
+  Draw d = reserve(gen, rate, static_cast<uint64_t>(out.numel()));
+  check(tpurt_poisson(stream_of(rate), &ov, &rv, d.seed, d.offset), "poisson");
+  return out;
+}
+
+at::Tensor binomial(const at::Tensor& count, const at::Tensor& prob_in, std::optional<at::Generator> gen) {
+  TORCH_CHECK_VALUE(at::isFloatingType(count.scalar_type()), "binomial only supports floating-point dtypes for count, got: ",
+                    count.scalar_type());
+  TORCH_CHECK_VALUE(at::isFloatingType(prob_in.scalar_type()), "binomial only supports floating-point dtypes for prob, got: ",
+                    prob_in.scalar_type());
+  TORCH_CHECK(prob_in.scalar_type() == count.scalar_type(), "Found dtype ", prob_in.scalar_type(), " but expected ",
+              count.scalar_type());
+  c10::DeviceGuard g(count.device());
+  TORCH_CHECK(at::is_expandable_to(prob_in.sizes(), count.sizes()), "output with shape ", count.sizes(),
+              " doesn't match the broadcast shape ", at::infer_size(count.sizes(), prob_in.sizes()));
+  at::Tensor prob = on_device(prob_in, count).expand(count.sizes());
+  at::Tensor out = at::empty(count.sizes(), count.options());
+  if (out.numel() == 0) return out;
+  tpurt_view ov = view_of(out), cv = view_of(count), pv = view_of(prob);
+  Draw d = reserve(gen, count, static_cast<uint64_t>(out.numel()));
+  check(tpurt_binomial(stream_of(count), &ov, &cv, &pv, d.seed, d.offset), "binomial");
+  return out;
+}
+
 at::Tensor& multinomial_out(const at::Tensor& self, int64_t n_sample, bool replacement,
                             std::optional<at::Generator> gen, at::Tensor& out) {
   TORCH_CHECK(self.dim() > 0 && self.dim() <= 2, "prob_dist must be 1 or 2 dim");
@@ -1471,6 +1504,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("native_dropout", TORCH_FN(native_dropout));
   m.impl("native_dropout_backward", TORCH_FN(native_dropout_backward));
   m.impl("randperm.generator_out", TORCH_FN(randperm_out));
+  m.impl("poisson", TORCH_FN(poisson));
+  m.impl("binomial", TORCH_FN(binomial));
   m.impl("multinomial", TORCH_FN(multinomial));
   m.impl("multinomial.out", TORCH_FN(multinomial_out));
   m.impl("nll_loss_forward", TORCH_FN(nll_loss_forward));
