@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nseed {rec['seed']} minimised to {len(small['stmts'])} statements: {msg}")
             print(show(small))
             if a.save and msg:
-                print("saved", save_regression(small, msg))
+                print("saved", save_regression(small, msg, modes=m if m != ("strict", "defer") else None))
     return 1 if failed else 0
 
 

@@ -158,10 +158,14 @@ def minimize(program: dict[str, Any], modes: tuple[str, ...], fails=None) -> dic
     return {**program, "stmts": stmts}
 
 
-def save_regression(program: dict[str, Any], msg: str, note: str = "") -> Path:
+def save_regression(program: dict[str, Any], msg: str, note: str = "", modes: tuple[str, ...] | None = None) -> Path:
+    """Writes a regression; modes: the tpu modes it replays in (default run.MODES)."""
     REGRESSIONS.mkdir(exist_ok=True)
     path = REGRESSIONS / f"seed_{program['seed']}.json"
-    path.write_text(json.dumps({"found": msg, "note": note, "program": program}, indent=1) + "\n")
+    case = {"found": msg, "note": note, "program": program}
+    if modes:
+        case["modes"] = list(modes)
+    path.write_text(json.dumps(case, indent=1) + "\n")
     return path
 
 

@@ -413,6 +413,12 @@ def compare(program: dict[str, Any], got: dict[str, Any], ref: dict[str, Any], m
             src = views.get(name[: -len(".stride")])
             if src is None or got["values"].get(src + ".stride") != ref["values"].get(src + ".stride"):
                 continue
+        if mode == "compiled" and name.endswith(".grad") and name in got["values"] and name not in ref["values"] \
+                and not bool(got["values"][name].any()):
+            # PyTorch's compiled autograd: backward() through one output of a graph runs the graph's whole
+            # backward, which gives every input that requires grad a gradient, zeros for those the output
+            # does not reach (eager leaves them None; backend aot_eager on the CPU does the same, seed 5800)
+            continue
         if name not in got["values"] or name not in ref["values"]:
             return f"[{mode}] {name} present on {'tpu' if name in got['values'] else 'cpu'} only"
         prec = program.get("precision", "HIGHEST")

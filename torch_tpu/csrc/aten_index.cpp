@@ -205,7 +205,8 @@ at::Tensor& scatter_reduce_two_(at::Tensor& self, int64_t dim, const at::Tensor&
   return self;
 }
 
-// out variants: out = self.clone(); out.op_(...)
+// out variants: out = self.clone(); out.op_(...). The functional variants' result is contiguous, as
+// the CPU's (structured ops: an as_strided view of the result reads the same elements)
 at::Tensor& prep_out(const at::Tensor& self, at::Tensor& out) {
   if (!out.is_same(self)) {
     resize_out(out, self.sizes(), "scatter");
@@ -239,30 +240,30 @@ at::Tensor& scatter_reduce_two_out(const at::Tensor& self, int64_t dim, const at
   return scatter_reduce_two_(prep_out(self, out), dim, index, src, reduce, include_self);
 }
 at::Tensor scatter_src(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src) {
-  at::Tensor out = self.clone();
+  at::Tensor out = self.clone(at::MemoryFormat::Contiguous);
   return scatter_src_(out, dim, index, src);
 }
 at::Tensor scatter_value(const at::Tensor& self, int64_t dim, const at::Tensor& index, const c10::Scalar& v) {
-  at::Tensor out = self.clone();
+  at::Tensor out = self.clone(at::MemoryFormat::Contiguous);
   return scatter_value_(out, dim, index, v);
 }
 at::Tensor scatter_reduce(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src,
                           c10::string_view reduce) {
-  at::Tensor out = self.clone();
+  at::Tensor out = self.clone(at::MemoryFormat::Contiguous);
   return scatter_reduce_(out, dim, index, src, reduce);
 }
 at::Tensor scatter_value_reduce(const at::Tensor& self, int64_t dim, const at::Tensor& index, const c10::Scalar& v,
                                 c10::string_view reduce) {
-  at::Tensor out = self.clone();
+  at::Tensor out = self.clone(at::MemoryFormat::Contiguous);
   return scatter_value_reduce_(out, dim, index, v, reduce);
 }
 at::Tensor scatter_add(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src) {
-  at::Tensor out = self.clone();
+  at::Tensor out = self.clone(at::MemoryFormat::Contiguous);
   return scatter_add_(out, dim, index, src);
 }
 at::Tensor scatter_reduce_two(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src,
                               c10::string_view reduce, bool include_self) {
-  at::Tensor out = self.clone();
+  at::Tensor out = self.clone(at::MemoryFormat::Contiguous);
   return scatter_reduce_two_(out, dim, index, src, reduce, include_self);
 }
 
