@@ -9,7 +9,7 @@
 #                   the Hugging Face architecture sweep (tests/hf/SWEEP.md)
 #   make wheel      dist/torch_tpu-*.whl built from a clean copy of the sources (pip wheel .)
 #   make test-wheel that wheel installed into a fresh venv (with torch==2.13.0) + a smoke test
-#   make fuzz       differential fuzzing, tpu vs CPU in strict and defer modes (N=10000 programs, SEED=0)
+#   make fuzz       differential fuzzing, tpu vs CPU in strict, defer and compiled modes (N=10000, SEED=0)
 #   make fuzz-c     coverage-guided fuzzing of the C runtime (libFuzzer, clang; FUZZ_SECONDS per harness)
 #   make test-c-tsan  stream / pool / allocator / defer C tests under ThreadSanitizer
 #   make soak       1,000 Llama training steps per mode: device memory and host RSS flat (RELIABILITY.md)
@@ -133,8 +133,12 @@ test-wheel: wheel
 
 N ?= 10000
 SEED ?= 0
+# compiled mode (torch.compile, backend="tpu") costs seconds a program: on every COMPILED_EVERY-th one
+FUZZ_MODES ?= strict,defer,compiled
+COMPILED_EVERY ?= 100
 fuzz: build
-	$(PY) -m tests.fuzz --seed $(SEED) --n $(N) --minimize --json build/fuzz-$(SEED)-$(N).json
+	$(PY) -m tests.fuzz --seed $(SEED) --n $(N) --modes $(FUZZ_MODES) --compiled-every $(COMPILED_EVERY) \
+	  --minimize --json build/fuzz-$(SEED)-$(N).json
 
 soak: build
 	$(PY) tests/test_soak.py --steps 1000

@@ -67,6 +67,19 @@ CASES = {
     "nll_loss target": (lambda d: F.nll_loss(_t(d, 2, 3), _i(d, [0, 3])), IndexError, r"Target 3 is out of bounds"),
     "select out of range": (lambda d: _t(d, 3).select(0, 3), IndexError, r"out of range"),
     "dim out of range": (lambda d: _t(d, 3).sum(2), IndexError, r"Dimension out of range"),
+    "index_select empty self": (lambda d: _t(d, 0).index_select(0, _i(d, [0])), IndexError, r"out of (range|bounds)"),
+    "index_select empty dim": (lambda d: _t(d, 0, 3).index_select(0, _i(d, [0])), RuntimeError,
+                               r"indexing axis dim should be positive"),
+    # writes into a tensor whose elements share memory (an expanded one)
+    "index_add_ into expanded": (lambda d: _t(d, 1, 3).expand(2, 3).index_add_(0, _i(d, [1]), _t(d, 1, 3)),
+                                 RuntimeError, r"more than one element of the written-to tensor"),
+    "scatter_ into expanded": (lambda d: _t(d, 3, 1).expand(3, 2).scatter_(0, _i(d, [[0, 1]]), _t(d, 1, 2)),
+                               RuntimeError, r"more than one element of the written-to tensor"),
+    "index_copy_ into expanded": (lambda d: _t(d, 1, 3).expand(2, 3).index_copy_(0, _i(d, [1]), _t(d, 1, 3)),
+                                  RuntimeError, r"more than one element of the written-to tensor"),
+    # scalars
+    "clamp bound overflows uint8": (lambda d: torch.arange(3, dtype=torch.uint8, device=d).clamp(-300, 2),
+                                    RuntimeError, r"cannot be converted to type uint8_t without overflow"),
     # sizes
     "negative size empty": (lambda d: torch.empty(-1, device=d), RuntimeError, r"negative dimension"),
     "negative size randn": (lambda d: torch.randn(2, -3, device=d), RuntimeError, r"negative dimension"),

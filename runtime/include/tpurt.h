@@ -811,6 +811,14 @@ TPURT_API tpurt_status tpurt_bernoulli_tensor(tpurt_stream *s, const tpurt_view 
 TPURT_API tpurt_status tpurt_dropout(tpurt_stream *s, const tpurt_view *out, const tpurt_view *mask,
                                      const tpurt_view *in, double p, double scale, int gen, uint64_t seed,
                                      uint64_t offset);
+/* Poisson(rate[i]) and Binomial(floor(count[i]), prob[i]) samples into float out (inputs float
+ * views of out's shape). Element i (row-major) draws from the counters (offset + i, j) for its
+ * j-th block, as many as its rejection sampler needs: reserve numel(out) blocks. A negative or NaN
+ * rate is an asynchronous TPURT_ERR_INVALID_ARGUMENT. */
+TPURT_API tpurt_status tpurt_poisson(tpurt_stream *s, const tpurt_view *out, const tpurt_view *rate, uint64_t seed,
+                                     uint64_t offset);
+TPURT_API tpurt_status tpurt_binomial(tpurt_stream *s, const tpurt_view *out, const tpurt_view *count,
+                                      const tpurt_view *prob, uint64_t seed, uint64_t offset);
 /* Random permutation of 0..n-1 into 1-D out (Fisher-Yates, block i for step i). */
 TPURT_API tpurt_status tpurt_randperm(tpurt_stream *s, const tpurt_view *out, uint64_t seed, uint64_t offset);
 /* out [rows, nsample] int64 drawn from the rows of probs [rows, cats]

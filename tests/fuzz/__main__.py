@@ -19,7 +19,10 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0, help="first program's seed (programs seed .. seed+n-1)")
     ap.add_argument("--n", type=int, default=300, help="number of programs (default 300)")
-    ap.add_argument("--modes", default="strict,defer", help="tpu modes compared with the CPU (default strict,defer)")
+    ap.add_argument("--modes", default="strict,defer",
+                    help="tpu modes compared with the CPU: strict, defer, debug, compiled (default strict,defer)")
+    ap.add_argument("--compiled-every", type=int, default=10, metavar="K",
+                    help="compiled mode (torch.compile, backend='tpu') on every K-th program only (default 10)")
     ap.add_argument("--stmts", type=int, default=None, help="statements per program (default: random 3-24)")
     ap.add_argument("--minimize", action="store_true", help="shrink each failing program")
     ap.add_argument("--save", action="store_true", help="save minimised failures as regression tests")
@@ -30,13 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     modes = tuple(m for m in a.modes.split(",") if m)
     for m in modes:
-        if m not in ("strict", "defer", "debug"):
-            ap.error(f"unknown mode {m!r}: expected strict, defer or debug")
+        if m not in ("strict", "defer", "debug", "compiled"):
+            ap.error(f"unknown mode {m!r}: expected strict, defer, debug or compiled")
     if a.worker:
         from .campaign import worker
-        worker(a.seed, a.n, modes, a.stmts)
+        worker(a.seed, a.n, modes, a.stmts, a.compiled_every)
         return 0
-    from .campaign import campaign, minimize, save_regression, show
+    from .campaign import campaign, minimize, program_modes, save_regression, show
     from .gen import generate
     if a.show is not None:
         print(show(generate(a.show, a.stmts)))
@@ -47,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         if rec["status"] != "ok":
             print(f"seed {rec['seed']}: {rec['status']}: {rec.get('msg')}", flush=True)
 
-    results = campaign(a.seed, a.n, modes, a.stmts, a.timeout, log=log)
+    results = campaign(a.seed, a.n, modes, a.stmts, a.timeout, log=log, compiled_every=a.compiled_every)
     for rec in results:
         if rec["status"] in ("crash", "hang"):
             log(rec)
@@ -66,12 +69,13 @@ def main(argv: list[str] | None = None) -> int:
             if rec["status"] != "mismatch" or rec["seed"] is None:
                 continue
             prog = generate(rec["seed"], a.stmts)
-            small = minimize(prog, modes)
-            msg = check(small, modes)
+            m = program_modes(modes, rec["seed"], a.compiled_every)
+            small = minimize(prog, m)
+            msg = check(small, m)
             print(f"\nseed {rec['seed']} minimised to {len(small['stmts'])} statements: {msg}")
             print(show(small))
             if a.save and msg:
-                print("saved", save_regression(small, msg))
+                print("saved", save_regression(small, msg, modes=m if m != ("strict", "defer") else None))
     return 1 if failed else 0
 
 

@@ -21,12 +21,22 @@ ROOT = Path(__file__).resolve().parents[2]
 REGRESSIONS = Path(__file__).resolve().parent / "regressions"
 
 
-def worker(seed: int, n: int, modes: tuple[str, ...], stmts: int | None) -> None:
+def program_modes(modes: tuple[str, ...], seed: int, compiled_every: int) -> tuple[str, ...]:
+    """The modes program seed runs in: compiled mode (a few seconds of compilation a program) on
+    every compiled_every-th seed only."""
+    if "compiled" in modes and (compiled_every <= 0 or seed % compiled_every):
+        return tuple(m for m in modes if m != "compiled")
+    return modes
+
+
+def worker(seed: int, n: int, modes: tuple[str, ...], stmts: int | None, compiled_every: int = 1) -> None:
     """Runs programs seed .. seed+n-1, one JSON line each on stdout."""
     from .gen import generate
     from .run import check
     out = sys.stdout
+    all_modes = modes
     for s in range(seed, seed + n):
+        modes = program_modes(all_modes, s, compiled_every)
         out.write(json.dumps({"begin": s}) + "\n")
         out.flush()
         try:
@@ -40,13 +50,15 @@ def worker(seed: int, n: int, modes: tuple[str, ...], stmts: int | None) -> None
         except Exception as exc:
             msg = f"harness error {type(exc).__name__}: {exc}"
         out.write(json.dumps({"seed": s, "status": "ok" if msg is None else "mismatch", "msg": msg,
-                              "stmts": len(prog["stmts"]), "s": round(time.perf_counter() - t0, 3)}) + "\n")
+                              "stmts": len(prog["stmts"]), "s": round(time.perf_counter() - t0, 3),
+                              "modes": list(modes)}) + "\n")
         out.flush()
 
 
-def _spawn(seed: int, n: int, modes: tuple[str, ...], stmts: int | None, env: dict[str, str]) -> subprocess.Popen:
+def _spawn(seed: int, n: int, modes: tuple[str, ...], stmts: int | None, env: dict[str, str],
+           compiled_every: int = 1) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "tests.fuzz", "--worker", "--seed", str(seed), "--n", str(n),
-           "--modes", ",".join(modes)]
+           "--modes", ",".join(modes), "--compiled-every", str(compiled_every)]
     if stmts is not None:
         cmd += ["--stmts", str(stmts)]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -54,14 +66,14 @@ def _spawn(seed: int, n: int, modes: tuple[str, ...], stmts: int | None, env: di
 
 
 def campaign(seed: int, n: int, modes: tuple[str, ...], stmts: int | None = None, timeout: float = 120.0,
-             env: dict[str, str] | None = None, log=None) -> list[dict[str, Any]]:
+             env: dict[str, str] | None = None, log=None, compiled_every: int = 1) -> list[dict[str, Any]]:
     """Runs n programs; returns one record per program (status ok / mismatch
     / crash / hang / gen_error)."""
     import selectors
     results: list[dict[str, Any]] = []
     nxt, end = seed, seed + n
     while nxt < end:
-        proc = _spawn(nxt, end - nxt, modes, stmts, env or {})
+        proc = _spawn(nxt, end - nxt, modes, stmts, env or {}, compiled_every)
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ)
         current = None
@@ -146,10 +158,14 @@ def minimize(program: dict[str, Any], modes: tuple[str, ...], fails=None) -> dic
     return {**program, "stmts": stmts}
 
 
-def save_regression(program: dict[str, Any], msg: str, note: str = "") -> Path:
+def save_regression(program: dict[str, Any], msg: str, note: str = "", modes: tuple[str, ...] | None = None) -> Path:
+    """Writes a regression; modes: the tpu modes it replays in (default run.MODES)."""
     REGRESSIONS.mkdir(exist_ok=True)
     path = REGRESSIONS / f"seed_{program['seed']}.json"
-    path.write_text(json.dumps({"found": msg, "note": note, "program": program}, indent=1) + "\n")
+    case = {"found": msg, "note": note, "program": program}
+    if modes:
+        case["modes"] = list(modes)
+    path.write_text(json.dumps(case, indent=1) + "\n")
     return path
 
 

@@ -37,6 +37,12 @@ class Ctx:
     record: bool = False             # tpu strict: record RNG draws into tape
     index: int = 0                   # statement being run
     generating: bool = False         # the generator's own CPU run: draws CPU random numbers
+    promote: bool = False            # the float64 reference: every float tensor is upcast to float64
+    grad_contract: bool = False      # reference gradients of matrix products at the precision contract too
+
+    def fdtype(self, dt: torch.dtype) -> torch.dtype:
+        """The dtype a statement asks for, in this run."""
+        return torch.float64 if self.promote and dt.is_floating_point else dt
 
     @property
     def is_ref(self) -> bool:
@@ -92,7 +98,8 @@ def host_value(p: dict[str, Any]) -> torch.Tensor:
 
 @op("input")
 def _input(ctx, ins, p):
-    t = host_value(p).to(ctx.device)
+    t = host_value(p)
+    t = t.to(ctx.device, ctx.fdtype(t.dtype))
     layout = p.get("layout", "c")
     if layout == "t":
         t = t.transpose(-1, -2)
@@ -184,7 +191,7 @@ def _addcdiv(ctx, ins, p):
 
 @op("cast")
 def _cast(ctx, ins, p):
-    return ins[0].to(DTYPES[p["dtype"]])
+    return ins[0].to(ctx.fdtype(DTYPES[p["dtype"]]))
 
 
 # -------------------------------------------------------------- reductions
@@ -238,7 +245,8 @@ def _split_bf16(x):
 def _bilinear(ctx, fn, a, b):
     """fn(a, b) at the program's precision (the reference computes the
     device's contract; the device applies it itself)."""
-    if not ctx.is_ref or ctx.precision == "HIGHEST" or a.dtype != torch.float32 or b.dtype != torch.float32:
+    f32 = torch.float64 if ctx.promote else torch.float32   # the float64 reference keeps the contract
+    if not ctx.is_ref or ctx.precision == "HIGHEST" or a.dtype != f32 or b.dtype != f32:
         return fn(a, b)
     with torch.no_grad():
         if ctx.precision == "DEFAULT":
@@ -247,9 +255,51 @@ def _bilinear(ctx, fn, a, b):
             ah, al = _split_bf16(a)
             bh, bl = _split_bf16(b)
             low = fn(ah, bh) + fn(ah, bl) + fn(al, bh)
+    if ctx.grad_contract and (a.requires_grad or b.requires_grad):
+        return _ContractGrad.apply(a, b, low, fn, ctx.precision)
     # the contract's values with fn's autograd graph (which saves a and b, as the device's does)
     full = fn(a, b)
     return _Values.apply(full, low) if full.requires_grad else low
+
+
+def _contract(precision, prod, x, y):
+    """prod(x, y), bilinear, at the f32 precision contract: operands rounded
+    to bfloat16 (DEFAULT), or hi*hi + hi*lo + lo*hi of their bfloat16 splits (HIGH)."""
+    xh, xl = _split_bf16(x)
+    yh, yl = _split_bf16(y)
+    if precision == "DEFAULT":
+        return prod(xh, yh)
+    return prod(xh, yh) + prod(xh, yl) + prod(xl, yh)
+
+
+class _ContractGrad(torch.autograd.Function):
+    """low's values; gradients whose products are computed at the contract
+    too (the device's backward products run at the program's precision: with
+    an infinite operand, HIGH's split gives NaN where a full product gives inf)."""
+
+    @staticmethod
+    def forward(ctx, a, b, low, fn, precision):
+        ctx.save_for_backward(a, b)
+        ctx.fn, ctx.precision = fn, precision
+        return low.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+
+        def vjp_a(g, other):   # d/da <g, fn(a, other)>: bilinear, independent of a
+            with torch.enable_grad():
+                x = torch.zeros_like(a, requires_grad=True)
+                return torch.autograd.grad(ctx.fn(x, other), x, g)[0]
+
+        def vjp_b(g, other):
+            with torch.enable_grad():
+                y = torch.zeros_like(b, requires_grad=True)
+                return torch.autograd.grad(ctx.fn(other, y), y, g)[0]
+
+        ga = _contract(ctx.precision, vjp_a, grad, b) if ctx.needs_input_grad[0] else None
+        gb = _contract(ctx.precision, vjp_b, grad, a) if ctx.needs_input_grad[1] else None
+        return ga, gb, None, None, None
 
 
 class _Values(torch.autograd.Function):
@@ -443,9 +493,17 @@ def _getitem(ctx, ins, p):
     return ins[0][_key(ins[1:], p["key"])]
 
 
+def _ref_index(ctx, idx, f):
+    """The index the reference uses: PyTorch 2.13's CPU scatter_add / scatter_reduce take a fast
+    path for an index expanded along its other dims (stride 0) that writes to the wrong elements
+    when self is wider than the index (tests/fuzz/regressions/seed_9691.json); the same values,
+    contiguous, take the CPU's general path."""
+    return idx.contiguous() if ctx.is_ref and f.startswith("scatter") else idx
+
+
 @op("index")
 def _index(ctx, ins, p):
-    x, idx, f, d = ins[0], ins[1], p["f"], p.get("d", 0)
+    x, idx, f, d = ins[0], _ref_index(ctx, ins[1], p["f"]), p["f"], p.get("d", 0)
     if f == "index_select":
         return torch.index_select(x, d, idx)
     if f == "gather":
@@ -473,7 +531,7 @@ def _index(ctx, ins, p):
 
 @op("index_")
 def _index_(ctx, ins, p):
-    x, idx, f, d = ins[0], ins[1], p["f"], p.get("d", 0)
+    x, idx, f, d = ins[0], _ref_index(ctx, ins[1], p["f"]), p["f"], p.get("d", 0)
     if f == "scatter_":
         x.scatter_(d, idx, ins[2])
     elif f == "scatter_add_":
@@ -541,7 +599,7 @@ def _rng(ctx, ins, p):
             if not 0 < p["pp"] < 1:   # no draw: PyTorch returns the input itself (p = 0) or x * 0 (p = 1)
                 return F.dropout(x, p["pp"], training=True)
             return x * (drawn.to(x.dtype) * (1.0 / (1.0 - p["pp"])))
-        return drawn.clone()
+        return drawn.to(ctx.fdtype(drawn.dtype), copy=True)
     out = _draw(ctx, p, ins[0] if ins else None)
     if p["f"] == "dropout":
         out, mask = out

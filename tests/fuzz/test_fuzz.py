@@ -17,12 +17,15 @@ from tests.fuzz.gen import generate
 from tests.fuzz.run import check, execute
 
 CI_PROGRAMS = 300
+CI_COMPILED_EVERY = 30   # compiled mode (a few seconds of compilation a program) on 10 of them
 
 
 def test_fuzz_programs():
     seed = int(os.environ.get("TORCH_TPU_FUZZ_SEED", "0"))
-    results = campaign(seed, CI_PROGRAMS, ("strict", "defer"), timeout=120)
+    results = campaign(seed, CI_PROGRAMS, ("strict", "defer", "compiled"), timeout=120,
+                       compiled_every=CI_COMPILED_EVERY)
     assert len(results) == CI_PROGRAMS
+    assert sum("compiled" in r.get("modes", ()) for r in results) == CI_PROGRAMS // CI_COMPILED_EVERY
     failed = [r for r in results if r["status"] != "ok"]
     assert not failed, "\n".join(f"seed {r['seed']}: {r['status']}: {r.get('msg')}" for r in failed[:20])
 
@@ -33,7 +36,7 @@ REGRESSION_FILES = sorted(REGRESSIONS.glob("*.json"))
 @pytest.mark.parametrize("path", REGRESSION_FILES, ids=[p.stem for p in REGRESSION_FILES])
 def test_regression(path):
     case = json.loads(path.read_text())
-    assert check(case["program"]) is None
+    assert check(case["program"], tuple(case.get("modes", ("strict", "defer")))) is None
 
 
 def test_generator_is_reproducible():
@@ -56,3 +59,48 @@ def test_harness_detects_a_wrong_value():
     assert "exact" in compare(prog, got, ref, "strict")
     got["errors"].append((1, "RuntimeError", "injected"))
     assert kind(compare(prog, got, ref, "strict")) == "[strict] errors"
+
+
+def test_alternative_references_do_not_accept_a_wrong_value():
+    """The float64 and contract references only accept a value close to one
+    of them: a program of inexact values (exp, a HIGH-precision product with
+    its gradient) whose tpu value is moved by 1 % (a gradient at HIGH, compared
+    within the bfloat16 tolerance, by 10 %) is still reported."""
+    prog = {"seed": 2, "precision": "HIGH", "stmts": [
+        {"op": "input", "in": [], "p": {"shape": [4, 5], "dtype": "f32", "kind": "float", "seed": 3, "rg": True},
+         "out": 0, "x": True},
+        {"op": "input", "in": [], "p": {"shape": [5, 3], "dtype": "f32", "kind": "float", "seed": 4}, "out": 1,
+         "x": True},
+        {"op": "unary", "in": [0], "p": {"f": "exp"}, "out": 2},
+        {"op": "matmul", "in": [2, 1], "p": {"f": "mm"}, "out": 3},
+        {"op": "backward", "in": [3], "p": {"seed": 5}, "out": None}]}
+    import tests.fuzz.run as run
+    seen = []
+    orig = run.compare
+
+    def spy(program, got, ref, mode, alts=None):
+        seen.append((got, ref, alts))
+        return orig(program, got, ref, mode, alts)
+
+    run.compare = spy
+    try:
+        assert run.check(prog, ("strict",)) is None
+    finally:
+        run.compare = orig
+    got, ref, alts = seen[0]
+    for name, f in (("v2", 1.01), ("v3", 1.01), ("v0.grad", 1.1)):
+        bad = {**got, "values": {**got["values"], name: got["values"][name] * f}}
+        assert name in (orig(prog, bad, ref, "strict", alts) or ""), name
+
+
+def test_compiled_mode_compiles_every_segment():
+    """Compiled mode really runs graphs through the tpu backend (no recompile limit or error turns a
+    segment eager without being counted): at least one Dynamo graph per segment of the program."""
+    from tests.fuzz.run import EAGER_OPS, _plan
+    prog = generate(20)
+    ref = execute(prog, "cpu", tape=execute(prog, "tpu")["tape"])
+    got = execute(prog, "tpu", "compiled", skip={e[0] for e in ref["errors"]})
+    segments = [x for x in _plan(prog, {e[0] for e in ref["errors"]})
+                if len(x) > 1 or prog["stmts"][x[0]]["op"] not in EAGER_OPS]
+    assert len(segments) >= 5 and got["uncompilable"] == 0
+    assert got["graphs"] >= len(segments)

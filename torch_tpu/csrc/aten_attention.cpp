@@ -18,6 +18,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <limits>
 #include <mutex>
 
 namespace torch_tpu {
@@ -87,6 +88,9 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 }
 
 at::Tensor as4(const at::Tensor& t) { return t.dim() == 3 ? t.unsqueeze(1) : t; }
+at::Tensor on_device_like(const at::Tensor& t, const at::Tensor& like) {
+  return t.device() == like.device() ? t : t.to(like.device());
+}
 
 // The mask / bias broadcast to [B, H, L, S] (as a view with stride 0).
 at::Tensor mask4(const at::Tensor& m, const at::Tensor& q, int64_t S) {
@@ -226,9 +230,83 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
   return {dq, dk, dv, dbias};
 }
 
+// nn.MultiheadAttention's inference fast path (eval, no grad, batch_first, self-attention), composed
+// of the device's kernels as the CPU's native_multi_head_attention composes its own: the packed
+// in-projection, q scaled by 1/sqrt(head_dim), softmax(q k^T + mask) v (the fused SDPA kernel when the
+// weights are not asked for and there is no mask), the out-projection. mask_type 0: [L, S]
+// (attn_mask), 1: [B, S] (key_padding_mask), 2: broadcastable to [B, H, L, S].
+std::tuple<at::Tensor, at::Tensor> native_multi_head_attention(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t embed_dim, int64_t num_head,
+    const at::Tensor& qkv_weight, const at::Tensor& qkv_bias, const at::Tensor& proj_weight,
+    const at::Tensor& proj_bias, const std::optional<at::Tensor>& mask, bool need_weights,
+    bool average_attn_weights, std::optional<int64_t> mask_type) {
+  const char* op = "_native_multi_head_attention";
+  TORCH_CHECK(query.dim() == 3 && key.dim() == 3 && value.dim() == 3, op,
+              ": expected 3-D `query`, `key` and `value`, got ", query.dim(), "-D, ", key.dim(), "-D and ",
+              value.dim(), "-D");
+  TORCH_CHECK(num_head > 0 && embed_dim % num_head == 0, op, ": embed_dim ", embed_dim,
+              " must be divisible by num_head ", num_head);
+  TORCH_CHECK(query.size(2) == embed_dim && key.size(2) == embed_dim && value.size(2) == embed_dim, op,
+              ": query, key and value must have embed_dim (", embed_dim, ") features");
+  TORCH_CHECK(query.sizes() == key.sizes() && key.sizes() == value.sizes(),
+              "expected `query`/`key`/`value` shapes to match");
+  TORCH_CHECK(qkv_weight.dim() == 2 && qkv_weight.size(0) == 3 * embed_dim && qkv_weight.size(1) == embed_dim, op,
+              ": expected qkv_weight of shape [", 3 * embed_dim, ", ", embed_dim, "], got ", qkv_weight.sizes());
+  TORCH_CHECK(qkv_bias.dim() == 1 && qkv_bias.size(0) == 3 * embed_dim, op, ": expected qkv_bias of shape [",
+              3 * embed_dim, "], got ", qkv_bias.sizes());
+  c10::DeviceGuard guard(query.device());
+  const int64_t B = query.size(0), L = query.size(1), S = key.size(1), H = num_head, dh = embed_dim / num_head;
+  auto w = qkv_weight.chunk(3, 0);
+  auto b = qkv_bias.chunk(3, 0);
+  auto heads = [&](const at::Tensor& x, int64_t T) { return x.view({B, T, H, dh}).transpose(1, 2); };
+  at::Tensor q, k, v;
+  if (query.is_same(key) && key.is_same(value)) {   // one product, as the CPU's
+    auto qkv = at::linear(query, qkv_weight, qkv_bias).chunk(3, -1);
+    q = qkv[0], k = qkv[1], v = qkv[2];
+  } else {
+    q = at::linear(query, w[0], b[0]);
+    k = at::linear(key, w[1], b[1]);
+    v = at::linear(value, w[2], b[2]);
+  }
+  q = heads(q, L).mul(1.0 / std::sqrt(static_cast<double>(dh)));
+  k = heads(k, S);
+  v = heads(v, S);
+  at::Tensor masked;   // True where attention is not allowed, broadcast to [B, H, L, S]
+  if (mask.has_value() && mask->defined()) {
+    at::Tensor m = on_device_like(*mask, query);
+    int64_t mt = mask_type.value_or(2);
+    if (mt == 1) {
+      TORCH_CHECK(m.dim() == 2 && m.size(0) == B && m.size(1) == S, op, ": expected a [", B, ", ", S,
+                  "] key padding mask, got ", m.sizes());
+      m = m.view({B, 1, 1, S});
+    } else if (mt == 0) {
+      TORCH_CHECK(m.dim() == 2 && m.size(0) == L && m.size(1) == S, op, ": expected an [", L, ", ", S,
+                  "] attention mask, got ", m.sizes());
+    }
+    // as the CPU's masked softmax: a float mask counts where it is nonzero (MultiheadAttention's
+    // masks are 0 / -inf), and a row with no allowed position gets zero weights
+    masked = (m.scalar_type() == at::kBool ? m : m.ne(0)).expand({B, H, L, S});
+  }
+  at::Tensor ctx, weights;
+  if (need_weights || masked.defined()) {
+    at::Tensor scores = at::matmul(q, k.transpose(-2, -1));
+    if (masked.defined()) scores = scores.masked_fill(masked, -std::numeric_limits<double>::infinity());
+    at::Tensor attn = at::softmax(scores, -1);
+    if (masked.defined()) attn = attn.masked_fill(masked.all(-1, /*keepdim=*/true), 0);
+    ctx = at::matmul(attn, v);
+    if (need_weights) weights = average_attn_weights ? attn.mean(1) : attn;
+  } else {   // the fused kernel (q is already scaled)
+    ctx = at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, false, 1.0);
+  }
+  // no weights asked for: an undefined tensor (None in Python), as the CPU returns
+  at::Tensor out = at::linear(ctx.transpose(1, 2).reshape({B, L, embed_dim}), proj_weight, proj_bias);
+  return {out, weights};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_native_multi_head_attention", TORCH_FN(native_multi_head_attention));
   m.impl("_fused_sdp_choice", TORCH_FN(fused_sdp_choice));
   m.impl("_scaled_dot_product_fused_attention_overrideable", TORCH_FN(sdpa_forward));
   m.impl("_scaled_dot_product_fused_attention_overrideable_backward", TORCH_FN(sdpa_backward));

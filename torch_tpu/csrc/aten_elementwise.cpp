@@ -38,6 +38,10 @@ struct Prog {
   // the operands' common dtype when the caller knows it: integer operands of another dtype are
   // converted to it before use (load_inputs), as PyTorch's kernels do
   at::ScalarType operand = at::ScalarType::Undefined;
+  // PyTorch's CPU kernels of mul and div (every rounding mode) read a scalar second operand of a
+  // bfloat16 / float16 op at float precision (original_scalar_value); every other op rounds it to
+  // the common dtype first
+  bool scalar2_at_opmath = false;
   explicit Prog(tpurt_dtype compute) {
     std::memset(&p, 0, sizeof p);
     p.compute = compute;
@@ -75,6 +79,18 @@ struct Prog {
     }
     return emit(TPURT_EW_SCALAR, {}, idx);
   }
+  // A Scalar operand of the op (a clamp bound): converted to the operands' dtype first as the CPU's
+  // kernels do (scalar.to<scalar_t>(): -1 is 255 for uint8, 0.1 is 0.10009765625 for bfloat16; a
+  // value the dtype cannot hold raises as on the CPU)
+  int operand_scalar(const c10::Scalar& s) {
+    if (operand == at::ScalarType::Undefined || operand == at::kLong || operand == at::kDouble ||
+        operand == at::kFloat || at::isComplexType(operand))
+      return scalar(s);
+    c10::Scalar v;
+    AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kBFloat16, at::kHalf, operand, "operand_scalar",
+                               [&] { v = c10::Scalar(s.to<scalar_t>()); });
+    return scalar(v);
+  }
 };
 
 tpurt_view iter_view(const at::TensorIteratorBase& iter, int arg) {
@@ -102,9 +118,14 @@ std::vector<int> load_inputs(Prog& pr, const at::TensorIteratorBase& iter) {
   // int16 -16 meeting a uint8 tensor, a Python -3 compared with one) takes the common dtype's value first
   bool narrow = pr.operand != at::ScalarType::Undefined && pr.operand != at::kLong &&
                 at::isIntegralType(pr.operand, /*includeBool=*/true);
+  // registers hold bfloat16 / float16 operands as float: an operand of another dtype (a 0-dim float32
+  // tensor, a Python float, an integer tensor) is rounded to the common dtype first, as the CPU's
+  // TensorIterator casts it (except mul's and div's scalar second operand, see Prog)
+  bool reduced = pr.operand == at::kBFloat16 || pr.operand == at::kHalf;
   for (int i = iter.noutputs(); i < iter.ntensors(); i++) {
     int r = iter.is_cpu_scalar(i) ? pr.scalar(iter.tensor(i).item()) : pr.load(iter_view(iter, i));
-    if (narrow && iter.dtype(i) != pr.operand)
+    bool opmath = reduced && pr.scalar2_at_opmath && i == iter.noutputs() + 1 && iter.is_scalar(i);
+    if ((narrow || (reduced && !opmath)) && iter.dtype(i) != pr.operand)
       r = pr.emit(TPURT_EW_CAST, {r}, static_cast<double>(to_runtime(pr.operand)));
     regs.push_back(r);
   }
@@ -131,10 +152,11 @@ void check_tpu(const at::TensorIteratorBase& iter, const char* name) {
 
 // One instruction over all inputs of iter.
 void run_op(const at::TensorIteratorBase& iter, tpurt_ew_op op, const char* name, at::ScalarType compute, double p0 = 0,
-            double p1 = 0, double p2 = 0, double p3 = 0) {
+            double p1 = 0, double p2 = 0, double p3 = 0, bool scalar2_at_opmath = false) {
   if (iter.numel() == 0) return;
   check_tpu(iter, name);
   Prog pr(compute);
+  pr.scalar2_at_opmath = scalar2_at_opmath;
   auto r = load_inputs(pr, iter);
   int o;
   switch (r.size()) {
@@ -146,6 +168,10 @@ void run_op(const at::TensorIteratorBase& iter, tpurt_ew_op op, const char* name
 }
 void run_op(const at::TensorIteratorBase& iter, tpurt_ew_op op, const char* name) {
   run_op(iter, op, name, iter.common_dtype());
+}
+// mul and div: a scalar second operand stays at float precision (see Prog::scalar2_at_opmath)
+void run_mul_div(const at::TensorIteratorBase& iter, tpurt_ew_op op, const char* name) {
+  run_op(iter, op, name, iter.common_dtype(), 0, 0, 0, 0, true);
 }
 
 // General iterator: out (may be undefined) and inputs, PyTorch's binary-op
@@ -243,13 +269,13 @@ at::Tensor& binary_float_out(const at::Tensor& self, const at::Tensor& other, at
 
 at::Tensor& k_mul_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
   auto iter = at::TensorIterator::binary_op(out, self, other);
-  run_op(iter, iter.common_dtype() == at::kBool ? TPURT_EW_LOGICAL_AND : TPURT_EW_MUL, "mul");
+  run_mul_div(iter, iter.common_dtype() == at::kBool ? TPURT_EW_LOGICAL_AND : TPURT_EW_MUL, "mul");
   return out;
 }
 
 at::Tensor& k_div_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
   auto iter = at::TensorIterator::binary_float_op(out, self, other);
-  run_op(iter, TPURT_EW_DIV, "div");
+  run_mul_div(iter, TPURT_EW_DIV, "div");
   return out;
 }
 
@@ -265,7 +291,7 @@ at::Tensor& k_div_mode_out(const at::Tensor& self, const at::Tensor& other, std:
   } else {
     TORCH_CHECK(false, "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '", *mode, "'");
   }
-  run_op(iter, op, *mode == "trunc" ? "div_trunc" : "div_floor");
+  run_mul_div(iter, op, *mode == "trunc" ? "div_trunc" : "div_floor");
   return out;
 }
 
@@ -275,14 +301,14 @@ void check_floor_divide(const at::TensorIteratorBase& iter) {
 at::Tensor& k_floor_divide_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
   auto iter = at::TensorIterator::binary_op(out, self, other);
   check_floor_divide(iter);
-  run_op(iter, TPURT_EW_DIV_FLOOR, "floor_divide");
+  run_mul_div(iter, TPURT_EW_DIV_FLOOR, "floor_divide");
   return out;
 }
 at::Tensor k_floor_divide(const at::Tensor& self, const at::Tensor& other) {
   at::Tensor out;
   auto iter = at::TensorIterator::binary_op(out, self, other);
   check_floor_divide(iter);
-  run_op(iter, TPURT_EW_DIV_FLOOR, "floor_divide");
+  run_mul_div(iter, TPURT_EW_DIV_FLOOR, "floor_divide");
   return iter.output();
 }
 at::Tensor& k_floor_divide_(at::Tensor& self, const at::Tensor& other) { return k_floor_divide_out(self, other, self); }
@@ -321,6 +347,19 @@ at::Tensor& pow_st_out(const c10::Scalar& base, const at::Tensor& exp, at::Tenso
   auto iter = at::TensorIterator::binary_op(out, wrap(base), exp);
   run_op(iter, TPURT_EW_POW, "pow");
   return out;
+}
+
+// remainder(Scalar, Tensor): the scalar as a wrapped number (a Python scalar's type promotion)
+at::Tensor& k_remainder_st_out(const c10::Scalar& self, const at::Tensor& other, at::Tensor& out) {
+  auto iter = at::TensorIterator::binary_op(out, at::native::wrapped_scalar_tensor(self), other);
+  run_op(iter, TPURT_EW_REMAINDER, "remainder");
+  return out;
+}
+at::Tensor k_remainder_st(const c10::Scalar& self, const at::Tensor& other) {
+  at::Tensor out;
+  auto iter = at::TensorIterator::binary_op(out, at::native::wrapped_scalar_tensor(self), other);
+  run_op(iter, TPURT_EW_REMAINDER, "remainder");
+  return iter.output();
 }
 
 at::Tensor& k_xlogy_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
@@ -850,11 +889,11 @@ at::Tensor& k_clamp_out(const at::Tensor& self, const std::optional<c10::Scalar>
   Prog pr(rt);
   int x = load_inputs(pr, iter)[0], o;
   if (lo && hi)
-    o = pr.emit(TPURT_EW_CLAMP, {x, pr.scalar(*lo), pr.scalar(*hi)});
+    o = pr.emit(TPURT_EW_CLAMP, {x, pr.operand_scalar(*lo), pr.operand_scalar(*hi)});
   else if (lo)
-    o = pr.emit(TPURT_EW_MAXIMUM, {x, pr.scalar(*lo)});
+    o = pr.emit(TPURT_EW_MAXIMUM, {x, pr.operand_scalar(*lo)});
   else
-    o = pr.emit(TPURT_EW_MINIMUM, {x, pr.scalar(*hi)});
+    o = pr.emit(TPURT_EW_MINIMUM, {x, pr.operand_scalar(*hi)});
   launch(pr, iter, {o}, "clamp");
   return out;
 }
@@ -1249,6 +1288,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("floor_divide_.Tensor", TORCH_FN(k_floor_divide_));
   m.impl("floor_divide.out", TORCH_FN(k_floor_divide_out));
   m.impl("remainder.Tensor_out", TORCH_FN(binary_out<TPURT_EW_REMAINDER>));
+  m.impl("remainder.Scalar_Tensor", TORCH_FN(k_remainder_st));
+  m.impl("remainder.Scalar_Tensor_out", TORCH_FN(k_remainder_st_out));
   m.impl("fmod.Tensor_out", TORCH_FN(binary_out<TPURT_EW_FMOD>));
   m.impl("pow.Tensor_Tensor_out", TORCH_FN(pow_tt_out));
   m.impl("pow.Tensor_Scalar_out", TORCH_FN(pow_ts_out));

@@ -8,6 +8,7 @@
 #include <ATen/WrapDimUtils.h>
 #include <ATen/WrapDimUtilsMulti.h>
 #include <ATen/core/DistributionsHelper.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/native/IndexingUtils.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/unfold_native.h>
@@ -35,6 +36,20 @@ void resize_out(at::Tensor& out, c10::IntArrayRef sizes, const char* op) {
 
 // ===================================================================== index_select
 
+}  // namespace
+
+// Raises IndexError (PyTorch's message) for the first index outside [0, size). For the paths that
+// launch no kernel (an empty self): the index is read on the host.
+void check_indices_on_host(const at::Tensor& index, int64_t size, int64_t dim, const char* op) {
+  at::Tensor h = index.reshape({-1}).to(at::kCPU, at::kLong);
+  const int64_t* v = h.const_data_ptr<int64_t>();
+  for (int64_t i = 0; i < h.numel(); ++i)
+    TORCH_CHECK_INDEX(v[i] >= 0 && v[i] < size, op, ": index ", v[i], " is out of bounds for dimension ", dim,
+                      " with size ", size);
+}
+
+namespace {
+
 at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tensor& index_in, at::Tensor& out) {
   TORCH_CHECK_INDEX(index_in.dim() <= 1, "index_select(): Index is supposed to be a vector");
   TORCH_CHECK(index_in.scalar_type() == at::kLong || index_in.scalar_type() == at::kInt,
@@ -46,6 +61,15 @@ at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tens
   std::vector<int64_t> sizes = self.sizes().vec();
   if (self.dim() > 0) sizes[dim] = index.numel();
   resize_out(out, sizes, "index_select");
+  if (self.dim() > 0 && self.numel() == 0) {
+    // nothing to read, but the CPU still refuses a bad index into an empty self: every index when the
+    // indexed dim is empty, else each one out of range (read on the host: this path moves no data)
+    if (index.numel() > 0) {
+      TORCH_CHECK(self.dim() == 1 || self.size(dim) > 0, "index_select(): self indexing axis dim should be positive");
+      check_indices_on_host(index, self.size(dim), dim, "index_select");
+    }
+    return out;
+  }
   if (out.numel() == 0) return out;
   if (self.dim() == 0) {
     TORCH_CHECK_INDEX(index.numel() == 1, "index_select(): Index to scalar can have only 1 value, got ",
@@ -55,7 +79,6 @@ at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tens
     check(tpurt_index_select(stream_of(self), &ov, &sv, 0, &iv), "index_select");
     return out;
   }
-  TORCH_CHECK(self.size(dim) > 0 || index.numel() == 0, "index_select(): self indexing axis dim should be positive");
   tpurt_view ov = view_of(out), sv = view_of(self), iv = view_of(index);
   check(tpurt_index_select(stream_of(self), &ov, &sv, static_cast<int>(dim), &iv), "index_select");
   return out;
@@ -121,6 +144,10 @@ void scatter_impl(at::Tensor& self, int64_t dim, const at::Tensor& index_in, con
   at::Tensor index = on_device(index_in, self);
   dim = at::maybe_wrap_dim(dim, self.dim());
   gather_shape_check(self, dim, index, name);
+  // as the CPU: no write into a tensor whose elements share memory, nor over the index or the source
+  at::assert_no_internal_overlap(self);
+  at::assert_no_overlap(self, index);
+  if (src) at::assert_no_overlap(self, *src);
   // the mean of booleans is not defined (the CPU refuses it even with no index)
   TORCH_CHECK_NOT_IMPLEMENTED(!(op == TPURT_SCATTER_MEAN && self.scalar_type() == at::kBool),
                               "scatter_reduce(): reduce='mean' is not implemented for 'Bool'");
@@ -178,7 +205,8 @@ at::Tensor& scatter_reduce_two_(at::Tensor& self, int64_t dim, const at::Tensor&
   return self;
 }
 
-// out variants: out = self.clone(); out.op_(...)
+// out variants: out = self.clone(); out.op_(...). The functional variants' result is contiguous, as
+// the CPU's (structured ops: an as_strided view of the result reads the same elements)
 at::Tensor& prep_out(const at::Tensor& self, at::Tensor& out) {
   if (!out.is_same(self)) {
     resize_out(out, self.sizes(), "scatter");
@@ -212,30 +240,30 @@ at::Tensor& scatter_reduce_two_out(const at::Tensor& self, int64_t dim, const at
   return scatter_reduce_two_(prep_out(self, out), dim, index, src, reduce, include_self);
 }
 at::Tensor scatter_src(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src) {
-  at::Tensor out = self.clone();
+  at::Tensor out = self.clone(at::MemoryFormat::Contiguous);
   return scatter_src_(out, dim, index, src);
 }
 at::Tensor scatter_value(const at::Tensor& self, int64_t dim, const at::Tensor& index, const c10::Scalar& v) {
-  at::Tensor out = self.clone();
+  at::Tensor out = self.clone(at::MemoryFormat::Contiguous);
   return scatter_value_(out, dim, index, v);
 }
 at::Tensor scatter_reduce(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src,
                           c10::string_view reduce) {
-  at::Tensor out = self.clone();
+  at::Tensor out = self.clone(at::MemoryFormat::Contiguous);
   return scatter_reduce_(out, dim, index, src, reduce);
 }
 at::Tensor scatter_value_reduce(const at::Tensor& self, int64_t dim, const at::Tensor& index, const c10::Scalar& v,
                                 c10::string_view reduce) {
-  at::Tensor out = self.clone();
+  at::Tensor out = self.clone(at::MemoryFormat::Contiguous);
   return scatter_value_reduce_(out, dim, index, v, reduce);
 }
 at::Tensor scatter_add(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src) {
-  at::Tensor out = self.clone();
+  at::Tensor out = self.clone(at::MemoryFormat::Contiguous);
   return scatter_add_(out, dim, index, src);
 }
 at::Tensor scatter_reduce_two(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src,
                               c10::string_view reduce, bool include_self) {
-  at::Tensor out = self.clone();
+  at::Tensor out = self.clone(at::MemoryFormat::Contiguous);
   return scatter_reduce_two_(out, dim, index, src, reduce, include_self);
 }
 
@@ -255,6 +283,9 @@ at::Tensor& index_add_out(const at::Tensor& self, int64_t dim, const at::Tensor&
   TORCH_CHECK(index.numel() == (source.dim() == 0 ? 1 : source.size(dim)),
               "index_add_(): Number of indices (", index.numel(), ") should be equal to source.size(dim) (",
               (source.dim() == 0 ? 1 : source.size(dim)), ")");
+  at::assert_no_internal_overlap(out);
+  at::assert_no_overlap(out, index);
+  at::assert_no_overlap(out, source);
   prep_out(self, out);
   // as the CPU: nothing to add (no index is read) into an empty tensor of 2+ dimensions
   if (index.numel() == 0 || (self.dim() > 1 && self.numel() == 0)) return out;
@@ -401,7 +432,12 @@ at::Tensor& nonzero_out(const at::Tensor& self, at::Tensor& out) {
   check(tpurt_count_nonzero(s, &cv, &iv), "nonzero");
   int64_t n = 0;
   check(tpurt_memcpy_d2h(s, &n, reinterpret_cast<tpurt_devptr>(count.data_ptr()), sizeof n, 0), "nonzero");
-  resize_out(out, {n, self.dim()}, "nonzero");
+  if (out.sizes() != c10::IntArrayRef({n, self.dim()})) {
+    // the CPU's layout: [n, ndim] with strides (1, n), the transpose of an [ndim, n] buffer (a
+    // .view of the result fails or succeeds as on the CPU); an out of the right size keeps its own
+    resize_out(out, {self.dim(), n}, "nonzero");
+    out.t_();
+  }
   if (n == 0 || self.dim() == 0) return out;
   tpurt_view ov = view_of(out);
   check(tpurt_nonzero(s, &ov, &iv), "nonzero");
@@ -1050,6 +1086,39 @@ at::Tensor& randperm_out(int64_t n, std::optional<at::Generator> gen, at::Tensor
   return out;
 }
 
+// poisson / binomial: each element's rejection sampler draws from its own counters (tpurt.h), one
+// reserved block per element; the result is contiguous (as the CPU's)
+at::Tensor poisson(const at::Tensor& rate, std::optional<at::Generator> gen) {
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(rate.scalar_type()), "\"poisson\" not implemented for '",
+                              rate.scalar_type(), "'");
+  c10::DeviceGuard g(rate.device());
+  at::Tensor out = at::empty(rate.sizes(), rate.options());
+  if (out.numel() == 0) return out;
+  tpurt_view ov = view_of(out), rv = view_of(rate);
+  Draw d = reserve(gen, rate, static_cast<uint64_t>(out.numel()));
+  check(tpurt_poisson(stream_of(rate), &ov, &rv, d.seed, d.offset), "poisson");
+  return out;
+}
+
+at::Tensor binomial(const at::Tensor& count, const at::Tensor& prob_in, std::optional<at::Generator> gen) {
+  TORCH_CHECK_VALUE(at::isFloatingType(count.scalar_type()), "binomial only supports floating-point dtypes for count, got: ",
+                    count.scalar_type());
+  TORCH_CHECK_VALUE(at::isFloatingType(prob_in.scalar_type()), "binomial only supports floating-point dtypes for prob, got: ",
+                    prob_in.scalar_type());
+  TORCH_CHECK(prob_in.scalar_type() == count.scalar_type(), "Found dtype ", prob_in.scalar_type(), " but expected ",
+              count.scalar_type());
+  c10::DeviceGuard g(count.device());
+  TORCH_CHECK(at::is_expandable_to(prob_in.sizes(), count.sizes()), "output with shape ", count.sizes(),
+              " doesn't match the broadcast shape ", at::infer_size(count.sizes(), prob_in.sizes()));
+  at::Tensor prob = on_device(prob_in, count).expand(count.sizes());
+  at::Tensor out = at::empty(count.sizes(), count.options());
+  if (out.numel() == 0) return out;
+  tpurt_view ov = view_of(out), cv = view_of(count), pv = view_of(prob);
+  Draw d = reserve(gen, count, static_cast<uint64_t>(out.numel()));
+  check(tpurt_binomial(stream_of(count), &ov, &cv, &pv, d.seed, d.offset), "binomial");
+  return out;
+}
+
 at::Tensor& multinomial_out(const at::Tensor& self, int64_t n_sample, bool replacement,
                             std::optional<at::Generator> gen, at::Tensor& out) {
   TORCH_CHECK(self.dim() > 0 && self.dim() <= 2, "prob_dist must be 1 or 2 dim");
@@ -1436,6 +1505,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("native_dropout", TORCH_FN(native_dropout));
   m.impl("native_dropout_backward", TORCH_FN(native_dropout_backward));
   m.impl("randperm.generator_out", TORCH_FN(randperm_out));
+  m.impl("poisson", TORCH_FN(poisson));
+  m.impl("binomial", TORCH_FN(binomial));
   m.impl("multinomial", TORCH_FN(multinomial));
   m.impl("multinomial.out", TORCH_FN(multinomial_out));
   m.impl("nll_loss_forward", TORCH_FN(nll_loss_forward));

@@ -264,6 +264,30 @@ typedef struct {
 
 static int is_int_dtype(tpurt_dtype d) { return !kc_is_float(d) && !kc_is_complex(d); }
 
+/* the identity of amax / amin over an integer dtype: its lowest / highest value (a narrower
+ * dtype cannot hold INT64_MIN: stored, it would keep its low bits, 0) */
+static int64_t int_lowest(tpurt_dtype d) {
+  switch (d) {
+    case TPURT_I8: return INT8_MIN;
+    case TPURT_I16: return INT16_MIN;
+    case TPURT_I32: return INT32_MIN;
+    case TPURT_I64: return INT64_MIN;
+    default: return 0; /* bool and the unsigned dtypes */
+  }
+}
+static int64_t int_highest(tpurt_dtype d) {
+  switch (d) {
+    case TPURT_BOOL: return 1;
+    case TPURT_U8: return UINT8_MAX;
+    case TPURT_I8: return INT8_MAX;
+    case TPURT_I16: return INT16_MAX;
+    case TPURT_U16: return UINT16_MAX;
+    case TPURT_I32: return INT32_MAX;
+    case TPURT_U32: return UINT32_MAX;
+    default: return INT64_MAX; /* int64; uint64 values above it are not representable in the kernel's int64 */
+  }
+}
+
 static void scatter_chunk(void *c, int64_t b, int64_t e) {
   scatter_ctx *x = c;
   scatter_args *a = x->a;
@@ -311,10 +335,10 @@ static void scatter_chunk(void *c, int64_t b, int64_t e) {
           case TPURT_SCATTER_SUM: case TPURT_SCATTER_MEAN: kc_st(dt, d, 0); break;
           case TPURT_SCATTER_PROD: kc_st(dt, d, 1); break;
           case TPURT_SCATTER_AMAX:
-            if (isint) kc_sti(dt, d, INT64_MIN); else kc_st(dt, d, -INFINITY);
+            if (isint) kc_sti(dt, d, int_lowest(dt)); else kc_st(dt, d, -INFINITY);
             break;
           case TPURT_SCATTER_AMIN:
-            if (isint) kc_sti(dt, d, INT64_MAX); else kc_st(dt, d, INFINITY);
+            if (isint) kc_sti(dt, d, int_highest(dt)); else kc_st(dt, d, INFINITY);
             break;
         }
       }

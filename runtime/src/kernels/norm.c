@@ -24,9 +24,10 @@
 static int flat_range(const tpurt_view *v, int d0, int d1, int64_t *n, int64_t *st) {
   int64_t cnt = 1, s = 1;
   int first = 1;
-  for (int k = d0; k < d1; k++)
-    if (v->sizes[k] == 0) { /* no element: any strides address it */
-      *n = 0;
+  for (int k = 0; k < v->ndim; k++)
+    if (v->sizes[k] == 0) { /* no element (here or in the other range): any strides address it */
+      for (int j = d0; j < d1; j++) cnt *= v->sizes[j];
+      *n = cnt;
       *st = 1;
       return 1;
     }

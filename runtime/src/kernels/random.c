@@ -430,3 +430,187 @@ tpurt_status tpurt_multinomial(tpurt_stream *s, const tpurt_view *out, const tpu
   mn_args a = {*out, *probs, nsample, replacement, seed, offset};
   return tpurt_launch(s, op, k_multinomial, &a, sizeof a);
 }
+
+/* ---------------------------------------------------- poisson, binomial */
+
+/* The samplers need a varying number of uniforms per element (rejection):
+ * element i (row-major over out) takes its j-th block from the 128-bit
+ * counter (offset + i, j, tag), so its values depend only on (seed, offset,
+ * i) and each element reserves one block index from the generator. */
+typedef struct {
+  uint32_t key[2], ctr[4], w[4];
+  int used; /* 64-bit words of w already taken (0..2) */
+} estream;
+
+static void es_init(estream *s, uint64_t seed, uint64_t blk, uint32_t tag) {
+  s->key[0] = (uint32_t)seed, s->key[1] = (uint32_t)(seed >> 32);
+  s->ctr[0] = (uint32_t)blk, s->ctr[1] = (uint32_t)(blk >> 32), s->ctr[2] = 0, s->ctr[3] = tag;
+  s->used = 2;
+}
+static double es_u01(estream *s) { /* [0, 1), 53 bits */
+  if (s->used == 2) {
+    tpurt_philox4x32_10(s->ctr, s->key, s->w);
+    s->ctr[2]++;
+    s->used = 0;
+  }
+  uint64_t x = ((uint64_t)s->w[2 * s->used] << 32) | s->w[2 * s->used + 1];
+  s->used++;
+  return u01d(x);
+}
+
+/* log(k!) for k >= 0: the sum of logs below 16, Stirling's series above (error < 1e-12); lgamma
+ * is not thread-safe (signgam) */
+static double log_factorial(double k) {
+  if (k < 16) {
+    double r = 0;
+    for (int i = 2; i <= (int)k; i++) r += log((double)i);
+    return r;
+  }
+  double x = k + 1, ix = 1.0 / x, ix2 = ix * ix;
+  return (x - 0.5) * log(x) - x + 0.91893853320467274178 + ix * (1.0 / 12 - ix2 * (1.0 / 360 - ix2 / 1260));
+}
+
+/* Poisson(mu), mu >= 0: products of uniforms below 10 (mu + 1 draws on average); above, the
+ * transformed rejection with squeeze of Hormann (1993), "The transformed rejection method for
+ * generating Poisson random variables" (about 1.1 pairs of draws) */
+static double sample_poisson(double mu, estream *s) {
+  if (mu == 0) return 0;
+  if (isinf(mu)) return INFINITY;
+  if (mu < 10) {
+    double lim = exp(-mu), prod = 1;
+    int64_t k = -1;
+    do {
+      k++;
+      prod *= 1.0 - es_u01(s); /* (0, 1] */
+    } while (prod > lim);
+    return (double)k;
+  }
+  double smu = sqrt(mu), lmu = log(mu);
+  double b = 0.931 + 2.53 * smu, a = -0.059 + 0.02483 * b;
+  double inv_alpha = 1.1239 + 1.1328 / (b - 3.4), vr = 0.9277 - 3.6224 / (b - 2);
+  for (;;) {
+    double u = es_u01(s) - 0.5, v = es_u01(s), us = 0.5 - fabs(u);
+    double k = floor((2 * a / us + b) * u + mu + 0.43);
+    if (us >= 0.07 && v <= vr) return k;
+    if (k < 0 || (us < 0.013 && v > us)) continue;
+    if (log(v) + log(inv_alpha) - log(a / (us * us) + b) <= -mu + k * lmu - log_factorial(k)) return k;
+  }
+}
+
+/* Binomial(n, p) of n = floor(count) trials: waiting times of the rarer outcome when n * min(p, 1 - p)
+ * < 10 (that many + 1 draws on average); above, the BTRS rejection of Hormann (1993), "The generation
+ * of binomial random variates". As the CPU: count <= 0 or p <= 0 give 0, p >= 1 gives count; NaN
+ * and an infinite count give NaN. */
+static double sample_binomial(double count, double p, estream *s) {
+  if (isnan(count) || isnan(p) || isinf(count)) return NAN;
+  if (count <= 0 || p <= 0) return 0;
+  if (p >= 1) return count;
+  double n = floor(count);
+  int flip = p > 0.5;
+  double q = flip ? 1 - p : p, r;
+  if (n * q < 10) {
+    double lq = log1p(-q), sum = 0;
+    r = 0;
+    for (;;) {
+      double g = ceil(log(1.0 - es_u01(s)) / lq); /* trials up to the next success, >= 1 */
+      sum += g < 1 ? 1 : g;
+      if (sum > n) break;
+      r++;
+    }
+  } else {
+    double spq = sqrt(n * q * (1 - q));
+    double b = 1.15 + 2.53 * spq, a = -0.0873 + 0.0248 * b + 0.01 * q, c = n * q + 0.5;
+    double vr = 0.92 - 4.2 / b, alpha = (2.83 + 5.1 / b) * spq, lpq = log(q / (1 - q));
+    double m = floor((n + 1) * q), h = log_factorial(m) + log_factorial(n - m);
+    for (;;) {
+      double u = es_u01(s) - 0.5, v = es_u01(s), us = 0.5 - fabs(u);
+      double k = floor((2 * a / us + b) * u + c);
+      if (k < 0 || k > n) continue;
+      if (us >= 0.07 && v <= vr) { r = k; break; }
+      v = log(v * alpha / (a / (us * us) + b));
+      if (v <= h - log_factorial(k) - log_factorial(n - k) + (k - m) * lpq) { r = k; break; }
+    }
+  }
+  return flip ? n - r : r;
+}
+
+typedef struct {
+  tpurt_view out, a, b; /* poisson: a = rate; binomial: a = count, b = prob */
+  int binomial;
+  uint64_t seed, offset;
+} dist_args;
+
+typedef struct {
+  dist_args *x;
+  char *o;
+  const char *pa, *pb;
+  kc_err err;
+} dist_ctx;
+
+static void dist_chunk(void *c, int64_t b, int64_t e) {
+  dist_ctx *d = c;
+  dist_args *x = d->x;
+  int oes = (int)tpurt_dtype_size(x->out.dtype), aes = (int)tpurt_dtype_size(x->a.dtype);
+  int bes = x->binomial ? (int)tpurt_dtype_size(x->b.dtype) : 0;
+  for (int64_t i = b; i < e; i++) {
+    estream s;
+    es_init(&s, x->seed, x->offset + (uint64_t)i, x->binomial ? 0x62696e6fu : 0x706f6973u);
+    double va = kc_ld(x->a.dtype, d->pa + lin_off(&x->a, i) * aes), v;
+    if (x->binomial) {
+      v = sample_binomial(va, kc_ld(x->b.dtype, d->pb + lin_off(&x->b, i) * bes), &s);
+    } else {
+      if (!(va >= 0)) {
+        kc_err_index(&d->err, "invalid Poisson rate, expected rate to be non-negative");
+        return;
+      }
+      v = sample_poisson(va, &s);
+    }
+    kc_st(x->out.dtype, d->o + lin_off(&x->out, i) * oes, v);
+  }
+}
+
+static tpurt_status k_dist(void *p, char *err, size_t errlen) {
+  dist_args *x = p;
+  dist_ctx d;
+  d.x = x;
+  d.o = tpurt__host_view(x->out.ptr);
+  d.pa = tpurt__host_view(x->a.ptr);
+  d.pb = x->binomial ? tpurt__host_view(x->b.ptr) : NULL;
+  atomic_init(&d.err.set, 0);
+  tpurt_parallel_for(kc_numel(&x->out), 256, dist_chunk, &d);
+  return kc_err_finish(&d.err, TPURT_ERR_INVALID_ARGUMENT, err, errlen);
+}
+
+static tpurt_status dist_launch(tpurt_stream *s, const char *op, const tpurt_view *out, const tpurt_view *a,
+                                const tpurt_view *b, uint64_t seed, uint64_t offset) {
+  TPURT__INIT_OR_RETURN();
+  tpurt_status st;
+  if (!out || !a || (strcmp(op, "binomial") == 0 && !b)) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: NULL view", op);
+  if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(out->ptr)))) return st;
+  if ((st = kc_check(s->dev, out, op, "out")) || (st = kc_check(s->dev, a, op, "input")) ||
+      (b && (st = kc_check(s->dev, b, op, "prob"))))
+    return st;
+  const tpurt_view *ins[2] = {a, b};
+  for (int v = 0; v < 2; v++) {
+    if (!ins[v]) continue;
+    if (ins[v]->ndim != out->ndim || !kc_is_float(ins[v]->dtype))
+      return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: inputs must be float views of out's shape", op);
+    for (int k = 0; k < out->ndim; k++)
+      if (ins[v]->sizes[k] != out->sizes[k])
+        return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: inputs must be float views of out's shape", op);
+  }
+  if (!kc_is_float(out->dtype)) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: out must be a float view", op);
+  if (kc_numel(out) == 0) return TPURT_OK;
+  dist_args x = {.out = *out, .a = *a, .b = b ? *b : *a, .binomial = b != NULL, .seed = seed, .offset = offset};
+  return tpurt_launch(s, op, k_dist, &x, sizeof x);
+}
+
+tpurt_status tpurt_poisson(tpurt_stream *s, const tpurt_view *out, const tpurt_view *rate, uint64_t seed,
+                           uint64_t offset) {
+  return dist_launch(s, "poisson", out, rate, NULL, seed, offset);
+}
+
+tpurt_status tpurt_binomial(tpurt_stream *s, const tpurt_view *out, const tpurt_view *count, const tpurt_view *prob,
+                            uint64_t seed, uint64_t offset) {
+  return dist_launch(s, "binomial", out, count, prob, seed, offset);
+}

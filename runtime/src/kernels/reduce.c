@@ -335,7 +335,7 @@ static void row_op(const rplan *p, const void *xv, int64_t n, int64_t lin, rstat
          * rightly infinite, and inf - inf would make it NaN) */
         double corr = 0;
         for (int64_t j = 0; j < n; j++) corr += (double)xf[j] - m;
-        if (isfinite(corr)) m2 -= corr * corr / (double)n;
+        if (isfinite(corr) && isfinite(m2)) m2 -= corr * (corr / (double)n);
       } else {
         double acc[8] = {0}, corr = 0;
         int64_t i = 0;
@@ -344,7 +344,8 @@ static void row_op(const rplan *p, const void *xv, int64_t n, int64_t lin, rstat
         for (; i < n; i++) { double d = xd[i] - m; m2 += d * d; }
         for (int k = 0; k < 8; k++) m2 += acc[k];
         for (int64_t j = 0; j < n; j++) corr += xd[j] - m;
-        if (isfinite(corr)) m2 -= corr * corr / (double)n; /* as above */
+        /* as above; and when the squares overflow m2 is rightly infinite, and corr * corr may be too */
+        if (isfinite(corr) && isfinite(m2)) m2 -= corr * (corr / (double)n);
       }
       rstate t = {{.d = m}, m2, n};
       st_combine(p, s, &t);

@@ -1,0 +1,184 @@
+"""Kernels the differential fuzzer and the Hugging Face sweep found missing:
+remainder(Scalar, Tensor), poisson, binomial (on the device's Philox
+generator) and _native_multi_head_attention (nn.MultiheadAttention's
+inference fast path). Each against the CPU: values for the deterministic
+ones, moments and probabilities (bounds a wrong sampler fails) plus seed
+reproducibility for the random ones."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torch_tpu  # noqa: F401
+
+N = 40000   # samples per parameter: a 5-sigma bound on the mean is ~2.5 % of sqrt(var / mean^2)
+
+
+# ------------------------------------------------------------------ remainder
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.int32])
+@pytest.mark.parametrize("scalar", [7, -7, 2.5, -0.75])
+def test_remainder_scalar_tensor(dtype, scalar):
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(257, generator=g) * 10).to(dtype)
+    x = torch.where(x == 0, torch.ones((), dtype=dtype), x)
+    ref = torch.remainder(scalar, x)
+    got = torch.remainder(scalar, x.to("tpu"))
+    assert got.dtype == ref.dtype
+    torch.testing.assert_close(got.cpu(), ref, rtol=0, atol=0, equal_nan=True)
+    out = torch.empty(0, dtype=ref.dtype, device="tpu")
+    torch.ops.aten.remainder.Scalar_Tensor_out(scalar, x.to("tpu"), out=out)
+    torch.testing.assert_close(out.cpu(), ref, rtol=0, atol=0, equal_nan=True)
+
+
+# -------------------------------------------------------------------- poisson
+
+def _bounds(sample: torch.Tensor, mean: float, var: float, mu4: float) -> None:
+    n = sample.numel()
+    m = sample.double().mean().item()
+    v = sample.double().var().item()
+    assert abs(m - mean) <= 5 * math.sqrt(var / n) + 1e-12, (m, mean)
+    assert abs(v - var) <= 5 * math.sqrt(max(mu4 - var * var, 0) / n) + 1e-12, (v, var)
+
+
+@pytest.mark.parametrize("rate", [0.5, 3.0, 9.9, 10.0, 37.5, 1000.0])
+def test_poisson_moments(rate):
+    torch.tpu.manual_seed(11)
+    x = torch.poisson(torch.full((N,), rate, device="tpu")).cpu()
+    assert x.dtype == torch.float32
+    assert bool((x >= 0).all()) and bool((x == x.round()).all())
+    _bounds(x, rate, rate, rate + 3 * rate * rate)
+    # the probability of one value (a wrong shape with the right moments fails it)
+    k = math.floor(rate)
+    pk = math.exp(-rate + k * math.log(rate) - math.lgamma(k + 1))
+    freq = (x == k).double().mean().item()
+    assert abs(freq - pk) <= 5 * math.sqrt(pk * (1 - pk) / N), (freq, pk)
+
+
+def test_poisson_edges_and_dtypes():
+    rates = torch.tensor([0.0, 0.0, 2.0, 5.0], device="tpu")
+    x = torch.poisson(rates).cpu()
+    assert x[:2].tolist() == [0.0, 0.0]
+    for dt in (torch.float64, torch.bfloat16, torch.float16):
+        y = torch.poisson(torch.full((1000,), 4.0, dtype=dt, device="tpu"))
+        assert y.dtype == dt and bool((y.cpu() >= 0).all())
+    # a strided rate tensor: element i of the result follows rate i
+    r = torch.tensor([[0.0, 100.0]] * 2000, device="tpu").t()
+    y = torch.poisson(r).cpu()
+    assert bool((y[0] == 0).all()) and abs(y[1].mean().item() - 100) < 5 * math.sqrt(100 / 2000)
+
+
+def test_poisson_seeded():
+    rate = torch.full((4096,), 7.0, device="tpu")
+    torch.tpu.manual_seed(3)
+    a = torch.poisson(rate).cpu()
+    b = torch.poisson(rate).cpu()
+    torch.tpu.manual_seed(3)
+    c = torch.poisson(rate).cpu()
+    assert torch.equal(a, c) and not torch.equal(a, b)
+    g1 = torch.Generator(device="tpu").manual_seed(5)
+    g2 = torch.Generator(device="tpu").manual_seed(5)
+    assert torch.equal(torch.poisson(rate, generator=g1).cpu(), torch.poisson(rate, generator=g2).cpu())
+
+
+def test_poisson_bad_input():
+    with pytest.raises(RuntimeError, match="invalid Poisson rate"):
+        torch.poisson(torch.tensor([1.0, -1.0], device="tpu")).cpu()
+    torch.tpu.synchronize()
+    with pytest.raises(NotImplementedError):
+        torch.poisson(torch.tensor([1, 2], device="tpu"))
+    assert torch.poisson(torch.tensor([3.0], device="tpu")).cpu().item() >= 0   # the device keeps working
+
+
+# ------------------------------------------------------------------- binomial
+
+@pytest.mark.parametrize("n,p", [(10, 0.3), (5, 0.9), (100, 0.5), (1000, 0.02), (1000, 0.97), (37, 0.25)])
+def test_binomial_moments(n, p):
+    torch.tpu.manual_seed(21)
+    count = torch.full((N,), float(n), device="tpu")
+    x = torch.binomial(count, torch.full((N,), p, device="tpu")).cpu()
+    assert bool((x >= 0).all()) and bool((x <= n).all()) and bool((x == x.round()).all())
+    q = 1 - p
+    var = n * p * q
+    mu4 = var * (1 + 3 * (n - 2) * p * q)   # the 4th central moment of Binomial(n, p)
+    _bounds(x, n * p, var, mu4)
+    k = math.floor((n + 1) * p)
+    pk = math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * math.log(p) + (n - k) * math.log(q))
+    freq = (x == k).double().mean().item()
+    assert abs(freq - pk) <= 5 * math.sqrt(pk * (1 - pk) / N), (freq, pk)
+
+
+def test_binomial_edges_broadcast_and_seed():
+    count = torch.tensor([0.0, 10.0, 10.0, 7.0, float("nan")], device="tpu")
+    prob = torch.tensor([0.5, 0.0, 1.0, 0.5, 0.5], device="tpu")
+    x = torch.binomial(count, prob).cpu()
+    assert x[:3].tolist() == [0.0, 0.0, 10.0] and 0 <= x[3].item() <= 7 and math.isnan(x[4].item())
+    c = torch.full((3, 2000), 20.0, device="tpu")
+    y = torch.binomial(c, torch.tensor([[0.1], [0.5], [0.9]], device="tpu").expand(3, 2000).contiguous())
+    means = y.cpu().mean(1).tolist()
+    for m, p in zip(means, (0.1, 0.5, 0.9)):
+        assert abs(m - 20 * p) < 5 * math.sqrt(20 * p * (1 - p) / 2000)
+    torch.tpu.manual_seed(4)
+    a = torch.binomial(c, torch.full_like(c, 0.4)).cpu()
+    torch.tpu.manual_seed(4)
+    assert torch.equal(a, torch.binomial(c, torch.full_like(c, 0.4)).cpu())
+
+
+def test_binomial_bad_input():
+    for dev in ("cpu", "tpu"):
+        with pytest.raises(ValueError, match="floating-point"):
+            torch.binomial(torch.tensor([3], device=dev), torch.tensor([0.5], device=dev))
+        with pytest.raises(RuntimeError, match="Found dtype"):
+            torch.binomial(torch.tensor([3.0], dtype=torch.float64, device=dev), torch.tensor([0.5], device=dev))
+
+
+# ------------------------------------------------- nn.MultiheadAttention fast path
+
+def _mha_pair(embed=16, heads=4, bias=True):
+    torch.manual_seed(0)
+    cpu = nn.MultiheadAttention(embed, heads, batch_first=True, bias=bias).eval()
+    tpu = nn.MultiheadAttention(embed, heads, batch_first=True, bias=bias).eval()
+    tpu.load_state_dict(cpu.state_dict())
+    return cpu, tpu.to("tpu")
+
+
+@pytest.mark.parametrize("need_weights,average", [(False, True), (True, True), (True, False)])
+@pytest.mark.parametrize("masks", ["none", "key_padding", "attn", "both"])
+def test_multihead_attention_fast_path(need_weights, average, masks):
+    cpu, tpu = _mha_pair()
+    x = torch.randn(3, 5, 16)
+    kpm = torch.tensor([[False] * 5, [False, False, False, True, True], [False, True] * 2 + [False]])
+    am = torch.triu(torch.ones(5, 5, dtype=torch.bool), 1)
+    kw = {"need_weights": need_weights, "average_attn_weights": average}
+    if masks in ("key_padding", "both"):
+        kw["key_padding_mask"] = kpm
+    if masks in ("attn", "both"):
+        kw["attn_mask"] = am
+    with torch.no_grad():
+        ref, ref_w = cpu(x, x, x, **kw)
+        xt = x.to("tpu")
+        got, got_w = tpu(xt, xt, xt, **{k: (v.to("tpu") if isinstance(v, torch.Tensor) else v) for k, v in kw.items()})
+    torch.testing.assert_close(got.cpu(), ref, rtol=2e-4, atol=2e-5)
+    if need_weights:
+        torch.testing.assert_close(got_w.cpu(), ref_w, rtol=2e-4, atol=2e-5)
+    else:
+        assert ref_w is None and got_w is None
+
+
+def test_native_multi_head_attention_direct():
+    """The op itself (what the fast path calls), a key and value other than the query, against the CPU's."""
+    cpu, _ = _mha_pair()
+    q, k = torch.randn(2, 6, 16), torch.randn(2, 6, 16)
+    args = (16, 4, cpu.in_proj_weight.detach(), cpu.in_proj_bias.detach(), cpu.out_proj.weight.detach(),
+            cpu.out_proj.bias.detach())
+    kpm = torch.tensor([[False] * 5 + [True], [False] * 6])
+    for mask, mtype in ((None, None), (kpm, 1)):
+        ref = torch._native_multi_head_attention(q, k, k, *args, mask, True, False, mtype)
+        dev = [t.to("tpu") for t in (q, k)] + [a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args]
+        got = torch._native_multi_head_attention(dev[0], dev[1], dev[1], *dev[2:],
+                                                 mask.to("tpu") if mask is not None else None, True, False, mtype)
+        torch.testing.assert_close(got[0].cpu(), ref[0], rtol=2e-4, atol=2e-5)
+        torch.testing.assert_close(got[1].cpu(), ref[1], rtol=2e-4, atol=2e-5)
