@@ -116,12 +116,12 @@ def test_cli_check_flags_item_in_loop_and_missing_op(tmp_path):
             opt.step()
             print(loss.item())
         MISSING
-    """).replace("MISSING", "torch.poisson(x.abs())"))
+    """).replace("MISSING", "torch._standard_gamma(x.abs())"))
     r = subprocess.run([sys.executable, "-m", "torch_tpu.cli", "check", str(script)], capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 1, r.stdout + r.stderr
     assert re.search(r"host sync inside a loop at \S*train.py:11:", r.stdout), r.stdout
-    assert "[BLOCKER] operator 'aten::poisson" in r.stdout, r.stdout
+    assert "[BLOCKER] operator 'aten::_standard_gamma" in r.stdout, r.stdout
     assert "fits the HBM of v5e" in r.stdout
     clean = tmp_path / "clean.py"
     clean.write_text("import torch\nx = torch.ones(4, device='tpu')\nprint((x * 2).sum().item())\n")
