@@ -23,7 +23,7 @@ import torch
 
 import torch_tpu
 
-from .ops import RUN, Ctx
+from .ops import DTYPES, RUN, Ctx
 
 # (rtol, atol) for inexact values, by dtype; atol is scaled by the magnitude
 # of the reference (max(1, max |ref|)): long chains, sums of many terms.
@@ -261,13 +261,24 @@ def _refused_by_pytorch(exc: Exception, program: dict[str, Any], stmts: list[dic
     without a derivative, e.g. floor_divide of a tensor that requires grad, fails at compile time on
     every backend, where eager mode fails only if backward() reaches it.)"""
     import torch._dynamo
-    ctx = Ctx("cpu", program.get("precision", "HIGHEST"), {}, generating=True)
+    # the operators as the device's graph has them (no precision-contract emulation: only whether
+    # compiling fails matters here)
+    ctx = Ctx("cpu", "HIGHEST", {}, generating=True)
     cpu = [t.detach().cpu().requires_grad_(t.requires_grad) for t in ins]
     try:
         torch.compile(_segment_fn(ctx, stmts, in_ids, out_ids), backend="aot_eager", dynamic=False)(*cpu)
     except Exception as ref:
-        return type(ref) is type(exc) and str(ref).split("\n")[:2] == str(exc).replace("'tpu'", "'aot_eager'").split("\n")[:2]
+        return type(ref) is type(exc) and _gist(ref) == _gist(exc)
     return False
+
+
+def _gist(exc: Exception) -> list[str]:
+    """The wrapped exception's class and first words ("RuntimeError: one of the variables needed for
+    gradient computation ..."): the backend's name and the tensors' type names (torch.FloatTensor,
+    tpuFloatType) left out."""
+    lines = str(exc).split("\n")
+    inner = lines[1] if len(lines) > 1 else lines[0]
+    return inner.split()[:8]
 
 
 class _Skipped(Exception):
@@ -288,6 +299,34 @@ def exact_vars(program: dict[str, Any]) -> set[str]:
             g = grp.get(st["mut"], st["mut"])
             out -= {f"v{k}" for k, gg in grp.items() if gg == g}
     return out
+
+
+# float dtypes from the least precise (the tolerance a value computed through them needs)
+_COARSE = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+
+
+def coarsest(program: dict[str, Any]) -> dict[str, torch.dtype]:
+    """{var: the least precise float dtype its value passed through}: a bfloat16 result promoted to
+    float64 by a later op (fmin(bf16, f64)) carries bfloat16's rounding, so it is compared with
+    bfloat16's tolerance (seeds 16128, 17956, 18350). From the dtypes the program states (inputs,
+    casts, random draws) along its data flow, in-place updates included."""
+    low: dict[int, int] = {}
+    grp = _groups(program)
+    for st in program["stmts"]:
+        stated = DTYPES.get(st["p"].get("dtype", "")) if st["op"] in ("input", "cast", "rng") else None
+        ranks = [low[v] for v in st["in"] if v in low]
+        if stated in _COARSE:
+            ranks.append(_COARSE.index(stated))
+        if not ranks:
+            continue
+        r = min(ranks)
+        if st.get("out") is not None:
+            low[st["out"]] = min(r, low.get(st["out"], r))
+        if st.get("mut") is not None:   # the whole alias group now holds values computed this way
+            g = grp.get(st["mut"], st["mut"])
+            for k in [k for k in low if grp.get(k, k) == g] + [st["mut"]]:
+                low[k] = min(r, low.get(k, r))
+    return {f"v{k}": _COARSE[r] for k, r in low.items()}
 
 
 def view_inputs(program: dict[str, Any]) -> dict[str, str]:
@@ -404,6 +443,8 @@ def compare(program: dict[str, Any], got: dict[str, Any], ref: dict[str, Any], m
                 return f"[{mode}] errors differ: tpu {a} vs cpu {b}"
     exact = exact_vars(program)
     views = view_inputs(program)
+    coarse = coarsest(program)
+    nonfinite = any("inf" in sp for st in program["stmts"] if st["op"] == "input" for sp in st["p"].get("special", ()))
     for name in sorted(set(got["values"]) | set(ref["values"]), key=_natural):
         if skip_grads and name.endswith(".grad"):
             continue
@@ -422,7 +463,21 @@ def compare(program: dict[str, Any], got: dict[str, Any], ref: dict[str, Any], m
         if name not in got["values"] or name not in ref["values"]:
             return f"[{mode}] {name} present on {'tpu' if name in got['values'] else 'cpu'} only"
         prec = program.get("precision", "HIGHEST")
-        d = compare_values(name, got["values"][name], ref["values"][name], name in exact, prec)
+        a, e = got["values"][name], ref["values"][name]
+        if nonfinite and name not in exact and isinstance(e, torch.Tensor) and e.is_floating_point() \
+                and a.shape == e.shape:
+            # an inexact value of a program with an infinite input: whether an element is inf or NaN depends
+            # on the order of operations (inf - inf) and on whether a tiny intermediate underflows to 0
+            # (inf * 0), which the precision contract leaves open (seed 10037: a layer_norm weight of -inf;
+            # 11708: inf * gelu(-9), where the device's gelu is -1e-18 and the CPU's -0.0); non-finite on
+            # both sides counts as equal
+            both = ~torch.isfinite(a) & ~torch.isfinite(e)
+            a, e = a.masked_fill(both, 0), e.masked_fill(both, 0)
+        tol = None
+        if isinstance(e, torch.Tensor) and e.dtype in _COARSE:
+            c = coarse.get(name.split(".")[0])
+            tol = c if c is not None and _COARSE.index(c) < _COARSE.index(e.dtype) else None
+        d = compare_values(name, a, e, name in exact, prec, tol_dtype=tol)
         if d and "(exact)" not in d and " differ at " not in d and alts is not None \
                 and isinstance(ref["values"][name], torch.Tensor) and ref["values"][name].is_floating_point() \
                 and any(accepted_by(name, got["values"][name], alt(), prec) for alt in alts(name)):

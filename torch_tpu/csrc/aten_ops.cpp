@@ -6,6 +6,7 @@
 #include "glue.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
@@ -156,7 +157,11 @@ at::Tensor physical(const at::Tensor& t) {
 at::Tensor tpu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(self.defined() && dst.defined(), "copy_: undefined tensor");
   at::assert_no_internal_overlap(dst);
-  if (dst.numel() == 0) return dst;
+  if (dst.numel() == 0) {
+    // nothing to move, but the shapes must still broadcast, as the CPU's iterator checks them
+    (void)at::infer_size(dst.sizes(), self.sizes());
+    return dst;
+  }
   // Copies move stored values; the conjugate / negative bits of the two
   // sides (PyTorch's lazy math views) are then reconciled on the
   // destination: stored dst = conj^(sc^dc) neg^(sn^dn) (stored src).

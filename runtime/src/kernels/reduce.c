@@ -336,6 +336,7 @@ static void row_op(const rplan *p, const void *xv, int64_t n, int64_t lin, rstat
         double corr = 0;
         for (int64_t j = 0; j < n; j++) corr += (double)xf[j] - m;
         if (isfinite(corr) && isfinite(m2)) m2 -= corr * (corr / (double)n);
+        if (m2 < 0) m2 = 0; /* equal values: the correction cancels m2 up to rounding (seed 19389) */
       } else {
         double acc[8] = {0}, corr = 0;
         int64_t i = 0;
@@ -346,6 +347,7 @@ static void row_op(const rplan *p, const void *xv, int64_t n, int64_t lin, rstat
         for (int64_t j = 0; j < n; j++) corr += xd[j] - m;
         /* as above; and when the squares overflow m2 is rightly infinite, and corr * corr may be too */
         if (isfinite(corr) && isfinite(m2)) m2 -= corr * (corr / (double)n);
+        if (m2 < 0) m2 = 0; /* equal values: the correction cancels m2 up to rounding (seed 19389) */
       }
       rstate t = {{.d = m}, m2, n};
       st_combine(p, s, &t);
