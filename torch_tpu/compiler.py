@@ -236,21 +236,21 @@ class _Compiled:
 
     def _run(self, args: list[Any]) -> Any:
         mode = _C._exec_mode()
-        # the graph's ops are recorded at the user's line that called the
-        # compiled function (one frame walk a call, not one an op)
+        # a strict program records the call's ops and cuts its graph on return
+        switch = mode != _DEFER and mode != _BLOCKING
+        # the graph's ops are recorded at a line of the user's compiled
+        # function (one frame walk a call, not one an op)
         _C._hold_site(True)
         try:
+            if switch:
+                _C._set_exec_mode(_DEFER)
             # the graph's code takes the list and empties it, so each input can die
             # at its last use inside the graph (and its memory be reused there)
-            if mode == _DEFER or mode == _BLOCKING:
-                return self.gm(args)
-            _C._set_exec_mode(_DEFER)
-            try:
-                return self.gm(args)
-            finally:
-                _C._set_exec_mode(mode)  # cuts the graph: its plan runs now (asynchronously)
+            return self.gm(args)
         finally:
             _C._hold_site(False)
+            if switch:
+                _C._set_exec_mode(mode)  # cuts the graph: its plan runs now (asynchronously)
 
 
 _NAMESPACES = ("_VariableFunctions", "_nn", "_linalg", "_special", "_fft")
@@ -265,11 +265,12 @@ def _fast_call(op: Any, node: torch.fx.Node) -> tuple[str, Any] | None:
     reaches the same dispatcher entry. Taken only where the binding cannot
     choose another overload: the operator has one overload without ``out``,
     or the node passes tensors exactly where the schema takes tensors."""
-    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten" or op._schema.is_mutable and not \
-            op._schema.name.endswith("_"):
+    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
         return None
-    name = op._schema.name.split("::", 1)[1]
     schema = op._schema
+    name = schema.name.split("::", 1)[1]
+    if schema.is_mutable and not name.endswith("_"):
+        return None  # only in-place methods may write their arguments
     if any(a.kwarg_only and a.name == "out" for a in schema.arguments):
         return None
     if any(str(a.type) == "List[Optional[Tensor]]" for a in schema.arguments):

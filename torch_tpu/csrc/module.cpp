@@ -156,9 +156,10 @@ const SiteEntry& frame_site(PyFrameObject* f, PyCodeObject* code) {
 }
 
 // Inside a compiled call (torch_tpu/compiler.py) every op of the graph is
-// recorded at one user line, the one that called the compiled function: the
-// graph's own frames (generated code) name no line of the user's, and walking
-// the frames for each op was ~8 % of a compiled decode step's host time.
+// recorded at one user line, the innermost user frame when the call starts
+// (the compiled function's own frame, which Dynamo runs it in): the graph's
+// generated code names no line of the user's, and walking the frames for
+// each op was ~8 % of a compiled decode step's host time.
 thread_local int t_site_hold = 0;
 thread_local const char* t_held_site = nullptr;
 
@@ -193,6 +194,14 @@ const char* site_fn(tpurt_flush_reason* reason) {
   if (PyErr_Occurred()) PyErr_Clear();
   PyGILState_Release(gil);
   return out;
+}
+
+// The innermost frame outside torch and torch_tpu as "file:line" (or
+// nullptr), whatever the held site or TORCH_TPU_DEFER_SITES: site_fn with a
+// reason always walks the frames.
+const char* user_site() {
+  tpurt_flush_reason r = TPURT_FLUSH_EXPLICIT;
+  return site_fn(&r);
 }
 
 void install_site_fn(const std::string& torch_dir, const std::string& tpu_dir, bool node_sites) {
@@ -395,18 +404,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("_trace_now_ns", [] { return tpurt_trace_now_ns(); });
   m.def("_hold_site", [](bool on) {  // on: ops record the caller's line until the matching off
     if (on && t_site_hold++ == 0) {
-      t_held_site = nullptr;
-      if (g_node_sites) {
-        tpurt_flush_reason r = TPURT_FLUSH_EXPLICIT;  // a reason: computes the line (not the held one)
-        t_held_site = site_fn(&r);
-      }
+      t_held_site = g_node_sites ? user_site() : nullptr;
     } else if (!on && t_site_hold > 0) {
       --t_site_hold;
     }
   });
-  m.def("_user_site", [] {  // the innermost frame outside torch and torch_tpu, as "file:line" (or None)
-    tpurt_flush_reason r = TPURT_FLUSH_EXPLICIT;
-    const char* s = site_fn(&r);
+  m.def("_user_site", [] {
+    const char* s = user_site();
     return s ? py::object(py::str(s)) : py::object(py::none());
   });
   m.attr("_api_version") = TPURT_API_VERSION;
