@@ -353,3 +353,125 @@ torch.tpu.synchronize()
     assert any("gemm" in n and re.search(r"recorded at <string>:[34]\)", n) for n in names), names
     if mode == "defer":
         assert any("exp" in n and "recorded at <string>:10" in n for n in names), names
+
+
+class _Decoder(torch.nn.Module):
+    """A decode step over a static KV cache (written in place at pos)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16)
+        self.qkv = torch.nn.Linear(16, 48)
+        self.out = torch.nn.Linear(16, 50)
+
+    def forward(self, tok, pos, k_cache, v_cache):
+        x = self.emb(tok)  # (1, 1, 16)
+        q, k, v = self.qkv(x).chunk(3, -1)
+        k_cache.index_copy_(1, pos, k)
+        v_cache.index_copy_(1, pos, v)
+        mask = torch.arange(k_cache.shape[1], device=tok.device) <= pos
+        att = (q @ k_cache.transpose(1, 2) / 4.0).masked_fill(~mask, float("-inf")).softmax(-1)
+        return self.out(F.silu(att @ v_cache))
+
+
+def _decode(step, model, steps=12):
+    torch.manual_seed(0)
+    k = torch.zeros(1, 16, 16, device="tpu")
+    v = torch.zeros(1, 16, 16, device="tpu")
+    tok = torch.zeros(1, 1, dtype=torch.long, device="tpu")
+    pos = torch.zeros(1, dtype=torch.long, device="tpu")
+    logits = []
+    with torch.no_grad():
+        for _ in range(steps):
+            out = step(tok, pos, k, v)
+            logits.append(out.cpu())
+            tok = out.argmax(-1)
+            pos += 1
+    return torch.stack(logits), k.cpu(), v.cpu()
+
+
+def test_compiled_calls_replay_a_verified_template_with_strict_bits():
+    # call 1 records and becomes the template, call 2 records and verifies
+    # it, later calls replay it (new input tensors every call, a cache
+    # updated in place): the outputs and the cache are strict mode's bits
+    model = _Decoder().to("tpu")
+    want = _decode(model, model)
+    got = _decode(torch.compile(model, backend="tpu"), model)
+    for w, g in zip(want, got):
+        assert torch.equal(w, g)
+    st = torch_tpu.compiler.compile_stats()
+    # (a call whose recording cannot be a template is simply recorded: one
+    # inheriting stale access notes from earlier tests may cost a try)
+    assert 1 <= st["replay_templates"] <= 2 and st["replay_off"] == {}, st
+    assert st["replays"] >= 12 - 3, st
+
+
+def test_replayed_outputs_are_fresh_and_memory_comes_back():
+    f = torch.compile(lambda a, b: (a @ b).relu() + 1, backend="tpu")
+    a, b = torch.randn(16, 16, device="tpu"), torch.randn(16, 16, device="tpu")
+    outs = [f(a, b) for _ in range(5)]
+    assert torch_tpu.compiler.compile_stats()["replays"] >= 2
+    assert len({o.data_ptr() for o in outs}) == 5  # each call's own memory
+    want = ((a.cpu() @ b.cpu()).relu() + 1)
+    for o in outs:
+        assert torch.allclose(o.cpu(), want, atol=1e-5)
+    del outs
+    torch.tpu.synchronize()
+    base = torch.tpu.memory_allocated()
+    for _ in range(50):
+        f(a, b)
+    torch.tpu.synchronize()
+    assert torch.tpu.memory_allocated() == base
+
+
+def test_graphs_whose_recordings_change_are_never_replayed():
+    # dropout draws new random offsets every call: the recordings differ,
+    # so the graph keeps recording, and its masks stay strict mode's
+    def f(x):
+        return F.dropout(x, 0.5, training=True) * 2
+
+    x = torch.ones(64, device="tpu")
+    torch.manual_seed(3)
+    want = [f(x).cpu() for _ in range(6)]
+    g = torch.compile(f, backend="tpu")
+    torch.manual_seed(3)
+    got = [g(x).cpu() for _ in range(6)]
+    for w, o in zip(want, got):
+        assert torch.equal(w, o)
+    st = torch_tpu.compiler.compile_stats()
+    assert st["replays"] == 0, st
+    assert any("differ between calls" in why for why in st["replay_off"]), st
+
+
+def test_replay_is_off_with_the_setting_and_in_defer_mode(monkeypatch):
+    model = _Decoder().to("tpu")
+    want = _decode(model, model)
+    monkeypatch.setenv("TORCH_TPU_COMPILE_REPLAY", "0")
+    got = _decode(torch.compile(model, backend="tpu"), model)
+    assert torch_tpu.compiler.compile_stats()["replays"] == 0
+    for w, g in zip(want, got):
+        assert torch.equal(w, g)
+    monkeypatch.delenv("TORCH_TPU_COMPILE_REPLAY")
+    torch._dynamo.reset()
+    compiler.reset_compile_stats()
+    with torch_tpu.execution_mode("defer"):  # calls record into the program's graph
+        got = _decode(torch.compile(model, backend="tpu"), model)
+    assert torch_tpu.compiler.compile_stats()["replays"] == 0
+    for w, g in zip(want, got):
+        assert torch.equal(w, g)
+
+
+def test_an_error_in_a_replayed_graph_raises_like_eager_and_the_device_keeps_working():
+    emb = torch.nn.Embedding(10, 4).to("tpu")
+    f = torch.compile(lambda i: emb(i) * 2, backend="tpu")
+    good = torch.tensor([1, 2, 3], device="tpu")
+    with torch.no_grad():
+        for _ in range(6):
+            f(good)
+        assert torch_tpu.compiler.compile_stats()["replays"] >= 2
+        bad = torch.tensor([1, 2, 30], device="tpu")
+        with pytest.raises((RuntimeError, IndexError)) as eager:
+            (emb(bad) * 2).cpu()
+        with pytest.raises(type(eager.value), match="out of range|index"):
+            f(bad).cpu()
+        assert torch.equal(f(good).cpu(), (emb(good) * 2).cpu())

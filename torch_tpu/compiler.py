@@ -27,6 +27,21 @@ and their backwards), so a compiled graph computes with exactly the kernels
 of eager mode and its results equal strict mode's, dropout masks included
 (the dropout ops draw from the device generator in the same order).
 
+Replay: a call records its operators, so its host time grows with the
+graph (Python, the dispatcher and the recorder per operator). A graph called
+from strict mode is therefore captured as a template on a call (its
+recording before the cut, with every device address written relative to the
+input or the allocation it points into), checked against the next call's
+own recording relocated onto that call's inputs (op for op, byte for byte),
+and once equal, later calls replay it: the runtime copies the template,
+patches in the new inputs' addresses and fresh memory, and runs the cached
+plan, without Python or recording between the operators
+(``runtime/src/graph/replay.c``). Graphs whose recordings differ between
+calls (a random generator's offsets, host data copied in, a free of memory
+from outside) are never replayed and keep recording (``replay_off`` in
+``compile_stats()`` says why); a call whose inputs have another layout than
+the template's records. ``TORCH_TPU_COMPILE_REPLAY=0`` turns replay off.
+
 Dynamic shapes: ``dynamic=True`` / ``torch._dynamo.mark_dynamic`` give one
 graph with symbolic sizes for all sizes of a dimension; its operators take
 the sizes of each call, and the runtime keeps one cached plan per distinct
@@ -61,6 +76,7 @@ _BLOCKING = 1
 
 _lock = threading.Lock()
 _stats: dict[str, Any] = {}
+_replay_off: dict[str, int] = {}  # why graphs run without replay: graphs
 
 
 def reset_compile_stats() -> None:
@@ -69,7 +85,9 @@ def reset_compile_stats() -> None:
         _stats.clear()
         _stats.update(dynamo_graphs=0, forward_graphs=0, backward_graphs=0, inference_graphs=0, nodes_lowered=0,
                       lowering_seconds=0.0, inputs_updated_in_place=0, fast_calls=0, calls=0, first_calls_seconds=0.0,
-                      backend_seconds=0.0, routed_from_inductor=0, unsupported_graphs=0)
+                      backend_seconds=0.0, routed_from_inductor=0, unsupported_graphs=0, replays=0,
+                      replays_refused=0, replay_templates=0)
+        _replay_off.clear()
 
 
 reset_compile_stats()
@@ -87,11 +105,16 @@ def compile_stats() -> dict[str, Any]:
     builds its plan and compiles or loads its kernels), ``backend_seconds``
     (AOTAutograd's tracing and partitioning plus the lowering), graphs of plain ``torch.compile`` routed here from Inductor
     (``routed_from_inductor``), graphs holding an operator without a kernel
-    (``unsupported_graphs``), and ``recompiles``: Dynamo's recompilations of
+    (``unsupported_graphs``), replays (``replays``: calls run from a verified
+    template without recording, ``replay_templates``: templates captured,
+    ``replays_refused``: calls a verified template could not take, e.g.
+    inputs of another layout; ``replay_off``: why graphs run without replay,
+    ``{reason: graphs}``), and ``recompiles``: Dynamo's recompilations of
     each function with the guard that failed (``{"fn (file:line)": [reason,
     ...]}``)."""
     with _lock:
         out = dict(_stats)
+        out["replay_off"] = dict(_replay_off)
     out["recompiles"] = _recompile_reasons()
     return out
 
@@ -216,6 +239,10 @@ class _Compiled:
         self.missing = _unsupported(gm)
         if self.missing:
             _count("unsupported_graphs")
+        self.replay: Any = None  # the template (_C._Replay), once captured
+        self.replay_off = os.environ.get("TORCH_TPU_COMPILE_REPLAY", "1") == "0"
+        self.replay_tries = 0
+        self.out_type: Any = tuple
 
     def __call__(self, args: list[Any]) -> Any:
         if self.missing:
@@ -238,6 +265,18 @@ class _Compiled:
         mode = _C._exec_mode()
         # a strict program records the call's ops and cuts its graph on return
         switch = mode != _DEFER and mode != _BLOCKING
+        replay = self.replay
+        if switch and replay is not None and replay.verified:
+            outs = replay.run(args)
+            if outs is not None:
+                args.clear()
+                _count("replays")
+                return self.out_type(outs)
+            _count("replays_refused")
+        # until a template is verified, the call's inputs are kept to describe it
+        watch = switch and not self.replay_off and (replay is None or not replay.verified)
+        inputs = list(args) if watch else None
+        cuts = _C._cut_count() if watch else 0
         # the graph's ops are recorded at a line of the user's compiled
         # function (one frame walk a call, not one an op)
         _C._hold_site(True)
@@ -246,11 +285,58 @@ class _Compiled:
                 _C._set_exec_mode(_DEFER)
             # the graph's code takes the list and empties it, so each input can die
             # at its last use inside the graph (and its memory be reused there)
-            return self.gm(args)
+            result = self.gm(args)
+            if watch:
+                if _C._cut_count() != cuts:  # only the call's tail is pending
+                    self._retry("the call's recording was cut inside it")
+                else:
+                    self._watch(inputs, result)
+            return result
         finally:
             _C._hold_site(False)
             if switch:
                 _C._set_exec_mode(mode)  # cuts the graph: its plan runs now (asynchronously)
+
+    def _watch(self, inputs: list[Any], result: Any) -> None:
+        """Before the cut of a recorded call: the recording becomes the
+        template, or is checked against it (see "Replay" above)."""
+        if not isinstance(result, (tuple, list)):
+            return self._no_replay("its result is not a tuple of tensors")
+        outs = list(result)
+        if self.replay is not None:
+            ok, why = self.replay.matches(inputs, outs)
+            if ok:
+                return None
+            self.replay = None
+            if not self._retry(f"its recordings differ between calls: {why}"):
+                return None
+        template, why = _C._Replay.capture(inputs, outs)
+        if template is None:
+            self._retry(why)
+            return None
+        self.replay = template
+        self.out_type = type(result)
+        _count("replay_templates")
+        return None
+
+    def _retry(self, why: str) -> bool:
+        """A call that could not capture or verify: False once the graph has
+        had its tries (it then records for good, and ``why`` is counted)."""
+        self.replay_tries += 1
+        if self.replay_tries < _REPLAY_TRIES:
+            return True
+        self._no_replay(why)
+        return False
+
+    def _no_replay(self, why: str) -> None:
+        self.replay_off = True
+        self.replay = None
+        with _lock:
+            _replay_off[why] = _replay_off.get(why, 0) + 1
+
+
+# calls a graph may fail to capture or verify on before it records for good
+_REPLAY_TRIES = 3
 
 
 _NAMESPACES = ("_VariableFunctions", "_nn", "_linalg", "_special", "_fft")

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "glue.h"
+#include "tpurt_replay.h"
 
 namespace torch_tpu {
 namespace {
@@ -304,6 +305,174 @@ py::tuple trace_read() {
   return py::make_tuple(out, dropped);
 }
 
+
+// A compiled graph's template (tpurt_replay.h) and what the glue checks and
+// rebuilds around it: each input tensor's metadata and the memory block it
+// lives in (inputs that share a block keep sharing it, at the same offsets),
+// each output's metadata over the template's output memory.
+struct TensorMeta {
+  c10::ScalarType dtype;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset;
+  int block;  // inputs: index of its memory block; outputs: index of its distinct memory
+};
+
+class Replay {
+ public:
+  ~Replay() { tpurt_replay_destroy(r_); }
+
+  // (template or None, why not): the current stream's pending graph as the
+  // template of a call with these inputs and outputs.
+  static py::tuple capture(const py::list& inputs, const py::list& outputs) {
+    auto r = std::make_shared<Replay>();
+    std::string bad = r->describe(inputs, outputs);
+    if (!bad.empty()) return py::make_tuple(py::none(), bad);
+    char why[256];
+    tpurt_replay* t = nullptr;
+    check(tpurt_replay_capture(r->dev_, r->bases_.data(), r->bytes_.data(), static_cast<int>(r->bases_.size()),
+                               r->outs_.data(), static_cast<int>(r->outs_.size()), &t, why, sizeof why),
+          "compiled graph capture");
+    if (!t) return py::make_tuple(py::none(), std::string(why));
+    r->r_ = t;
+    return py::make_tuple(py::cast(r), std::string());
+  }
+
+  // (equal, first difference): this call's recording against the template.
+  py::tuple matches(const py::list& inputs, const py::list& outputs) {
+    std::vector<tpurt_devptr> bases, outs;
+    std::string bad = bind(inputs, &bases);
+    if (bad.empty() && !outputs_of(outputs, &outs)) bad = "other outputs";
+    if (!bad.empty()) return py::make_tuple(false, bad);
+    char why[256];
+    int ok = tpurt_replay_matches(r_, bases.data(), static_cast<int>(bases.size()), outs.data(),
+                                  static_cast<int>(outs.size()), why, sizeof why);
+    return py::make_tuple(static_cast<bool>(ok), std::string(ok ? "" : why));
+  }
+
+  // The outputs of the template run on these inputs, or None when it cannot
+  // run on them (the caller records the call).
+  py::object run(const py::list& inputs) {
+    std::vector<tpurt_devptr> bases;
+    if (!bind(inputs, &bases).empty()) return py::none();
+    std::vector<tpurt_devptr> outs(out_bytes_.size());
+    int refused = 1;
+    tpurt_status st;
+    {
+      py::gil_scoped_release nogil;
+      st = tpurt_replay_run(r_, bases.data(), static_cast<int>(bases.size()), outs.data(), &refused);
+    }
+    check(st, "compiled graph");
+    if (refused) return py::none();
+    std::vector<c10::Storage> storages;
+    storages.reserve(outs.size());
+    for (size_t k = 0; k < outs.size(); ++k) {
+      void* vp = reinterpret_cast<void*>(outs[k]);
+      storages.emplace_back(c10::Storage::use_byte_size_t(), out_bytes_[k],
+                            c10::DataPtr(vp, vp, device_allocator()->raw_deleter(), c10::Device(kTpu, static_cast<c10::DeviceIndex>(dev_))),
+                            device_allocator(), false);
+    }
+    py::list res;
+    for (const TensorMeta& m : out_meta_) {
+      auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storages[m.block]),
+                                                        c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                        caffe2::TypeMeta::fromScalarType(m.dtype));
+      t.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes, m.strides, m.offset);
+      res.append(t);
+    }
+    return res;
+  }
+
+  bool verified() const { return r_ && tpurt_replay_verified(r_); }
+
+ private:
+  static const char* tensor_of(const py::handle& h, at::Tensor* t) {
+    if (!THPVariable_Check(h.ptr())) return "an input that is not a tensor";
+    *t = THPVariable_Unpack(h.ptr());
+    if (!t->defined() || t->device().type() != kTpu) return "an input that is not on the tpu";
+    return nullptr;
+  }
+
+  static TensorMeta meta_of(const at::Tensor& t, int block) {
+    return {t.scalar_type(), t.sizes().vec(), t.strides().vec(), t.storage_offset(), block};
+  }
+
+  // The inputs' metadata and memory blocks, the outputs' (capture); "" or why not.
+  // Index of t's memory in blocks (appended, with its size, when new).
+  static int block_of(const at::Tensor& t, std::vector<tpurt_devptr>* blocks, std::vector<uint64_t>* bytes) {
+    tpurt_devptr base = reinterpret_cast<tpurt_devptr>(t.storage().data_ptr().get());
+    for (size_t b = 0; b < blocks->size(); ++b)
+      if ((*blocks)[b] == base) return static_cast<int>(b);
+    blocks->push_back(base);
+    bytes->push_back(t.storage().nbytes());
+    return static_cast<int>(blocks->size() - 1);
+  }
+
+  static bool same_meta(const at::Tensor& t, const TensorMeta& m) {
+    return t.scalar_type() == m.dtype && t.storage_offset() == m.offset && t.sizes() == c10::IntArrayRef(m.sizes) &&
+           t.strides() == c10::IntArrayRef(m.strides);
+  }
+
+  // The inputs' metadata and memory blocks, the outputs' (capture); "" or why not.
+  std::string describe(const py::list& inputs, const py::list& outputs) {
+    dev_ = -1;
+    for (const py::handle& h : inputs) {
+      at::Tensor t;
+      if (const char* bad = tensor_of(h, &t)) return bad;
+      if (dev_ < 0) dev_ = t.device().index();
+      if (t.device().index() != dev_) return "inputs on two chips";
+      in_meta_.push_back(meta_of(t, block_of(t, &bases_, &bytes_)));
+    }
+    if (dev_ < 0) return "no tensor inputs";
+    for (const py::handle& h : outputs) {
+      at::Tensor t;
+      if (tensor_of(h, &t) || t.device().index() != dev_) return "an output that is not a tensor on the chip";
+      out_meta_.push_back(meta_of(t, block_of(t, &outs_, &out_bytes_)));
+    }
+    return "";
+  }
+
+  // This call's input blocks (same metadata, same sharing as at capture); "" or why not.
+  std::string bind(const py::list& inputs, std::vector<tpurt_devptr>* bases) const {
+    if (inputs.size() != in_meta_.size()) return "another number of inputs";
+    bases->assign(bases_.size(), 0);
+    size_t i = 0;
+    for (const py::handle& h : inputs) {
+      const TensorMeta& m = in_meta_[i++];
+      at::Tensor t;
+      if (tensor_of(h, &t) || t.device().index() != dev_) return "an input not on the chip";
+      if (!same_meta(t, m) || t.storage().nbytes() != bytes_[m.block]) return "an input of another shape, layout or type";
+      tpurt_devptr base = reinterpret_cast<tpurt_devptr>(t.storage().data_ptr().get());
+      tpurt_devptr& b = (*bases)[m.block];
+      if (b && b != base) return "inputs that no longer share memory";
+      b = base;
+    }
+    return "";
+  }
+
+  // This call's distinct output memory, if its outputs have the capture's metadata.
+  bool outputs_of(const py::list& outputs, std::vector<tpurt_devptr>* outs) const {
+    if (outputs.size() != out_meta_.size()) return false;
+    outs->assign(outs_.size(), 0);
+    size_t i = 0;
+    for (const py::handle& h : outputs) {
+      const TensorMeta& m = out_meta_[i++];
+      at::Tensor t;
+      if (tensor_of(h, &t) || !same_meta(t, m)) return false;
+      (*outs)[m.block] = reinterpret_cast<tpurt_devptr>(t.storage().data_ptr().get());
+    }
+    return true;
+  }
+
+  tpurt_replay* r_ = nullptr;
+  int dev_ = -1;
+  std::vector<tpurt_devptr> bases_;  // the capture's input blocks
+  std::vector<uint64_t> bytes_;
+  std::vector<TensorMeta> in_meta_;
+  std::vector<tpurt_devptr> outs_;  // the capture's distinct output memory
+  std::vector<uint64_t> out_bytes_;
+  std::vector<TensorMeta> out_meta_;
+};
+
 }  // namespace
 }  // namespace torch_tpu
 
@@ -379,6 +548,13 @@ PYBIND11_MODULE(_C, m) {
     check(tpurt_flush(index, TPURT_FLUSH_EXPLICIT), "flush");
   });
   m.def("_defer_stats", &defer_stats);
+  m.def("_cut_count", [] {  // graphs cut so far (every reason): a compiled call checks none cut it inside
+    tpurt_defer_stats s;
+    tpurt_defer_get_stats(&s);
+    uint64_t n = 0;
+    for (int r = 0; r < TPURT_FLUSH_NUM_REASONS; r++) n += s.flushes[r];
+    return n;
+  });
   m.def("_reset_defer_stats", [] { tpurt_defer_reset_stats(); });
   m.def("_codegen_info", [] {
     char buf[512];
@@ -413,6 +589,11 @@ PYBIND11_MODULE(_C, m) {
     const char* s = user_site();
     return s ? py::object(py::str(s)) : py::object(py::none());
   });
+  py::class_<Replay, std::shared_ptr<Replay>>(m, "_Replay")
+      .def_static("capture", &Replay::capture)
+      .def("matches", &Replay::matches)
+      .def("run", &Replay::run)
+      .def_property_readonly("verified", &Replay::verified);
   m.attr("_api_version") = TPURT_API_VERSION;
   init_c10d(m);
 }

@@ -542,15 +542,20 @@ static tpurt_status run_plan(exec_ctx *x) {
 }
 
 /* The key is computed with the promises' local indices set (local_of); a
- * miss builds the plan and caches it. */
-tpurt_status tpurt__graph_execute(tpurt_stream *s, dgraph *G, tpurt__host_read *read, tpurt__graph_ran *ran) {
+ * miss builds the plan and caches it. A known plan (a replayed graph's,
+ * replay.c) is run without the key. */
+tpurt_status tpurt__graph_execute(tpurt_stream *s, dgraph *G, tpurt__host_read *read, const plan *known,
+                                  tpurt__graph_ran *ran) {
   for (int l = 0; l < G->np; l++) tpurt__promise_get(G->promises[l])->local = l;
-  uint64_t k1, k2;
-  graph_key(G, &k1, &k2);
-  pthread_mutex_lock(&g_plan_mu);
-  plan *P = g_plans[k1 % PLAN_BUCKETS];
-  while (P && !(P->key == k1 && P->key2 == k2 && P->nnodes == G->n && P->nprom == G->np)) P = P->next;
-  pthread_mutex_unlock(&g_plan_mu);
+  plan *P = (plan *)known;
+  uint64_t k1 = 0, k2 = 0;
+  if (!P) {
+    graph_key(G, &k1, &k2);
+    pthread_mutex_lock(&g_plan_mu);
+    P = g_plans[k1 % PLAN_BUCKETS];
+    while (P && !(P->key == k1 && P->key2 == k2 && P->nnodes == G->n && P->nprom == G->np)) P = P->next;
+    pthread_mutex_unlock(&g_plan_mu);
+  }
   int hit = P != NULL;
   tpurt_status st = TPURT_OK;
   if (!P) {

@@ -12,6 +12,8 @@
  *   memplan.c  the memory plan: which promises take memory, liveness and
  *              the alloc / release steps, recomputation of stored values
  *   execute.c  the plan cache (structural keys) and running a plan's steps
+ *   replay.c   a recorded graph kept as a template and run again on other
+ *              inputs without recording (compiled graphs)
  * Kernels are reached only through kernels/fused.h.
  *
  * Names here are private to the folder: types and inline helpers keep the
@@ -226,6 +228,20 @@ typedef struct pfacts {
 
 /* record.c: frees the memory behind a promise once (stream-ordered). */
 TPURT_INTERNAL tpurt_status tpurt__promise_free_real(tpurt__promise *q);
+/* record.c: a promise of size bytes on dev that no pending graph records
+ * (a replayed graph's, replay.c): live as given, settled on stream home. */
+TPURT_INTERNAL tpurt_status tpurt__promise_new_detached(int dev, size_t size, int live, tpurt_stream *home,
+                                                        tpurt_devptr *out);
+/* record.c: n bytes (16-aligned) of a graph's recorded memory, freed with it. */
+TPURT_INTERNAL void *tpurt__bump_alloc(bump *b, size_t n);
+/* record.c: streams with a non-empty pending graph. */
+TPURT_INTERNAL int tpurt__defer_pending_graphs(void);
+/* record.c: runs graph G taken from stream s (caller holds s->dmu) with
+ * plan known (NULL: the plan cache's), settles its promises, counts the cut
+ * (reason, site) in the stats and the flush log, and frees G; *used (if not
+ * NULL) is the plan that ran (NULL: out of host memory). */
+TPURT_INTERNAL tpurt_status tpurt__graph_run_cut(tpurt_stream *s, dgraph *G, tpurt_flush_reason reason,
+                                                 const char *site, const plan *known, const plan **used);
 
 /* plan.c: the plan of graph G (its promises' local indices set), or NULL
  * when out of host memory. */
@@ -267,7 +283,7 @@ typedef struct tpurt__graph_ran {
   uint64_t bytes_materialized, bytes_recomputed, bytes_never_materialized;
 } tpurt__graph_ran;
 TPURT_INTERNAL tpurt_status tpurt__graph_execute(tpurt_stream *s, dgraph *G, tpurt__host_read *read,
-                                                 tpurt__graph_ran *ran);
+                                                 const plan *known, tpurt__graph_ran *ran);
 /* Plans in the cache. */
 TPURT_INTERNAL uint64_t tpurt__plan_cache_size(void);
 

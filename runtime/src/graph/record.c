@@ -244,6 +244,9 @@ static void *bump_alloc(bump *b, size_t n) {
   c->used += n;
   return p;
 }
+void *tpurt__bump_alloc(bump *b, size_t n) { return bump_alloc(b, n); }
+int tpurt__defer_pending_graphs(void) { return atomic_load_explicit(&g_pending_graphs, memory_order_acquire); }
+
 static void bump_free(bump *b) {
   while (b->head) {
     bchunk *n = b->head->next;
@@ -694,6 +697,23 @@ tpurt_status tpurt__promise_new(int dev, size_t size, tpurt_stream *s, tpurt_dev
   return TPURT_OK;
 }
 
+tpurt_status tpurt__promise_new_detached(int dev, size_t size, int live, tpurt_stream *home, tpurt_devptr *out) {
+  uint32_t id = promise_new_id();
+  if (!id) return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "out of deferred buffer ids (too many live tensors)");
+  tpurt__promise *q = tpurt__promise_get(id);
+  q->size = size;
+  q->dev = dev;
+  q->live = (uint8_t)(live != 0);
+  q->lost = 0;
+  q->owner = NULL;
+  q->home = home;
+  q->local = -1;
+  atomic_store(&q->real, 0);
+  q->used = 1;
+  *out = TPURT_PROMISE_TAG | ((uint64_t)id << TPURT_PROMISE_IDSHIFT);
+  return TPURT_OK;
+}
+
 tpurt_status tpurt__promise_free(tpurt_devptr p) {
   uint32_t id = tpurt__promise_id(p);
   tpurt__promise *q = tpurt__promise_get(id);
@@ -718,48 +738,15 @@ static int engine_cut(tpurt_flush_reason r) {
   return r == TPURT_FLUSH_SIZE_CAP || r == TPURT_FLUSH_LOOP || r == TPURT_FLUSH_SEGMENT;
 }
 
-/* Runs s's pending graph. */
-tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reason) {
-  if (!s) return TPURT_OK;
-  /* A hint belongs to the program cut it was set for, which consumes it
-   * whether or not it finds work; cuts the engine makes itself (size cap,
-   * loop, segment) neither take nor clear it. */
-  int internal = engine_cut(reason);
-  if (!internal && t_hint >= 0) {
-    reason = (tpurt_flush_reason)t_hint;
-    t_hint = -1;
-  }
-  if (atomic_load_explicit(&g_pending_graphs, memory_order_acquire) == 0) return TPURT_OK;
-  if (!__atomic_load_n(&s->dgraph, __ATOMIC_ACQUIRE)) return TPURT_OK; /* nothing recorded on this stream (work recorded meanwhile comes after) */
-  /* the source line is asked for before taking the graph lock: the callback
-   * may wait for Python's GIL, held by a thread that waits to record */
-  tpurt_site_fn sf = atomic_load(&g_site_fn);
-  const char *site = sf && reason != TPURT_FLUSH_SEGMENT ? sf(&reason) : NULL;
-  pthread_mutex_lock(&s->dmu);
-  dgraph *G = s->dgraph;
-  if (graph_empty(G)) {
-    pthread_mutex_unlock(&s->dmu);
-    return TPURT_OK;
-  }
-  s->dgraph = NULL; /* new recordings start a new graph (after this one) */
-  atomic_fetch_sub(&g_pending_graphs, 1);
-  /* loop detection: a graph cut by the size cap whose ops repeat with period
-   * P makes later graphs k*P ops long, so every one has the same structure */
-  if (reason == TPURT_FLUSH_SIZE_CAP) {
-    int P = find_period(G);
-    int cap = atomic_load(&g_max_ops);
-    s->defer_loop_len = P > 0 ? P * (cap / P) : 0;
-  } else if (!internal) {
-    s->defer_loop_len = 0; /* the program cuts its graphs itself */
-    int interval = s->defer_since_cut;
-    s->defer_seg_ok = interval > 0 && interval == s->defer_prev_interval;
-    s->defer_prev_interval = interval;
-    s->defer_since_cut = 0;
-  }
+/* Runs graph G, taken from stream s (caller holds s->dmu), with plan known
+ * (NULL: the plan cache's); settles its promises, counts it in the stats
+ * and the flush log, and frees G. *used (if not NULL) is the plan that ran. */
+tpurt_status tpurt__graph_run_cut(tpurt_stream *s, dgraph *G, tpurt_flush_reason reason, const char *site,
+                                  const plan *known, const plan **used) {
   tpurt__defer_bypass++;
   tpurt__graph_ran ran;
   int64_t tr0 = TPURT__TRACE_ON() ? tpurt__now_ns() : 0;
-  tpurt_status st = tpurt__graph_execute(s, G, t_read && t_read->s == s ? t_read : NULL, &ran);
+  tpurt_status st = tpurt__graph_execute(s, G, t_read && t_read->s == s ? t_read : NULL, known, &ran);
   const plan *P = ran.P;
   int hit = ran.hit;
   /* promises: live ones now belong to the stream's memory; dead ones go */
@@ -828,6 +815,49 @@ tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reaso
   free(G->nodes);
   free(G->promises);
   free(G);
+  if (used) *used = P;
+  return st;
+}
+
+/* Runs s's pending graph. */
+tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reason) {
+  if (!s) return TPURT_OK;
+  /* A hint belongs to the program cut it was set for, which consumes it
+   * whether or not it finds work; cuts the engine makes itself (size cap,
+   * loop, segment) neither take nor clear it. */
+  int internal = engine_cut(reason);
+  if (!internal && t_hint >= 0) {
+    reason = (tpurt_flush_reason)t_hint;
+    t_hint = -1;
+  }
+  if (atomic_load_explicit(&g_pending_graphs, memory_order_acquire) == 0) return TPURT_OK;
+  if (!__atomic_load_n(&s->dgraph, __ATOMIC_ACQUIRE)) return TPURT_OK; /* nothing recorded on this stream (work recorded meanwhile comes after) */
+  /* the source line is asked for before taking the graph lock: the callback
+   * may wait for Python's GIL, held by a thread that waits to record */
+  tpurt_site_fn sf = atomic_load(&g_site_fn);
+  const char *site = sf && reason != TPURT_FLUSH_SEGMENT ? sf(&reason) : NULL;
+  pthread_mutex_lock(&s->dmu);
+  dgraph *G = s->dgraph;
+  if (graph_empty(G)) {
+    pthread_mutex_unlock(&s->dmu);
+    return TPURT_OK;
+  }
+  s->dgraph = NULL; /* new recordings start a new graph (after this one) */
+  atomic_fetch_sub(&g_pending_graphs, 1);
+  /* loop detection: a graph cut by the size cap whose ops repeat with period
+   * P makes later graphs k*P ops long, so every one has the same structure */
+  if (reason == TPURT_FLUSH_SIZE_CAP) {
+    int P = find_period(G);
+    int cap = atomic_load(&g_max_ops);
+    s->defer_loop_len = P > 0 ? P * (cap / P) : 0;
+  } else if (!internal) {
+    s->defer_loop_len = 0; /* the program cuts its graphs itself */
+    int interval = s->defer_since_cut;
+    s->defer_seg_ok = interval > 0 && interval == s->defer_prev_interval;
+    s->defer_prev_interval = interval;
+    s->defer_since_cut = 0;
+  }
+  tpurt_status st = tpurt__graph_run_cut(s, G, reason, site, NULL, NULL);
   pthread_mutex_unlock(&s->dmu);
   return st;
 }

@@ -1,0 +1,57 @@
+/*
+ * tpurt_replay.h — capture and replay of a recorded DeferAndFuse graph
+ * (runtime/src/graph/replay.c): the part of the C API compiled graphs
+ * (torch.compile(backend="tpu")) use to run a call's ops again on other
+ * inputs without recording them. Kept out of tpurt.h so that only the glue
+ * that uses it depends on it.
+ *
+ * Protocol (one compiled graph, its calls made from the same device):
+ *   1. a call records its ops in DEFER mode into an empty pending graph;
+ *      before the cut, tpurt_replay_capture turns that recording into a
+ *      template (or says why it cannot be one);
+ *   2. a later call records again; before its cut, tpurt_replay_matches
+ *      compares the recording with the template relocated onto that call's
+ *      inputs and outputs; equal, the template is verified;
+ *   3. later calls run tpurt_replay_run instead of recording: the verified
+ *      template's ops on the new inputs, with fresh output memory.
+ * Inputs are given as device ranges: each distinct memory block the call's
+ * input tensors live in (base address, bytes); every later call passes the
+ * same number of ranges of the same sizes, in the same order. Outputs are
+ * the base addresses of the output tensors' memory.
+ */
+#ifndef TPURT_REPLAY_H
+#define TPURT_REPLAY_H
+
+#include "tpurt.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tpurt_replay tpurt_replay;
+
+/* A template of the current stream of dev's pending graph. *r is NULL and
+ * why (whylen bytes) says why when the graph cannot be one; an error status
+ * only for bad arguments or no host memory. */
+TPURT_API tpurt_status tpurt_replay_capture(int dev, const tpurt_devptr *in, const uint64_t *in_bytes, int nin,
+                                            const tpurt_devptr *out, int nout, tpurt_replay **r, char *why,
+                                            size_t whylen);
+/* 1 if the pending graph equals template r relocated onto inputs in and
+ * outputs out (r is then verified), else 0 with the first difference in why. */
+TPURT_API int tpurt_replay_matches(tpurt_replay *r, const tpurt_devptr *in, int nin, const tpurt_devptr *out,
+                                   int nout, char *why, size_t whylen);
+TPURT_API int tpurt_replay_verified(const tpurt_replay *r);
+/* Runs verified template r on inputs in (stream-ordered, asynchronous like
+ * any launch); out[k] gets output k's memory (tpurt_malloc'd: the caller
+ * frees it with tpurt_free). *refused = 1 and nothing runs when r is not
+ * verified, the inputs overlap otherwise than at capture, or the stream has
+ * pending work: the caller records the call instead. */
+TPURT_API tpurt_status tpurt_replay_run(tpurt_replay *r, const tpurt_devptr *in, int nin, tpurt_devptr *out,
+                                        int *refused);
+TPURT_API void tpurt_replay_destroy(tpurt_replay *r);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
