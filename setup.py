@@ -29,36 +29,31 @@ def _stale(cache: Path) -> bool:
     return False
 
 
-def build_runtime(portable: bool) -> Path:
+def build_runtime() -> Path:
     """Configure and build libtpurt.so with CMake; copy it into the package.
-    A portable build (every wheel) leaves out -march=native: the kernels
-    that need AVX2 / AVX-512 / AMX carry their own target attributes and are
-    chosen at run time, so the library runs on any x86-64 host. In-place
-    builds (make build) are for this machine's CPU. Returns the build folder."""
-    build_dir = RUNTIME_BUILD.with_name("runtime-portable") if portable else RUNTIME_BUILD
+    Returns the build folder."""
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-    cache = build_dir / "CMakeCache.txt"
+    cache = RUNTIME_BUILD / "CMakeCache.txt"
     if cache.exists() and _stale(cache):
         # configured by another build environment (pip's isolated ones are
         # deleted after each build): its ninja / OpenBLAS paths are gone
         cache.unlink()
-        shutil.rmtree(build_dir / "CMakeFiles", ignore_errors=True)
-    if not cache.exists() or not (build_dir / "compile_commands.json").exists():
+        shutil.rmtree(RUNTIME_BUILD / "CMakeFiles", ignore_errors=True)
+    if not cache.exists() or not (RUNTIME_BUILD / "compile_commands.json").exists():
         # compile_commands.json: the flags the runtime is compiled with (torch_tpu.version.build)
         subprocess.check_call(
-            ["cmake", "-S", str(ROOT / "runtime"), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
-             f"-DTPURT_PYTHON={sys.executable}", f"-DTPURT_NATIVE={'OFF' if portable else 'ON'}",
-             "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON", *gen]
+            ["cmake", "-S", str(ROOT / "runtime"), "-B", str(RUNTIME_BUILD), "-DCMAKE_BUILD_TYPE=Release",
+             f"-DTPURT_PYTHON={sys.executable}", "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON", *gen]
         )
-    subprocess.check_call(["cmake", "--build", str(build_dir), "--target", "tpurt"])
+    subprocess.check_call(["cmake", "--build", str(RUNTIME_BUILD), "--target", "tpurt"])
     LIB_DIR.mkdir(exist_ok=True)
-    src = build_dir / "libtpurt.so"
+    src = RUNTIME_BUILD / "libtpurt.so"
     dst = LIB_DIR / "libtpurt.so"
     if not dst.exists() or dst.read_bytes() != src.read_bytes():
         tmp = dst.with_suffix(".tmp")
         shutil.copy2(src, tmp)
         os.replace(tmp, dst)
-    return build_dir
+    return RUNTIME_BUILD
 
 
 def _runtime_flags(build_dir: Path) -> str:
@@ -110,7 +105,7 @@ def write_build_info(build_dir: Path, dest: Path) -> None:
 
 class Build(BuildExtension):
     def run(self) -> None:
-        build_dir = build_runtime(portable=not self.inplace)
+        build_dir = build_runtime()
         write_build_info(build_dir, ROOT / "torch_tpu" / BUILD_INFO)
         if not self.inplace:
             # a wheel: build_py copied the package before the runtime existed,

@@ -54,7 +54,7 @@ def _():
     untrained.save_pretrained(workdir / "tiny-llama")
     tokenizer.save_pretrained(workdir / "tiny-llama")
     n_params = sum(p.numel() for p in untrained.parameters())
-    return AutoModelForCausalLM, Path, TEXT, config, n_params, tokenizer, torch, workdir
+    return AutoModelForCausalLM, TEXT, config, n_params, tokenizer, torch, workdir
 
 
 @app.cell(hide_code=True)
@@ -76,7 +76,7 @@ def _(config, mo, n_params, workdir):
 
 
 @app.cell
-def _(Path, TEXT, workdir):
+def _(TEXT, workdir):
     import json
     import os
     import subprocess
@@ -126,7 +126,7 @@ def _(Path, TEXT, workdir):
         if _p.returncode != 0:
             raise RuntimeError(f"training on {_dev} failed ({_p.returncode}):\n{_err[-4000:]}")
         runs[_dev] = json.loads(_out.strip().splitlines()[-1])
-    trained = Path(workdir / "trained-tpu")
+    trained = workdir / "trained-tpu"
     return TRAIN, runs, trained
 
 
@@ -196,7 +196,7 @@ def _(mo, trained):
     from transformers import pipeline
 
     generator = pipeline("text-generation", model=str(trained), device="tpu")
-    _kw = dict(max_new_tokens=10, do_sample=False)
+    _kw = dict(max_new_tokens=10, do_sample=False, return_full_text=False)   # the continuation only
     texts = {p: generator(p, **_kw)[0]["generated_text"] for p in ("the cat", "a bird")}
     _cpu = pipeline("text-generation", model=str(trained), device="cpu")
     _same = all(_cpu(p, **_kw)[0]["generated_text"] == t for p, t in texts.items())
@@ -207,14 +207,14 @@ def _(mo, trained):
 
             ```python
             generator = pipeline("text-generation", model=folder, device="tpu")
-            generator("the cat", max_new_tokens=10, do_sample=False)
+            generator("the cat", max_new_tokens=10, do_sample=False, return_full_text=False)
             ```
 
             The pipeline runs its model on `{generator.device}` (tokenizing and decoding stay on the host);
             the texts equal a CPU pipeline's: `{_same}`.
             """
         ),
-        mo.plain_text("\n".join(texts.values())),
+        mo.plain_text("\n".join(f"{p} -> {t}" for p, t in texts.items())),
     ])
     return generator, pipeline, texts
 

@@ -27,7 +27,7 @@ api_version: int = int(_C._api_version)
 torch_version: str = torch.__version__
 torch = torch_version  # noqa: F811 - the name users look for
 #: how this copy was built: CMake build type, whether the runtime was compiled for the build
-#: machine's CPU (-march=native; never in a wheel), C compiler, the runtime's C flags, the glue's
+#: machine's CPU (-march=native, TPURT_NATIVE), C compiler, the runtime's C flags, the glue's
 #: C++ flags and the torch it was built against
 build: dict[str, Any] = dict(_BUILD)
 
