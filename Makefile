@@ -8,7 +8,8 @@
 #   make test-full  longer suites, OpInfo conformance of the whole database (tests/conformance/REPORT.md),
 #                   the Hugging Face architecture sweep (tests/hf/SWEEP.md)
 #   make wheel      dist/torch_tpu-*.whl built from a clean copy of the sources (pip wheel .)
-#   make test-wheel that wheel installed into a fresh venv (with torch==2.13.0) + a smoke test
+#   make wheel-build the same with python -m build: sdist, then the wheel from it (build/dist-build/)
+#   make test-wheel both wheels, each installed into a fresh venv (with torch==2.13.0) + a smoke test
 #   make fuzz       differential fuzzing, tpu vs CPU in strict, defer and compiled modes (N=10000, SEED=0)
 #   make fuzz-c     coverage-guided fuzzing of the C runtime (libFuzzer, clang; FUZZ_SECONDS per harness)
 #   make test-c-tsan  stream / pool / allocator / defer C tests under ThreadSanitizer
@@ -24,7 +25,7 @@ BENCH_PRESET ?= --quick
 RUNTIME_SRC := $(wildcard runtime/include/*.h runtime/src/*.c runtime/src/*.h runtime/src/*/*.c runtime/src/*/*.h runtime/CMakeLists.txt)
 GLUE_SRC    := $(wildcard torch_tpu/csrc/*.cpp torch_tpu/csrc/*.h) setup.py
 
-.PHONY: all venv build run demo test test-c test-c-asan test-c-tsan test-py test-full bench docs clean wheel test-wheel fuzz fuzz-c soak
+.PHONY: all venv build run demo test test-c test-c-asan test-c-tsan test-py test-full bench docs clean wheel wheel-build test-wheel fuzz fuzz-c soak
 
 all: build
 
@@ -117,19 +118,34 @@ test-full: test
 	$(PY) -m tests.conformance --quiet --jobs $(JOBS)
 	$(PY) -m tests.hf --quiet
 
-# The wheel is built from a copy of the committed sources (git archive), so
-# the tree's build/ folders and .venv never leak into it.
+# The wheels are built from a copy of the committed sources (git archive), so
+# the tree's build/ folders and .venv never leak into them. Both front ends use
+# build isolation: the isolated environment gets pyproject.toml's build-system
+# requirements, torch==2.13.0 among them (the same release the venv has).
 WHEEL_TMP := build/wheel-src
 wheel:
 	rm -rf $(WHEEL_TMP) && mkdir -p $(WHEEL_TMP) dist
 	git archive HEAD | tar -x -C $(WHEEL_TMP)
 	cd $(WHEEL_TMP) && $(PYTHON) -m pip wheel . --no-deps -w $(CURDIR)/dist
 
-test-wheel: wheel
-	rm -rf build/wheel-venv && $(PYTHON) -m venv build/wheel-venv
-	build/wheel-venv/bin/pip install --quiet --disable-pip-version-check torch==2.13.0 \
-	  $$(ls -t dist/torch_tpu-*.whl | head -1)
-	cd /tmp && $(CURDIR)/build/wheel-venv/bin/python $(CURDIR)/tests/packaging/wheel_smoke.py
+# python -m build (PyPI `build`): an sdist of the copy, then the wheel built from
+# that sdist (so a file missing from MANIFEST.in breaks it), into build/dist-build/;
+# the front end comes from the venv (requirements.txt pins it)
+BUILD_TMP := build/build-src
+wheel-build: venv
+	rm -rf $(BUILD_TMP) build/dist-build && mkdir -p $(BUILD_TMP)
+	git archive HEAD | tar -x -C $(BUILD_TMP)
+	cd $(BUILD_TMP) && $(CURDIR)/$(PY) -m build --outdir $(CURDIR)/build/dist-build
+
+# each wheel (pip wheel's, python -m build's) installed into its own fresh venv
+# next to torch==2.13.0, then the smoke test run from outside the source tree
+test-wheel: wheel wheel-build
+	set -e; for whl in $$(ls -t dist/torch_tpu-*.whl | head -1) $$(ls build/dist-build/torch_tpu-*.whl); do \
+	  echo "== $$whl"; \
+	  rm -rf build/wheel-venv && $(PYTHON) -m venv build/wheel-venv; \
+	  build/wheel-venv/bin/pip install --quiet --disable-pip-version-check torch==2.13.0 $$whl; \
+	  (cd /tmp && $(CURDIR)/build/wheel-venv/bin/python $(CURDIR)/tests/packaging/wheel_smoke.py); \
+	done
 
 N ?= 10000
 SEED ?= 0

@@ -77,11 +77,17 @@ def _cell_errors(session: dict) -> list[str]:
 def test_the_guide_has_its_pages():
     names = [p.stem for p in NOTEBOOKS]
     for topic in ("getting_started", "execution_modes", "device_agnostic", "precision", "examples",
-                  "benchmarking", "porting_cuda", "compile", "distributed"):
+                  "benchmarking", "porting_cuda", "compile", "distributed", "hugging_face"):
         assert any(n.endswith(topic) for n in names), f"no notebook about {topic} in docs/: {names}"
     for nb in NOTEBOOKS:
         title, blurb = build.describe(nb)
         assert title != nb.stem and blurb, f"{nb.name}: no app_title or no opening paragraph"
+
+
+def test_the_readme_links_every_page():
+    readme = (ROOT / "README.md").read_text()
+    linked = re.findall(r"\]\((docs/\d\d_[a-z0-9_]+\.py)\)", readme)
+    assert linked == [f"docs/{nb.name}" for nb in NOTEBOOKS], "README.md's user guide table, in order"
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)

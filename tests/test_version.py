@@ -22,6 +22,19 @@ def test_version_facts_come_from_the_build():
     assert info["bf16_matmul"] == torch.tpu.get_device_properties(0).bf16_matmul
 
 
+def test_build_flags_are_the_ones_the_runtime_was_compiled_with():
+    b = v.build
+    assert b["build_type"] == "Release" and b["torch"] == torch.__version__
+    # flags runtime/CMakeLists.txt sets for every source, as the compiler ran them
+    for flag in ("-O3", "-ffp-contract=off", "-fno-math-errno", "-std=c11"):
+        assert flag in b["c_flags"].split(), b["c_flags"]
+    assert ("-march=native" in b["c_flags"].split()) == b["native"]
+    assert b["c_compiler"] and "-O2" in b["cxx_flags"].split()
+    info = v.info()
+    assert (info["build_type"], info["build_native"], info["build_flags"]) == (b["build_type"], b["native"],
+                                                                              b["c_flags"])
+
+
 def test_wheel_metadata_lists_what_the_package_needs():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     deps = meta["project"]["dependencies"]

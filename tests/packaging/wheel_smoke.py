@@ -1,7 +1,7 @@
 """Smoke test of an installed torch_tpu wheel (run by `make test-wheel` in a
 fresh virtual environment, outside the source tree): autoload through
 `import torch`, the device, kernels, DeferAndFuse, torch.compile, the CLI and
-the version info."""
+the version info (build flags included)."""
 import os
 import subprocess
 import sys
@@ -24,6 +24,10 @@ f = torch.compile(lambda t: t.sin() * 2, backend="tpu")
 assert torch.allclose(f(x).cpu(), torch.arange(12.).reshape(3, 4).sin() * 2)
 info = v.info()
 assert info["torch_tpu"] == torch_tpu.__version__ and info["api_version"] >= 1 and info["isa"]
+# how the wheel was built, recorded by setup.py at build time
+assert info["build_type"] == "Release" and "-ffp-contract=off" in info["build_flags"].split(), info
+assert ("-march=native" in info["build_flags"].split()) == info["build_native"], info
+assert v.build["torch"] == torch.__version__, (v.build, torch.__version__)
 r = subprocess.run([os.path.join(os.path.dirname(sys.executable), "torch-tpu"), "doctor"], capture_output=True,
                    text=True)
 assert r.returncode == 0 and "host:" in r.stdout, r.stdout + r.stderr
