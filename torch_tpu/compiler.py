@@ -273,9 +273,9 @@ class _Compiled:
                 _count("replays")
                 return self.out_type(outs)
             _count("replays_refused")
-        # until a template is verified, the call's inputs are kept to describe it
+        # until a template is verified, the call's inputs are described before it runs
         watch = switch and not self.replay_off and (replay is None or not replay.verified)
-        inputs = list(args) if watch else None
+        probe = _C._Replay.inputs(args) if watch else None
         cuts = _C._cut_count() if watch else 0
         # the graph's ops are recorded at a line of the user's compiled
         # function (one frame walk a call, not one an op)
@@ -290,27 +290,27 @@ class _Compiled:
                 if _C._cut_count() != cuts:  # only the call's tail is pending
                     self._retry("the call's recording was cut inside it")
                 else:
-                    self._watch(inputs, result)
+                    self._watch(probe, result)
             return result
         finally:
             _C._hold_site(False)
             if switch:
                 _C._set_exec_mode(mode)  # cuts the graph: its plan runs now (asynchronously)
 
-    def _watch(self, inputs: list[Any], result: Any) -> None:
+    def _watch(self, probe: Any, result: Any) -> None:
         """Before the cut of a recorded call: the recording becomes the
         template, or is checked against it (see "Replay" above)."""
         if not isinstance(result, (tuple, list)):
             return self._no_replay("its result is not a tuple of tensors")
         outs = list(result)
         if self.replay is not None:
-            ok, why = self.replay.matches(inputs, outs)
+            ok, why = self.replay.matches(probe, outs)
             if ok:
                 return None
             self.replay = None
             if not self._retry(f"its recordings differ between calls: {why}"):
                 return None
-        template, why = _C._Replay.capture(inputs, outs)
+        template, why = probe.capture(outs)
         if template is None:
             self._retry(why)
             return None

@@ -17,7 +17,9 @@
  * Inputs are given as device ranges: each distinct memory block the call's
  * input tensors live in (base address, bytes); every later call passes the
  * same number of ranges of the same sizes, in the same order. Outputs are
- * the base addresses of the output tensors' memory.
+ * the base addresses of the output tensors' memory. A call may free whole
+ * input ranges inside (recorded as frees); the template frees them at the
+ * same points.
  */
 #ifndef TPURT_REPLAY_H
 #define TPURT_REPLAY_H
@@ -41,11 +43,16 @@ TPURT_API tpurt_status tpurt_replay_capture(int dev, const tpurt_devptr *in, con
 TPURT_API int tpurt_replay_matches(tpurt_replay *r, const tpurt_devptr *in, int nin, const tpurt_devptr *out,
                                    int nout, char *why, size_t whylen);
 TPURT_API int tpurt_replay_verified(const tpurt_replay *r);
+/* 1 if the graph frees input range k (the recorded call dropped its last
+ * reference inside): a replay frees it at the same point, so the caller
+ * must give up that memory when the replay runs. */
+TPURT_API int tpurt_replay_input_freed(const tpurt_replay *r, int k);
 /* Runs verified template r on inputs in (stream-ordered, asynchronous like
  * any launch); out[k] gets output k's memory (tpurt_malloc'd: the caller
  * frees it with tpurt_free). *refused = 1 and nothing runs when r is not
  * verified, the inputs overlap otherwise than at capture, or the stream has
- * pending work: the caller records the call instead. */
+ * pending work: the caller records the call instead (with an error status
+ * only when out of deferred buffer ids). */
 TPURT_API tpurt_status tpurt_replay_run(tpurt_replay *r, const tpurt_devptr *in, int nin, tpurt_devptr *out,
                                         int *refused);
 TPURT_API void tpurt_replay_destroy(tpurt_replay *r);

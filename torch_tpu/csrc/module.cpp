@@ -5,6 +5,7 @@
 #include <torch/csrc/Generator.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -307,44 +308,62 @@ py::tuple trace_read() {
 
 
 // A compiled graph's template (tpurt_replay.h) and what the glue checks and
-// rebuilds around it: each input tensor's metadata and the memory block it
-// lives in (inputs that share a block keep sharing it, at the same offsets),
-// each output's metadata over the template's output memory.
+// rebuilds around it. Inputs: tpu tensors by the memory block they live in
+// (inputs that share a block keep sharing it, at the same offsets), small
+// host tensors by value (a kernel may have read it into its arguments: a
+// replay needs the same value), None. Outputs: tpu tensors over the memory
+// the graph allocates (fresh at each replay), an input itself, a view of an
+// input's memory, a small host tensor whose value was the same on both
+// recorded calls, None.
+enum MetaKind { K_TPU, K_HOST, K_NONE, K_INPUT, K_INPUT_VIEW };
+constexpr int64_t kHostValueMax = 64;  // elements of a host tensor kept by value
+
 struct TensorMeta {
+  MetaKind kind;
   c10::ScalarType dtype;
   std::vector<int64_t> sizes, strides;
   int64_t offset;
-  int block;  // inputs: index of its memory block; outputs: index of its distinct memory
+  int block;      // K_TPU: its memory block (inputs) or distinct graph memory (outputs); K_INPUT_VIEW: input block
+  int input;      // K_INPUT, K_INPUT_VIEW: the input it is / views
+  at::Tensor value;  // K_HOST
 };
 
-class Replay {
+class Replay : public std::enable_shared_from_this<Replay> {
  public:
   ~Replay() { tpurt_replay_destroy(r_); }
 
-  // (template or None, why not): the current stream's pending graph as the
-  // template of a call with these inputs and outputs.
-  static py::tuple capture(const py::list& inputs, const py::list& outputs) {
+  // A call's inputs described before the call runs (its graph may let go
+  // of them inside): the probe a capture or a check takes.
+  static std::shared_ptr<Replay> inputs(const py::list& inputs) {
     auto r = std::make_shared<Replay>();
-    std::string bad = r->describe(inputs, outputs);
+    r->bad_ = r->describe_inputs(inputs);
+    return r;
+  }
+
+  // (template or None, why not): the current stream's pending graph, the
+  // recording of the call this probe described, as its template.
+  py::tuple capture(const py::list& outputs) {
+    std::string bad = bad_.empty() ? describe_outputs(outputs) : bad_;
     if (!bad.empty()) return py::make_tuple(py::none(), bad);
     char why[256];
     tpurt_replay* t = nullptr;
-    check(tpurt_replay_capture(r->dev_, r->bases_.data(), r->bytes_.data(), static_cast<int>(r->bases_.size()),
-                               r->outs_.data(), static_cast<int>(r->outs_.size()), &t, why, sizeof why),
+    check(tpurt_replay_capture(dev_, bases_.data(), bytes_.data(), static_cast<int>(bases_.size()), outs_.data(),
+                               static_cast<int>(outs_.size()), &t, why, sizeof why),
           "compiled graph capture");
     if (!t) return py::make_tuple(py::none(), std::string(why));
-    r->r_ = t;
-    return py::make_tuple(py::cast(r), std::string());
+    r_ = t;
+    return py::make_tuple(py::cast(shared_from_this()), std::string());
   }
 
-  // (equal, first difference): this call's recording against the template.
-  py::tuple matches(const py::list& inputs, const py::list& outputs) {
-    std::vector<tpurt_devptr> bases, outs;
-    std::string bad = bind(inputs, &bases);
-    if (bad.empty() && !outputs_of(outputs, &outs)) bad = "other outputs";
+  // (equal, first difference): the recording of the call probe described
+  // against the template.
+  py::tuple matches(const Replay& probe, const py::list& outputs) {
+    std::vector<tpurt_devptr> outs;
+    std::string bad = probe.bad_.empty() ? same_inputs(probe) : probe.bad_;
+    if (bad.empty()) bad = outputs_of(probe, outputs, &outs);
     if (!bad.empty()) return py::make_tuple(false, bad);
     char why[256];
-    int ok = tpurt_replay_matches(r_, bases.data(), static_cast<int>(bases.size()), outs.data(),
+    int ok = tpurt_replay_matches(r_, probe.bases_.data(), static_cast<int>(probe.bases_.size()), outs.data(),
                                   static_cast<int>(outs.size()), why, sizeof why);
     return py::make_tuple(static_cast<bool>(ok), std::string(ok ? "" : why));
   }
@@ -354,6 +373,10 @@ class Replay {
   py::object run(const py::list& inputs) {
     std::vector<tpurt_devptr> bases;
     if (!bind(inputs, &bases).empty()) return py::none();
+    std::vector<c10::StorageImpl*> given;  // memory the graph frees: the inputs' last references are the list's
+    for (size_t b = 0; b < bases_.size(); ++b)
+      if (tpurt_replay_input_freed(r_, static_cast<int>(b)) && !last_references(inputs, static_cast<int>(b), &given))
+        return py::none();
     std::vector<tpurt_devptr> outs(out_bytes_.size());
     int refused = 1;
     tpurt_status st;
@@ -361,23 +384,38 @@ class Replay {
       py::gil_scoped_release nogil;
       st = tpurt_replay_run(r_, bases.data(), static_cast<int>(bases.size()), outs.data(), &refused);
     }
+    if (refused && !st) return py::none();
+    check(st, "compiled graph");  // (nothing ran: out of promise ids)
+    // the replay freed that memory (at its point in the graph): the tensors
+    // still naming it must not free it again
+    for (c10::StorageImpl* si : given)
+      si->mutable_data_ptr().compare_exchange_deleter(device_allocator()->raw_deleter(), &keep_memory);
     check(st, "compiled graph");
-    if (refused) return py::none();
+    c10::Device device(kTpu, static_cast<c10::DeviceIndex>(dev_));
     std::vector<c10::Storage> storages;
     storages.reserve(outs.size());
     for (size_t k = 0; k < outs.size(); ++k) {
       void* vp = reinterpret_cast<void*>(outs[k]);
       storages.emplace_back(c10::Storage::use_byte_size_t(), out_bytes_[k],
-                            c10::DataPtr(vp, vp, device_allocator()->raw_deleter(), c10::Device(kTpu, static_cast<c10::DeviceIndex>(dev_))),
-                            device_allocator(), false);
+                            c10::DataPtr(vp, vp, device_allocator()->raw_deleter(), device), device_allocator(), false);
     }
     py::list res;
     for (const TensorMeta& m : out_meta_) {
-      auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storages[m.block]),
-                                                        c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                                        caffe2::TypeMeta::fromScalarType(m.dtype));
-      t.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes, m.strides, m.offset);
-      res.append(t);
+      if (m.kind == K_NONE) {
+        res.append(py::none());
+      } else if (m.kind == K_HOST) {
+        res.append(m.value.clone());
+      } else if (m.kind == K_INPUT) {
+        res.append(inputs[m.input]);
+      } else if (m.kind == K_INPUT_VIEW) {
+        res.append(THPVariable_Unpack(inputs[m.input].ptr()).as_strided(m.sizes, m.strides, m.offset));
+      } else {
+        auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storages[m.block]),
+                                                          c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                          caffe2::TypeMeta::fromScalarType(m.dtype));
+        t.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes, m.strides, m.offset);
+        res.append(t);
+      }
     }
     return res;
   }
@@ -385,23 +423,21 @@ class Replay {
   bool verified() const { return r_ && tpurt_replay_verified(r_); }
 
  private:
-  static const char* tensor_of(const py::handle& h, at::Tensor* t) {
-    if (!THPVariable_Check(h.ptr())) return "an input that is not a tensor";
-    *t = THPVariable_Unpack(h.ptr());
-    if (!t->defined() || t->device().type() != kTpu) return "an input that is not on the tpu";
-    return nullptr;
+  static TensorMeta meta_of(MetaKind kind, const at::Tensor& t, int block, int input = -1) {
+    return {kind, t.scalar_type(), t.sizes().vec(), t.strides().vec(), t.storage_offset(), block, input, {}};
   }
 
-  static TensorMeta meta_of(const at::Tensor& t, int block) {
-    return {t.scalar_type(), t.sizes().vec(), t.strides().vec(), t.storage_offset(), block};
+  static tpurt_devptr base_of(const at::Tensor& t) {
+    return reinterpret_cast<tpurt_devptr>(t.storage().data_ptr().get());
   }
 
-  // The inputs' metadata and memory blocks, the outputs' (capture); "" or why not.
-  // Index of t's memory in blocks (appended, with its size, when new).
-  static int block_of(const at::Tensor& t, std::vector<tpurt_devptr>* blocks, std::vector<uint64_t>* bytes) {
-    tpurt_devptr base = reinterpret_cast<tpurt_devptr>(t.storage().data_ptr().get());
+  // Index of t's memory in blocks (appended, with its size, when new and add).
+  static int block_of(const at::Tensor& t, std::vector<tpurt_devptr>* blocks, std::vector<uint64_t>* bytes,
+                      bool add = true) {
+    tpurt_devptr base = base_of(t);
     for (size_t b = 0; b < blocks->size(); ++b)
       if ((*blocks)[b] == base) return static_cast<int>(b);
+    if (!add) return -1;
     blocks->push_back(base);
     bytes->push_back(t.storage().nbytes());
     return static_cast<int>(blocks->size() - 1);
@@ -412,55 +448,181 @@ class Replay {
            t.strides() == c10::IntArrayRef(m.strides);
   }
 
-  // The inputs' metadata and memory blocks, the outputs' (capture); "" or why not.
-  std::string describe(const py::list& inputs, const py::list& outputs) {
+  static bool same_value(const at::Tensor& t, const TensorMeta& m) {
+    return t.device().is_cpu() && t.scalar_type() == m.value.scalar_type() && t.sizes() == m.value.sizes() &&
+           at::equal(t, m.value);
+  }
+
+  // What h is: a tpu tensor on the chip (*t set), a small host tensor (*t set), None, or why not.
+  const char* classify(const py::handle& h, at::Tensor* t, MetaKind* kind) {
+    if (h.is_none()) return *kind = K_NONE, nullptr;
+    if (!THPVariable_Check(h.ptr())) return "a value that is not a tensor";
+    *t = THPVariable_Unpack(h.ptr());
+    if (!t->defined()) return "an undefined tensor";
+    if (t->device().is_cpu()) {
+      if (t->numel() > kHostValueMax) return "a large host tensor";
+      return *kind = K_HOST, nullptr;
+    }
+    if (t->device().type() != kTpu) return "a tensor on another device";
+    if (dev_ < 0) dev_ = t->device().index();
+    if (t->device().index() != dev_) return "tensors on two chips";
+    return *kind = K_TPU, nullptr;
+  }
+
+  // The inputs' description; "" or why not.
+  std::string describe_inputs(const py::list& inputs) {
     dev_ = -1;
     for (const py::handle& h : inputs) {
       at::Tensor t;
-      if (const char* bad = tensor_of(h, &t)) return bad;
-      if (dev_ < 0) dev_ = t.device().index();
-      if (t.device().index() != dev_) return "inputs on two chips";
-      in_meta_.push_back(meta_of(t, block_of(t, &bases_, &bytes_)));
-    }
-    if (dev_ < 0) return "no tensor inputs";
-    for (const py::handle& h : outputs) {
-      at::Tensor t;
-      if (tensor_of(h, &t) || t.device().index() != dev_) return "an output that is not a tensor on the chip";
-      out_meta_.push_back(meta_of(t, block_of(t, &outs_, &out_bytes_)));
+      MetaKind kind;
+      if (const char* bad = classify(h, &t, &kind)) return std::string(bad) + " among its inputs";
+      TensorMeta m{kind, {}, {}, {}, 0, -1, -1, {}};
+      if (kind == K_TPU) m = meta_of(K_TPU, t, block_of(t, &bases_, &bytes_));
+      if (kind == K_HOST) m.value = t.clone();
+      in_meta_.push_back(std::move(m));
+      in_obj_.push_back(h.ptr());  // identity only (not a reference: the call may let go of it)
     }
     return "";
   }
 
-  // This call's input blocks (same metadata, same sharing as at capture); "" or why not.
+  // The outputs' description (after the inputs'); "" or why not.
+  std::string describe_outputs(const py::list& outputs) {
+    for (const py::handle& h : outputs) {
+      at::Tensor t;
+      MetaKind kind;
+      if (const char* bad = classify(h, &t, &kind)) return std::string(bad) + " among its outputs";
+      TensorMeta m{kind, {}, {}, {}, 0, -1, -1, {}};
+      if (kind == K_HOST) m.value = t.clone();
+      if (kind == K_TPU) {
+        int b = block_of(t, &bases_, &bytes_, false);
+        if (b < 0) {
+          m = meta_of(K_TPU, t, block_of(t, &outs_, &out_bytes_));
+        } else {  // the memory of an input: that input itself, or a view of it
+          int same = -1, first = -1;
+          for (size_t i = 0; i < in_meta_.size(); ++i) {
+            if (in_meta_[i].kind != K_TPU || in_meta_[i].block != b) continue;
+            if (first < 0) first = static_cast<int>(i);
+            if (same < 0 && in_obj_[i] == h.ptr() && same_meta(t, in_meta_[i])) same = static_cast<int>(i);
+          }
+          m = same >= 0 ? meta_of(K_INPUT, t, b, same) : meta_of(K_INPUT_VIEW, t, b, first);
+        }
+      }
+      out_meta_.push_back(std::move(m));
+    }
+    if (dev_ < 0) return "no tensor on the chip";
+    return "";
+  }
+
+  // Does probe describe inputs like the template's? "" or why not.
+  std::string same_inputs(const Replay& probe) const {
+    if (probe.in_meta_.size() != in_meta_.size()) return "another number of inputs";
+    if (probe.bases_.size() != bases_.size() || probe.bytes_ != bytes_ || probe.dev_ != dev_)
+      return "inputs in other memory blocks";
+    for (size_t i = 0; i < in_meta_.size(); ++i) {
+      const TensorMeta &a = probe.in_meta_[i], &b = in_meta_[i];
+      if (a.kind != b.kind || a.block != b.block) return "inputs of other kinds";
+      if (a.kind == K_TPU && (a.dtype != b.dtype || a.sizes != b.sizes || a.strides != b.strides || a.offset != b.offset))
+        return "an input of another shape, layout or type";
+      if (a.kind == K_HOST && !same_value(a.value, b)) return "a host input of another value";
+    }
+    return "";
+  }
+
+  // Are the list's references to block b's inputs the last ones to its
+  // memory (so the recorded call let go of it inside)? Each input of the
+  // block only in the list, and the memory held by nothing else than them
+  // and the bases of those that are views (when only those views hold the
+  // bases). Adds its storage to given.
+  bool last_references(const py::list& inputs, int b, std::vector<c10::StorageImpl*>* given) const {
+    c10::StorageImpl* si = nullptr;
+    size_t n = 0, uses = 0;
+    std::vector<std::pair<c10::TensorImpl*, size_t>> bases;  // a view's base, and views of it among the inputs
+    for (size_t i = 0; i < in_meta_.size(); ++i) {
+      if (in_meta_[i].kind != K_TPU || in_meta_[i].block != b) continue;
+      PyObject* o = inputs[i].ptr();
+      const at::Tensor& t = THPVariable_Unpack(o);
+      if (Py_REFCNT(o) != 1 || t.use_count() != 1) return false;
+      si = t.storage().unsafeGetStorageImpl();
+      uses = t.storage().use_count();
+      ++n;
+      if (t.is_view()) {
+        c10::TensorImpl* base = t._base().unsafeGetTensorImpl();
+        auto it = std::find_if(bases.begin(), bases.end(), [&](const auto& e) { return e.first == base; });
+        if (it == bases.end())
+          bases.emplace_back(base, 1);
+        else
+          ++it->second;
+      }
+    }
+    for (const auto& [base, views] : bases) {
+      if (base->storage().unsafeGetStorageImpl() != si || c10::raw::intrusive_ptr::use_count(base) != views) return false;
+      ++n;
+    }
+    if (!si || uses != n || si->data_ptr().get_deleter() != device_allocator()->raw_deleter()) return false;
+    given->push_back(si);
+    return true;
+  }
+
+  static void keep_memory(void*) {}
+
+  // This call's input blocks (inputs as at capture: metadata, sharing, host
+  // values); "" or why not.
   std::string bind(const py::list& inputs, std::vector<tpurt_devptr>* bases) const {
     if (inputs.size() != in_meta_.size()) return "another number of inputs";
     bases->assign(bases_.size(), 0);
     size_t i = 0;
     for (const py::handle& h : inputs) {
       const TensorMeta& m = in_meta_[i++];
-      at::Tensor t;
-      if (tensor_of(h, &t) || t.device().index() != dev_) return "an input not on the chip";
+      if (m.kind == K_NONE) {
+        if (!h.is_none()) return "an input that is no longer None";
+        continue;
+      }
+      if (!THPVariable_Check(h.ptr())) return "an input that is not a tensor";
+      const at::Tensor& t = THPVariable_Unpack(h.ptr());
+      if (m.kind == K_HOST) {
+        if (!t.defined() || !same_value(t, m)) return "a host input of another value";
+        continue;
+      }
+      if (!t.defined() || t.device().type() != kTpu || t.device().index() != dev_) return "an input not on the chip";
       if (!same_meta(t, m) || t.storage().nbytes() != bytes_[m.block]) return "an input of another shape, layout or type";
-      tpurt_devptr base = reinterpret_cast<tpurt_devptr>(t.storage().data_ptr().get());
       tpurt_devptr& b = (*bases)[m.block];
-      if (b && b != base) return "inputs that no longer share memory";
-      b = base;
+      if (b && b != base_of(t)) return "inputs that no longer share memory";
+      b = base_of(t);
     }
     return "";
   }
 
-  // This call's distinct output memory, if its outputs have the capture's metadata.
-  bool outputs_of(const py::list& outputs, std::vector<tpurt_devptr>* outs) const {
-    if (outputs.size() != out_meta_.size()) return false;
+  // This call's distinct graph memory among its outputs, if they are what
+  // the capture's were; "" or why not.
+  std::string outputs_of(const Replay& probe, const py::list& outputs, std::vector<tpurt_devptr>* outs) const {
+    if (outputs.size() != out_meta_.size()) return "another number of outputs";
     outs->assign(outs_.size(), 0);
     size_t i = 0;
     for (const py::handle& h : outputs) {
       const TensorMeta& m = out_meta_[i++];
-      at::Tensor t;
-      if (tensor_of(h, &t) || !same_meta(t, m)) return false;
-      (*outs)[m.block] = reinterpret_cast<tpurt_devptr>(t.storage().data_ptr().get());
+      if (m.kind == K_NONE) {
+        if (!h.is_none()) return "an output that is no longer None";
+        continue;
+      }
+      if (m.kind == K_INPUT) {
+        if (h.ptr() != probe.in_obj_[m.input]) return "an output that is no longer its input";
+        continue;
+      }
+      if (!THPVariable_Check(h.ptr())) return "an output that is not a tensor";
+      const at::Tensor& t = THPVariable_Unpack(h.ptr());
+      if (!t.defined()) return "an undefined output";
+      if (m.kind == K_HOST) {
+        if (!same_value(t, m)) return "a host output of another value";
+        continue;
+      }
+      if (t.device().type() != kTpu || !same_meta(t, m)) return "an output of another shape, layout or type";
+      if (m.kind == K_INPUT_VIEW) {
+        if (base_of(t) != probe.bases_[m.block]) return "an output that no longer views its input";
+        continue;
+      }
+      (*outs)[m.block] = base_of(t);
     }
-    return true;
+    return "";
   }
 
   tpurt_replay* r_ = nullptr;
@@ -468,7 +630,9 @@ class Replay {
   std::vector<tpurt_devptr> bases_;  // the capture's input blocks
   std::vector<uint64_t> bytes_;
   std::vector<TensorMeta> in_meta_;
-  std::vector<tpurt_devptr> outs_;  // the capture's distinct output memory
+  std::vector<PyObject*> in_obj_;  // the described call's inputs (identity only)
+  std::string bad_;                // why the described inputs cannot be a template's
+  std::vector<tpurt_devptr> outs_;  // the capture's distinct graph memory among the outputs
   std::vector<uint64_t> out_bytes_;
   std::vector<TensorMeta> out_meta_;
 };
@@ -590,7 +754,8 @@ PYBIND11_MODULE(_C, m) {
     return s ? py::object(py::str(s)) : py::object(py::none());
   });
   py::class_<Replay, std::shared_ptr<Replay>>(m, "_Replay")
-      .def_static("capture", &Replay::capture)
+      .def_static("inputs", &Replay::inputs)
+      .def("capture", &Replay::capture)
       .def("matches", &Replay::matches)
       .def("run", &Replay::run)
       .def_property_readonly("verified", &Replay::verified);

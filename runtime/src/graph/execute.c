@@ -399,9 +399,11 @@ static tpurt_status run_unit(exec_ctx *x, int u) {
   dgraph *G = x->G;
   if (TPURT__TRACE_ON()) trace_unit_members(x, u);
   if (U->kind == U_FREE) {
-    const dnode *d = &G->nodes[U->idx];
+    dnode *d = &G->nodes[U->idx];
     if (local_of(d->freed) >= 0) return TPURT_OK; /* the plan releases it after its last use */
-    return tpurt_free(d->freed);
+    tpurt_devptr p = d->freed;
+    d->freed = 0; /* done: a failed run frees only the markers it did not reach (record.c) */
+    return tpurt_free(p);
   }
   if (x->P->epi && x->P->epi[u]) return run_gemm_epi(x, u);
   if (x->P->epi && u > 0 && x->P->epi[u - 1]) return TPURT_OK; /* ran as the epilogue of unit u - 1 */

@@ -769,7 +769,8 @@ tpurt_status tpurt__graph_run_cut(tpurt_stream *s, dgraph *G, tpurt_flush_reason
     char msg[TPURT_ERRMSG_LEN];
     snprintf(msg, sizeof msg, "%s", tpurt_last_error());
     for (int i = 0; i < G->n; i++)
-      if (G->nodes[i].kind == N_FREE && local_of(G->nodes[i].freed) < 0) tpurt_free(G->nodes[i].freed);
+      if (G->nodes[i].kind == N_FREE && G->nodes[i].freed && local_of(G->nodes[i].freed) < 0)
+        tpurt_free(G->nodes[i].freed);
     tpurt__err(keep, "%s (in a deferred graph of %d ops cut by %s%s%s)", msg, G->n, tpurt_flush_reason_name(reason),
                site ? " at " : "", site ? site : "");
   }

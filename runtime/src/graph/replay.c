@@ -66,6 +66,7 @@ struct tpurt_replay {
   uint8_t *plive;
   int nin;
   uint64_t *in_lo, *in_hi; /* the capture's input ranges */
+  uint8_t *in_freed;       /* inputs the graph frees (their last user dropped them inside the call) */
   int nout;
   int *out_local;
   const plan *P; /* the plan the first replay ran */
@@ -92,6 +93,7 @@ void tpurt_replay_destroy(tpurt_replay *r) {
   free(r->plive);
   free(r->in_lo);
   free(r->in_hi);
+  free(r->in_freed);
   free(r->out_local);
   free(r);
 }
@@ -214,6 +216,7 @@ tpurt_status tpurt_replay_capture(int dev, const tpurt_devptr *in, const uint64_
   }
   r->in_lo = lo;
   r->in_hi = hi;
+  r->in_freed = calloc((size_t)(nin ? nin : 1), 1);
   r->nin = nin;
   r->dev = dev;
   for (int k = 0; k < nin; k++) {
@@ -232,7 +235,13 @@ tpurt_status tpurt_replay_capture(int dev, const tpurt_devptr *in, const uint64_
     for (int i = 0; i < G->n && !c.bad; i++) {
       const dnode *d = &G->nodes[i];
       if (d->kind == N_H2D) c.bad = "it copies host data to the device";
-      else if (d->kind == N_FREE && local_of(d->freed) < 0) c.bad = "it frees memory from outside the graph";
+      else if (d->kind == N_FREE && local_of(d->freed) < 0) {
+        int k = input_of(&c, d->freed);
+        if (k < 0 || d->freed != lo[k])
+          c.bad = "it frees memory from outside the graph";
+        else if (r->in_freed)
+          r->in_freed[k] = 1; /* an input's last user let go of it inside the call */
+      }
       total += payload_size(d);
     }
     r->nodes = calloc((size_t)(G->n > 0 ? G->n : 1), sizeof *r->nodes);
@@ -240,7 +249,7 @@ tpurt_status tpurt_replay_capture(int dev, const tpurt_devptr *in, const uint64_
     r->psize = malloc(8 * (size_t)(G->np ? G->np : 1));
     r->plive = malloc((size_t)(G->np ? G->np : 1));
     r->out_local = malloc(sizeof(int) * (size_t)(nout ? nout : 1));
-    if (!c.bad && (!r->nodes || !r->block || !r->psize || !r->plive || !r->out_local)) c.bad = "out of host memory";
+    if (!c.bad && (!r->in_freed || !r->nodes || !r->block || !r->psize || !r->plive || !r->out_local)) c.bad = "out of host memory";
     r->block_size = total;
     size_t at = 0;
     for (int i = 0; i < G->n && !c.bad; i++) {
@@ -431,6 +440,8 @@ int tpurt_replay_matches(tpurt_replay *r, const tpurt_devptr *in, int nin, const
 
 int tpurt_replay_verified(const tpurt_replay *r) { return r->verified; }
 
+int tpurt_replay_input_freed(const tpurt_replay *r, int k) { return k >= 0 && k < r->nin && r->in_freed[k]; }
+
 /* ---------------------------------------------------------------- replay */
 
 /* Gives back promises made for a replay that does not run. */
@@ -487,8 +498,7 @@ tpurt_status tpurt_replay_run(tpurt_replay *r, const tpurt_devptr *in, int nin, 
     free(G->promises);
     free(G->mem.head);
     free(G);
-    if (st) *refused = 0;
-    return st;
+    return st; /* (refused; an error only when out of promise ids) */
   }
   *refused = 0;
   G->np = G->capp = r->np;
