@@ -36,11 +36,17 @@ own recording relocated onto that call's inputs (op for op, byte for byte),
 and once equal, later calls replay it: the runtime copies the template,
 patches in the new inputs' addresses and fresh memory, and runs the cached
 plan, without Python or recording between the operators
-(``runtime/src/graph/replay.c``). Graphs whose recordings differ between
-calls (a random generator's offsets, host data copied in, a free of memory
-from outside) are never replayed and keep recording (``replay_off`` in
-``compile_stats()`` says why); a call whose inputs have another layout than
-the template's records. ``TORCH_TPU_COMPILE_REPLAY=0`` turns replay off.
+(``runtime/src/graph/replay.c``). The glue (``_C._Replay``) describes the
+call's inputs before it runs — tpu tensors by memory block, small host
+tensors by value, None — and its outputs after: fresh memory, an input, a
+view of an input, a host value, None. Inputs the graph lets go of inside (a
+backward graph's saved values) are freed by the replay at the recorded
+point, once the call's list holds their last references. Graphs whose
+recordings differ between calls (a random generator's offsets, host data
+copied in, a free of memory from outside) are never replayed and keep
+recording (``replay_off`` in ``compile_stats()`` says why); a call whose
+inputs do not fit the template records. ``TORCH_TPU_COMPILE_REPLAY=0``
+turns replay off.
 
 Dynamic shapes: ``dynamic=True`` / ``torch._dynamo.mark_dynamic`` give one
 graph with symbolic sizes for all sizes of a dimension; its operators take
