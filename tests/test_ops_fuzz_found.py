@@ -1,7 +1,8 @@
 """Kernels the differential fuzzer and the Hugging Face sweep found missing:
 remainder(Scalar, Tensor), poisson, binomial (on the device's Philox
 generator) and _native_multi_head_attention (nn.MultiheadAttention's
-inference fast path). Each against the CPU: values for the deterministic
+inference fast path); dtypes the CPU refuses, empty tensors included (seed
+18185). Each against the CPU: values for the deterministic
 ones, moments and probabilities (bounds a wrong sampler fails) plus seed
 reproducibility for the random ones."""
 from __future__ import annotations
@@ -182,3 +183,64 @@ def test_native_multi_head_attention_direct():
                                                  mask.to("tpu") if mask is not None else None, True, False, mtype)
         torch.testing.assert_close(got[0].cpu(), ref[0], rtol=2e-4, atol=2e-5)
         torch.testing.assert_close(got[1].cpu(), ref[1], rtol=2e-4, atol=2e-5)
+
+
+# --------------------------------------------- dtypes the CPU refuses, empty or not
+
+import torch.nn.functional as F  # noqa: E402
+
+# (op, dtypes the CPU refuses): every dtype here raises on the CPU for empty and non-empty inputs
+REFUSED = [
+    (F.silu, [torch.bool, torch.int64, torch.uint8]),
+    (F.gelu, [torch.bool, torch.int32, torch.complex64]),
+    (F.mish, [torch.int64]), (F.softplus, [torch.bool]), (F.elu, [torch.int32]), (F.selu, [torch.int64]),
+    (F.hardswish, [torch.uint8]), (F.hardsigmoid, [torch.bool]), (F.leaky_relu, [torch.int64]),
+    (torch.erf, [torch.complex64]), (torch.relu, [torch.complex64]), (torch.round, [torch.complex64]),
+    (lambda x: torch.hypot(x, x), [torch.int64, torch.bool]), (lambda x: torch.lt(x, x), [torch.complex64]),
+    (lambda x: torch.remainder(x, x), [torch.bool]), (lambda x: torch.fmod(x, x), [torch.bool]),
+    (lambda x: torch.pow(x, x), [torch.bool]),
+    (lambda x: torch.bitwise_left_shift(x, x), [torch.bool]), (lambda x: x >> x, [torch.bool]),
+    (lambda x: torch.div(x, x, rounding_mode="trunc"), [torch.bool]),
+    (lambda x: torch.div(x, x, rounding_mode="floor"), [torch.bool]),
+    (lambda x: F.threshold(x, 0.5, 1.0), [torch.bool]),
+    (lambda x: F.prelu(x, torch.ones(1, dtype=x.dtype, device=x.device)), [torch.int64, torch.uint8, torch.bool]),
+    (lambda x: F.rrelu(x, training=True), [torch.int64, torch.bool]),
+    (lambda x: F.hardtanh(x), [torch.uint8]),
+]
+
+
+def _raised(fn, x):
+    try:
+        fn(x)
+        if x.device.type == "tpu":
+            torch.tpu.synchronize()
+    except Exception as exc:   # the class is what is compared
+        return type(exc)
+    return None
+
+
+@pytest.mark.parametrize("numel", [0, 3])
+@pytest.mark.parametrize("case", range(len(REFUSED)))
+def test_refused_dtypes_as_on_cpu(case, numel):
+    """An op the CPU refuses for a dtype raises the CPU's class on tpu too, also for an empty tensor
+    (seed 18185: silu of an empty bool tensor ran, the elementwise glue returned before the runtime's
+    dtype check); strict and defer modes (the module runs in both)."""
+    fn, dtypes = REFUSED[case]
+    for dt in dtypes:
+        x = torch.zeros(numel, dtype=dt)
+        want = _raised(fn, x)
+        assert want is not None, (case, dt)
+        assert _raised(fn, x.to("tpu")) is want, (case, dt)
+    # the device keeps working
+    assert torch.tpu.synchronize() is None
+    assert (torch.ones(2, device="tpu") + 1).sum().item() == 4.0
+
+
+def test_empty_supported_dtypes_still_run():
+    """The other side: an empty tensor of a supported dtype gives an empty result of the CPU's dtype."""
+    for fn, dt in [(F.silu, torch.float32), (F.gelu, torch.bfloat16), (lambda x: torch.pow(x, 2), torch.int64),
+                   (lambda x: torch.remainder(x, 3), torch.int32), (lambda x: x >> 1, torch.uint8),
+                   (lambda x: F.hardtanh(x, 0.0, 1.0), torch.uint8), (torch.abs, torch.int8)]:
+        x = torch.zeros(0, 3, dtype=dt)
+        ref, got = fn(x), fn(x.to("tpu"))
+        assert got.dtype == ref.dtype and got.shape == ref.shape

@@ -65,6 +65,10 @@ def _register() -> None:
     from torch_tpu import _accelerate
 
     _accelerate.install()
+    # backward() on tpu then exit: PyTorch's autograd device threads drained first (see the module)
+    from torch_tpu._internal import autograd_exit
+
+    autograd_exit.install()
 
 
 _register()

@@ -14,6 +14,23 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+/* The harnesses' reader of their input: bytes in order, zeros once it is used up. */
+typedef struct {
+  const uint8_t *p;
+  size_t n;
+} rd;
+
+static inline uint8_t u8(rd *r) {
+  if (!r->n) return 0;
+  r->n--;
+  return *r->p++;
+}
+static inline uint64_t u64(rd *r) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v = v << 8 | u8(r);
+  return v;
+}
+
 #ifdef TPURT_FUZZ_REPLAY
 #include <dirent.h>
 #include <stdio.h>

@@ -21,22 +21,6 @@
 
 #define BUF_BYTES 8192
 
-typedef struct {
-  const uint8_t *p;
-  size_t n;
-} rd;
-
-static uint8_t u8(rd *r) {
-  if (!r->n) return 0;
-  r->n--;
-  return *r->p++;
-}
-static uint64_t u64(rd *r) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++) v = v << 8 | u8(r);
-  return v;
-}
-
 static tpurt_devptr g_buf[2];
 
 static int64_t pick_size(rd *r) {

@@ -572,7 +572,13 @@ def f_sort(b: Builder) -> None:
         b.emit("sort", [x], {"d": d, "desc": r.random() < 0.5, "which": r.randint(0, 1)}, exact=True)
     else:
         k = r.randint(0, t.shape[d])
-        b.emit("topk", [x], {"d": d, "k": k, "largest": r.random() < 0.7}, exact=True, keep_error=0.2)
+        largest = r.random() < 0.7
+        if t.requires_grad and t.numel() and bool((t.sort(dim=d).values.diff(dim=d) == 0).any()):
+            # which of equal elements topk picks is unspecified (PyTorch leaves it open): the gradient
+            # would land on different ones (seed 22712, an expanded leaf); the stable sort instead
+            b.emit("sort", [x], {"d": d, "desc": largest, "which": 0}, exact=True)
+            return
+        b.emit("topk", [x], {"d": d, "k": k, "largest": largest}, exact=True, keep_error=0.2)
 
 
 def f_norm(b: Builder) -> None:

@@ -104,3 +104,27 @@ def test_compiled_mode_compiles_every_segment():
                 if len(x) > 1 or prog["stmts"][x[0]]["op"] not in EAGER_OPS]
     assert len(segments) >= 5 and got["uncompilable"] == 0
     assert got["graphs"] >= len(segments)
+
+
+def test_compiled_reference_does_not_accept_a_wrong_value():
+    """Compiled mode falls back on PyTorch's own compile (aot_eager on the CPU) only for a run equal to it: a
+    compiled tpu value moved by 1 % is still reported."""
+    prog = {"seed": 3, "precision": "HIGHEST", "stmts": [
+        {"op": "input", "in": [], "p": {"shape": [3, 4], "dtype": "f32", "kind": "float", "seed": 9}, "out": 0},
+        {"op": "unary", "in": [0], "p": {"f": "exp"}, "out": 1}]}
+    import tests.fuzz.run as run
+    orig = run.execute
+
+    def wrong(program, device, mode="strict", **kw):
+        r = orig(program, device, mode, **kw)
+        if device == "tpu" and mode == "compiled":
+            r["values"]["v1"] = r["values"]["v1"] * 1.01
+        return r
+
+    assert run.check(prog, ("strict", "compiled")) is None
+    run.execute = wrong
+    try:
+        msg = run.check(prog, ("strict", "compiled"))
+    finally:
+        run.execute = orig
+    assert msg is not None and msg.startswith("[compiled] v1")

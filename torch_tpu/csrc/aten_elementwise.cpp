@@ -132,8 +132,10 @@ std::vector<int> load_inputs(Prog& pr, const at::TensorIteratorBase& iter) {
   return regs;
 }
 
+// An empty iterator launches too: the runtime validates the program against the dtypes first (an op
+// the dtype does not support is refused, as the CPU refuses it for an empty tensor) and returns before
+// touching memory or recording anything.
 void launch(Prog& pr, const at::TensorIteratorBase& iter, std::initializer_list<int> out_regs, const char* name) {
-  if (iter.numel() == 0) return;
   int k = 0;
   for (int r : out_regs) pr.p.out_reg[k++] = static_cast<uint8_t>(r);
   pr.p.nout = k;
@@ -153,7 +155,6 @@ void check_tpu(const at::TensorIteratorBase& iter, const char* name) {
 // One instruction over all inputs of iter.
 void run_op(const at::TensorIteratorBase& iter, tpurt_ew_op op, const char* name, at::ScalarType compute, double p0 = 0,
             double p1 = 0, double p2 = 0, double p3 = 0, bool scalar2_at_opmath = false) {
-  if (iter.numel() == 0) return;
   check_tpu(iter, name);
   Prog pr(compute);
   pr.scalar2_at_opmath = scalar2_at_opmath;
@@ -233,7 +234,6 @@ void add_sub(const at::Tensor& self, const at::Tensor& other, const c10::Scalar&
              const char* name) {
   auto iter = at::TensorIterator::binary_op(out, self, other);
   alpha_check(iter.common_dtype(), alpha);
-  if (iter.numel() == 0) return;
   check_tpu(iter, name);
   Prog pr(iter.common_dtype());
   auto r = load_inputs(pr, iter);
@@ -254,9 +254,16 @@ at::Tensor& k_sub_out(const at::Tensor& self, const at::Tensor& other, const c10
   return out;
 }
 
+// Ops whose CPU kernels have no bool instantiation: refused by dtype as there (name: the CPU kernel's).
+void refuse_bool(const at::TensorIteratorBase& iter, const char* cpu_name) {
+  TORCH_CHECK_NOT_IMPLEMENTED(iter.common_dtype() != at::kBool, "\"", cpu_name, "\" not implemented for 'Bool'");
+}
+
 template <tpurt_ew_op OP>
 at::Tensor& binary_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
   auto iter = at::TensorIterator::binary_op(out, self, other);
+  if constexpr (OP == TPURT_EW_REMAINDER) refuse_bool(iter, "remainder_cpu");
+  if constexpr (OP == TPURT_EW_FMOD) refuse_bool(iter, "fmod_cpu");
   run_op(iter, OP, tpurt_ew_op_name(OP));
   return out;
 }
@@ -291,23 +298,21 @@ at::Tensor& k_div_mode_out(const at::Tensor& self, const at::Tensor& other, std:
   } else {
     TORCH_CHECK(false, "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '", *mode, "'");
   }
+  refuse_bool(iter, *mode == "trunc" ? "div_trunc_cpu" : "div_floor_cpu");
   run_mul_div(iter, op, *mode == "trunc" ? "div_trunc" : "div_floor");
   return out;
 }
 
-void check_floor_divide(const at::TensorIteratorBase& iter) {
-  TORCH_CHECK_NOT_IMPLEMENTED(iter.common_dtype() != at::kBool, "\"floor_divide\" not implemented for 'Bool'");
-}
 at::Tensor& k_floor_divide_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
   auto iter = at::TensorIterator::binary_op(out, self, other);
-  check_floor_divide(iter);
+  refuse_bool(iter, "floor_divide");
   run_mul_div(iter, TPURT_EW_DIV_FLOOR, "floor_divide");
   return out;
 }
 at::Tensor k_floor_divide(const at::Tensor& self, const at::Tensor& other) {
   at::Tensor out;
   auto iter = at::TensorIterator::binary_op(out, self, other);
-  check_floor_divide(iter);
+  refuse_bool(iter, "floor_divide");
   run_mul_div(iter, TPURT_EW_DIV_FLOOR, "floor_divide");
   return iter.output();
 }
@@ -316,6 +321,7 @@ at::Tensor& k_floor_divide_(at::Tensor& self, const at::Tensor& other) { return 
 // pow: integer bases with negative integer exponents are rejected like the CPU
 at::Tensor& pow_run(const at::Tensor& base, const at::Tensor& exp, at::Tensor& out) {
   auto iter = at::TensorIterator::binary_op(out, base, exp);
+  refuse_bool(iter, "pow");
   run_op(iter, TPURT_EW_POW, "pow");
   return out;
 }
@@ -326,7 +332,7 @@ at::Tensor& pow_ts_out(const at::Tensor& base, const c10::Scalar& exp, at::Tenso
   TORCH_CHECK(!(at::isIntegralType(base.scalar_type(), true) && exp.isIntegral(true) && exp.toLong() < 0),
               "Integers to negative integer powers are not allowed.");
   auto iter = at::TensorIterator::binary_op(out, base, wrap(exp));
-  if (iter.numel() == 0) return out;
+  refuse_bool(iter, "pow");
   at::ScalarType ct = iter.common_dtype();
   bool real_float = at::isFloatingType(ct) && !exp.isComplex();
   if (real_float && (exp.toDouble() == 2.0 || exp.toDouble() == 0.5 || exp.toDouble() == 1.0)) {
@@ -345,6 +351,7 @@ at::Tensor& pow_ts_out(const at::Tensor& base, const c10::Scalar& exp, at::Tenso
 }
 at::Tensor& pow_st_out(const c10::Scalar& base, const at::Tensor& exp, at::Tensor& out) {
   auto iter = at::TensorIterator::binary_op(out, wrap(base), exp);
+  refuse_bool(iter, "pow");
   run_op(iter, TPURT_EW_POW, "pow");
   return out;
 }
@@ -352,12 +359,14 @@ at::Tensor& pow_st_out(const c10::Scalar& base, const at::Tensor& exp, at::Tenso
 // remainder(Scalar, Tensor): the scalar as a wrapped number (a Python scalar's type promotion)
 at::Tensor& k_remainder_st_out(const c10::Scalar& self, const at::Tensor& other, at::Tensor& out) {
   auto iter = at::TensorIterator::binary_op(out, at::native::wrapped_scalar_tensor(self), other);
+  refuse_bool(iter, "remainder_cpu");
   run_op(iter, TPURT_EW_REMAINDER, "remainder");
   return out;
 }
 at::Tensor k_remainder_st(const c10::Scalar& self, const at::Tensor& other) {
   at::Tensor out;
   auto iter = at::TensorIterator::binary_op(out, at::native::wrapped_scalar_tensor(self), other);
+  refuse_bool(iter, "remainder_cpu");
   run_op(iter, TPURT_EW_REMAINDER, "remainder");
   return iter.output();
 }
@@ -405,8 +414,8 @@ at::Tensor& k_bitwise_not_out(const at::Tensor& self, at::Tensor& out) {
   return out;
 }
 
-// integer ops (bitwise, shifts in place; gcd / lcm without bool, like the CPU kernels)
-template <tpurt_ew_op OP, bool WITH_BOOL = true>
+// integer ops (bitwise, shifts in place; shifts, gcd / lcm without bool, like the CPU kernels)
+template <tpurt_ew_op OP, bool WITH_BOOL = OP != TPURT_EW_LSHIFT && OP != TPURT_EW_RSHIFT>
 at::Tensor& bitwise_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
   auto iter = at::TensorIterator::binary_op(out, self, other);
   TORCH_CHECK_NOT_IMPLEMENTED(at::isIntegralType(iter.common_dtype(), WITH_BOOL), "\"", tpurt_ew_op_name(OP),
@@ -599,7 +608,6 @@ at::Tensor& log_sigmoid_run(const at::Tensor& self, at::Tensor& out) {
   TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(self.scalar_type()), "\"log_sigmoid\" not implemented for '",
                               self.scalar_type(), "'");
   auto iter = at::TensorIterator::unary_float_op(out, self);
-  if (iter.numel() == 0) return out;
   check_tpu(iter, "log_sigmoid_forward");
   Prog pr(iter.common_dtype());
   int x = load_inputs(pr, iter)[0];
@@ -626,7 +634,6 @@ std::tuple<at::Tensor, at::Tensor> k_log_sigmoid_forward(const at::Tensor& self)
 at::Tensor& k_log_sigmoid_backward_out(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& buffer,
                                        at::Tensor& grad_input) {
   auto iter = at::TensorIterator::binary_op(grad_input, grad, self);
-  if (iter.numel() == 0) return grad_input;
   check_tpu(iter, "log_sigmoid_backward");
   Prog pr(iter.common_dtype());
   auto r = load_inputs(pr, iter);
@@ -688,6 +695,8 @@ at::Tensor& k_leaky_relu_backward_out(const at::Tensor& grad, const at::Tensor& 
 
 at::Tensor& k_hardtanh_out(const at::Tensor& self, const c10::Scalar& lo, const c10::Scalar& hi, at::Tensor& out) {
   TORCH_CHECK(self.scalar_type() != at::kBool, "Bool inputs not supported for hardtanh");
+  TORCH_CHECK(self.scalar_type() != at::kByte || (lo.toLong() >= 0 && hi.toLong() >= 0),
+              "cannot do hardtanh on an unsigned type with negative limits");
   auto iter = at::TensorIterator::unary_op(out, self);
   run_op(iter, TPURT_EW_HARDTANH, "hardtanh", iter.common_dtype(), lo.toDouble(), hi.toDouble());
   return out;
@@ -743,6 +752,7 @@ at::Tensor& k_hardswish_(at::Tensor& self) { return unary_out<TPURT_EW_HARDSWISH
 at::Tensor& k_threshold_out(const at::Tensor& self, const c10::Scalar& threshold, const c10::Scalar& value,
                           at::Tensor& out) {
   auto iter = make_iter(out, {self, self});
+  refuse_bool(iter, "threshold_cpu");
   run_op(iter, TPURT_EW_THRESHOLD_BACKWARD, "threshold", iter.common_dtype(), threshold.toDouble(),
          value.toDouble());
   return out;
@@ -802,7 +812,6 @@ void masked_fill_run(const at::Tensor& out, const at::Tensor& self, const at::Te
   bool vt_on_device = value_t && value_t->device().type() == kTpu;
   if (vt_on_device) cfg.add_const_input(*value_t);
   auto iter = cfg.build();
-  if (iter.numel() == 0) return;
   check_tpu(iter, "masked_fill_");
   Prog pr(st);
   int x = pr.load(iter_view(iter, 1)), m = pr.load(iter_view(iter, 2)), v;
@@ -850,7 +859,6 @@ at::Tensor k_masked_fill_t(const at::Tensor& self, const at::Tensor& mask, const
 }
 
 void clamp_run(at::TensorIterator& iter, bool has_lo, bool has_hi, const char* name) {
-  if (iter.numel() == 0) return;
   check_tpu(iter, name);
   Prog pr(iter.common_dtype());
   auto r = load_inputs(pr, iter);
@@ -884,7 +892,6 @@ at::Tensor& k_clamp_out(const at::Tensor& self, const std::optional<c10::Scalar>
   if (!out.defined()) cfg.declare_static_dtype(rt);
   cfg.add_owned_output(out).add_owned_const_input(self);
   auto iter = cfg.build();
-  if (iter.numel() == 0) return out;
   check_tpu(iter, "clamp");
   Prog pr(rt);
   int x = load_inputs(pr, iter)[0], o;
@@ -997,7 +1004,6 @@ at::Tensor& k_signbit_out(const at::Tensor& self, at::Tensor& out) {
   auto iter = make_pred_iter(out, self);
   if (self.scalar_type() == at::kBool) {
     // never negative
-    if (iter.numel() == 0) return out;
     check_tpu(iter, "signbit");
     Prog pr(TPURT_I64);
     load_inputs(pr, iter);
@@ -1037,7 +1043,6 @@ std::tuple<at::Tensor&, at::Tensor&> k_frexp_out(const at::Tensor& self, at::Ten
   cfg.set_check_mem_overlap(true).check_all_same_dtype(false);
   cfg.add_output(mantissa).add_output(exponent).add_const_input(self);
   auto iter = cfg.build();
-  if (iter.numel() == 0) return {mantissa, exponent};
   check_tpu(iter, "frexp");
   Prog pr(self.scalar_type());
   int x = load_inputs(pr, iter)[0];
@@ -1053,7 +1058,6 @@ at::Tensor k_rsub(const at::Tensor& self, const at::Tensor& other, const c10::Sc
   at::Tensor out;
   auto iter = at::TensorIterator::binary_op(out, other, self);
   alpha_check(iter.common_dtype(), alpha);
-  if (iter.numel() == 0) return iter.output();
   check_tpu(iter, "rsub");
   Prog pr(iter.common_dtype());
   auto r = load_inputs(pr, iter);
@@ -1168,7 +1172,6 @@ at::Tensor& k_glu_out(const at::Tensor& self, int64_t dim, at::Tensor& out) {
   auto [a, b] = glu_halves(self, dim);
   auto iter = at::TensorIterator::binary_op(out, a, b);
   float_only(iter, "glu");
-  if (iter.numel() == 0) return out;
   check_tpu(iter, "glu");
   Prog pr(iter.common_dtype());
   auto r = load_inputs(pr, iter);
@@ -1187,7 +1190,6 @@ at::Tensor& k_glu_backward_out(const at::Tensor& grad, const at::Tensor& self, i
   cfg.add_output(ga).add_output(gb).add_const_input(a).add_const_input(b).add_const_input(grad);
   auto iter = cfg.build();
   float_only(iter, "glu_backward");
-  if (iter.numel() == 0) return grad_input;
   check_tpu(iter, "glu_backward");
   Prog pr(iter.common_dtype());
   auto r = load_inputs(pr, iter);  // a, b, grad
@@ -1207,7 +1209,8 @@ at::Tensor k_glu_backward(const at::Tensor& grad, const at::Tensor& self, int64_
 at::Tensor k_prelu_kernel(const at::Tensor& self, const at::Tensor& weight) {
   at::Tensor out;
   auto iter = at::TensorIterator::binary_op(out, self, weight);
-  if (iter.numel() == 0) return iter.output();
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(iter.common_dtype()), "\"prelu_cpu\" not implemented for '",
+                              iter.common_dtype(), "'");
   check_tpu(iter, "_prelu_kernel");
   Prog pr(iter.common_dtype());
   auto r = load_inputs(pr, iter);
@@ -1244,8 +1247,8 @@ at::Tensor& k_rrelu_with_noise_out(const at::Tensor& self, at::Tensor& noise, co
                                    at::Tensor& out) {
   double lo = lower.toDouble(), hi = upper.toDouble();
   TORCH_CHECK(lo <= hi, "Lower bound should be less than or equal to the upper bound");
-  TORCH_CHECK(at::isFloatingType(self.scalar_type()), "rrelu_with_noise: expected a floating point input, got ",
-              self.scalar_type());
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(self.scalar_type()), "\"rrelu_with_noise_out_cpu\" not implemented for '",
+                              self.scalar_type(), "'");
   if (!training) return k_leaky_relu_out(self, (lo + hi) / 2.0, out);
   TORCH_CHECK(noise.sizes() == self.sizes(), "rrelu_with_noise: noise of shape ", noise.sizes(),
               " does not match the input's shape ", self.sizes());
@@ -1255,7 +1258,6 @@ at::Tensor& k_rrelu_with_noise_out(const at::Tensor& self, at::Tensor& noise, co
   cfg.set_check_mem_overlap(false).check_all_same_dtype(false);
   cfg.add_output(out).add_output(noise).add_const_input(self).add_const_input(noise);
   auto iter = cfg.build();
-  if (iter.numel() == 0) return out;
   check_tpu(iter, "rrelu_with_noise");
   Prog pr(self.scalar_type());
   auto r = load_inputs(pr, iter);  // x, drawn noise

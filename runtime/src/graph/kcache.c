@@ -934,7 +934,8 @@ static void evict(const kctx *c, const char *keep) {
   while ((de = readdir(d))) {
     name_kind k = kind_of(de->d_name);
     struct stat sb;
-    if (k == NAME_OTHER || k == NAME_LOCK || strlen(de->d_name) >= sizeof v->name) continue;
+    /* (a temporary's name, "<id>.tmp.<pid>.<n>", is longer than an entry's: only entries are kept in v) */
+    if (k == NAME_OTHER || k == NAME_LOCK) continue;
     if (fstatat(c->dirfd, de->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(sb.st_mode) ||
         sb.st_uid != geteuid())
       continue;
@@ -942,6 +943,7 @@ static void evict(const kctx *c, const char *keep) {
       if (now - sb.st_mtim.tv_sec > KC_STALE_TMP_S) unlinkat(c->dirfd, de->d_name, 0);
       continue;
     }
+    if (strlen(de->d_name) >= sizeof v->name) continue;
     if (n == cap) {
       size_t nc = cap ? 2 * cap : 64;
       scan_ent *nv = realloc(v, nc * sizeof *nv);
