@@ -244,3 +244,20 @@ def test_empty_supported_dtypes_still_run():
         x = torch.zeros(0, 3, dtype=dt)
         ref, got = fn(x), fn(x.to("tpu"))
         assert got.dtype == ref.dtype and got.shape == ref.shape
+
+
+# ------------------------------------------------- layer_norm's exact zeros
+
+@pytest.mark.parametrize("mode", ["strict", "defer"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_layer_norm_exact_zero_has_the_cpus_sign(mode, dtype):
+    # seed 20477: a row of equal values normalizes to an exact 0; times a
+    # negative weight and no bias, the CPU adds its zero bias (+0), so
+    # atan2 of it is pi, not -pi
+    x = torch.full((3, 8), 2.5, dtype=dtype)
+    w = -torch.ones(8, dtype=dtype)
+    ref = torch.nn.functional.layer_norm(x, (8,), w)
+    with torch_tpu.execution_mode(mode):
+        got = torch.nn.functional.layer_norm(x.to("tpu"), (8,), w.to("tpu")).cpu()
+    assert torch.equal(got, ref) and torch.equal(torch.signbit(got), torch.signbit(ref))
+    assert torch.equal(torch.atan2(got, -torch.ones(())), torch.atan2(ref, -torch.ones(())))

@@ -460,7 +460,7 @@ static EW_FN_ATTR int exec_i64(const tpurt_ew_inst *I, int64_t *restrict d, cons
 typedef float _Complex c64_t;
 typedef double _Complex c128_t;
 
-#define EW_LOAD_INTEGER(X, DT) /* the integer and 16-bit float rows, common to both */ \
+#define EW_LOAD_INTEGER(X, DT, CONVF) /* the integer and 16-bit float rows, common to both */ \
   X(DT, TPURT_BOOL, uint8_t, (DT)(v != 0))                           \
   X(DT, TPURT_U8, uint8_t, (DT)v)                                    \
   X(DT, TPURT_I8, int8_t, (DT)v)                                     \
@@ -470,18 +470,18 @@ typedef double _Complex c128_t;
   X(DT, TPURT_U16, uint16_t, (DT)v)                                  \
   X(DT, TPURT_U32, uint32_t, (DT)v)                                  \
   X(DT, TPURT_U64, uint64_t, (DT)v)                                  \
-  X(DT, TPURT_F16, uint16_t, (DT)tpurt__f16_to_f32(v))               \
-  X(DT, TPURT_BF16, uint16_t, (DT)tpurt__bf16_to_f32(v))
+  X(DT, TPURT_F16, uint16_t, CONVF(tpurt__f16_to_f32(v)))           \
+  X(DT, TPURT_BF16, uint16_t, CONVF(tpurt__bf16_to_f32(v)))
 
 #define EW_LOAD_REAL(X, DT, CONVF)                                   \
-  EW_LOAD_INTEGER(X, DT)                                             \
+  EW_LOAD_INTEGER(X, DT, CONVF)                                      \
   X(DT, TPURT_F32, float, CONVF(v))                                  \
   X(DT, TPURT_F64, double, CONVF(v))                                 \
   X(DT, TPURT_C64, c64_t, CONVF(crealf(v)))                          \
   X(DT, TPURT_C128, c128_t, CONVF(creal(v)))
 
 #define EW_LOAD_CPLX(X, DT, CONVF)                                   \
-  EW_LOAD_INTEGER(X, DT)                                             \
+  EW_LOAD_INTEGER(X, DT, CONVF)                                      \
   X(DT, TPURT_F32, float, (DT)v)                                     \
   X(DT, TPURT_F64, double, (DT)v)                                    \
   X(DT, TPURT_C64, c64_t, CONVF(v))                                  \

@@ -108,7 +108,10 @@ static inline char *mrow(const mat *m, char *base, int64_t r) {
  * (to fuse and recompute it), and both modes agree to the bit. An absent
  * mean, w or b is 0, 1 or -0.0 here: x - 0, x * 1 and x + -0.0 are x for
  * every x (signed zeros included), so they stand for the skipped
- * instruction. w and b hold same-typed values as f64, per element
+ * instruction — except an absent b after a present w in layer and batch
+ * norm (not RMS norm), which is +0.0 and a real addition in the program
+ * too: the CPU's layer norm adds its zero bias, so an exact zero times a
+ * negative weight comes out +0, not -0. w and b hold same-typed values as f64, per element
  * (wst 1) or one for the row (wst 0). */
 typedef struct {
   double mean, inv;
@@ -191,7 +194,7 @@ static void ln_fwd_rows(void *c, int64_t rb, int64_t re) {
   }
   double *buf2 = buf + n, *w = buf + 2 * n, *b = buf + 3 * n;
   vload(&p->w, x->w, n, w, 1.0);
-  vload(&p->b, x->b, n, b, -0.0); /* x + -0.0 is x, signed zeros too */
+  vload(&p->b, x->b, n, b, p->w.on && !p->rms ? 0.0 : -0.0); /* see apply_k */
   int64_t xes = (int64_t)tpurt_dtype_size(p->x.dt);
   for (int64_t r = rb; r < re; r += 2) {
     int two = r + 1 < re;
@@ -383,7 +386,10 @@ static tpurt_status norm_apply(tpurt_stream *s, const char *nm, const tpurt_view
   if (mean) r = tpurt__ew_emit(&pr, TPURT_EW_SUB, r, load_vec(&pr, ins, &nin, mean, sizes, stat_axis), 1.0);
   r = tpurt__ew_emit(&pr, TPURT_EW_MUL, r, load_vec(&pr, ins, &nin, inv, sizes, stat_axis), 0);
   if (w) r = tpurt__ew_emit(&pr, TPURT_EW_MUL, r, load_vec(&pr, ins, &nin, w, sizes, param_axis), 0);
-  if (b) r = tpurt__ew_emit(&pr, TPURT_EW_ADD, r, load_vec(&pr, ins, &nin, b, sizes, param_axis), 1.0);
+  if (b)
+    r = tpurt__ew_emit(&pr, TPURT_EW_ADD, r, load_vec(&pr, ins, &nin, b, sizes, param_axis), 1.0);
+  else if (w && mean) /* + 0: layer norm adds an absent bias (see apply_k) */
+    r = tpurt__ew_emit(&pr, TPURT_EW_ADD, r, tpurt__ew_emit(&pr, TPURT_EW_CONST, 0, 0, 0.0), 1.0);
   pr.nout = 1;
   pr.out_reg[0] = (uint8_t)r;
   tpurt_view out = view3(y->ptr, y->dtype, sizes, ys[0], ys[1], ys[2]);
@@ -735,7 +741,7 @@ static void bn_fwd_ch(void *c, int64_t cb, int64_t ce) {
     }
     double w = vget(&p->w, x->w, ch, 1.0), b = vget(&p->b, x->b, ch, 0.0);
     if (x->y && p->ew_apply) {
-      double bb = x->b ? b : -0.0; /* x + -0.0 is x, signed zeros too */
+      double bb = x->b ? b : x->w ? 0.0 : -0.0; /* see apply_k */
       apply_k k = {mean, invstd, &w, &bb, 0};
       for (int64_t n = 0; n < p->N; n++)
         apply_row(p->x.dt, (char *)t3row(&p->y, x->y, n, ch), p->y.ss, t3row(&p->x, x->x, n, ch), p->x.ss, p->S, &k);
