@@ -506,3 +506,17 @@ def test_training_graphs_replay_with_strict_bits_and_no_more_memory(monkeypatch)
     for k in ref_state:
         assert torch.equal(got_state[k], ref_state[k]), k
     assert got_peak <= rec_peak
+
+
+def test_replayed_empty_outputs_keep_their_dtype_and_shape():
+    # tensors without elements have no memory (a null address): a replay makes
+    # such an output anew instead of taking it for a view of an empty input
+    f = torch.compile(lambda a, b, c: (torch.logical_and(a, b), c * 2), backend="tpu")
+    a = torch.zeros(0, dtype=torch.int64, device="tpu")
+    b = torch.zeros(0, dtype=torch.float64, device="tpu")
+    c = torch.ones(3, device="tpu")
+    for _ in range(5):
+        e, d = f(a, b, c)
+        assert e.dtype == torch.bool and e.shape == (0,) and e.device.type == "tpu"
+        assert torch.equal(d.cpu(), torch.full((3,), 2.0))
+    assert torch_tpu.compiler.compile_stats()["replays"] >= 2

@@ -136,7 +136,9 @@ def execute(program: dict[str, Any], device: str, mode: str = "strict",
 # Python function over the variables it reads; Dynamo captures its tensor operations (breaking the
 # graph where it must, e.g. data-dependent shapes) and the backend runs them; in-place statements
 # update their inputs through AOTAutograd's copy-back. A segment that raises is recorded as an error
-# of its first statement (the CPU raised nothing there: a compiled-mode failure).
+# of its first statement (the CPU raised nothing there: a compiled-mode failure). On the device each
+# segment is first called twice on copies of its inputs, so that the call whose results the program
+# checks replays the graph's verified template (torch_tpu/compiler.py, "Replay") where it can.
 
 EAGER_OPS = {"input", "sync", "rng", "backward"}
 
@@ -190,6 +192,7 @@ def _execute_compiled(program: dict[str, Any], ctx: Ctx, skip: set[int], backend
     grads_valid = True
     torch._dynamo.reset()
     graphs0 = compiler.compile_stats()["dynamo_graphs"]
+    replays0 = compiler.compile_stats()["replays"]
     torch.manual_seed(program["seed"])
     if on_tpu:
         torch.tpu.precision.set(program.get("precision", "HIGHEST"))
@@ -240,6 +243,12 @@ def _execute_compiled(program: dict[str, Any], ctx: Ctx, skip: set[int], backend
                 fn = torch.compile(_segment_fn(ctx, stmts, in_ids, out_ids), backend=backend, dynamic=False)
                 ctx.index = item[0]
                 try:
+                    if on_tpu and _copyable([env[v] for v in in_ids]):
+                        # two calls on copies first (other addresses, the same values and layouts): the
+                        # first records the graph's template, the second verifies it, so the real call
+                        # below is replayed (compile_stats()["replays"]) and the program checks the replay
+                        for _ in range(2):
+                            fn(*[_copy(env[v]) for v in in_ids])
                     outs = fn(*[env[v] for v in in_ids])
                     sync()
                 except Exception as exc:
@@ -260,8 +269,37 @@ def _execute_compiled(program: dict[str, Any], ctx: Ctx, skip: set[int], backend
     finally:
         if on_tpu:
             _restore(previous, errors, len(program["stmts"]) + 1)
+    st = compiler.compile_stats()
     return {"errors": errors, "values": values, "tape": ctx.tape, "uncompilable": uncompilable,
-            "graphs": compiler.compile_stats()["dynamo_graphs"] - graphs0}
+            "graphs": st["dynamo_graphs"] - graphs0, "replays": st["replays"] - replays0}
+
+
+def _copyable(ts: list[Any]) -> bool:
+    """Can the inputs be copied with their layouts and without changing how they alias (each its own
+    memory, none a view, dense)?"""
+    bases = [t.untyped_storage().data_ptr() for t in ts]
+    return (all(t._base is None and _dense(t) for t in ts)
+            and len(set(b for b in bases if b)) == sum(1 for b in bases if b))
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Do t's elements fill its memory exactly once (some permutation of a contiguous layout)?"""
+    dims = sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1)
+    want = 1
+    for st, n in dims:
+        if st != want:
+            return False
+        want *= n
+    return True
+
+
+def _copy(t: torch.Tensor) -> torch.Tensor:
+    c = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
+    with torch.no_grad():
+        c.copy_(t)
+    c.requires_grad_(t.requires_grad)
+    # a non-leaf stays a non-leaf (in-place ops on it are legal, on a leaf that requires grad not)
+    return c.clone() if t.requires_grad and not t.is_leaf else c
 
 
 def _refused_by_pytorch(exc: Exception, program: dict[str, Any], stmts: list[dict[str, Any]],

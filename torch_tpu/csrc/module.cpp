@@ -314,8 +314,9 @@ py::tuple trace_read() {
 // replay needs the same value), None. Outputs: tpu tensors over the memory
 // the graph allocates (fresh at each replay), an input itself, a view of an
 // input's memory, a small host tensor whose value was the same on both
-// recorded calls, None.
-enum MetaKind { K_TPU, K_HOST, K_NONE, K_INPUT, K_INPUT_VIEW };
+// recorded calls, None. Tensors without memory (no elements) are kept by
+// metadata only, and such an output is made anew.
+enum MetaKind { K_TPU, K_HOST, K_NONE, K_INPUT, K_INPUT_VIEW, K_EMPTY };
 constexpr int64_t kHostValueMax = 64;  // elements of a host tensor kept by value
 
 struct TensorMeta {
@@ -409,6 +410,8 @@ class Replay : public std::enable_shared_from_this<Replay> {
         res.append(inputs[m.input]);
       } else if (m.kind == K_INPUT_VIEW) {
         res.append(THPVariable_Unpack(inputs[m.input].ptr()).as_strided(m.sizes, m.strides, m.offset));
+      } else if (m.kind == K_EMPTY) {
+        res.append(at::empty_strided(m.sizes, m.strides, at::TensorOptions().dtype(m.dtype).device(device)));
       } else {
         auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storages[m.block]),
                                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
@@ -466,6 +469,7 @@ class Replay : public std::enable_shared_from_this<Replay> {
     if (t->device().type() != kTpu) return "a tensor on another device";
     if (dev_ < 0) dev_ = t->device().index();
     if (t->device().index() != dev_) return "tensors on two chips";
+    if (!t->storage().data_ptr().get()) return *kind = K_EMPTY, nullptr;  // (no memory: no block)
     return *kind = K_TPU, nullptr;
   }
 
@@ -478,6 +482,7 @@ class Replay : public std::enable_shared_from_this<Replay> {
       if (const char* bad = classify(h, &t, &kind)) return std::string(bad) + " among its inputs";
       TensorMeta m{kind, {}, {}, {}, 0, -1, -1, {}};
       if (kind == K_TPU) m = meta_of(K_TPU, t, block_of(t, &bases_, &bytes_));
+      if (kind == K_EMPTY) m = meta_of(K_EMPTY, t, -1);
       if (kind == K_HOST) m.value = t.clone();
       in_meta_.push_back(std::move(m));
       in_obj_.push_back(h.ptr());  // identity only (not a reference: the call may let go of it)
@@ -493,6 +498,7 @@ class Replay : public std::enable_shared_from_this<Replay> {
       if (const char* bad = classify(h, &t, &kind)) return std::string(bad) + " among its outputs";
       TensorMeta m{kind, {}, {}, {}, 0, -1, -1, {}};
       if (kind == K_HOST) m.value = t.clone();
+      if (kind == K_EMPTY) m = meta_of(K_EMPTY, t, -1);
       if (kind == K_TPU) {
         int b = block_of(t, &bases_, &bytes_, false);
         if (b < 0) {
@@ -521,7 +527,7 @@ class Replay : public std::enable_shared_from_this<Replay> {
     for (size_t i = 0; i < in_meta_.size(); ++i) {
       const TensorMeta &a = probe.in_meta_[i], &b = in_meta_[i];
       if (a.kind != b.kind || a.block != b.block) return "inputs of other kinds";
-      if (a.kind == K_TPU && (a.dtype != b.dtype || a.sizes != b.sizes || a.strides != b.strides || a.offset != b.offset))
+      if ((a.kind == K_TPU || a.kind == K_EMPTY) && (a.dtype != b.dtype || a.sizes != b.sizes || a.strides != b.strides || a.offset != b.offset))
         return "an input of another shape, layout or type";
       if (a.kind == K_HOST && !same_value(a.value, b)) return "a host input of another value";
     }
@@ -584,6 +590,10 @@ class Replay : public std::enable_shared_from_this<Replay> {
         continue;
       }
       if (!t.defined() || t.device().type() != kTpu || t.device().index() != dev_) return "an input not on the chip";
+      if (m.kind == K_EMPTY) {
+        if (!same_meta(t, m) || t.storage().data_ptr().get()) return "an input of another shape, layout or type";
+        continue;
+      }
       if (!same_meta(t, m) || t.storage().nbytes() != bytes_[m.block]) return "an input of another shape, layout or type";
       tpurt_devptr& b = (*bases)[m.block];
       if (b && b != base_of(t)) return "inputs that no longer share memory";
@@ -616,6 +626,10 @@ class Replay : public std::enable_shared_from_this<Replay> {
         continue;
       }
       if (t.device().type() != kTpu || !same_meta(t, m)) return "an output of another shape, layout or type";
+      if (m.kind == K_EMPTY) {
+        if (t.storage().data_ptr().get()) return "an output that now has memory";
+        continue;
+      }
       if (m.kind == K_INPUT_VIEW) {
         if (base_of(t) != probe.bases_[m.block]) return "an output that no longer views its input";
         continue;
