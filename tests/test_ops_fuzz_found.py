@@ -261,3 +261,23 @@ def test_layer_norm_exact_zero_has_the_cpus_sign(mode, dtype):
         got = torch.nn.functional.layer_norm(x.to("tpu"), (8,), w.to("tpu")).cpu()
     assert torch.equal(got, ref) and torch.equal(torch.signbit(got), torch.signbit(ref))
     assert torch.equal(torch.atan2(got, -torch.ones(())), torch.atan2(ref, -torch.ones(())))
+
+
+# ------------------------------------------------ complex unary ops (survey)
+
+@pytest.mark.parametrize("mode", ["strict", "defer"])
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+@pytest.mark.parametrize("name", ["exp2", "expm1", "log1p", "sinc", "silu", "nan_to_num"])
+def test_complex_unary_ops_match_the_cpu(mode, dtype, name):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(256, dtype=dtype, generator=g) * 2
+    x[0], x[1] = 0, complex(1e-4, -1e-4)  # expm1 / log1p near 0: no cancellation
+    if name == "nan_to_num":
+        x[2], x[3], x[4] = complex(float("nan"), float("inf")), complex(float("-inf"), 2), complex(1, float("-inf"))
+    fn = {"exp2": torch.exp2, "expm1": torch.expm1, "log1p": torch.log1p, "sinc": torch.sinc,
+          "silu": torch.nn.functional.silu, "nan_to_num": lambda t: torch.nan_to_num(t, 0.5, 7.0, -7.0)}[name]
+    ref = fn(x)
+    with torch_tpu.execution_mode(mode):
+        got = fn(x.to("tpu")).cpu()
+    tol = dict(rtol=2e-5, atol=1e-6) if dtype == torch.complex64 else dict(rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(got, ref, **tol)

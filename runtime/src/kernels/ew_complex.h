@@ -37,6 +37,31 @@ static EW_FN_ATTR void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_
     case TPURT_EW_ACOSH: U(EW_CM(cacosh)(x));
     case TPURT_EW_ATANH: U(EW_CM(catanh)(x));
     case TPURT_EW_SIGMOID: U((T)1 / ((T)1 + EW_CM(cexp)(-x)));
+    case TPURT_EW_SILU: U(x / ((T)1 + EW_CM(cexp)(-x)));
+    case TPURT_EW_EXP2: U(EW_CM(cexp)(x * (T)(R)M_LN2));
+    case TPURT_EW_EXPM1: /* exp(z) - 1 without the cancellation near 0: (expm1(a) cos b - 2 sin^2(b/2)) + i e^a sin b */
+      for (int i = 0; i < n; i++) {
+        R re = RE(a[i]), im = IM(a[i]), h = EW_CR(sin)(im / 2);
+        d[i] = (EW_CR(expm1)(re) * EW_CR(cos)(im) - 2 * h * h) + EW_CR(exp)(re) * EW_CR(sin)(im) * (T)I_UNIT;
+      }
+      break;
+    case TPURT_EW_LOG1P: /* log(1 + z): 1/2 log1p(2a + a^2 + b^2) + i atan2(b, 1 + a) */
+      for (int i = 0; i < n; i++) {
+        R re = RE(a[i]), im = IM(a[i]);
+        d[i] = (R)0.5 * EW_CR(log1p)(re * (2 + re) + im * im) + EW_CR(atan2)(im, 1 + re) * (T)I_UNIT;
+      }
+      break;
+    case TPURT_EW_NAN_TO_NUM: /* the real and imaginary parts each (p0 nan, p1 +inf, p2 -inf) */
+      for (int i = 0; i < n; i++) {
+        R part[2] = {RE(a[i]), IM(a[i])};
+        for (int k = 0; k < 2; k++) {
+          R v = part[k];
+          part[k] = v != v ? (R)I->p[0] : v == (R)INFINITY ? (R)I->p[1] : v == -(R)INFINITY ? (R)I->p[2] : v;
+        }
+        d[i] = part[0] + part[1] * (T)I_UNIT;
+      }
+      break;
+    case TPURT_EW_SINC: U(x == 0 ? (T)1 : EW_CM(csin)(x * (T)(R)M_PI) / (x * (T)(R)M_PI));
     case TPURT_EW_SGN: U(x == 0 ? (T)0 : x / (T)EW_CR(cabs)(x));
     case TPURT_EW_LOGICAL_NOT: U((T)(x == 0));
     case TPURT_EW_ISNAN: U((T)(RE(x) != RE(x) || IM(x) != IM(x)));
