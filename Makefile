@@ -56,11 +56,11 @@ demo: build
 	$(PY) examples/demo.py
 
 build/runtime/.configured: runtime/CMakeLists.txt $(VENV)/.deps
-	cmake -S runtime -B build/runtime -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake -S runtime -B build/runtime -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPURT_NATIVE=OFF >/dev/null
 	touch $@
 
 build/runtime-asan/.configured: runtime/CMakeLists.txt $(VENV)/.deps
-	cmake -S runtime -B build/runtime-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTPURT_SANITIZE=address,undefined >/dev/null
+	cmake -S runtime -B build/runtime-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTPURT_SANITIZE=address,undefined -DTPURT_NATIVE=ON >/dev/null
 	touch $@
 
 test-c: build/runtime/.configured
@@ -77,7 +77,7 @@ TSAN_TESTS := stream event pool memory host_alloc defer multidev
 empty :=
 space := $(empty) $(empty)
 build/runtime-tsan/.configured: runtime/CMakeLists.txt $(VENV)/.deps
-	cmake -S runtime -B build/runtime-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTPURT_SANITIZE=thread >/dev/null
+	cmake -S runtime -B build/runtime-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTPURT_SANITIZE=thread -DTPURT_NATIVE=ON >/dev/null
 	touch $@
 
 test-c-tsan: build/runtime-tsan/.configured
@@ -94,7 +94,7 @@ FUZZ_HARNESSES := $(patsubst runtime/tests/fuzz_%.c,%,$(wildcard runtime/tests/f
 build/runtime-fuzz/.configured: runtime/CMakeLists.txt $(VENV)/.deps
 	@test -n "$(CLANG)" || { echo "make fuzz-c needs clang (Debian: apt-get install clang-14 libclang-rt-14-dev)"; exit 1; }
 	CC=$(CLANG) cmake -S runtime -B build/runtime-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Debug \
-	  -DTPURT_SANITIZE=address,undefined,fuzzer-no-link -DTPURT_FUZZ=ON >/dev/null
+	  -DTPURT_SANITIZE=address,undefined,fuzzer-no-link -DTPURT_FUZZ=ON -DTPURT_NATIVE=ON >/dev/null
 	touch $@
 
 fuzz-c: build/runtime-fuzz/.configured

@@ -39,21 +39,29 @@ def build_runtime() -> Path:
         # deleted after each build): its ninja / OpenBLAS paths are gone
         cache.unlink()
         shutil.rmtree(RUNTIME_BUILD / "CMakeFiles", ignore_errors=True)
-    if not cache.exists() or not (RUNTIME_BUILD / "compile_commands.json").exists():
+    native = cache.exists() and "TPURT_NATIVE:BOOL=ON" in cache.read_text()  # configured before the level variants
+    if not cache.exists() or not (RUNTIME_BUILD / "compile_commands.json").exists() or native:
         # compile_commands.json: the flags the runtime is compiled with (torch_tpu.version.build)
         subprocess.check_call(
             ["cmake", "-S", str(ROOT / "runtime"), "-B", str(RUNTIME_BUILD), "-DCMAKE_BUILD_TYPE=Release",
-             f"-DTPURT_PYTHON={sys.executable}", "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON", *gen]
+             f"-DTPURT_PYTHON={sys.executable}", "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON", "-DTPURT_NATIVE=OFF", *gen]
         )
     subprocess.check_call(["cmake", "--build", str(RUNTIME_BUILD), "--target", "tpurt"])
-    LIB_DIR.mkdir(exist_ok=True)
-    src = RUNTIME_BUILD / "libtpurt.so"
-    dst = LIB_DIR / "libtpurt.so"
-    if not dst.exists() or dst.read_bytes() != src.read_bytes():
-        tmp = dst.with_suffix(".tmp")
-        shutil.copy2(src, tmp)
-        os.replace(tmp, dst)
+    for rel in runtime_libraries(RUNTIME_BUILD):
+        src, dst = RUNTIME_BUILD / rel, LIB_DIR / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if not dst.exists() or dst.read_bytes() != src.read_bytes():
+            tmp = dst.with_suffix(".tmp")
+            shutil.copy2(src, tmp)
+            os.replace(tmp, dst)
     return RUNTIME_BUILD
+
+
+def runtime_libraries(folder: Path) -> list[str]:
+    """The engine's libraries under a folder, relative to it: libtpurt.so
+    (baseline x86-64) and its x86-64 level variants in glibc-hwcaps/<level>/
+    (runtime/CMakeLists.txt)."""
+    return ["libtpurt.so"] + sorted(str(p.relative_to(folder)) for p in folder.glob("glibc-hwcaps/*/libtpurt.so"))
 
 
 def _runtime_flags(build_dir: Path) -> str:
@@ -61,7 +69,8 @@ def _runtime_flags(build_dir: Path) -> str:
     (without the include folders, the file names and the compiler)."""
     commands = json.loads((build_dir / "compile_commands.json").read_text())
     src_dir = (ROOT / "runtime" / "src").resolve()
-    cmd = next(c["command"] for c in commands if Path(c["file"]).resolve().is_relative_to(src_dir))
+    cmd = next(c["command"] for c in commands if Path(c["file"]).resolve().is_relative_to(src_dir)
+               and "CMakeFiles/tpurt.dir/" in c["command"])  # the baseline library's
     words, flags = shlex.split(cmd)[1:], []
     skip = False
     for w in words:
@@ -91,6 +100,7 @@ def write_build_info(build_dir: Path, dest: Path) -> None:
     info = {
         "build_type": get("CMAKE_BUILD_TYPE"),
         "native": get("TPURT_NATIVE") == "ON",
+        "variants": ["x86-64"] + [p.parent.name for p in sorted(build_dir.glob("glibc-hwcaps/*/libtpurt.so"))],
         "c_compiler": _compiler_version(get("CMAKE_C_COMPILER")),
         "c_flags": _runtime_flags(build_dir),
         "cxx_flags": " ".join(GLUE_CXX_FLAGS),
@@ -111,8 +121,9 @@ class Build(BuildExtension):
             # a wheel: build_py copied the package before the runtime existed,
             # so the library goes beside the extension in the build tree too
             dst = Path(self.build_lib) / "torch_tpu" / "lib"
-            dst.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(LIB_DIR / "libtpurt.so", dst / "libtpurt.so")
+            for rel in runtime_libraries(RUNTIME_BUILD):
+                (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(LIB_DIR / rel, dst / rel)
             shutil.copy2(ROOT / "torch_tpu" / BUILD_INFO, dst.parent / BUILD_INFO)
         super().run()
 

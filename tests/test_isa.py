@@ -1,7 +1,10 @@
 """Kernel levels chosen at run time (TORCH_TPU_ISA) as PyTorch code sees them:
 every level the host can run gives bf16 matmuls, autocast linears (forward
 and backward) and bf16 convolutions within the precision contract of a
-float64 reference; the chosen paths show in get_device_properties and
+float64 reference; each level runs the engine library compiled for it (the
+x86-64 level variants: lib/libtpurt.so, lib/glibc-hwcaps/x86-64-v3|v4/),
+and the elementwise, reduction and normalization kernels give the same
+bits in every variant; the chosen paths show in get_device_properties and
 ``torch-tpu doctor``; a level the host lacks is a clear error."""
 from __future__ import annotations
 
@@ -27,7 +30,9 @@ CHILD = r"""
 import json, torch, torch_tpu
 from torch_tpu import _C
 torch.manual_seed(0)
-out = {"path": _C._cpu_info()["bf16_matmul"], "isa": _C._cpu_info()["isa"], "worst": 0.0}
+out = {"path": _C._cpu_info()["bf16_matmul"], "isa": _C._cpu_info()["isa"], "worst": 0.0,
+       "build": _C._cpu_info()["build"],
+       "mapped": sorted({l.split()[-1] for l in open("/proc/self/maps") if l.rstrip().endswith("/libtpurt.so")})}
 def check(got, ref, mag, k, bf16_out):
     bound = (k + 2) * 2.0**-23 * mag + (2.0**-8 * ref.abs() if bf16_out else 0) + 1e-30
     out["worst"] = max(out["worst"], ((got.double() - ref) .abs() / bound).max().item())
@@ -77,6 +82,54 @@ def test_level_results_within_contract(level):
                                                                                                    "f32 GEMM")
     assert out["path"] == want
     assert out["worst"] <= 1.0, out
+    # the library variant of the level, and only it, is mapped
+    assert len(out["mapped"]) == 1, out["mapped"]
+    if HOST["build"] != "native":
+        variant = VARIANT[level]
+        assert out["build"] == variant
+        rel = "lib/libtpurt.so" if variant == "x86-64" else f"lib/glibc-hwcaps/{variant}/libtpurt.so"
+        assert out["mapped"][0].endswith("/torch_tpu/" + rel), out["mapped"]
+
+
+VARIANT = {"scalar": "x86-64", "avx2": "x86-64-v3", "avx512": "x86-64-v4", "amx": "x86-64-v4"}
+
+# Kernels whose results the variants must not change: element order and
+# every rounding are the source's (-ffp-contract=off, explicit fmaf, fixed
+# eight-lane sums), whatever vector width the compiler picked.
+BITS_CHILD = r"""
+import hashlib, torch, torch_tpu
+import torch.nn.functional as F
+torch.manual_seed(0)
+x = torch.randn(67, 129) * 3
+w, b = torch.randn(129), torch.randn(129)
+h = hashlib.sha256()
+t = x.to("tpu")
+for y in [t.exp(), t.tanh(), t.sigmoid(), F.gelu(t), F.gelu(t, approximate="tanh"), F.silu(t), t.erf(), t.abs().log(),
+          t.abs().sqrt(), t.softmax(-1), t.log_softmax(0), F.layer_norm(t, (129,), w.to("tpu"), b.to("tpu")),
+          t.sum(0), t.sum(1), t.mean(), t.var(1), t.amax(0), t.cumsum(1), t.bfloat16(), t.half(), (t * 2 + 1) / 3,
+          F.dropout(t, 0.3, training=True)]:
+    h.update(y.cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+print(h.hexdigest())
+"""
+
+
+def test_variants_give_the_same_bits():
+    digests = {}
+    for level in RUNNABLE:
+        r = run_python(BITS_CHILD, env={"TORCH_TPU_ISA": level}, timeout=300)
+        assert r.returncode == 0, r.stderr
+        digests[level] = r.stdout.strip().splitlines()[-1]
+    assert len(set(digests.values())) == 1, digests
+
+
+def test_default_maps_the_best_variant_the_host_runs():
+    if HOST["build"] == "native":
+        pytest.skip("a TPURT_NATIVE build has one library")
+    want = {"scalar": "x86-64", "avx2": "x86-64-v3"}.get(HOST["host_isa"], "x86-64-v4")
+    env = {"TORCH_TPU_ISA": ""}
+    r = run_python("import torch_tpu; from torch_tpu import _C; print(_C._cpu_info()['build'])", env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == want
 
 
 def test_properties_show_the_host():
@@ -106,3 +159,4 @@ def test_doctor_prints_the_host_line():
     assert r.returncode == 0, r.stdout + r.stderr
     line = next(ln for ln in r.stdout.splitlines() if "host:" in ln)
     assert HOST["bf16_matmul"] in line and f"kernel level {HOST['isa']}" in line
+    assert f"engine library built for {HOST['build']}" in line

@@ -13,7 +13,7 @@ import torch
 
 import torch_tpu
 
-LIB = Path(torch_tpu.__file__).resolve().parent / "lib" / "libtpurt.so"
+LIB = "libtpurt.so"  # by soname: the copy (x86-64 level variant) torch_tpu mapped
 
 
 class KKey(ctypes.Structure):
@@ -30,7 +30,7 @@ def rt(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_TPU_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("TORCH_TPU_CACHE_READONLY", raising=False)
     monkeypatch.delenv("TORCH_TPU_CACHE_MAX_BYTES", raising=False)
-    lib = ctypes.CDLL(str(LIB))
+    lib = ctypes.CDLL(LIB)
     lib.tpurt__kcache_store.argtypes = [ctypes.POINTER(KKey), ctypes.c_void_p, ctypes.c_size_t, ctypes.c_double]
     lib.tpurt__kcache_lookup.argtypes = [ctypes.POINTER(KKey), ctypes.POINTER(KSo)]
     lib.tpurt__kcache_so_close.argtypes = [ctypes.POINTER(KSo)]

@@ -23,7 +23,7 @@ RUNNABLE = LEVELS[: LEVELS.index(HOST["host_isa"]) + 1]
 CHILD = r"""
 import ctypes, json, pathlib, torch, torch_tpu
 import torch.nn.functional as F
-lib = ctypes.CDLL(str(pathlib.Path(torch_tpu.__file__).resolve().parent / "lib" / "libtpurt.so"))
+lib = ctypes.CDLL("libtpurt.so")  # by soname: the variant torch_tpu mapped
 lib.tpurt_bf16_conv_tile_passes.restype = ctypes.c_uint64
 lib.tpurt_bf16_conv_path.restype = ctypes.c_char_p
 torch.manual_seed(0)

@@ -37,6 +37,9 @@ def _register() -> None:
     global _registered
     if _registered:
         return
+    from torch_tpu._internal import loader
+
+    loader.preload()  # the engine variant TORCH_TPU_ISA forces, if any
     from torch_tpu import _C  # loads libtpurt and registers the C++ pieces
 
     torch.utils.rename_privateuse1_backend("tpu")

@@ -63,6 +63,7 @@ def doctor() -> int:
         feats = ", ".join(k for k, v in c["features"].items() if v and k != "amx_usable") or "none"
         note = f" ({c['amx_note']})" if c["amx_note"] else ""
         return (f"{c['model']} ({c['vendor']}); features {feats}; kernel level {c['isa']} of {c['host_isa']}{note}; "
+                f"engine library built for {c['build']}; "
                 f"bf16 matmul on {c['bf16_matmul']}; f32 GEMM {c['gemm_library']}")
 
     _check("host", host, failures)

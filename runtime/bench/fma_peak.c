@@ -125,14 +125,13 @@ double tpurt_bench_bf16_flops(int64_t iters) {
 #if defined(__x86_64__)
 __attribute__((target("amx-tile,amx-bf16"))) static void *amx_thread(void *p) {
   peak_arg *a = p;
-  struct {
+  /* a constant object: gcc 12 drops stores to a local configuration that
+   * only ldtilecfg reads (see runtime/src/kernels/bgemm.c) */
+  static const struct {
     uint8_t palette, start, res[14];
     uint16_t colsb[16];
     uint8_t rows[16];
-  } cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.palette = 1;
-  for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+  } cfg = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
   _tile_loadconfig(&cfg);
   static const char zero[1024] __attribute__((aligned(64)));
   float out[256];

@@ -140,6 +140,9 @@ typedef struct tpurt_cpu_info {
   int host_isa;       /* best level of the host: 0 scalar, 1 avx2, 2 avx512, 3 amx */
   int isa;            /* level in force (TORCH_TPU_ISA caps it) */
   char isa_name[16];  /* "scalar" | "avx2" | "avx512" | "amx" */
+  char build[16];     /* the x86-64 level this copy of the library was compiled for:
+                         "x86-64", "x86-64-v3", "x86-64-v4" (the dynamic loader maps
+                         the best variant the host runs) or "native" */
 } tpurt_cpu_info;
 
 /* Never NULL; valid for the life of the process. */

@@ -2,8 +2,10 @@
  * cpu.c — what the host CPU can run, detected once at run time, and which
  * instruction-set level the kernels may use.
  *
- * One build runs on any x86-64: kernels pick their paths from this module
- * (never from the build host). Detection reads cpuid (features, brand),
+ * One build runs on any x86-64: the library is compiled once per x86-64
+ * level (runtime/CMakeLists.txt; the loader maps the variant the host runs)
+ * and kernels pick their paths from this module (never from the build
+ * host). Detection reads cpuid (features, brand),
  * XCR0 (which register states the OS saves: the AVX-512 and AMX tile
  * states), sysconf (cache sizes) and, for AMX, asks the kernel for the
  * tile-data state (arch_prctl ARCH_REQ_XCOMP_PERM): Linux only lets a
@@ -32,6 +34,10 @@
 #endif
 
 #include "internal.h"
+
+#ifndef TPURT_BUILD_VARIANT
+#define TPURT_BUILD_VARIANT "unknown"
+#endif
 
 static tpurt_cpu_info g_cpu;
 static int g_level;       /* tpurt__isa_level() in force */
@@ -154,6 +160,7 @@ static void detect(void) {
   }
   c->isa = g_level;
   snprintf(c->isa_name, sizeof c->isa_name, "%s", tpurt__isa_name(g_level));
+  snprintf(c->build, sizeof c->build, "%s", TPURT_BUILD_VARIANT);
 }
 
 static void detect_once(void) { pthread_once(&g_once, detect); }

@@ -28,6 +28,19 @@ assert info["torch_tpu"] == torch_tpu.__version__ and info["api_version"] >= 1 a
 assert info["build_type"] == "Release" and "-ffp-contract=off" in info["build_flags"].split(), info
 assert ("-march=native" in info["build_flags"].split()) == info["build_native"], info
 assert v.build["torch"] == torch.__version__, (v.build, torch.__version__)
+# one wheel for any x86-64: the level variants are in it, and each one the host
+# runs loads (its rpath finds OpenBLAS in site-packages) and computes
+assert info["build_native"] or info["build_variants"] == ["x86-64", "x86-64-v3", "x86-64-v4"], info
+for rel in ["lib/libtpurt.so"] + [f"lib/glibc-hwcaps/{lv}/libtpurt.so" for lv in info["build_variants"][1:]]:
+    assert os.path.isfile(os.path.join(here, rel)), rel
+order = ["scalar", "avx2", "avx512", "amx"]
+for level in order[: order.index(info["host_isa"]) + 1]:
+    code = ("import torch, torch_tpu; from torch_tpu import _C; x = torch.ones(64, 64, device='tpu'); "
+            "assert (x @ x).cpu().eq(64).all(); print(_C._cpu_info()['build'])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/",
+                       env={**os.environ, "TORCH_TPU_ISA": level})
+    want = {"scalar": "x86-64", "avx2": "x86-64-v3"}.get(level, "x86-64-v4")
+    assert r.returncode == 0 and (info["build_native"] or r.stdout.split()[-1] == want), (level, r.stdout, r.stderr)
 r = subprocess.run([os.path.join(os.path.dirname(sys.executable), "torch-tpu"), "doctor"], capture_output=True,
                    text=True)
 assert r.returncode == 0 and "host:" in r.stdout, r.stdout + r.stderr

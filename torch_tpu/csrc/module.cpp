@@ -55,6 +55,7 @@ py::dict cpu_info() {
   static const char* names[] = {"scalar", "avx2", "avx512", "amx"};
   d["host_isa"] = std::string(names[c->host_isa & 3]);
   d["isa"] = std::string(c->isa_name);
+  d["build"] = std::string(c->build);
   d["bf16_matmul"] = std::string(tpurt_bf16_gemm_path());
   d["gemm_library"] = std::string(tpurt_gemm_library());
   return d;

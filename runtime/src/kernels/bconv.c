@@ -281,6 +281,17 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static inline void store_bf
 #endif
 
 /* Row m of C, columns [j0, j0 + n) -> the valid positions of y (bias, one rounding). */
+#if defined(__x86_64__)
+/* o[0..cnt) = bf16(s[q] + b), unit stride (col_out's rows) */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void out_run_avx512(uint16_t *o, const float *s, float b,
+                                                                               int64_t cnt) {
+  __m512 vb = _mm512_set1_ps(b);
+  int64_t q = 0;
+  for (; q + 16 <= cnt; q += 16) store_bf16x16(o + q, _mm512_add_ps(_mm512_loadu_ps(s + q), vb), 0.0f);
+  if (q < cnt) store_bf16_tail(o + q, s + q, vb, (__mmask16)((1u << (cnt - q)) - 1));
+}
+#endif
+
 static void col_out(const tpurt__bhooks *h, const float *t, int64_t ldt, int64_t i0, int64_t m, int64_t j0,
                     int64_t n) {
   const cjob *j = (const cjob *)h;
@@ -300,9 +311,7 @@ static void col_out(const tpurt__bhooks *h, const float *t, int64_t ldt, int64_t
         const float *s = tr + c;
 #if defined(__x86_64__)
         if (j->o_w == 1 && tpurt__cpu_avx512()) {
-          __m512 vb = _mm512_set1_ps(b);
-          for (; q + 16 <= cnt; q += 16) store_bf16x16(o + q, _mm512_add_ps(_mm512_loadu_ps(s + q), vb), 0.0f);
-          if (q < cnt) store_bf16_tail(o + q, s + q, vb, (__mmask16)((1u << (cnt - q)) - 1));
+          out_run_avx512(o, s, b, cnt);
           q = cnt;
         }
 #endif
@@ -354,25 +363,35 @@ static void wg_pack_b(const tpurt__bhooks *h, uint32_t *d, int64_t j0, int64_t k
 
 /* C[k, m] -> dw (rounded once); 16 x 16 blocks transposed when dw's k's
  * are contiguous (woff[k] = k) */
+#if defined(__x86_64__)
+/* wg_out's whole 16-row blocks (dense weight layout); returns how many rows */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static int64_t wg_out_avx512(const cjob *j, const float *t,
+                                                                                  int64_t ldt, int64_t i0, int64_t m,
+                                                                                  int64_t j0, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= m; i += 16) {
+    int64_t q = 0;
+    for (; q + 16 <= n; q += 16) {
+      __m512i r[16];
+      for (int u = 0; u < 16; u++) r[u] = _mm512_loadu_si512(t + (i + u) * ldt + q);
+      tr16x16(r);
+      for (int u = 0; u < 16; u++)
+        store_bf16x16(j->y + (j0 + q + u) * j->o_m + i0 + i, _mm512_castsi512_ps(r[u]), 0.0f);
+    }
+    for (; q < n; q++)
+      for (int u = 0; u < 16; u++)
+        j->y[(j0 + q) * j->o_m + j->woff[i0 + i + u]] = tpurt__f32_to_bf16(t[(i + u) * ldt + q]);
+  }
+  return i;
+}
+#endif
+
 static void wg_out(const tpurt__bhooks *h, const float *t, int64_t ldt, int64_t i0, int64_t m, int64_t j0,
                    int64_t n) {
   const cjob *j = (const cjob *)h;
   int64_t i = 0;
 #if defined(__x86_64__)
-  if (j->wdense && tpurt__cpu_avx512())
-    for (; i + 16 <= m; i += 16) {
-      int64_t q = 0;
-      for (; q + 16 <= n; q += 16) {
-        __m512i r[16];
-        for (int u = 0; u < 16; u++) r[u] = _mm512_loadu_si512(t + (i + u) * ldt + q);
-        tr16x16(r);
-        for (int u = 0; u < 16; u++)
-          store_bf16x16(j->y + (j0 + q + u) * j->o_m + i0 + i, _mm512_castsi512_ps(r[u]), 0.0f);
-      }
-      for (; q < n; q++)
-        for (int u = 0; u < 16; u++)
-          j->y[(j0 + q) * j->o_m + j->woff[i0 + i + u]] = tpurt__f32_to_bf16(t[(i + u) * ldt + q]);
-    }
+  if (j->wdense && tpurt__cpu_avx512()) i = wg_out_avx512(j, t, ldt, i0, m, j0, n);
 #endif
   for (; i < m; i++)
     for (int64_t q = 0; q < n; q++)
@@ -397,6 +416,17 @@ typedef struct {
  * stack block (zero at dropped columns), then 16 x 16 pairs transposed
  * into dyt. */
 #define DYT_BLOCK 512
+#if defined(__x86_64__)
+/* 16 x 16 pairs of the block t from pair p0 on transposed into dst (row
+ * stride ld), at most `left` rows of pairs */
+__attribute__((target("avx512f"))) static void pairs16_avx512(uint16_t (*t)[DYT_BLOCK], int64_t l0, int64_t p0,
+                                                              int64_t left, uint32_t *dst, int64_t ld) {
+  __m512i r[16];
+  for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(&t[i][2 * p0 - l0]);
+  tr16x16(r);
+  for (int q = 0; q < 16 && q < left; q++) _mm512_storeu_si512(dst + (p0 + q) * ld, r[q]);
+}
+#endif
 static void dyt_images(void *p, int64_t b, int64_t e) {
   const dyt_job *j = p;
   int64_t lp = j->g->lp, wq = j->g->wq, np = lp / 2;
@@ -422,10 +452,7 @@ static void dyt_images(void *p, int64_t b, int64_t e) {
         for (int64_t p0 = l0 / 2; p0 < l1 / 2; p0 += 16) {
 #if defined(__x86_64__)
           if (tpurt__cpu_avx512()) {
-            __m512i r[16];
-            for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(&t[i][2 * p0 - l0]);
-            tr16x16(r);
-            for (int q = 0; q < 16 && p0 + q < l1 / 2; q++) _mm512_storeu_si512(dst + (p0 + q) * j->ldt + m0, r[q]);
+            pairs16_avx512(t, l0, p0, l1 / 2 - p0, dst + m0, j->ldt);
             continue;
           }
 #endif

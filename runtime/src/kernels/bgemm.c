@@ -116,16 +116,25 @@ static inline uint32_t load_u32(const uint16_t *p) {
 
 /* o[0..n) = bf16 of s[0..n) (unit stride): the value rounded, or (lo) the
  * rounding error of that, rounded — a_elem's / b_elem's parts, same bits. */
+#if defined(__x86_64__) || defined(__i386__)
+/* bf16_run's whole 16-element blocks; returns how many elements it did */
+__attribute__((target("avx512f"))) static int64_t bf16_run_avx512(uint16_t *restrict o, const float *restrict s,
+                                                                  int64_t n, int lo) {
+  int64_t q = 0;
+  for (; q + 16 <= n; q += 16) {
+    __m512 v = _mm512_loadu_ps(s + q);
+    __m512i h = rne_bf16(v);
+    if (lo) h = rne_bf16(_mm512_sub_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16))));
+    _mm256_storeu_si256((__m256i *)(o + q), _mm512_cvtepi32_epi16(h));
+  }
+  return q;
+}
+#endif
+
 static void bf16_run(uint16_t *restrict o, const float *restrict s, int64_t n, int lo) {
   int64_t q = 0;
 #if defined(__x86_64__) || defined(__i386__)
-  if (tpurt__cpu_avx512())
-    for (; q + 16 <= n; q += 16) {
-      __m512 v = _mm512_loadu_ps(s + q);
-      __m512i h = rne_bf16(v);
-      if (lo) h = rne_bf16(_mm512_sub_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16))));
-      _mm256_storeu_si256((__m256i *)(o + q), _mm512_cvtepi32_epi16(h));
-    }
+  if (tpurt__cpu_avx512()) q = bf16_run_avx512(o, s, n, lo);
 #endif
   for (; q < n; q++) {
     uint16_t h = tpurt__f32_to_bf16(s[q]);
@@ -482,14 +491,22 @@ static size_t panel_words(int64_t n, int64_t k2, int amx) {
 
 /* Row i of c (any dtype and strides), columns j0 .. j0+n-1 = alpha t +
  * beta c (one fused rounding, then the dtype's; beta 0 does not read c). */
+#if defined(__x86_64__) || defined(__i386__)
+/* out_row's whole 16-column blocks of a unit-stride bf16 row; returns how many */
+__attribute__((target("avx512f"))) static int64_t out_row_avx512(uint16_t *d, const float *t, int64_t n, float alpha,
+                                                                 float beta) {
+  __m512 va = _mm512_set1_ps(alpha);
+  int64_t q = 0;
+  for (; q + 16 <= n; q += 16) store_bf16x16(d + q, _mm512_mul_ps(va, _mm512_loadu_ps(t + q)), beta);
+  return q;
+}
+#endif
+
 static void out_row(const tpurt__bmat *c, int64_t i, int64_t j0, const float *t, int64_t n, float alpha, float beta) {
   int64_t q = 0;
 #if defined(__x86_64__) || defined(__i386__)
-  if (c->dt == TPURT_BF16 && c->cs == 1 && tpurt__cpu_avx512()) {
-    uint16_t *d = (uint16_t *)c->p + i * c->rs + j0;
-    __m512 va = _mm512_set1_ps(alpha);
-    for (; q + 16 <= n; q += 16) store_bf16x16(d + q, _mm512_mul_ps(va, _mm512_loadu_ps(t + q)), beta);
-  }
+  if (c->dt == TPURT_BF16 && c->cs == 1 && tpurt__cpu_avx512())
+    q = out_row_avx512((uint16_t *)c->p + i * c->rs + j0, t, n, alpha, beta);
 #endif
   for (; q < n; q++) {
     float v = alpha * t[q];
@@ -586,16 +603,12 @@ typedef struct {
 } amx_cfg;
 
 #define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f")))
-AMX_TARGET static void amx_config(void) {
-  amx_cfg cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.palette = 1;
-  for (int t = 0; t < 8; t++) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  _tile_loadconfig(&cfg);
-}
+/* Palette 1, tiles 0-7 of 16 rows x 64 bytes. A constant object: gcc 12
+ * does not see ldtilecfg read its operand and dropped the stores that
+ * filled a local configuration (the tiles then had no shape: SIGILL at the
+ * first tilezero) once the function was not inlined into its caller. */
+static const amx_cfg k_amx_cfg = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+AMX_TARGET static void amx_config(void) { _tile_loadconfig(&k_amx_cfg); }
 AMX_TARGET static void amx_release(void) { _tile_release(); }
 
 /* c[32 x 32] (+)= A block (a: 32 rows of lda bytes, ks steps of 32 k's)
