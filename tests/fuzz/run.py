@@ -20,6 +20,7 @@ import warnings
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 import torch_tpu
 
@@ -66,13 +67,54 @@ def _restore(previous: str, errors: list, at: int) -> None:
         errors.append((at, type(exc).__name__, str(exc).split("\n")[0][:300]))
 
 
+_RANDOM = ("dropout", "rand", "bernoulli", "normal", "multinomial", "poisson", "uniform", "exponential",
+           "cauchy", "geometric", "log_normal", "random")
+
+
+def _hi(x: Any) -> Any:
+    if isinstance(x, torch.Tensor) and x.dtype in (torch.bfloat16, torch.float16, torch.float32):
+        return x.double()
+    if isinstance(x, (list, tuple)) and not isinstance(x, torch.Size):
+        return type(x)(_hi(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _hi(v) for k, v in x.items()}
+    return x
+
+
+class _RoundedOps(TorchFunctionMode):
+    """The precision contract's own reference (CPU runs only): every torch
+    function with a reduced-precision float result is computed again in
+    float64 from its inputs as they are and its result rounded once to the
+    dtype the function returns. Functions that write their inputs (in-place,
+    out=), return views of them, or draw random numbers run as they are."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = getattr(func, "__name__", "")
+        if not isinstance(out, torch.Tensor) or out.dtype not in (torch.bfloat16, torch.float16, torch.float32) \
+                or name.endswith("_") or "out" in kwargs or any(r in name for r in _RANDOM):
+            return out
+        base = out._base if out._base is not None else out
+        for a in list(args) + list(kwargs.values()):
+            if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == base.untyped_storage().data_ptr():
+                return out  # a view of an input, or the input itself
+        hi = func(*_hi(args), **_hi(kwargs))
+        if not isinstance(hi, torch.Tensor) or hi.shape != out.shape:
+            return out
+        return hi.to(out.dtype)
+
+
 def execute(program: dict[str, Any], device: str, mode: str = "strict",
             tape: dict[int, torch.Tensor] | None = None, promote: bool = False,
-            skip: set[int] | None = None, grad_contract: bool = False, backend: str = "tpu") -> dict[str, Any]:
+            skip: set[int] | None = None, grad_contract: bool = False, backend: str = "tpu",
+            rounded: bool = False) -> dict[str, Any]:
     """Runs the program; returns {"errors": [(index, class name, message)],
     "values": {name: host tensor}}. promote (CPU only): every float tensor is
-    upcast to float64 (the float64 reference, see compare); the statements
-    in skip are not run and count as failed (those that failed in the CPU
+    upcast to float64 (the float64 reference, see compare); rounded (CPU
+    only): every op computed in float64 and rounded once to its own dtype
+    (_RoundedOps, the precision contract's reference); the statements in
+    skip are not run and count as failed (those that failed in the CPU
     reference, so that both runs keep the same variables)."""
     ctx = Ctx(device, program.get("precision", "HIGHEST"), tape if tape is not None else {},
               record=device != "cpu" and mode == "strict", promote=promote, grad_contract=grad_contract)
@@ -98,7 +140,11 @@ def execute(program: dict[str, Any], device: str, mode: str = "strict",
                 try:
                     if skip and i in skip:
                         raise _Skipped()
-                    out = RUN[st["op"]](ctx, [env[v] for v in st["in"]], st["p"])
+                    if rounded and st["op"] not in ("input", "backward", "rng"):
+                        with _RoundedOps():
+                            out = RUN[st["op"]](ctx, [env[v] for v in st["in"]], st["p"])
+                    else:
+                        out = RUN[st["op"]](ctx, [env[v] for v in st["in"]], st["p"])
                     if on_tpu and st.get("sync"):
                         torch.tpu.synchronize()
                 except Exception as exc:  # the devices must agree on it
@@ -577,11 +623,16 @@ def check(program: dict[str, Any], modes: tuple[str, ...] = MODES) -> str | None
     #   missed in an ill-conditioned program (a device value agreeing with it is right);
     # * the gradients of matrix products computed at the precision contract (HIGH / DEFAULT programs):
     #   the device's backward products run at the program's precision as its forward ones do.
+    # * every op in float64 rounded once to its own dtype (_RoundedOps): the precision contract itself;
+    #   where the CPU's reduced-precision kernel is less accurate than that (seed 30137: the CPU's bf16
+    #   rsqrt one ulp off in 11 of 28 elements, the device's correctly rounded, and a layer norm over
+    #   near-equal values amplifying the ulp) a device value agreeing with it is right.
     f64, contract = run("f64", promote=True), run("contract", grad_contract=True)
+    rounded = run("rounded", rounded=True)
     low_precision = program.get("precision", "HIGHEST") != "HIGHEST"
 
     def alts(name: str):
-        return [f64, contract] if low_precision and name.endswith(".grad") else [f64]
+        return [f64, rounded, contract] if low_precision and name.endswith(".grad") else [f64, rounded]
 
     for mode in modes:
         skip = {e[0] for e in ref["errors"]}
