@@ -348,6 +348,14 @@ def _copy(t: torch.Tensor) -> torch.Tensor:
     return c.clone() if t.requires_grad and not t.is_leaf else c
 
 
+def _cpu_like(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of t with t's layout (strides, offset, overlap: an expanded input stays expanded,
+    which decides what PyTorch's compile accepts; seed 40580: copy_ of an expanded tensor into itself)."""
+    d = t.detach()
+    n = d.untyped_storage().nbytes() // d.element_size()
+    return torch.as_strided(d, (n,), (1,), 0).cpu().as_strided(d.shape, d.stride(), d.storage_offset())
+
+
 def _refused_by_pytorch(exc: Exception, program: dict[str, Any], stmts: list[dict[str, Any]],
                         ins: list[torch.Tensor], in_ids: list[int], out_ids: list[int]) -> bool:
     """Does PyTorch's own torch.compile (backend "aot_eager", on CPU copies of the inputs) fail on
@@ -360,7 +368,7 @@ def _refused_by_pytorch(exc: Exception, program: dict[str, Any], stmts: list[dic
     ctx = Ctx("cpu", "HIGHEST", {}, generating=True)
     # a non-leaf input stays a non-leaf (a clone of a leaf): an in-place op on it is legal, where on a
     # leaf that requires grad PyTorch refuses it with another error (seed 10400)
-    cpu = [t.detach().cpu().requires_grad_(t.requires_grad) for t in ins]
+    cpu = [_cpu_like(t).requires_grad_(t.requires_grad) for t in ins]
     cpu = [c.clone() if t.requires_grad and not t.is_leaf else c for t, c in zip(ins, cpu)]
     try:
         torch.compile(_segment_fn(ctx, stmts, in_ids, out_ids), backend="aot_eager", dynamic=False)(*cpu)
