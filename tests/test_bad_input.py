@@ -41,6 +41,10 @@ CASES = {
     "view incompatible": (lambda d: _t(d, 4, 6).t().view(24), RuntimeError, r"view size is not compatible"),
     "cat shape mismatch": (lambda d: torch.cat([_t(d, 2, 3), _t(d, 2, 4)]), RuntimeError, r"Sizes of tensors must match"),
     "in-place broadcast grows self": (lambda d: _t(d, 3).add_(_t(d, 2, 3)), RuntimeError, r"doesn't match the broadcast shape"),
+    "copy_ source of more dims": (lambda d: _t(d, 1, 2).copy_(_t(d, 1, 1, 2)), RuntimeError,
+                                  r"output with shape \[1, 2\] doesn't match the broadcast shape \[1, 1, 2\]"),
+    "copy_ into empty, source of more dims": (lambda d: _t(d, 1, 0).copy_(_t(d, 1, 1, 0)), RuntimeError,
+                                              r"output with shape \[1, 0\] doesn't match the broadcast shape"),
     # dtypes
     "mm dtype mismatch": (lambda d: _t(d, 2, 2) @ _t(d, 2, 2, dtype=torch.float64), RuntimeError, r"dtype|same"),
     "in-place int result float": (lambda d: _i(d, [1, 2]).add_(_t(d, 2)), RuntimeError, r"can't be cast"),

@@ -118,6 +118,14 @@ def _pos(x):
     return x.abs() + 0.5
 
 
+def _nan_free(x):
+    """x with its NaNs as +0: the sign bit of a NaN an op produced is not part of the precision contract (an
+    x86 product propagates its NaN operand's sign, a bf16 split or another summation order may meet another
+    NaN first; seed 50389: copysign from the NaN row of a DEFAULT-precision matmul), so copysign and signbit
+    are generated on NaN-free sign sources."""
+    return torch.where(torch.isnan(x), torch.zeros_like(x), x) if isinstance(x, torch.Tensor) else x
+
+
 UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "neg": torch.neg, "abs": torch.abs, "relu": torch.relu, "floor": torch.floor, "ceil": torch.ceil,
     "trunc": torch.trunc, "round": torch.round, "sign": torch.sign, "sqrt_abs": lambda x: torch.sqrt(x.abs()),
@@ -130,7 +138,7 @@ UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "leaky_relu": lambda x: F.leaky_relu(x, 0.1), "hardtanh": F.hardtanh, "hardswish": F.hardswish,
     "mish": F.mish, "atan": torch.atan, "asinh": torch.asinh, "expm1": lambda x: torch.expm1(x.clamp(max=30)),
     "frac": torch.frac, "nan_to_num": lambda x: torch.nan_to_num(x, nan=0.0, posinf=1e4, neginf=-1e4),
-    "isnan": torch.isnan, "isfinite": torch.isfinite, "signbit": torch.signbit,
+    "isnan": torch.isnan, "isfinite": torch.isfinite, "signbit": lambda x: torch.signbit(x) & ~torch.isnan(x),
     "bitwise_not": torch.bitwise_not, "logical_not": torch.logical_not,
     "clamp": lambda x: torch.clamp(x, -1, 2), "clamp_min": lambda x: torch.clamp(x, min=0),
     "hardsigmoid": F.hardsigmoid, "logsigmoid": F.logsigmoid, "erfinv_c": lambda x: torch.erfinv(x.clamp(-0.9, 0.9)),
@@ -151,7 +159,7 @@ BINARY: dict[str, Callable[..., torch.Tensor]] = {
     "add_alpha": lambda a, b: torch.add(a, b, alpha=2), "sub_alpha": lambda a, b: torch.sub(a, b, alpha=3),
     "div_pos": lambda a, b: torch.div(a, _pos(b) if isinstance(b, torch.Tensor) else abs(b) + 0.5),
     "maximum": torch.maximum, "minimum": torch.minimum, "fmax": torch.fmax, "fmin": torch.fmin,
-    "atan2": torch.atan2, "hypot": torch.hypot, "logaddexp": torch.logaddexp, "copysign": torch.copysign,
+    "atan2": torch.atan2, "hypot": torch.hypot, "logaddexp": torch.logaddexp, "copysign": lambda a, b: torch.copysign(a, _nan_free(b)),
     "pow_pos": lambda a, b: torch.pow(_pos(a), b.clamp(-3, 3) if isinstance(b, torch.Tensor) else b),
     "remainder_pos": lambda a, b: torch.remainder(a, b.abs() + 1 if isinstance(b, torch.Tensor) else abs(b) + 1),
     "fmod_pos": lambda a, b: torch.fmod(a, b.abs() + 1 if isinstance(b, torch.Tensor) else abs(b) + 1),

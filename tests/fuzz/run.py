@@ -417,7 +417,15 @@ def coarsest(program: dict[str, Any]) -> dict[str, torch.dtype]:
     casts, random draws) along its data flow, in-place updates included."""
     low: dict[int, int] = {}
     grp = _groups(program)
+    dep: dict[int, set[int]] = {}   # the leaves (inputs that require grad) each var is computed from
     for st in program["stmts"]:
+        src = set().union(*[dep.get(v, set()) for v in st["in"]]) if st["in"] else set()
+        if st["op"] == "input" and st["p"].get("rg") and st.get("out") is not None:
+            src = src | {st["out"]}
+        if st.get("out") is not None:
+            dep[st["out"]] = dep.get(st["out"], set()) | src
+        if st.get("mut") is not None:
+            dep[st["mut"]] = dep.get(st["mut"], set()) | src
         stated = DTYPES.get(st["p"].get("dtype", "")) if st["op"] in ("input", "cast", "rng") else None
         ranks = [low[v] for v in st["in"] if v in low]
         if stated in _COARSE:
@@ -431,7 +439,16 @@ def coarsest(program: dict[str, Any]) -> dict[str, torch.dtype]:
             g = grp.get(st["mut"], st["mut"])
             for k in [k for k in low if grp.get(k, k) == g] + [st["mut"]]:
                 low[k] = min(r, low.get(k, r))
-    return {f"v{k}": _COARSE[r] for k, r in low.items()}
+    out = {f"v{k}": _COARSE[r] for k, r in low.items()}
+    # a leaf's gradient flows back through every value computed from it: a float32 leaf cast to
+    # float16 gets float16-rounded gradients (seed 55624: sigmoid_ of a float16 cast, whose backward
+    # the CPU computes in float16 steps and the device with one rounding)
+    for v, leaves in dep.items():
+        for leaf in leaves:
+            if v in low:
+                r = min(low[v], _COARSE.index(out[f"v{leaf}.grad"]) if f"v{leaf}.grad" in out else low[v])
+                out[f"v{leaf}.grad"] = _COARSE[r]
+    return out
 
 
 def view_inputs(program: dict[str, Any]) -> dict[str, str]:
@@ -596,7 +613,7 @@ def compare(program: dict[str, Any], got: dict[str, Any], ref: dict[str, Any], m
             a, e = a.masked_fill(both, 0), e.masked_fill(both, 0)
         tol = None
         if isinstance(e, torch.Tensor) and e.dtype in _COARSE:
-            c = coarse.get(name.split(".")[0])
+            c = coarse.get(name if name.endswith(".grad") else name.split(".")[0])
             tol = c if c is not None and _COARSE.index(c) < _COARSE.index(e.dtype) else None
         d = compare_values(name, a, e, name in exact, prec, tol_dtype=tol)
         if d and "(exact)" not in d and " differ at " not in d and alts is not None \

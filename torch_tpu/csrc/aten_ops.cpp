@@ -157,11 +157,12 @@ at::Tensor physical(const at::Tensor& t) {
 at::Tensor tpu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(self.defined() && dst.defined(), "copy_: undefined tensor");
   at::assert_no_internal_overlap(dst);
-  if (dst.numel() == 0) {
-    // nothing to move, but the shapes must still broadcast, as the CPU's iterator checks them
-    (void)at::infer_size(dst.sizes(), self.sizes());
-    return dst;
-  }
+  // the source must broadcast to the destination's shape (the CPU's iterator
+  // checks it, empty tensors included: seed 53470, [1, 1, 0] into [1, 0])
+  auto shape = at::infer_size(dst.sizes(), self.sizes());
+  TORCH_CHECK(c10::IntArrayRef(shape) == dst.sizes(), "output with shape ", dst.sizes(),
+              " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
+  if (dst.numel() == 0) return dst;  // nothing to move
   // Copies move stored values; the conjugate / negative bits of the two
   // sides (PyTorch's lazy math views) are then reconciled on the
   // destination: stored dst = conj^(sc^dc) neg^(sn^dn) (stored src).
