@@ -100,7 +100,7 @@ def write_build_info(build_dir: Path, dest: Path) -> None:
     info = {
         "build_type": get("CMAKE_BUILD_TYPE"),
         "native": get("TPURT_NATIVE") == "ON",
-        "variants": ["x86-64"] + [p.parent.name for p in sorted(build_dir.glob("glibc-hwcaps/*/libtpurt.so"))],
+        "variants": ["x86-64"] + [Path(rel).parent.name for rel in runtime_libraries(build_dir)[1:]],
         "c_compiler": _compiler_version(get("CMAKE_C_COMPILER")),
         "c_flags": _runtime_flags(build_dir),
         "cxx_flags": " ".join(GLUE_CXX_FLAGS),

@@ -76,15 +76,12 @@ def _first_step(workload: str, backend: str, layers: int | None) -> dict:
     return out
 
 
-def _worker_run(workload: str, backend: str, caches: dict[str, str], layers: int | None = None,
-                codegen: str | None = None) -> dict:
-    """One fresh process's first steps. codegen: TORCH_TPU_CODEGEN for it
-    (None: the default — generated kernels compile in the background while
-    the interpreter serves, as a user's first step runs)."""
+def _worker_run(workload: str, backend: str, caches: dict[str, str], layers: int | None = None) -> dict:
+    """One fresh process's first steps, with generated kernels in their
+    default mode (compiled in the background while the interpreter serves,
+    as a user's first step runs: TORCH_TPU_CODEGEN is not passed on)."""
     env = {**os.environ, **caches}
     env.pop("TORCH_TPU_CODEGEN", None)
-    if codegen is not None:
-        env["TORCH_TPU_CODEGEN"] = codegen
     code = (f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); from bench import compile as c; "
             f"print('RESULT ' + json.dumps(c._first_step({workload!r}, {backend!r}, {layers!r})))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)

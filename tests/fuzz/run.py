@@ -439,16 +439,15 @@ def coarsest(program: dict[str, Any]) -> dict[str, torch.dtype]:
             g = grp.get(st["mut"], st["mut"])
             for k in [k for k in low if grp.get(k, k) == g] + [st["mut"]]:
                 low[k] = min(r, low.get(k, r))
-    out = {f"v{k}": _COARSE[r] for k, r in low.items()}
     # a leaf's gradient flows back through every value computed from it: a float32 leaf cast to
     # float16 gets float16-rounded gradients (seed 55624: sigmoid_ of a float16 cast, whose backward
     # the CPU computes in float16 steps and the device with one rounding)
+    grad: dict[int, int] = {}
     for v, leaves in dep.items():
         for leaf in leaves:
             if v in low:
-                r = min(low[v], _COARSE.index(out[f"v{leaf}.grad"]) if f"v{leaf}.grad" in out else low[v])
-                out[f"v{leaf}.grad"] = _COARSE[r]
-    return out
+                grad[leaf] = min(low[v], grad.get(leaf, low[v]))
+    return {**{f"v{k}": _COARSE[r] for k, r in low.items()}, **{f"v{k}.grad": _COARSE[r] for k, r in grad.items()}}
 
 
 def view_inputs(program: dict[str, Any]) -> dict[str, str]:

@@ -49,7 +49,7 @@ def preload() -> str | None:
     imported); returns its path, or None when the loader chooses."""
     global _handle
     level = os.environ.get("TORCH_TPU_ISA", "").strip().lower()
-    if not level or level not in _VARIANT:
+    if level not in _VARIANT:
         return None  # unset, or unknown: the runtime reports an unknown level itself
     variant = _VARIANT[level]
     path = _LIB / "libtpurt.so" if variant is None else _LIB / "glibc-hwcaps" / variant / "libtpurt.so"
