@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,8 +33,13 @@ def program_modes(modes: tuple[str, ...], seed: int, compiled_every: int) -> tup
 
 def worker(seed: int, n: int, modes: tuple[str, ...], stmts: int | None, compiled_every: int = 1) -> None:
     """Runs programs seed .. seed+n-1, one JSON line each on stdout."""
+    import faulthandler
+    import signal
+
     from .gen import generate
     from .run import check
+    # a campaign that sees no answer asks for every thread's stack before it kills the worker
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     out = sys.stdout
     all_modes = modes
     for s in range(seed, seed + n):
@@ -56,13 +63,24 @@ def worker(seed: int, n: int, modes: tuple[str, ...], stmts: int | None, compile
 
 
 def _spawn(seed: int, n: int, modes: tuple[str, ...], stmts: int | None, env: dict[str, str],
-           compiled_every: int = 1) -> subprocess.Popen:
+           compiled_every: int, stderr: Any) -> subprocess.Popen:
+    """The worker's stderr goes to a file (``stderr``), never to a pipe nobody
+    drains while it runs: a program that logs more than the pipe holds (Dynamo
+    prints each graph break's traceback: seed 54700 writes 46 KB) would block the
+    worker on its write, seen as a hang."""
     cmd = [sys.executable, "-m", "tests.fuzz", "--worker", "--seed", str(seed), "--n", str(n),
            "--modes", ",".join(modes), "--compiled-every", str(compiled_every)]
     if stmts is not None:
         cmd += ["--stmts", str(stmts)]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True,
                             env={**os.environ, **env})
+
+
+def _tail(f: Any, n: int = 2000) -> str:
+    """The last n bytes of a worker's stderr file."""
+    f.flush()
+    f.seek(max(0, f.seek(0, os.SEEK_END) - n))
+    return f.read().decode(errors="replace")
 
 
 def campaign(seed: int, n: int, modes: tuple[str, ...], stmts: int | None = None, timeout: float = 120.0,
@@ -73,21 +91,25 @@ def campaign(seed: int, n: int, modes: tuple[str, ...], stmts: int | None = None
     results: list[dict[str, Any]] = []
     nxt, end = seed, seed + n
     while nxt < end:
-        proc = _spawn(nxt, end - nxt, modes, stmts, env or {}, compiled_every)
+        errf = tempfile.TemporaryFile()
+        proc = _spawn(nxt, end - nxt, modes, stmts, env or {}, compiled_every, errf)
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ)
         current = None
         while True:
             if not sel.select(timeout):
+                proc.send_signal(signal.SIGUSR1)  # the worker's stacks, to its stderr
+                time.sleep(2.0)
                 proc.kill()
                 proc.wait()
-                results.append({"seed": current, "status": "hang", "msg": f"no answer in {timeout:.0f} s"})
+                results.append({"seed": current, "status": "hang",
+                                "msg": f"no answer in {timeout:.0f} s; the worker's stderr ends: {_tail(errf)}"})
                 nxt = (current if current is not None else nxt) + 1
                 break
             line = proc.stdout.readline()
             if not line:
                 rc = proc.wait()
-                err = proc.stderr.read()[-2000:]
+                err = _tail(errf)
                 if current is not None:
                     results.append({"seed": current, "status": "crash", "msg": f"worker exited {rc}: {err.strip()[-600:]}"})
                     nxt = current + 1
@@ -113,6 +135,7 @@ def campaign(seed: int, n: int, modes: tuple[str, ...], stmts: int | None = None
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        errf.close()
     return results
 
 

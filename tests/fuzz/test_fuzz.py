@@ -30,6 +30,15 @@ def test_fuzz_programs():
     assert not failed, "\n".join(f"seed {r['seed']}: {r['status']}: {r.get('msg')}" for r in failed[:20])
 
 
+def test_a_worker_that_logs_a_lot_is_not_taken_for_a_hang():
+    """The worker's stderr is not a pipe the campaign leaves undrained: a worker
+    that writes more than a pipe holds (here every plan printed, ~6 KB a program;
+    a compiled program's graph-break tracebacks reach 46 KB) would block on its
+    write and be reported as a hang (seeds 15100, 54700)."""
+    results = campaign(0, 30, ("defer",), timeout=60, env={"TORCH_TPU_DEFER_DEBUG": "1"}, compiled_every=0)
+    assert [r["status"] for r in results] == ["ok"] * 30, results[-1]
+
+
 REGRESSION_FILES = sorted(REGRESSIONS.glob("*.json"))
 
 
