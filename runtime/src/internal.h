@@ -364,10 +364,12 @@ TPURT_TESTABLE void tpurt__philox_blocks(uint64_t key, uint64_t ctr0, int64_t nb
 /* The uniforms of elements [lin0, lin0 + n): element i is (w >> 8) * 2^-24,
  * w = word i % 4 of block off + i / 4 (the mapping of tpurt.h). */
 TPURT_TESTABLE void tpurt__philox_uniform(uint64_t key, uint64_t off, int64_t lin0, int64_t n, float *out);
-/* 1: portable path even on AVX2 CPUs; 0: detect again (AVX2 if present,
- * unless TORCH_TPU_PHILOX=portable). */
+/* The bulk generators' path: 0 portable, 1 AVX2, 2 AVX-512, each capped
+ * by what the CPU (and TORCH_TPU_ISA) allows; -1: TORCH_TPU_PHILOX or the
+ * best again. force_portable(1) is force(0), force_portable(0) force(-1). */
+TPURT_TESTABLE void tpurt__philox_force(int path);
 TPURT_TESTABLE void tpurt__philox_force_portable(int on);
-/* "avx2" or "portable": the path the bulk generators take now. */
+/* "avx512", "avx2" or "portable": the path the bulk generators take now. */
 TPURT_TESTABLE const char *tpurt__philox_path(void);
 
 /* -------------------------------------------------------------- pool */

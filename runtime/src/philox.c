@@ -1,7 +1,7 @@
 /*
  * philox.c — Philox-4x32-10 counter-based generator (Salmon et al., SC'11,
  * constants as in Random123), its bulk generators (8 blocks at a time, AVX2
- * or portable), generator offset reservation and the non-deterministic seed.
+ * AVX-512, AVX2 or portable), generator offset reservation and the non-deterministic seed.
  */
 #include <fcntl.h>
 #include <stdlib.h>
@@ -46,27 +46,52 @@ void tpurt_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t 
 
 /* Bulk generation: block b of a run is the Philox block with counter
  * (ctr0 + b) (64 bits: low word 0, high word 1, words 2, 3 zero) under key
- * seed, bitwise the same as tpurt_philox4x32_10. Eight blocks go through
- * the rounds together: lanes of AVX2 registers when the CPU has AVX2,
- * else eight-wide arrays (structure of arrays) the compiler may vectorize.
- * Leftover blocks use the scalar function. TORCH_TPU_PHILOX=portable (read
- * once) or tpurt__philox_force_portable(1) selects the portable path. */
+ * seed, bitwise the same as tpurt_philox4x32_10. Blocks go through the
+ * rounds together: 16 in the lanes of AVX-512 registers when the kernel
+ * level allows AVX-512 (cpu.c: the CPU has it and TORCH_TPU_ISA does not
+ * cap it), else 8 in AVX2 registers when the CPU has AVX2, else eight-wide
+ * arrays (structure of arrays) the compiler may vectorize. Leftover blocks
+ * use the scalar function. TORCH_TPU_PHILOX=portable|avx2|avx512 (read
+ * once; capped by the CPU) or tpurt__philox_force() selects a path. */
 
-static _Atomic int g_philox_avx2 = -1;
+enum { PHILOX_PORTABLE = 0, PHILOX_AVX2 = 1, PHILOX_AVX512 = 2 };
+static _Atomic int g_philox_path = -1;
+static _Atomic int g_philox_forced = -1;
 
-static int philox_avx2(void) {
-  int v = atomic_load_explicit(&g_philox_avx2, memory_order_relaxed);
+/* The best path the CPU runs, capped at `cap`. */
+static int philox_capped(int cap) {
+  int best = tpurt__cpu_avx512() ? PHILOX_AVX512 : tpurt__cpu_avx2_fma() ? PHILOX_AVX2 : PHILOX_PORTABLE;
+  return cap < best ? cap : best;
+}
+
+static int philox_path(void) {
+  int v = atomic_load_explicit(&g_philox_path, memory_order_relaxed);
   if (v < 0) {
-    const char *e = getenv("TORCH_TPU_PHILOX");
-    v = tpurt__cpu_avx2_fma() && !(e && strcmp(e, "portable") == 0);
-    atomic_store_explicit(&g_philox_avx2, v, memory_order_relaxed);
+    int f = atomic_load_explicit(&g_philox_forced, memory_order_relaxed);
+    if (f < 0) {
+      const char *e = getenv("TORCH_TPU_PHILOX");
+      f = !e ? PHILOX_AVX512
+          : strcmp(e, "portable") == 0 ? PHILOX_PORTABLE
+          : strcmp(e, "avx2") == 0     ? PHILOX_AVX2
+                                       : PHILOX_AVX512;
+    }
+    v = philox_capped(f);
+    atomic_store_explicit(&g_philox_path, v, memory_order_relaxed);
   }
   return v;
 }
 
-void tpurt__philox_force_portable(int on) { atomic_store_explicit(&g_philox_avx2, on ? 0 : -1, memory_order_relaxed); }
+void tpurt__philox_force(int path) {
+  atomic_store_explicit(&g_philox_forced, path < 0 ? -1 : path, memory_order_relaxed);
+  atomic_store_explicit(&g_philox_path, -1, memory_order_relaxed);
+}
 
-const char *tpurt__philox_path(void) { return philox_avx2() ? "avx2" : "portable"; }
+void tpurt__philox_force_portable(int on) { tpurt__philox_force(on ? PHILOX_PORTABLE : -1); }
+
+const char *tpurt__philox_path(void) {
+  static const char *names[] = {"portable", "avx2", "avx512"};
+  return names[philox_path()];
+}
 
 static inline void philox_scalar(uint64_t key, uint64_t ctr, uint32_t w[4]) {
   const uint32_t c[4] = {(uint32_t)ctr, (uint32_t)(ctr >> 32), 0, 0}, k[2] = {(uint32_t)key, (uint32_t)(key >> 32)};
@@ -194,6 +219,85 @@ __attribute__((target("avx2"))) static int64_t groups_avx2(uint64_t key, uint64_
   for (; b + 8 <= nblocks; b += 8) run_avx2(k0, k1, ctr0 + (uint64_t)b, 1, (char *)out + (size_t)b * 16, as_float);
   return b;
 }
+
+/* The same with 16 blocks a register. */
+#define PHILOX_T512 __attribute__((target("avx512f")))
+
+/* hi and lo halves of the 32x32->64 products m * c for the 16 lanes of c */
+PHILOX_T512 static inline void mulhilo16(__m512i c, __m512i m, __m512i *hi, __m512i *lo) {
+  __m512i pe = _mm512_mul_epu32(c, m);                        /* even lanes */
+  __m512i po = _mm512_mul_epu32(_mm512_srli_epi64(c, 32), m); /* odd lanes */
+  *hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(pe, 32), po);
+  *lo = _mm512_mask_blend_epi32(0xAAAA, pe, _mm512_slli_epi64(po, 32));
+}
+
+/* Counter words 0 and 1 of the 16 blocks ctr, ..., ctr + 15. */
+PHILOX_T512 static inline void ctr16(uint64_t c, __m512i *c0, __m512i *c1) {
+  *c0 = _mm512_add_epi32(_mm512_set1_epi32((int)(uint32_t)c),
+                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  if ((uint32_t)c <= 0xFFFFFFFFu - 15u) {
+    *c1 = _mm512_set1_epi32((int)(uint32_t)(c >> 32));
+  } else {
+    uint32_t h[16];
+    for (int l = 0; l < 16; l++) h[l] = (uint32_t)((c + (uint64_t)l) >> 32);
+    *c1 = _mm512_loadu_si512(h);
+  }
+}
+
+/* Stores 16 blocks (c[j]: word j of the 16 lanes) block-major at dst: a
+ * 4 x 4 transpose of words inside each 128-bit lane (lane q then holds
+ * blocks q, q + 4, q + 8, q + 12), then a 4 x 4 transpose of the lanes. */
+PHILOX_T512 static inline void store16(const __m512i c[4], char *dst, int as_float) {
+  __m512i t0 = _mm512_unpacklo_epi32(c[0], c[1]), t1 = _mm512_unpackhi_epi32(c[0], c[1]);
+  __m512i t2 = _mm512_unpacklo_epi32(c[2], c[3]), t3 = _mm512_unpackhi_epi32(c[2], c[3]);
+  __m512i u0 = _mm512_unpacklo_epi64(t0, t2), u1 = _mm512_unpackhi_epi64(t0, t2); /* blocks 0 4 8 12, 1 5 9 13 */
+  __m512i u2 = _mm512_unpacklo_epi64(t1, t3), u3 = _mm512_unpackhi_epi64(t1, t3); /* 2 6 10 14, 3 7 11 15 */
+  __m512i a = _mm512_shuffle_i32x4(u0, u1, 0x44), b = _mm512_shuffle_i32x4(u2, u3, 0x44); /* 0 4 1 5, 2 6 3 7 */
+  __m512i x = _mm512_shuffle_i32x4(u0, u1, 0xEE), y = _mm512_shuffle_i32x4(u2, u3, 0xEE); /* 8 12 9 13, 10 14 11 15 */
+  __m512i o[4] = {_mm512_shuffle_i32x4(a, b, 0x88), _mm512_shuffle_i32x4(a, b, 0xDD), _mm512_shuffle_i32x4(x, y, 0x88),
+                  _mm512_shuffle_i32x4(x, y, 0xDD)};
+  for (int q = 0; q < 4; q++) {
+    if (as_float)
+      _mm512_storeu_ps((float *)dst + 16 * q, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(o[q], 8)),
+                                                            _mm512_set1_ps(1.0f / 16777216.0f)));
+    else
+      _mm512_storeu_si512((char *)dst + 64 * q, o[q]);
+  }
+}
+
+PHILOX_T512 __attribute__((always_inline)) static inline void run_avx512(const __m512i k0[10], const __m512i k1[10],
+                                                                        uint64_t ctr, int G, char *dst, int as_float) {
+  const __m512i m0 = _mm512_set1_epi32((int)PHILOX_M0), m1 = _mm512_set1_epi32((int)PHILOX_M1);
+  __m512i c[2][4];
+  for (int u = 0; u < G; u++) {
+    ctr16(ctr + (uint64_t)(16 * u), &c[u][0], &c[u][1]);
+    c[u][2] = c[u][3] = _mm512_setzero_si512();
+  }
+  for (int r = 0; r < 10; r++)
+    for (int u = 0; u < G; u++) {
+      __m512i hi0, lo0, hi1, lo1;
+      mulhilo16(c[u][0], m0, &hi0, &lo0);
+      mulhilo16(c[u][2], m1, &hi1, &lo1);
+      c[u][0] = _mm512_ternarylogic_epi32(hi1, c[u][1], k0[r], 0x96); /* three-way xor */
+      c[u][1] = lo1;
+      c[u][2] = _mm512_ternarylogic_epi32(hi0, c[u][3], k1[r], 0x96);
+      c[u][3] = lo0;
+    }
+  for (int u = 0; u < G; u++) store16(c[u], dst + (size_t)u * 64 * 4, as_float);
+}
+
+PHILOX_T512 static int64_t groups_avx512(uint64_t key, uint64_t ctr0, int64_t nblocks, void *out, int as_float) {
+  __m512i k0[10], k1[10];
+  uint32_t a0 = (uint32_t)key, a1 = (uint32_t)(key >> 32);
+  for (int r = 0; r < 10; r++, a0 += PHILOX_W0, a1 += PHILOX_W1) {
+    k0[r] = _mm512_set1_epi32((int)a0);
+    k1[r] = _mm512_set1_epi32((int)a1);
+  }
+  int64_t b = 0;
+  for (; b + 32 <= nblocks; b += 32) run_avx512(k0, k1, ctr0 + (uint64_t)b, 2, (char *)out + (size_t)b * 16, as_float);
+  for (; b + 16 <= nblocks; b += 16) run_avx512(k0, k1, ctr0 + (uint64_t)b, 1, (char *)out + (size_t)b * 16, as_float);
+  return b;
+}
 #endif
 
 /* Whole blocks [0, nblocks) of counter ctr0 + b into out (4 words or
@@ -201,9 +305,14 @@ __attribute__((target("avx2"))) static int64_t groups_avx2(uint64_t key, uint64_
 static void blocks_any(uint64_t key, uint64_t ctr0, int64_t nblocks, void *out, int as_float) {
   int64_t done;
 #if defined(__x86_64__) || defined(__i386__)
-  if (philox_avx2())
+  int path = philox_path();
+  if (path == PHILOX_AVX512) {
+    done = groups_avx512(key, ctr0, nblocks, out, as_float);
+    if (done < nblocks) /* 8 to 15 blocks left */
+      done += groups_avx2(key, ctr0 + (uint64_t)done, nblocks - done, (char *)out + (size_t)done * 16, as_float);
+  } else if (path == PHILOX_AVX2) {
     done = groups_avx2(key, ctr0, nblocks, out, as_float);
-  else
+  } else
 #endif
     done = groups_portable(key, ctr0, nblocks, out, as_float);
   for (int64_t b = done; b < nblocks; b++) {

@@ -1,5 +1,5 @@
 /* test_philox.c — Philox-4x32-10 known-answer vectors (Random123 kat_vectors),
- * the bulk generators (words and uniforms, AVX2 and portable paths) against
+ * the bulk generators (words and uniforms; AVX-512, AVX2 and portable paths) against
  * the scalar function, generator reservation and the non-deterministic seed. */
 #include "../src/internal.h"
 #include "check.h"
@@ -63,12 +63,12 @@ static void bulk_suite(void) {
   static const uint64_t keys[] = {0, 1, 42, 0xffffffffull, 0x123456789abcdef0ull, ~0ull};
   static const uint64_t ctrs[] = {0,           1,           5,           1000,         0xfffffff0ull,
                                   0xfffffffcull, 0xffffffffull, 0x100000000ull, 0x1fffffff9ull, ~0ull - 20};
-  static const int64_t ns[] = {0, 1, 7, 8, 9, 15, 16, 17, 63, 1000};
+  static const int64_t ns[] = {0, 1, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 47, 48, 63, 1000};
   for (size_t k = 0; k < sizeof keys / sizeof *keys; k++)
     for (size_t c = 0; c < sizeof ctrs / sizeof *ctrs; c++)
       for (size_t n = 0; n < sizeof ns / sizeof *ns; n++) check_blocks(keys[k], ctrs[c], ns[n]);
-  /* carry from word 0 into word 1 at every position inside a group of 8 */
-  for (int s = 0; s < 16; s++) check_blocks(7, 0x100000000ull - (uint64_t)s, 24);
+  /* carry from word 0 into word 1 at every position inside a group of 8 or 16 */
+  for (int s = 0; s < 40; s++) check_blocks(7, 0x100000000ull - (uint64_t)s, 72);
   /* uniforms: unaligned starts, lengths that are not multiples of 4, runs
    * inside one block, counters that carry */
   static const int64_t lin0s[] = {0, 1, 2, 3, 4, 5, 6, 7, 4093, 1ll << 34};
@@ -92,14 +92,19 @@ int main(void) {
   CHECK_EQ(w[0], 0x6627e8d5u);
   CHECK_EQ(w[3], 0x9b00dbd8u);
 
-  /* default path (AVX2 where the CPU has it), then the portable one */
-  tpurt__philox_force_portable(0);
-  fprintf(stderr, "bulk philox path: %s\n", tpurt__philox_path());
-  bulk_suite();
+  /* every path the CPU runs (each capped by it: forcing a wider one than
+   * the CPU has runs the best it has), then the default again */
+  static const char *names[] = {"portable", "avx2", "avx512"};
+  for (int path = 2; path >= 0; path--) {
+    tpurt__philox_force(path);
+    fprintf(stderr, "bulk philox path %s asked: %s\n", names[path], tpurt__philox_path());
+    if (path == 0) CHECK(strcmp(tpurt__philox_path(), "portable") == 0);
+    bulk_suite();
+  }
   tpurt__philox_force_portable(1);
   CHECK(strcmp(tpurt__philox_path(), "portable") == 0);
-  bulk_suite();
   tpurt__philox_force_portable(0);
+  fprintf(stderr, "bulk philox path: %s\n", tpurt__philox_path());
 
   tpurt_generator g = {42, 10};
   CHECK_EQ(tpurt_generator_reserve(&g, 5), 10);
