@@ -3,7 +3,11 @@
  * over two inputs, arithmetic (x * y, + x, * 0.5, relu, + y, * x, - y,
  * max 0.5) and with transcendentals (tanh, sigmoid in place of relu and
  * max), at 256K elements (operands cache-resident) and 16M (memory), and a
- * launch of one op (x + y: what the codegen gate measures). Samples of
+ * launch of one op (x + y: what the codegen gate measures), and a training
+ * step's residual dropout: x += b in place, mask = uniform >= 0.1, out =
+ * x * mask * scale + r (three outputs, one of them updated in place, and
+ * the random draws: the fused group DeferAndFuse makes of add, dropout,
+ * add). Samples of
  * `iters` launches alternate between the two tiers (paired, on a noisy
  * host); the median of each is printed with the STREAM triad bandwidth of
  * the same arrays (the runtime's pool, 12 bytes an element as STREAM
@@ -80,6 +84,25 @@ static tpurt_ew_program chain(int ops) {
   return pr;
 }
 
+/* x (in place, input 0) += b (input 1); mask = uniform >= 0.1; out =
+ * x * mask * (1 / 0.9) + r (input 2): outputs x, mask (bool), out */
+static tpurt_ew_program residual_dropout(void) {
+  tpurt_ew_program pr;
+  memset(&pr, 0, sizeof pr);
+  pr.compute = TPURT_F32;
+  int x = emit(&pr, TPURT_EW_LOAD, 0, 0, 0), b = emit(&pr, TPURT_EW_LOAD, 0, 0, 1);
+  int sum = emit(&pr, TPURT_EW_ADD, x, b, 1.0);
+  int u = emit(&pr, TPURT_EW_UNIFORM, 0, 0, 0);
+  int keep = emit(&pr, TPURT_EW_GE, u, emit(&pr, TPURT_EW_CONST, 0, 0, 0.1f), 0);
+  int y = emit(&pr, TPURT_EW_MUL, emit(&pr, TPURT_EW_MUL, sum, keep, 0), emit(&pr, TPURT_EW_CONST, 0, 0, 1 / 0.9f), 0);
+  int out = emit(&pr, TPURT_EW_ADD, y, emit(&pr, TPURT_EW_LOAD, 0, 0, 2), 1.0);
+  pr.nout = 3;
+  pr.out_reg[0] = (uint8_t)sum;
+  pr.out_reg[1] = (uint8_t)keep;
+  pr.out_reg[2] = (uint8_t)out;
+  return pr;
+}
+
 static tpurt_view view(tpurt_devptr p, int64_t n) {
   tpurt_view v;
   memset(&v, 0, sizeof v);
@@ -104,17 +127,25 @@ static void triad(void *p, int64_t b0, int64_t e) {
 
 static void run(tpurt_stream *s, int ops, int64_t n, int reps) {
   size_t bytes = (size_t)n * 4;
-  tpurt_devptr d[3];
+  tpurt_devptr d[5];
   float *h = malloc(bytes);
   for (int64_t i = 0; i < n; i++) h[i] = (float)((i % 1000) - 500) / 250.0f;
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 5; i++) {
     if (tpurt_malloc(0, bytes, s, &d[i]) || tpurt_memcpy_h2d(s, d[i], h, bytes, 0)) {
       fprintf(stderr, "setup failed: %s\n", tpurt_last_error());
       exit(1);
     }
   }
-  tpurt_ew_program pr = chain(ops);
-  tpurt_view o = view(d[0], n), in[2] = {view(d[1], n), view(d[2], n)};
+  int rd = ops == 3;
+  tpurt_ew_program pr = rd ? residual_dropout() : chain(ops);
+  tpurt_view o[3] = {view(d[0], n), view(d[3], n), view(d[4], n)}, in[3] = {view(d[1], n), view(d[2], n), view(d[1], n)};
+  int nin = 2;
+  const double sc[4] = {12345, 0, 0, 0};
+  if (rd) { /* outputs x (d[0], also input 0), mask (bool over d[3]), out (d[4]); inputs x, b, r */
+    o[1].dtype = TPURT_BOOL;
+    in[0] = view(d[0], n);
+    nin = 3;
+  }
   int iters = (int)(((int64_t)1 << 26) / n);
   if (iters < 3) iters = 3;
   double t_int[64], t_gen[64];
@@ -124,7 +155,7 @@ static void run(tpurt_stream *s, int ops, int64_t n, int reps) {
       tpurt__codegen_test_mode(modes[m]);
       tpurt_stream_synchronize(s);
       double t0 = now();
-      for (int k = 0; k < iters; k++) tpurt_elementwise(s, &pr, &o, in, 2, NULL, 0);
+      for (int k = 0; k < iters; k++) tpurt_elementwise(s, &pr, o, in, nin, rd ? sc : NULL, rd ? 4 : 0);
       tpurt_stream_synchronize(s);
       double t = (now() - t0) / iters;
       if (r >= 0) (m ? t_gen : t_int)[r] = t;
@@ -147,12 +178,16 @@ static void run(tpurt_stream *s, int ops, int64_t n, int reps) {
   double gb = 12.0 * (double)n / 1e9;
   printf("%s %9lld elements: interpreter %8.1f us (%6.1f GB/s)  generated %8.1f us (%6.1f GB/s)  %.2fx  "
          "triad %6.1f GB/s -> generated %.2fx triad  [compiled launches so far %llu]\n",
-         ops == 1 ? "1 op (add)           " : ops == 8 ? "8 ops (arithmetic)   " : "8 ops (tanh, sigmoid)", (long long)n, mi * 1e6, gb / mi, mg * 1e6, gb / mg, mi / mg, gb / mt,
+         ops == 1   ? "1 op (add)           "
+         : ops == 3 ? "residual dropout     "
+         : ops == 8 ? "8 ops (arithmetic)   "
+                    : "8 ops (tanh, sigmoid)",
+         (long long)n, mi * 1e6, gb / mi, mg * 1e6, gb / mg, mi / mg, gb / mt,
          (gb / mg) / (gb / mt), (unsigned long long)st.codegen_launches_compiled);
   free(tc.a);
   free((void *)tc.b);
   free((void *)tc.c);
-  for (int i = 0; i < 3; i++) tpurt_free(d[i]);
+  for (int i = 0; i < 5; i++) tpurt_free(d[i]);
   free(h);
 }
 
@@ -174,5 +209,7 @@ int main(int argc, char **argv) {
   run(s, 9, 16 << 20, reps);
   run(s, 1, 256 << 10, reps);
   run(s, 1, 16 << 20, reps);
+  run(s, 3, 128 << 10, reps);
+  run(s, 3, 16 << 20, reps);
   return 0;
 }

@@ -427,6 +427,35 @@ static void rng(tpurt_dtype ct, int64_t R, int64_t C) {
   for (int i = 0; i < 3; i++) freebuf(&b[i]);
 }
 
+/* a training step's residual dropout as DeferAndFuse fuses it: x += b in
+ * place, keep = uniform >= 0.1 stored as bool, out = x * keep * scale + r
+ * (an in-place output, three outputs and the draws in one loop: the
+ * generator's element loop is declared free of dependences for it) */
+static void residual_dropout(int64_t R, int64_t C) {
+  tpurt_ew_program pr = prog(TPURT_F32);
+  int x = load(&pr, 0), bias = load(&pr, 1);
+  int sum = emit(&pr, TPURT_EW_ADD, x, bias, 0, 1.0);
+  int u = emit(&pr, TPURT_EW_UNIFORM, 0, 0, 0, 0);
+  int keep = emit(&pr, TPURT_EW_GE, u, emit(&pr, TPURT_EW_CONST, 0, 0, 0, 0.1), 0, 0);
+  int y = emit(&pr, TPURT_EW_MUL, emit(&pr, TPURT_EW_MUL, sum, keep, 0, 0),
+               emit(&pr, TPURT_EW_CONST, 0, 0, 0, 1.0 / 0.9), 0, 0);
+  int o = emit(&pr, TPURT_EW_ADD, y, load(&pr, 2), 0, 1.0);
+  out(&pr, sum);
+  out(&pr, keep);
+  out(&pr, o);
+  int64_t sz[2] = {R, C}, n = R * C;
+  dbuf b[4] = {mkbuf(TPURT_F32, (size_t)n), mkbuf(TPURT_BOOL, (size_t)n), mkbuf(TPURT_F32, (size_t)n),
+               mkbuf(TPURT_F32, (size_t)n)};
+  tpurt_view xv = check_view(b[0].d, TPURT_F32, 2, sz);
+  tpurt_view outs[3] = {xv, check_view(b[1].d, TPURT_BOOL, 2, sz), check_view(b[2].d, TPURT_F32, 2, sz)};
+  tpurt_view in[3] = {xv, check_view(b[3].d, TPURT_F32, 2, sz), check_view(b[3].d, TPURT_F32, 2, sz)};
+  double s[4] = {99, 1, 5, 0};
+  char name[96];
+  snprintf(name, sizeof name, "residual dropout in place %lldx%lld", (long long)R, (long long)C);
+  compare(name, &pr, outs, in, 3, s, 4, b, 4, 1);
+  for (int i = 0; i < 4; i++) freebuf(&b[i]);
+}
+
 /* a small program used by the failure and background cases */
 static tpurt_ew_program small_prog(double k) {
   tpurt_ew_program pr = prog(TPURT_F32);
@@ -564,6 +593,8 @@ int main(void) {
   rng(TPURT_F32, 1, 1000003);
   rng(TPURT_F32, 513, 7);
   rng(TPURT_F64, 3, 999);
+  residual_dropout(1024, 128);
+  residual_dropout(37, 1001);
   failures();
   background();
   printf("%d programs compared, bitwise equal (%zu NaN results of two-NaN operations with the other NaN's sign)\n",

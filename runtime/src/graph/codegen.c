@@ -18,7 +18,8 @@
  *     contiguous (a plain p[j] the compiler vectorizes), broadcast (loaded
  *     once per row) or strided (p[j * s]);
  *   - which inputs are the very memory of an output (in-place updates:
- *     the two share one pointer, every other pointer is restrict).
+ *     the input is read through the output's pointer; every pointer is
+ *     restrict, since no two of them reach the same memory).
  * Passed at run time: number of (coalesced) dimensions, sizes, strides,
  * addresses, the instruction list. A training step's launches of one
  * program over tensors of other shapes share the kernel.
@@ -438,11 +439,18 @@ static char *gen_source(const cg_sig *s) {
   for (int o = 0; o < nops; o++) {
     int out = o < s->nout;
     if (!out && (!used[o] || s->alias[o - s->nout])) continue;
-    int shared = 0;
-    for (int i = 0; out && i < s->nin; i++) shared |= s->alias[i] == o + 1;
+    /* Every pointer is restrict, an in-place output's too: the input that
+     * is its very memory is read through it (never through a pointer of
+     * its own), and any other overlap was declined. For the same reason
+     * the element loop carries no dependence (ivdep below): element j
+     * reads and writes only element j of every operand. gcc 12 does not
+     * take restrict of pointers made inside the loop nest, and versions a
+     * loop for aliasing only up to 10 pairs of pointers: a fused add +
+     * dropout + add updated in place (5 pointers and the uniforms' buffer)
+     * stayed scalar, 2.4x the interpreter's time, until told. */
     const char *ty = k_dt[s->dt[o]].ctype;
-    sb_printf(&b, "    %s%s *%sq%d = (%s%s *)(a->base[%d] + off[%d]);\n", out ? "" : "const ", ty,
-              shared ? "" : "restrict ", o, out ? "" : "const ", ty, o, o);
+    sb_printf(&b, "    %s%s *restrict q%d = (%s%s *)(a->base[%d] + off[%d]);\n", out ? "" : "const ", ty, o,
+              out ? "" : "const ", ty, o, o);
     if (s->cls[o] == CLS_STRIDED)
       sb_printf(&b, "    const int64_t s%d = a->bstr[%d][in] / (int64_t)sizeof(%s);\n", o, o, ty);
     if (!out && s->cls[o] == CLS_BCAST)
@@ -456,9 +464,9 @@ static char *gen_source(const cg_sig *s) {
     for (int k = 0; k < s->ninst; k++)
       if (s->inst[k].op == TPURT_EW_UNIFORM)
         sb_printf(&b, "      float u%d[%d];\n      a->uniform(ins[%d].p, lo + j0, m, u%d);\n", k, CG_UCHUNK, k, k);
-    sb_puts(&b, "      for (int64_t j = j0; j < j0 + m; j++) {\n");
+    sb_puts(&b, "#pragma GCC ivdep\n      for (int64_t j = j0; j < j0 + m; j++) {\n");
   } else {
-    sb_puts(&b, "    for (int64_t j = 0; j < n; j++) {\n");
+    sb_puts(&b, "#pragma GCC ivdep\n    for (int64_t j = 0; j < n; j++) {\n");
   }
   int regv[TPURT_EW_MAX_REGS];
   for (int r = 0; r < TPURT_EW_MAX_REGS; r++) regv[r] = -1;
