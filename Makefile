@@ -6,7 +6,8 @@
 #   make bench      benchmarks (results printed and appended to BENCHMARKS.md), then the workload matrix
 #                   and Llama size sweep (BENCH_PRESET=--quick by default, --full for realistic sizes)
 #   make test-full  longer suites, OpInfo conformance of the whole database (tests/conformance/REPORT.md),
-#                   the Hugging Face architecture sweep (tests/hf/SWEEP.md)
+#                   the Hugging Face architecture sweep (tests/hf/SWEEP.md), TorchTitan and Ray Train
+#   make venv-full  the extra clients test-full tries (requirements-full*.txt: TorchTitan, Ray Train)
 #   make wheel      dist/torch_tpu-*.whl built from a clean copy of the sources (pip wheel .)
 #   make wheel-build the same with python -m build: sdist, then the wheel from it (build/dist-build/)
 #   make test-wheel both wheels, each installed into a fresh venv (with torch==2.13.0) + a smoke test
@@ -25,7 +26,7 @@ BENCH_PRESET ?= --quick
 RUNTIME_SRC := $(wildcard runtime/include/*.h runtime/src/*.c runtime/src/*.h runtime/src/*/*.c runtime/src/*/*.h runtime/CMakeLists.txt)
 GLUE_SRC    := $(wildcard torch_tpu/csrc/*.cpp torch_tpu/csrc/*.h) setup.py
 
-.PHONY: all venv build run demo test test-c test-c-asan test-c-tsan test-py test-full bench docs clean wheel wheel-build test-wheel fuzz fuzz-c soak
+.PHONY: all venv venv-full build run demo test test-c test-c-asan test-c-tsan test-py test-full bench docs clean wheel wheel-build test-wheel fuzz fuzz-c soak
 
 all: build
 
@@ -35,6 +36,17 @@ $(VENV)/.deps: requirements.txt
 	touch $@
 
 venv: $(VENV)/.deps
+
+# The clients of tests/test_dist_clients.py, not needed by `make test`. torch stays
+# the pinned build (requirements-full.txt repeats its pin); torchtitan is installed
+# without its dependencies (listed in requirements-full.txt instead), then pip check.
+$(VENV)/.deps-full: $(VENV)/.deps requirements-full.txt requirements-full-nodeps.txt
+	$(PIP) install --quiet --disable-pip-version-check -r requirements-full.txt
+	$(PIP) install --quiet --disable-pip-version-check --no-deps -r requirements-full-nodeps.txt
+	$(PIP) check
+	touch $@
+
+venv-full: $(VENV)/.deps-full
 
 # The editable install registers the package and its entry points
 # (torch.backends autoload, the torch-tpu CLI) in the venv; the extension is
@@ -113,7 +125,7 @@ test-py: build
 
 test: test-c test-c-asan test-py
 
-test-full: test
+test-full: test venv-full
 	TORCH_TPU_TEST_FULL=1 $(PY) -m pytest -q tests
 	$(PY) -m tests.conformance --quiet --jobs $(JOBS)
 	$(PY) -m tests.hf --quiet

@@ -478,6 +478,8 @@ def test_registration_without_process_group() -> None:
             "assert 'tpu_dist' in dist.Backend.backend_list\n"
             "assert dist.Backend.backend_capability['tpu_dist'] == ['tpu']\n"
             "assert dist.is_backend_available('tpu_dist')\n"
+            # what Ray Train's TorchConfig(backend='tpu_dist') calls first (idempotent)
+            "import torch_tpu._loader; torch_tpu._loader.load()\n"
             "print('registered')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0 and "registered" in r.stdout, r.stderr

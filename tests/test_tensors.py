@@ -143,6 +143,20 @@ def test_fill_zero_item_every_dtype():
         torch.ones(2).to("tpu").item()
 
 
+def test_assert_async_checks_on_the_device_tensor():
+    """torch._assert_async (TorchTitan's RoPE bounds check): true passes,
+    false raises with the message, as on CPU; more than one element refuses."""
+    pos = torch.arange(8).to("tpu")
+    torch._assert_async(torch.all(pos <= 7), "position_ids exceed 7")
+    torch._assert_async(torch.tensor(2.5).to("tpu"))
+    with pytest.raises(RuntimeError, match="position_ids exceed 6"):
+        torch._assert_async(torch.all(pos <= 6), "position_ids exceed 6")
+    with pytest.raises(RuntimeError):
+        torch._assert_async(torch.tensor(0).to("tpu"))
+    with pytest.raises(RuntimeError):
+        torch._assert_async(torch.ones(2).to("tpu"))
+
+
 def test_broadcast_copy_and_empty_tensors():
     d = torch.empty(3, 4, device="tpu")
     d.copy_(torch.arange(4.0))

@@ -29,10 +29,8 @@ from examples import common  # noqa: E402
 from examples.llama.model import Llama  # noqa: E402
 
 
-def parse(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parallel", choices=["ddp", "fsdp", "tp", "fsdp_tp"], default="ddp")
-    p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (tp: all ranks; fsdp_tp: default 2)")
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The model and training options (shared with ray_train_llama.py)."""
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--batch", type=int, default=8, help="sequences a step per data-parallel rank")
     p.add_argument("--block", type=int, default=32)
@@ -42,6 +40,42 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
+
+
+def build_model(args: argparse.Namespace) -> tuple[common.CharData, Llama]:
+    """The data and the model of args (seeded: the same on every rank)."""
+    data = common.CharData(common.pydoc_text(), args.block)
+    torch.manual_seed(args.seed)
+    return data, Llama(vocab=data.vocab, d=args.width, layers=args.layers, heads=args.heads,
+                       kv_heads=args.kv_heads, block=args.block)
+
+
+def step_batch(data: common.CharData, args: argparse.Namespace, step: int, dp: int, dp_rank: int,
+               device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The step's global batch of args.batch * dp sequences (the same on every
+    rank, on the host) and this data-parallel rank's slice of it on device."""
+    g = torch.Generator().manual_seed(args.seed * 1000 + step)
+    x, y = data.batch("train", args.batch * dp, g)
+    lo, hi = dp_rank * args.batch, (dp_rank + 1) * args.batch
+    return x, y, x[lo:hi].to(device), y[lo:hi].to(device)
+
+
+def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, xs: torch.Tensor, ys: torch.Tensor) -> float:
+    """One optimizer step; returns the global batch's loss (the mean over the ranks)."""
+    loss = common.lm_loss(model(xs), ys)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    g_loss = loss.detach().clone()
+    dist.all_reduce(g_loss, op=dist.ReduceOp.AVG)
+    return g_loss.item()
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--parallel", choices=["ddp", "fsdp", "tp", "fsdp_tp"], default="ddp")
+    p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (tp: all ranks; fsdp_tp: default 2)")
+    add_model_args(p)
     p.add_argument("--device", default="tpu", help="device type (tpu; cpu runs the same on gloo)")
     p.add_argument("--mode", choices=["strict", "defer"], default="strict", help="tpu execution mode")
     p.add_argument("--check", action="store_true", help="compare with single-process training (rank 0)")
@@ -94,10 +128,7 @@ def main(argv=None) -> int:
         mesh = init_device_mesh(device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
     dp_rank = rank // tp
 
-    data = common.CharData(common.pydoc_text(), args.block)
-    torch.manual_seed(args.seed)
-    base = Llama(vocab=data.vocab, d=args.width, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
-                 block=args.block)
+    data, base = build_model(args)
     ref = copy.deepcopy(base).to(device) if args.check and rank == 0 else None
     model = base.to(device)
     if args.parallel == "ddp":
@@ -121,19 +152,9 @@ def main(argv=None) -> int:
 
     worst, t_train, tokens = 0.0, 0.0, 0
     for step in range(args.steps):
-        g = torch.Generator().manual_seed(args.seed * 1000 + step)
-        x, y = data.batch("train", args.batch * dp, g)  # the global batch, the same on every rank
-        lo, hi = dp_rank * args.batch, (dp_rank + 1) * args.batch
-        xs, ys = x[lo:hi].to(device), y[lo:hi].to(device)
+        x, y, xs, ys = step_batch(data, args, step, dp, dp_rank, device)
         t0 = time.perf_counter()
-        loss = common.lm_loss(model(xs), ys)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        # The global batch's loss: the mean over the data-parallel ranks.
-        g_loss = loss.detach().clone()
-        dist.all_reduce(g_loss, op=dist.ReduceOp.AVG)
-        g_loss = g_loss.item()
+        g_loss = train_step(model, opt, xs, ys)
         if step:  # the first step compiles / warms caches
             t_train += time.perf_counter() - t0
             tokens += args.batch * dp * args.block

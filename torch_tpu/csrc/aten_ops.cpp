@@ -10,6 +10,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
+#include <ATen/ops/_assert_async_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/set_native.h>
@@ -377,6 +378,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", TORCH_FN(tpu_copy_from));
   m.impl("_copy_from_and_resize", TORCH_FN(tpu_copy_from_and_resize));
   m.impl("_local_scalar_dense", TORCH_FN(tpu_local_scalar_dense));
+  // torch._assert_async: CUDA checks on the device and reports at a later
+  // sync; here the value is read (through _local_scalar_dense, a sync point
+  // and a cut in DeferAndFuse) and a false one raises at the call, as on CPU.
+  m.impl("_assert_async", TORCH_FN(at::native::_assert_async_cpu));
+  m.impl("_assert_async.msg", TORCH_FN(at::native::_assert_async_msg_cpu));
   m.impl("fill_.Scalar", TORCH_FN(tpu_fill_scalar));
   m.impl("fill_.Tensor", TORCH_FN(tpu_fill_tensor));
   m.impl("zero_", TORCH_FN(tpu_zero));
