@@ -129,3 +129,23 @@ def test_ceiling_reads_the_kernel_times_of_both_modes():
         assert r[mode]["step_ms"] > 0
     assert r["ceiling"] == r["strict"]["step_ms"] / r["strict"]["fixed_ms"] > 1
     assert "mingpt" in table
+
+
+def test_kernel_ab_puts_kernels_in_families_and_pairs_the_modes():
+    # names as the runtime gives them; every family of a real step is paired,
+    # recomputations exist only in DeferAndFuse, and "all" is the sum
+    from bench import kernel_ab
+    assert kernel_ab.family("recompute(fused(add,gelu))") == "recompute"
+    assert kernel_ab.family("gemm") == "gemm"
+    assert kernel_ab.family("fused(add,native_dropout,add)") == "dropout"
+    assert kernel_ab.family("layer_norm_backward") == "norm"
+    assert kernel_ab.family("fused(copy,copy)") == "copy"
+    assert kernel_ab.family("fused(mul,where)") == "other fused"
+    assert kernel_ab.family("index_select") == "other"
+    res = kernel_ab.compare("mingpt", repeats=2, steps=1, warmup=1)
+    assert res["gemm"]["strict_ms"] > 0 and res["gemm"]["defer_ms"] > 0
+    assert res["recompute"]["strict_ms"] == 0 < res["recompute"]["defer_ms"]
+    for mode in ("strict_ms", "defer_ms"):
+        parts = sum(v[mode] for f, v in res.items() if f != "all")
+        assert abs(parts - res["all"][mode]) <= 1e-6 * res["all"][mode]
+    assert "gemm" in kernel_ab.table("mingpt", res)
