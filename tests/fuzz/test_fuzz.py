@@ -153,3 +153,23 @@ def test_rounded_reference_accepts_the_contract_and_no_wrong_value():
     assert run.compare(prog, got, ref, "strict", lambda n: [lambda: f64, lambda: rounded]) is None
     bad = {**got, "values": {**got["values"], "v3": got["values"]["v3"] * 1.1}}
     assert "v3" in (run.compare(prog, bad, ref, "strict", lambda n: [lambda: f64, lambda: rounded]) or "")
+
+
+def test_dist_fuzz_tpu_dist_against_gloo():
+    """Random collectives on a "cpu:gloo,tpu:tpu_dist" group of 2 processes,
+    strict and defer: tpu_dist gives Gloo's answers on the same values."""
+    from . import dist
+    recs = dist.campaign(0, 60, 2)
+    bad = [r for r in recs if r["status"] != "ok"]
+    assert not bad and len(recs) == 60 * 2 * 2, bad[:5]
+
+
+def test_dist_fuzz_all_to_all_from_a_rank_that_sends_nothing():
+    """Seed 1000, statement 42: all_to_all_single with uneven splits where
+    rank 0 sends no rows; tpu_dist's cross-rank check took the ranks' row
+    sizes for a mismatch (a rank with no rows had none) and refused it."""
+    from . import dist
+    st = dist.generate(1000, 43, 2)[42]
+    assert st["op"] == "all_to_all_single" and sum(st["splits"][0]) == 0
+    recs = dist.campaign(1000, 43, 2, only=(42,))
+    assert [r["status"] for r in recs] == ["ok"] * 4, recs

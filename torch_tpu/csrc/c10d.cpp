@@ -223,8 +223,12 @@ Fingerprint fingerprint(c10d::OpType type, const Tensors& ts, int64_t reduce_op 
     int64_t numel = 0;
     for (const auto& t : ts) numel += t.numel();
     f.v[15] = numel;
-  } else if (ts[0].dim() > 0 && ts[0].size(0) > 0) {
-    f.v[15] = ts[0].numel() / ts[0].size(0);  // elements per row of dim 0
+  } else if (ts[0].dim() > 0) {
+    // elements per row of dim 0, from the other dims: a rank that sends no
+    // rows (uneven splits) still agrees with the others
+    int64_t row = 1;
+    for (int64_t d = 1; d < ts[0].dim(); d++) row *= ts[0].size(d);
+    f.v[15] = row;
   }
   return f;
 }
