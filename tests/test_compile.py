@@ -477,6 +477,34 @@ def test_an_error_in_a_replayed_graph_raises_like_eager_and_the_device_keeps_wor
         assert torch.equal(f(good).cpu(), (emb(good) * 2).cpu())
 
 
+def test_replayed_calls_time_every_launch_under_its_own_name():
+    # a replayed call hands its launches to the stream's worker a batch at a
+    # time; TORCH_TPU_KERNEL_TIMES still sees each one under its own name:
+    # the same names and counts as when every call records
+    code = """
+import torch, torch_tpu
+f = torch.compile(lambda a, b, c: ((a @ b).relu() * 3 + c).softmax(-1).sum(0), backend="tpu")
+a, b, c = (torch.randn(16, 16, device="tpu") for _ in range(3))
+with torch.no_grad():
+    for _ in range(8):
+        out = f(a, b, c)
+    out.cpu()
+print("REPLAYS", torch_tpu.compiler.compile_stats()["replays"])
+"""
+    tables, replays = {}, {}
+    for replay in ("0", "1"):
+        out = run_python(code, {"TORCH_TPU_KERNEL_TIMES": "1", "TORCH_TPU_COMPILE_REPLAY": replay}, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        replays[replay] = int(out.stdout.split("REPLAYS")[1].split()[0])
+        lines = out.stderr.splitlines()
+        head = [i for i, ln in enumerate(lines) if ln.startswith("torch_tpu kernel times")]
+        assert len(head) == 1, out.stderr[-3000:]
+        rows = [ln.split(None, 4) for ln in lines[head[0] + 2:]]
+        tables[replay] = {r[4]: int(r[1]) for r in rows if len(r) == 5}
+    assert replays["0"] == 0 and replays["1"] >= 5, replays
+    assert tables["1"] == tables["0"]
+
+
 def _peak_training(base, x, y, steps, monkeypatch, replay: str):
     monkeypatch.setenv("TORCH_TPU_COMPILE_REPLAY", replay)
     torch._dynamo.reset()

@@ -119,8 +119,8 @@ static inline void tpurt__pause(void) {
 typedef struct tpurt__slot {
   tpurt_kernel_fn fn;
   const char *name;
-  void *heap_args; /* non-NULL when args did not fit inline */
-  uint64_t seq;
+  void *heap_args; /* non-NULL when args did not fit inline; a batch (stream.c) */
+  uint64_t seq;    /* the (first) command's sequence number */
   _Alignas(16) unsigned char args[TPURT_MAX_ARGS_INLINE];
 } tpurt__slot;
 
@@ -130,8 +130,11 @@ struct tpurt_stream {
   int priority;
   uint32_t cap; /* ring slots */
   tpurt__slot *ring;
-  pthread_mutex_t mu; /* producers */
-  _Alignas(64) _Atomic uint64_t tail; /* commands enqueued (= last seq) */
+  pthread_mutex_t mu; /* producers (held by a thread's open batch throughout) */
+  uint64_t slots;     /* ring slots written (producers, under mu) */
+  /* commands enqueued (= last seq), those of an open batch included */
+  _Alignas(64) _Atomic uint64_t tail;
+  _Alignas(64) _Atomic uint64_t pub;  /* commands the worker may run (<= tail) */
   _Alignas(64) _Atomic uint64_t head; /* commands completed (= completed seq) */
   _Alignas(64) tpurt__waiter work_w;  /* worker sleeps here */
   _Alignas(64) tpurt__waiter done_w;  /* synchronizers / full producers */
@@ -165,6 +168,16 @@ TPURT_INTERNAL tpurt_stream *tpurt__default_stream(int dev);
 /* Queue a command; returns its sequence number in *seq. */
 TPURT_INTERNAL tpurt_status tpurt__enqueue(tpurt_stream *s, const char *name, tpurt_kernel_fn fn,
                                            const void *args, size_t args_size, uint64_t *seq);
+/* A batch: from tpurt__batch_begin(s) to tpurt__batch_end(s), the calling
+ * thread's commands on s (a graph's launches) are numbered as usual but
+ * reach the worker a few ring items at a time, each holding a run of them,
+ * instead of one item and one wake-up each (stream.c); the worker still
+ * runs, times, traces and reports each command by itself. Other producers
+ * of s wait for the batch's end; waiting on s from the batching thread
+ * hands the commands over first. Returns 0 (no batch: do not end it)
+ * under TPU_LAUNCH_BLOCKING or inside another batch of the thread. */
+TPURT_INTERNAL int tpurt__batch_begin(tpurt_stream *s);
+TPURT_INTERNAL void tpurt__batch_end(tpurt_stream *s);
 /* Waits until the stream completed command seq. */
 TPURT_INTERNAL void tpurt__stream_wait_seq(tpurt_stream *s, uint64_t seq);
 /* Takes (and clears) the pending error, setting last_error; TPURT_OK if none. */

@@ -3,6 +3,12 @@
  * kernel launch, synchronisation, asynchronous error capture, the current
  * stream of each thread, and events (record / query / wait / timing).
  *
+ * A command is one ring item, or one of a batch's: a thread running a
+ * replayed graph (graph/replay.c) hands its launches over a run at a time
+ * (tpurt__batch_begin), and the worker runs a batch's commands one by one
+ * as if each had its own item — its own number, time, trace event and
+ * error — so only the ring traffic and the wake-ups are shared.
+ *
  * Streams are process-lifetime objects (like CUDA's): they are never freed
  * and their detached workers simply sleep at process exit.
  */
@@ -29,7 +35,7 @@ typedef struct {
 
 static int pred_has_work(void *p) {
   seq_ctx *c = p;
-  return atomic_load_explicit(&c->s->tail, memory_order_acquire) >= c->seq;
+  return atomic_load_explicit(&c->s->pub, memory_order_acquire) >= c->seq;
 }
 
 static void record_error(tpurt_stream *s, uint64_t seq, const char *name, tpurt_status st, const char *msg) {
@@ -44,7 +50,61 @@ static void record_error(tpurt_stream *s, uint64_t seq, const char *name, tpurt_
 }
 
 static tpurt_status k_event_record(void *a, char *err, size_t errlen);
+static tpurt_status k_event_wait(void *a, char *err, size_t errlen);
 #define EVENT_CMD_BYTES 16 /* sizeof(event_cmd), checked below */
+
+/* A batch's commands (see tpurt__batch_begin): kernel, name and where its
+ * arguments start in args (16-byte aligned). */
+typedef struct batch_cmd {
+  tpurt_kernel_fn fn;
+  const char *name;
+  size_t off;
+} batch_cmd;
+
+typedef struct batch {
+  int n, cap;
+  batch_cmd *cmd;
+  unsigned char *args;
+  size_t used, acap;
+} batch;
+
+static void batch_free(batch *b) {
+  free(b->cmd);
+  free(b->args);
+  free(b);
+}
+
+/* The ring item of a batch: the worker runs its commands itself and never
+ * calls this. */
+static tpurt_status k_batch(void *a, char *err, size_t errlen) {
+  (void)a;
+  snprintf(err, errlen, "a batch of commands was run as one command");
+  return TPURT_ERR_INTERNAL;
+}
+
+/* An event record runs once head has passed it (below). */
+static tpurt_status k_nothing(void *a, char *err, size_t errlen) {
+  (void)a, (void)err, (void)errlen;
+  return TPURT_OK;
+}
+
+/* Runs command number seq: its time to the kernel times and the trace, its
+ * failure to the stream's error. */
+static void run_command(tpurt_stream *s, uint64_t seq, const char *name, tpurt_kernel_fn fn, void *args, char *err,
+                        size_t errlen) {
+  err[0] = 0;
+  int64_t t0 = tpurt__ktimes_on() || TPURT__TRACE_ON() ? tpurt__now_ns() : 0;
+  tpurt_status st = fn(args, err, errlen);
+  if (t0) {
+    int64_t t1 = tpurt__now_ns();
+    if (tpurt__ktimes_on()) tpurt__ktimes_add(name, t1 - t0);
+    if (TPURT__TRACE_ON()) tpurt__trace_emit(TPURT_TRACE_KERNEL, t0, t1 - t0, name, NULL, s->dev, (int)s->id, seq, 0, st, 0);
+  }
+  if (st != TPURT_OK) {
+    err[errlen - 1] = 0;
+    record_error(s, seq, name, st, err);
+  }
+}
 
 static void *worker_main(void *arg) {
   tpurt_stream *s = arg;
@@ -52,12 +112,24 @@ static void *worker_main(void *arg) {
   snprintf(name, sizeof name, "tpu%d-s%lld", s->dev, (long long)s->id);
   pthread_setname_np(pthread_self(), name);
   char err[512];
-  uint64_t h = 0;
+  uint64_t h = 0, taken = 0; /* commands completed, ring slots taken */
   for (;;) {
     seq_ctx c = {s, h + 1};
     tpurt__wait(&s->work_w, pred_has_work, &c, TPURT_SPIN_NS);
-    tpurt__slot *sl = &s->ring[h % s->cap];
-    err[0] = 0;
+    tpurt__slot *sl = &s->ring[taken++ % s->cap];
+    if (sl->fn == k_batch) {
+      /* taken out of the slot before head moves: the slot is then reusable */
+      batch *b = sl->heap_args;
+      sl->heap_args = NULL;
+      for (int i = 0; i < b->n; i++) {
+        run_command(s, h + 1, b->cmd[i].name, b->cmd[i].fn, b->args + b->cmd[i].off, err, sizeof err);
+        h++;
+        atomic_store_explicit(&s->head, h, memory_order_release);
+        tpurt__notify_reached(&s->done_w, h, &s->wake_at);
+      }
+      batch_free(b);
+      continue;
+    }
     void *args = sl->heap_args ? sl->heap_args : (void *)sl->args;
     /* An event completes only once its stream has passed it: whoever sees
      * the event done also sees the stream's earlier work done (query). The
@@ -66,17 +138,7 @@ static void *worker_main(void *arg) {
     int is_record = sl->fn == k_event_record;
     unsigned char record_args[EVENT_CMD_BYTES];
     if (is_record) memcpy(record_args, args, sizeof record_args);
-    int64_t t0 = tpurt__ktimes_on() || TPURT__TRACE_ON() ? tpurt__now_ns() : 0;
-    tpurt_status st = is_record ? TPURT_OK : sl->fn(args, err, sizeof err);
-    if (t0) {
-      int64_t t1 = tpurt__now_ns();
-      if (tpurt__ktimes_on()) tpurt__ktimes_add(sl->name, t1 - t0);
-      if (TPURT__TRACE_ON()) tpurt__trace_emit(TPURT_TRACE_KERNEL, t0, t1 - t0, sl->name, NULL, s->dev, (int)s->id, h + 1, 0, st, 0);
-    }
-    if (st != TPURT_OK) {
-      err[sizeof err - 1] = 0;
-      record_error(s, h + 1, sl->name, st, err);
-    }
+    run_command(s, h + 1, sl->name, is_record ? k_nothing : sl->fn, args, err, sizeof err);
     if (sl->heap_args) {
       free(sl->heap_args);
       sl->heap_args = NULL;
@@ -211,35 +273,144 @@ tpurt_status tpurt__resolve_stream(tpurt_stream **s, int dev) {
 
 /* -------------------------------------------------------- enqueue / sync */
 
-tpurt_status tpurt__enqueue(tpurt_stream *s, const char *name, tpurt_kernel_fn fn, const void *args,
-                            size_t args_size, uint64_t *seq) {
-  void *heap = NULL;
-  if (args_size > TPURT_MAX_ARGS_INLINE) {
-    heap = malloc(args_size);
-    if (!heap) return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: could not copy %zu bytes of launch arguments",
-                                 name ? name : "launch", args_size);
-    memcpy(heap, args, args_size);
-  }
-  pthread_mutex_lock(&s->mu);
-  uint64_t t = atomic_load_explicit(&s->tail, memory_order_relaxed);
-  if (t - atomic_load_explicit(&s->head, memory_order_acquire) >= s->cap) {
-    /* Full: sleep (no spinning: the producer would take a core from the
-     * kernels it waits for) until half the ring has drained, so that a
-     * host far ahead of the device wakes once per cap / 2 launches, not
-     * once per kernel. */
+/* The thread's open batch: its stream (whose producer mutex it holds), the
+ * commands not yet handed to the worker, and how many to collect before
+ * the next hand-over. */
+static _Thread_local struct {
+  tpurt_stream *s;
+  batch *b;
+  int limit;
+} t_batch;
+
+/* Hand-overs of a batch come at 1, 2, 4, ... commands (then every
+ * BATCH_MAX): the worker starts on a graph's first kernel while the host
+ * prepares the next ones, and a graph of n launches costs ~log2(n) ring
+ * items and wake-ups instead of n. */
+#define BATCH_MAX 64
+
+/* Room for one more ring item (s->mu held). Full: sleep (no spinning: the
+ * producer would take a core from the kernels it waits for) until half the
+ * ring has drained, so that a host far ahead of the device wakes once per
+ * cap / 2 commands, not once per kernel. Counted in commands, which are
+ * at least as many as the items holding them. */
+static void wait_for_room(tpurt_stream *s) {
+  uint64_t t = atomic_load_explicit(&s->pub, memory_order_relaxed);
+  if (t - atomic_load_explicit(&s->head, memory_order_acquire) >= s->cap)
     tpurt__wait_until(&s->done_w, &s->head, t - s->cap / 2, &s->wake_at, 0);
+}
+
+/* Hands the open batch's commands to the worker as one ring item (s->mu
+ * held by this thread). */
+static void batch_publish(tpurt_stream *s) {
+  batch *b = t_batch.b;
+  t_batch.b = NULL;
+  if (!b) return;
+  if (!b->n) { /* its first command could not be added */
+    batch_free(b);
+    return;
   }
-  tpurt__slot *sl = &s->ring[t % s->cap];
+  wait_for_room(s);
+  uint64_t p = atomic_load_explicit(&s->pub, memory_order_relaxed);
+  tpurt__slot *sl = &s->ring[s->slots++ % s->cap];
+  sl->fn = k_batch;
+  sl->name = "batch";
+  sl->seq = p + 1;
+  sl->heap_args = b;
+  atomic_store_explicit(&s->pub, p + (uint64_t)b->n, memory_order_release);
+  tpurt__notify(&s->work_w);
+}
+
+/* One command as its own ring item (s->mu held; heap: its arguments when
+ * they do not fit inline). */
+static void put_command(tpurt_stream *s, const char *name, tpurt_kernel_fn fn, const void *args, size_t args_size,
+                        void *heap, uint64_t *seq) {
+  wait_for_room(s);
+  uint64_t t = atomic_load_explicit(&s->tail, memory_order_relaxed);
+  tpurt__slot *sl = &s->ring[s->slots++ % s->cap];
   sl->fn = fn;
   sl->name = name;
   sl->seq = t + 1;
   sl->heap_args = heap;
   if (!heap && args_size) memcpy(sl->args, args, args_size);
   atomic_store_explicit(&s->tail, t + 1, memory_order_release);
+  atomic_store_explicit(&s->pub, t + 1, memory_order_release);
   tpurt__notify(&s->work_w);
+  *seq = t + 1;
+}
+
+/* Adds a command to the open batch (its number is taken now). */
+static tpurt_status batch_add(tpurt_stream *s, const char *name, tpurt_kernel_fn fn, const void *args,
+                              size_t args_size, uint64_t *seq) {
+  batch *b = t_batch.b;
+  if (!b && !(b = t_batch.b = calloc(1, sizeof *b)))
+    return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory", name ? name : "launch");
+  size_t off = (b->used + 15) & ~(size_t)15;
+  if (b->n == b->cap || !b->args || off + args_size > b->acap) {
+    int nc = b->n == b->cap ? (b->cap ? 2 * b->cap : 16) : b->cap;
+    size_t na = !b->args || off + args_size > b->acap ? 2 * (off + args_size) + 1024 : b->acap;
+    batch_cmd *c = nc != b->cap ? realloc(b->cmd, (size_t)nc * sizeof *c) : b->cmd;
+    if (c) b->cmd = c, b->cap = nc;
+    unsigned char *a = c && (!b->args || na != b->acap) ? realloc(b->args, na) : b->args;
+    if (a) b->args = a, b->acap = na;
+    if (!c || !a)
+      return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: could not copy %zu bytes of launch arguments",
+                        name ? name : "launch", args_size);
+  }
+  if (args_size) memcpy(b->args + off, args, args_size);
+  b->used = off + args_size;
+  b->cmd[b->n++] = (batch_cmd){fn, name, off};
+  uint64_t q = atomic_load_explicit(&s->tail, memory_order_relaxed) + 1;
+  atomic_store_explicit(&s->tail, q, memory_order_release);
+  *seq = q;
+  if (b->n >= t_batch.limit) {
+    batch_publish(s);
+    if (t_batch.limit < BATCH_MAX) t_batch.limit *= 2;
+  }
+  return TPURT_OK;
+}
+
+int tpurt__batch_begin(tpurt_stream *s) {
+  if (t_batch.s || atomic_load_explicit(&tpurt__blocking, memory_order_relaxed)) return 0;
+  pthread_mutex_lock(&s->mu);
+  t_batch.s = s;
+  t_batch.b = NULL;
+  t_batch.limit = 1;
+  return 1;
+}
+
+void tpurt__batch_end(tpurt_stream *s) {
+  batch_publish(s);
+  t_batch.s = NULL;
   pthread_mutex_unlock(&s->mu);
-  if (TPURT__TRACE_ON()) tpurt__trace_launch(s, name, t + 1);
-  if (seq) *seq = t + 1;
+}
+
+tpurt_status tpurt__enqueue(tpurt_stream *s, const char *name, tpurt_kernel_fn fn, const void *args,
+                            size_t args_size, uint64_t *seq) {
+  uint64_t q = 0;
+  /* an event's command is an item of its own: the worker completes the
+   * commands before a record, then the record */
+  if (t_batch.s == s && fn != k_event_record && fn != k_event_wait) {
+    tpurt_status st = batch_add(s, name, fn, args, args_size, &q);
+    if (st) return st;
+  } else {
+    void *heap = NULL;
+    if (args_size > TPURT_MAX_ARGS_INLINE) {
+      heap = malloc(args_size);
+      if (!heap) return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: could not copy %zu bytes of launch arguments",
+                                   name ? name : "launch", args_size);
+      memcpy(heap, args, args_size);
+    }
+    if (t_batch.s == s) {
+      batch_publish(s);
+      put_command(s, name, fn, args, args_size, heap, &q);
+    } else {
+      pthread_mutex_lock(&s->mu);
+      put_command(s, name, fn, args, args_size, heap, &q);
+      pthread_mutex_unlock(&s->mu);
+    }
+  }
+  if (TPURT__TRACE_ON()) tpurt__trace_launch(s, name, q);
+  if (seq) *seq = q;
   return TPURT_OK;
 }
 
@@ -247,8 +418,10 @@ tpurt_status tpurt__enqueue(tpurt_stream *s, const char *name, tpurt_kernel_fn f
  * completes that one, not after every command (a host waiting at a step's
  * loss.item() for ~300 kernels was woken ~300 times a step, each time
  * taking a core from the kernels: ~130-190 preemptions of the compute
- * threads per Llama step). */
+ * threads per Llama step). A thread waiting for a command of its own open
+ * batch hands the batch over first. */
 void tpurt__stream_wait_seq(tpurt_stream *s, uint64_t seq) {
+  if (t_batch.s == s && seq > atomic_load_explicit(&s->pub, memory_order_relaxed)) batch_publish(s);
   tpurt__wait_until(&s->done_w, &s->head, seq, &s->wake_at, TPURT_SPIN_NS);
 }
 

@@ -3,8 +3,13 @@
  * verifies it, a replay on a third pair of buffers gives the bits strict
  * mode gives and fresh output memory; what cannot be a template is refused
  * with a reason; a recording that differs does not verify; overlapping
- * inputs are refused at replay; memory comes back. */
+ * inputs are refused at replay; memory comes back. A replay's launches
+ * (handed to the stream's worker in batches) still run one by one in
+ * order, each timed and traced under its own name and number, an error in
+ * one is raised at the next synchronization naming it, and an event
+ * recorded after a replay orders another stream's work after all of it. */
 #define _GNU_SOURCE
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "check.h"
@@ -199,12 +204,179 @@ static void test_refusals(void) {
   CHECK_OK(tpurt_free(c));
 }
 
+/* ------------------------------------------- the launches of a replay */
+
+#define NSTEPS 40 /* more than the first few batches hold (1, 2, 4, ...) */
+
+/* What the step kernels saw, in the order the worker ran them. */
+static struct {
+  _Atomic int n;
+  int log[4 * NSTEPS];
+  int fail; /* the step that reports an error (-1: none) */
+} C;
+
+typedef struct {
+  int id, pad;
+  void *c; /* (a host address: kept as it is by the template) */
+} step_args;
+
+static char step_names[NSTEPS][16];
+
+static tpurt_status k_step(void *a, char *e, size_t n) {
+  const step_args *s = a;
+  int k = atomic_fetch_add(&C.n, 1);
+  if (k < 4 * NSTEPS) C.log[k] = s->id;
+  if (C.fail == s->id) {
+    snprintf(e, n, "index 9 is out of bounds for dimension 0 with size 4");
+    return TPURT_ERR_INDEX;
+  }
+  return TPURT_OK;
+}
+
+static void step(int id) {
+  step_args a;
+  memset(&a, 0, sizeof a);
+  a.id = id;
+  a.c = &C;
+  CHECK_OK(tpurt_launch(S, step_names[id], k_step, &a, sizeof a));
+}
+
+/* One call: half the steps, y = a * b + 0.5, the other half. */
+static tpurt_devptr call_steps(tpurt_devptr a, tpurt_devptr b) {
+  for (int k = 0; k < NSTEPS / 2; k++) step(k);
+  tpurt_devptr y = call(a, b, 0.5, 0, NULL);
+  for (int k = NSTEPS / 2; k < NSTEPS; k++) step(k);
+  return y;
+}
+
+typedef struct {
+  int *seen;
+} seen_args;
+
+static tpurt_status k_seen(void *a, char *e, size_t n) {
+  (void)e, (void)n;
+  *((seen_args *)a)->seen = atomic_load(&C.n);
+  return TPURT_OK;
+}
+
+static void check_steps_in_order(void) {
+  CHECK_EQ(atomic_load(&C.n), NSTEPS);
+  for (int k = 0; k < NSTEPS; k++) CHECK_EQ(C.log[k], k);
+}
+
+static void test_replay_launches(void) {
+  for (int k = 0; k < NSTEPS; k++) snprintf(step_names[k], sizeof step_names[k], "step%d", k);
+  C.fail = -1;
+  static float h[N];
+  for (int i = 0; i < N; i++) h[i] = (float)(i % 7);
+  tpurt_devptr a[3], b[3];
+  for (int k = 0; k < 3; k++) a[k] = dev_of(h), b[k] = dev_of(h);
+  uint64_t bytes[2] = {N * 4, N * 4};
+  char why[256];
+  tpurt_replay *r = NULL;
+  tpurt_devptr y[2];
+  for (int k = 0; k < 2; k++) { /* the template, then its verification */
+    CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_DEFER));
+    y[k] = call_steps(a[k], b[k]);
+    tpurt_devptr in[2] = {a[k], b[k]};
+    if (k == 0)
+      CHECK_OK(tpurt_replay_capture(0, in, bytes, 2, &y[0], 1, &r, why, sizeof why));
+    else
+      CHECK_EQ(tpurt_replay_matches(r, in, 2, &y[1], 1, why, sizeof why), 1);
+    CHECK(r != NULL);
+    CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_STRICT));
+  }
+  CHECK_OK(tpurt_stream_synchronize(S));
+  tpurt_devptr in3[2] = {a[2], b[2]};
+  int refused = 1;
+  tpurt_devptr out = 0;
+
+  /* in order, each traced under its own name and number */
+  atomic_store(&C.n, 0);
+  CHECK_OK(tpurt_trace_start(1 << 14));
+  CHECK_OK(tpurt_replay_run(r, in3, 2, &out, &refused));
+  CHECK_EQ(refused, 0);
+  CHECK_OK(tpurt_stream_synchronize(S));
+  tpurt_trace_stop();
+  check_steps_in_order();
+  static tpurt_trace_event ev[1 << 14];
+  uint64_t dropped = 0;
+  size_t nev = tpurt_trace_read(ev, 1 << 14, &dropped);
+  CHECK_EQ(dropped, 0);
+  uint64_t kseq[NSTEPS] = {0}, lseq[NSTEPS] = {0};
+  for (size_t i = 0; i < nev; i++)
+    for (int k = 0; k < NSTEPS; k++)
+      if (ev[i].name && !strcmp(ev[i].name, step_names[k])) {
+        uint64_t *at = ev[i].kind == TPURT_TRACE_KERNEL ? &kseq[k] : ev[i].kind == TPURT_TRACE_LAUNCH ? &lseq[k] : NULL;
+        if (!at) continue;
+        CHECK_EQ(*at, 0); /* once */
+        *at = ev[i].seq;
+      }
+  for (int k = 0; k < NSTEPS; k++) {
+    CHECK(kseq[k] != 0);
+    CHECK_EQ(kseq[k], lseq[k]); /* the launch and its run: one command number */
+    if (k) CHECK(kseq[k] > kseq[k - 1]);
+  }
+  CHECK_OK(tpurt_free(out));
+
+  /* an event recorded after a replay: another stream's work waits for all of it */
+  tpurt_stream *s2 = NULL;
+  CHECK_OK(tpurt_stream_from_pool(0, 0, &s2));
+  tpurt_event *e = NULL;
+  CHECK_OK(tpurt_event_create(0, &e));
+  int seen = -1;
+  seen_args sa = {&seen};
+  atomic_store(&C.n, 0);
+  CHECK_OK(tpurt_replay_run(r, in3, 2, &out, &refused));
+  CHECK_EQ(refused, 0);
+  CHECK_OK(tpurt_event_record(e, S));
+  CHECK_OK(tpurt_stream_wait_event(s2, e));
+  CHECK_OK(tpurt_launch(s2, "seen", k_seen, &sa, sizeof sa));
+  CHECK_OK(tpurt_stream_synchronize(s2));
+  CHECK_EQ(seen, NSTEPS);
+  CHECK_OK(tpurt_stream_synchronize(S));
+  check_steps_in_order();
+  tpurt_event_destroy(e);
+  CHECK_OK(tpurt_free(out));
+
+  /* an error: raised at the next synchronization, naming the launch; the
+   * launches after it still run, as they do outside a replay */
+  atomic_store(&C.n, 0);
+  C.fail = 29;
+  CHECK_OK(tpurt_replay_run(r, in3, 2, &out, &refused));
+  CHECK_EQ(refused, 0);
+  CHECK_ST(tpurt_stream_synchronize(S), TPURT_ERR_INDEX);
+  CHECK(strstr(tpurt_last_error(), "step29: index 9 is out of bounds") != NULL);
+  check_steps_in_order();
+  CHECK_OK(tpurt_stream_synchronize(S)); /* reported once */
+  C.fail = -1;
+  CHECK_OK(tpurt_free(out));
+
+  /* under launch blocking (no batches) the same */
+  tpurt_set_launch_blocking(1);
+  atomic_store(&C.n, 0);
+  CHECK_OK(tpurt_replay_run(r, in3, 2, &out, &refused));
+  CHECK_EQ(refused, 0);
+  CHECK_OK(tpurt_stream_synchronize(S));
+  check_steps_in_order();
+  tpurt_set_launch_blocking(0);
+  CHECK_OK(tpurt_free(out));
+
+  tpurt_replay_destroy(r);
+  for (int k = 0; k < 2; k++) CHECK_OK(tpurt_free(y[k]));
+  for (int k = 0; k < 3; k++) {
+    CHECK_OK(tpurt_free(a[k]));
+    CHECK_OK(tpurt_free(b[k]));
+  }
+}
+
 int main(void) {
   CHECK_OK(tpurt_init());
   S = tpurt_stream_current(0);
   CHECK(S != NULL);
   test_capture_verify_replay();
   test_refusals();
+  test_replay_launches();
   CHECK_OK(tpurt_stream_synchronize(S));
   tpurt_memory_stats ms;
   CHECK_OK(tpurt_memory_get_stats(0, &ms));

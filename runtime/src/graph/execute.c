@@ -251,12 +251,26 @@ static tpurt_devptr redirect(const exec_ctx *x, int u, tpurt_devptr p) {
   return x->rreal[r] + (p & TPURT_PROMISE_OFFMASK);
 }
 
-/* A kernel's name with the source line its op was recorded at. */
+/* A kernel's name with the source line its op was recorded at. Names and
+ * sites live for the process (the stream's worker reads launch names after
+ * the launch; sites are interned by whoever sets the site callback), so
+ * the pair is remembered by address in a small per-thread table: a graph
+ * run again (each replay of a compiled graph) formats none of its names. */
 static const char *site_name(const char *name, const char *site) {
   if (!site) return name;
+  static _Thread_local struct {
+    const char *name, *site, *both;
+  } memo[512];
+  uintptr_t h = ((uintptr_t)name * 0x9E3779B97F4A7C15ull) ^ ((uintptr_t)site * 0xC2B2AE3D27D4EB4Full);
+  size_t k = (size_t)(h >> 32) % (sizeof memo / sizeof memo[0]);
+  if (memo[k].name == name && memo[k].site == site) return memo[k].both;
   char nm[400];
   snprintf(nm, sizeof nm, "%s (recorded at %s)", name, site);
-  return tpurt__intern(nm);
+  const char *both = tpurt__intern(nm);
+  memo[k].name = name;
+  memo[k].site = site;
+  memo[k].both = both;
+  return both;
 }
 
 /* A copy of d's arguments (in buf when they fit in cap bytes, else

@@ -14,7 +14,9 @@
  * promises and the new inputs' addresses in, and runs the graph with the
  * plan the first replay found: no recording, no plan key, no Python between
  * the ops. Addresses that point into neither stay as they are (memory the
- * compiled module keeps alive).
+ * compiled module keeps alive). Its launches go to the stream as a batch
+ * (tpurt__batch_begin): a few ring items and worker wake-ups a call
+ * instead of one per launch.
  *
  * Which 8-byte words of a kernel's argument bytes are addresses is read
  * from their values (as execute.c's redirected_args does for recomputed
@@ -507,7 +509,10 @@ tpurt_status tpurt_replay_run(tpurt_replay *r, const tpurt_devptr *in, int nin, 
   relocate(r, b, paddr, in);
   for (int i = 0; i < r->n; i++) node_over(r, i, b, &G->nodes[i]);
   const plan *used = NULL;
+  /* the graph's launches reach the worker as a few batches (stream.c) */
+  int batched = tpurt__batch_begin(s);
   st = tpurt__graph_run_cut(s, G, TPURT_FLUSH_MODE, r->nodes[r->n - 1].d.site, r->P, &used);
+  if (batched) tpurt__batch_end(s);
   if (!st && !r->P) r->P = used;
   pthread_mutex_unlock(&s->dmu);
   if (st) { /* nobody takes the outputs */
