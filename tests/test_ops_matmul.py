@@ -125,6 +125,24 @@ def test_addmm_beta_zero_ignores_nan():
     close(torch.addmm(s.to("tpu"), a.to("tpu"), b.to("tpu"), beta=0), torch.addmm(s, a, b, beta=0))
 
 
+@pytest.mark.parametrize("N,K", [(1, 1), (7, 5), (384, 128), (1000, 257), (32000, 64)])
+@pytest.mark.parametrize("weight", ["linear", "plain"])
+def test_one_row_products(N, K, weight):
+    """M = 1 (a decode step's projections) runs as matrix-vector slices: both
+    weight layouts, a transposed row, alpha / beta, and NaN in an output that
+    beta = 0 must not read."""
+    x, xt = rand(1, K), rand(K, 1, seed=3)
+    w = rand(N, K, seed=1) if weight == "linear" else rand(K, N, seed=1)
+    op = (lambda t: t.t()) if weight == "linear" else (lambda t: t)
+    close(x.to("tpu") @ op(w.to("tpu")), x @ op(w))
+    out = torch.full((1, N), float("nan"), device="tpu")
+    torch.mm(x.to("tpu"), op(w.to("tpu")), out=out)
+    close(out, x @ op(w))
+    b = rand(1, N, seed=2)
+    close(torch.addmm(b.to("tpu"), xt.to("tpu").t(), op(w.to("tpu")), beta=0.5, alpha=2.0),
+          torch.addmm(b, xt.t(), op(w), beta=0.5, alpha=2.0))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int32], ids=str)
 def test_bmm_baddbmm(dtype):
     a, b = rand(4, 6, 5, dtype=dtype), rand(4, 5, 3, dtype=dtype, seed=1)

@@ -317,6 +317,51 @@ static int use_own(int64_t nb, int64_t M, int64_t N, int64_t K) {
   return M >= 64 && N >= 32 && macs >= (double)(1 << 18);
 }
 
+/* One-row products (M = 1: a decode step's projections, batch 1): the
+ * library's matrix-vector kernel over slices of the columns, one slice a
+ * pool task. The tiles' matrix-product calls packed the whole weight
+ * matrix on every call to multiply it by one row: 46 % of the stream
+ * worker's time in a compiled Llama decode step went to that copy. */
+typedef struct {
+  int tb;
+  int64_t N, K, nt;
+  float alpha, beta;
+  const float *x, *B;
+  int64_t incx, ldb;
+  float *y;
+} gemv_job;
+
+static void gemv_slices(void *p, int64_t t0, int64_t t1) {
+  const gemv_job *j = p;
+  for (int64_t t = t0; t < t1; t++) {
+    int64_t n0 = t * j->nt, n = j->N - n0 < j->nt ? j->N - n0 : j->nt;
+    if (j->beta == 0.0f) memset(j->y + n0, 0, sizeof(float) * (size_t)n); /* C's old values unread, NaN too */
+    if (j->tb) /* op(B) = B^T, B [N, K]: y = B x over rows n0 .. */
+      scipy_cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)n, (int)j->K, j->alpha, j->B + n0 * j->ldb, (int)j->ldb,
+                        j->x, (int)j->incx, j->beta, j->y + n0, 1);
+    else /* B [K, N]: y = B^T x over columns n0 .. */
+      scipy_cblas_sgemv(CblasRowMajor, CblasTrans, (int)j->K, (int)n, j->alpha, j->B + n0, (int)j->ldb, j->x,
+                        (int)j->incx, j->beta, j->y + n0, 1);
+  }
+}
+
+static void sgemv_row(int ta, int tb, int64_t N, int64_t K, float alpha, const float *A, int64_t lda, const float *B,
+                      int64_t ldb, float beta, float *C) {
+  gemv_job j = {tb, N, K, N, alpha, beta, A, B, ta ? lda : 1, ldb, C};
+  int64_t nth = tpurt_num_threads(), tasks = 1;
+  if (nth > 1 && !tpurt__pool_nested() && N * K >= (int64_t)1 << 16) {
+    tasks = 4 * nth; /* slices of >= 16 columns (a cache line of y each) */
+    if (tasks > N / 16) tasks = N / 16 > 1 ? N / 16 : 1;
+    j.nt = ceil_div(ceil_div(N, tasks), 16) * 16;
+    tasks = ceil_div(N, j.nt);
+  }
+  set_threads_for(1, 1, 1);
+  if (tasks > 1)
+    tpurt_parallel_for(tasks, 1, gemv_slices, &j);
+  else
+    gemv_slices(&j, 0, 1);
+}
+
 /* nb products C_i = alpha op(A_i) op(B_i) + beta C_i (K > 0, row-major,
  * batch strides in elements; sc != 0 unless nb == 1), with an epilogue
  * on each final block of C when epi is not NULL. */
@@ -325,6 +370,10 @@ static void sgemm_batched_k(int ta, int tb, int64_t nb, int64_t M, int64_t N, in
                           int64_t ldc, int64_t sc, const tpurt__gemm_epi *epi) {
   int mode = tpurt__sgemm_mode();
   if (mode == 6) mode = 0; /* "packed": the automatic choice (it concerns convolutions only) */
+  if (mode == 0 && nb == 1 && M == 1 && !epi && K <= INT32_MAX && N <= INT32_MAX) {
+    sgemv_row(ta, tb, N, K, alpha, A, lda, B, ldb, beta, C);
+    return;
+  }
   if (mode == 1 || mode == 3 || mode == 4 || mode == 5 || (mode == 0 && use_own(nb, M, N, K))) {
     tpurt__sgemm_own(ta, tb, nb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc,
                      (mode == 3 ? 1 : 0) | (mode == 4 ? 2 : 0), epi);
