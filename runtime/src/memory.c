@@ -638,7 +638,15 @@ tpurt_status tpurt_free(tpurt_devptr p) {
           f[nf].seq = q;
           nf++;
         } else {
-          tpurt__stream_wait_seq(u, q); /* host OOM: be safe by waiting */
+          /* host OOM: be safe by waiting, without the allocator's lock (a
+           * thread replaying a graph may hold launches of u back until it
+           * takes that lock); pending keeps the block out of neighbours'
+           * merges meanwhile (it is in no list, so nothing else takes it) */
+          b->pending = 1;
+          pthread_mutex_unlock(&m->mu);
+          tpurt__stream_wait_seq(u, q);
+          pthread_mutex_lock(&m->mu);
+          b->pending = 0;
         }
       }
     }
