@@ -267,3 +267,20 @@ def test_torch_profiler_privateuse1_activity_shows_device_work(tmp_path, mode):
     with tp.profile(torch_profiler=True) as mine:
         (x @ y).cpu()
     assert any(e.get("cat") == "kernel" for e in mine.trace_events())
+
+
+def test_torch_profiler_sees_compiled_graphs_kernels():
+    """torch.profiler is no dispatch mode, so Dynamo compiles under it: a
+    compiled call's fused kernels show with device time (torch_tpu.profiler's
+    op recorder makes Dynamo run the function eagerly instead)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    f = torch.compile(lambda a: (a * 2 + 1).relu().sum(), backend="tpu")
+    x = torch.ones(64, device="tpu")
+    f(x)
+    calls = torch.tpu.compile_stats()["calls"]
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        assert f(x).item() == 192.0
+    assert torch.tpu.compile_stats()["calls"] == calls + 1
+    timed = [e.key for e in prof.key_averages() if e.self_device_time_total > 0]
+    assert any(k.startswith("fused(mul,add,relu)") and "test_profiler.py:" in k for k in timed), timed
