@@ -520,3 +520,30 @@ def test_replayed_empty_outputs_keep_their_dtype_and_shape():
         assert e.dtype == torch.bool and e.shape == (0,) and e.device.type == "tpu"
         assert torch.equal(d.cpu(), torch.full((3,), 2.0))
     assert torch_tpu.compiler.compile_stats()["replays"] >= 2
+
+
+def test_grouped_mm_in_float32_compiles_on_tpu():
+    """torch._grouped_mm of float32 tpu operands (Transformers' grouped-experts
+    MoE path) under torch.compile: PyTorch's fake kernel keeps CUDA's
+    bfloat16-only rule, torch_tpu's accepts what the eager kernel runs;
+    forward and backward match eager CPU."""
+    torch.manual_seed(0)
+    a, b = torch.randn(10, 32), torch.randn(3, 32, 16)
+    offs = torch.tensor([2, 7, 10], dtype=torch.int32)
+
+    def f(x, w, o):
+        return torch._grouped_mm(x, w, offs=o).square().sum()
+
+    ref_a, ref_b = a.clone().requires_grad_(), b.clone().requires_grad_()
+    f(ref_a, ref_b, offs).backward()
+    ta, tb = a.to("tpu").requires_grad_(), b.to("tpu").requires_grad_()
+    cf = torch.compile(f, backend="tpu", fullgraph=True)
+    before = compiler.compile_stats()["dynamo_graphs"]
+    loss = cf(ta, tb, offs.to("tpu"))
+    loss.backward()
+    assert compiler.compile_stats()["dynamo_graphs"] == before + 1
+    torch.testing.assert_close(loss.cpu(), f(a, b, offs), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(ta.grad.cpu(), ref_a.grad, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(tb.grad.cpu(), ref_b.grad, rtol=1e-5, atol=1e-4)
+    with pytest.raises(Exception, match="Have to provide offsets"):
+        torch.compile(lambda x, w: torch._grouped_mm(x, w), backend="tpu", fullgraph=True)(ta.detach(), tb.detach())

@@ -75,6 +75,7 @@ def test_streams_events_seeds_memory_and_pin_memory_device_rewritten_and_run():
            'start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)\n'
            'x = torch.arange(6.0).cuda()\n'
            'start.record()\n'
+           's.wait_stream(torch.cuda.current_stream())\n'
            'with torch.cuda.stream(s):\n'
            '    y = x * 2  # on the side stream\n'
            'end.record(s)\n'
@@ -90,13 +91,13 @@ def test_streams_events_seeds_memory_and_pin_memory_device_rewritten_and_run():
     new, findings = port_source(src)
     by_line = {f.line: f for f in findings}
     assert by_line[2].suggestion == "torch.tpu.manual_seed_all" and by_line[3].suggestion == "torch.tpu.manual_seed"
-    assert by_line[4].suggestion == "torch.tpu.Stream" and by_line[8].suggestion == "torch.tpu.stream"
+    assert by_line[4].suggestion == "torch.tpu.Stream" and by_line[9].suggestion == "torch.tpu.stream"
     assert {f.suggestion for f in findings if f.line == 5} == {"torch.Event"}
-    assert by_line[11].suggestion == "torch.accelerator.current_stream"
-    assert by_line[13].suggestion == "torch.accelerator.empty_cache"
-    assert by_line[14].suggestion == "torch.accelerator.memory_allocated"
-    assert not by_line[15].fixable and "cuDNN" in by_line[15].suggestion
-    assert by_line[17].suggestion == '"tpu"'
+    assert {f.suggestion for f in findings if f.line in (8, 12)} == {"torch.accelerator.current_stream"}
+    assert by_line[14].suggestion == "torch.accelerator.empty_cache"
+    assert by_line[15].suggestion == "torch.accelerator.memory_allocated"
+    assert not by_line[16].fixable and "cuDNN" in by_line[16].suggestion
+    assert by_line[18].suggestion == '"tpu"'
     assert "torch.cuda" not in new.replace("torch.backends.cudnn", "")
     assert "# on the side stream" in new and new.count("\n") == src.count("\n")
     scope: dict = {}
