@@ -228,6 +228,27 @@ c10::Scalar tpu_local_scalar_dense(const at::Tensor& self) {
   return host.item();
 }
 
+// aten::_assert_async (and .msg, which torch.compile graphs carry for
+// torch._check and the like): CPU's check, a read of the value (CUDA asserts
+// on the device asynchronously); in DeferAndFuse a cut, as .item() is.
+bool tpu_is_nonzero(const at::Tensor& self) {
+  TORCH_CHECK(self.numel() != 0, "Boolean value of Tensor with no values is ambiguous");
+  TORCH_CHECK(self.numel() == 1, "Boolean value of Tensor with more than one value is ambiguous");
+  c10::Scalar v = tpu_local_scalar_dense(self);
+  if (v.isComplex()) return v.toComplexDouble() != c10::complex<double>(0, 0);
+  if (v.isFloatingPoint()) return v.toDouble() != 0;
+  if (v.isBoolean()) return v.toBool();
+  return v.toLong() != 0;
+}
+
+void tpu_assert_async(const at::Tensor& self) {
+  TORCH_CHECK(tpu_is_nonzero(self), "Expected Tensor with single nonzero value, but got zero");
+}
+
+void tpu_assert_async_msg(const at::Tensor& self, c10::string_view assert_msg) {
+  TORCH_CHECK(tpu_is_nonzero(self), !assert_msg.empty() ? assert_msg : "Assertion is failed");
+}
+
 // ----------------------------------------------------- views and storage
 
 // Grows the storage of impl (on its device) to hold its current geometry.
@@ -377,6 +398,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", TORCH_FN(tpu_copy_from));
   m.impl("_copy_from_and_resize", TORCH_FN(tpu_copy_from_and_resize));
   m.impl("_local_scalar_dense", TORCH_FN(tpu_local_scalar_dense));
+  m.impl("_assert_async", TORCH_FN(tpu_assert_async));
+  m.impl("_assert_async.msg", TORCH_FN(tpu_assert_async_msg));
   m.impl("fill_.Scalar", TORCH_FN(tpu_fill_scalar));
   m.impl("fill_.Tensor", TORCH_FN(tpu_fill_tensor));
   m.impl("zero_", TORCH_FN(tpu_zero));
