@@ -284,3 +284,26 @@ def test_torch_profiler_sees_compiled_graphs_kernels():
     assert torch.tpu.compile_stats()["calls"] == calls + 1
     timed = [e.key for e in prof.key_averages() if e.self_device_time_total > 0]
     assert any(k.startswith("fused(mul,add,relu)") and "test_profiler.py:" in k for k in timed), timed
+
+
+def test_torch_profiler_after_an_asynchronous_error():
+    """A kernel's asynchronous error inside a torch.profiler block is raised
+    when the block ends (torch.profiler synchronizes the accelerator before
+    it stops Kineto, as for CUDA; the PrivateUse1 session never takes the
+    error). That session is never stopped: the next one takes the trace ring
+    over, records the device, and leaves the ring off for torch_tpu.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.zeros(4, device="tpu")
+    idx = torch.tensor([7], device="tpu")
+    with pytest.raises(IndexError, match="out of bounds"):
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]):
+            x[idx]  # fails on the device, after the op returned
+    torch.tpu.synchronize()  # nothing pending: the error was raised once
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as again:
+        (x + 1).cpu()
+    assert any(e.self_device_time_total > 0 for e in again.key_averages())
+    assert not _C._trace_enabled()
+    with tp.profile() as prof:
+        (x + 1).cpu()
+    assert prof.kernels

@@ -27,6 +27,9 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "glue.h"
@@ -54,28 +57,36 @@ struct Event {
   std::vector<std::pair<std::string, int64_t>> numbers;
 };
 
+// The session whose ring is on (0: none of ours). torch.profiler's stop
+// synchronizes the device before it stops Kineto; when that raises (a
+// kernel's asynchronous error) the session is never stopped, and the next
+// one takes the ring over.
+std::atomic<uint64_t> g_ring_owner{0};
+std::atomic<uint64_t> g_sessions{0};
+
 class TpuSession final : public libkineto::IActivityProfilerSession {
  public:
-  explicit TpuSession(bool wanted) : wanted_(wanted) {}
+  explicit TpuSession(bool wanted) : wanted_(wanted), id_(++g_sessions) {}
+  ~TpuSession() override { release(); }
 
   void start() override {
-    // the ring is torch_tpu.profiler's while it runs: record nothing then
-    owns_ = wanted_ && !tpurt_trace_enabled();
-    if (!owns_) return;
-    sync_all();
+    if (!wanted_) return;
+    if (tpurt_trace_enabled()) {
+      if (g_ring_owner.load() == 0) return;  // torch_tpu.profiler's ring while it runs: record nothing
+      tpurt_trace_stop();                    // an earlier session torch.profiler never stopped
+    }
     if (tpurt_trace_start(0) != TPURT_OK) {
-      owns_ = false;
       errors_.push_back("tpu: the runtime's trace could not start");
       return;
     }
+    g_ring_owner.store(id_);
     status_ = libkineto::TraceStatus::RECORDING;
   }
 
   void stop() override {
-    if (!owns_) return;
-    owns_ = false;
-    sync_all();  // runs pending deferred graphs, waits for every stream
-    tpurt_trace_stop();
+    if (g_ring_owner.load() != id_) return;
+    drain();
+    release();
     // the ring's CLOCK_MONOTONIC times onto Kineto's (the system clock)
     const int64_t offset = clock_ns(CLOCK_REALTIME) - tpurt_trace_now_ns();
     std::vector<tpurt_trace_event> ev(tpurt_trace_count());
@@ -126,8 +137,23 @@ class TpuSession final : public libkineto::IActivityProfilerSession {
   std::unique_ptr<libkineto::CpuTraceBuffer> getTraceBuffer() override { return nullptr; }
 
  private:
-  static void sync_all() {
-    for (int i = 0; i < device_count(); i++) (void)tpurt_device_synchronize(i);
+  void release() {
+    uint64_t mine = id_;
+    if (g_ring_owner.compare_exchange_strong(mine, 0)) tpurt_trace_stop();
+  }
+
+  // Runs each chip's pending deferred graph and waits for its default and
+  // current streams. Not a synchronize: that would take a pending
+  // asynchronous error from the user's next synchronize, and Kineto's stop
+  // cannot raise it. Work still running on other streams when the profile
+  // ends is left out (a torch.tpu.synchronize() at the block's end brings it in).
+  static void drain() {
+    for (int dev = 0; dev < device_count(); dev++) {
+      tpurt_stream* def = nullptr;
+      if (tpurt_stream_default(dev, &def) != TPURT_OK) continue;
+      for (tpurt_stream* s : {def, tpurt_stream_current(dev)})
+        while (s && !tpurt_stream_query(s)) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
   }
 
   void add(const tpurt_trace_event& e, int64_t offset) {
@@ -171,7 +197,7 @@ class TpuSession final : public libkineto::IActivityProfilerSession {
   }
 
   bool wanted_;
-  bool owns_ = false;
+  uint64_t id_;
   std::vector<Event> events_;
   std::set<std::pair<int32_t, int32_t>> rows_;
   std::vector<std::string> errors_;
