@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths
 
 ROOT = Path(__file__).resolve().parent
 RUNTIME_BUILD = ROOT / "build" / "runtime"
@@ -137,7 +137,9 @@ setup(
         CppExtension(
             name="torch_tpu._C",
             sources=sorted(str(p.relative_to(ROOT)) for p in (ROOT / "torch_tpu" / "csrc").glob("*.cpp")),
-            include_dirs=[str(ROOT / "runtime" / "include"), str(ROOT / "torch_tpu" / "csrc")],
+            # torch's own headers include Kineto's as <IActivityProfiler.h> (kineto_profiler.cpp)
+            include_dirs=[str(ROOT / "runtime" / "include"), str(ROOT / "torch_tpu" / "csrc"),
+                          str(Path(include_paths()[0]) / "kineto")],
             library_dirs=[str(LIB_DIR)],
             libraries=["tpurt"],
             extra_compile_args={"cxx": GLUE_CXX_FLAGS},

@@ -21,8 +21,8 @@ compile  torch.compile(backend="tpu"): cold and warm-cache first training step v
 matrix   examples' workloads (minGPT, Llama, ResNet, DLRM, UNet; Qwen with --qwen) x {cpu eager,
          cpu Inductor, tpu strict, tpu defer, tpu compiled}: train (and Llama/ResNet inference) step time,
          throughput, ratios, peak memory, compile cost; PNG charts (not in the default run)
-profiler torch_tpu.profiler's cost per op: off, the runtime's trace ring alone, the whole profile (not in
-         the default run)
+profiler torch_tpu.profiler's cost per op: off, the runtime's trace ring alone, the whole profile,
+         torch.profiler with the PrivateUse1 activity (not in the default run)
 hf       Hugging Face clients: Transformers generate() tokens/s of a ~10M-parameter Llama and a Diffusers
          DDPM sampling loop's steps/s, tpu strict / defer vs CPU eager (not in the default run)
 sweep    Llama at ~1M..100M params: step time and peak memory vs params and FLOPs (not in the default run)

@@ -9,7 +9,10 @@ in every repeat:
 * ring: the runtime's trace ring on (kernel, launch and memory events are
   written), no host op recorder — the device side of the profiler alone;
 * profile: torch_tpu.profiler.profile() — the ring plus the host op
-  recorder (a dispatch mode timing each op, its FLOPs, bytes and user line).
+  recorder (a dispatch mode timing each op, its FLOPs, bytes and user line);
+* torch.profiler: torch.profiler.profile(activities=[CPU, PrivateUse1]) —
+  PyTorch's own op recorder with the ring behind its PrivateUse1 activity
+  (torch_tpu/csrc/kineto_profiler.cpp).
 
 Reported: microseconds per op and the overhead over off.
 """
@@ -47,9 +50,16 @@ def overhead(repeats: int) -> tuple[dict, str]:
         with tp.profile(capacity=1 << 16):
             loop()
 
-    t = common.interleaved({"off": off, "ring": ring, "profile": prof}, repeats, gap_s=0)
+    def torch_prof() -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]):
+            loop()
+
+    configs = {"off": off, "ring": ring, "profile": prof, "torch.profiler": torch_prof}
+    t = common.interleaved(configs, repeats, gap_s=0)
     us = {k: v / OPS_PER_SAMPLE * 1e6 for k, v in t.items()}
-    rows = [[k, f"{us[k]:.2f}", f"{us[k] - us['off']:+.2f}", f"{us[k] / us['off']:.2f}x"] for k in ("off", "ring", "profile")]
+    rows = [[k, f"{us[k]:.2f}", f"{us[k] - us['off']:+.2f}", f"{us[k] / us['off']:.2f}x"] for k in configs]
     body = (f"Strict-mode `x.add_(1.0)` on 1024 floats, {OPS_PER_SAMPLE} ops per sample, median of {repeats}.\n\n"
             + common.markdown_table(["profiler", "us / op", "overhead us / op", "vs off"], rows))
     return {"us_per_op": us, "repeats": repeats}, body

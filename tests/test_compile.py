@@ -548,3 +548,54 @@ def test_replayed_empty_outputs_keep_their_dtype_and_shape():
         assert e.dtype == torch.bool and e.shape == (0,) and e.device.type == "tpu"
         assert torch.equal(d.cpu(), torch.full((3,), 2.0))
     assert torch_tpu.compiler.compile_stats()["replays"] >= 2
+
+
+def test_grouped_mm_in_float32_compiles_on_tpu():
+    """torch._grouped_mm of float32 tpu operands (Transformers' grouped-experts
+    MoE path) under torch.compile: PyTorch's fake kernel keeps CUDA's
+    bfloat16-only rule, torch_tpu's accepts what the eager kernel runs;
+    forward and backward match eager CPU."""
+    torch.manual_seed(0)
+    a, b = torch.randn(10, 32), torch.randn(3, 32, 16)
+    offs = torch.tensor([2, 7, 10], dtype=torch.int32)
+
+    def f(x, w, o):
+        return torch._grouped_mm(x, w, offs=o).square().sum()
+
+    ref_a, ref_b = a.clone().requires_grad_(), b.clone().requires_grad_()
+    f(ref_a, ref_b, offs).backward()
+    ta, tb = a.to("tpu").requires_grad_(), b.to("tpu").requires_grad_()
+    cf = torch.compile(f, backend="tpu", fullgraph=True)
+    before = compiler.compile_stats()["dynamo_graphs"]
+    loss = cf(ta, tb, offs.to("tpu"))
+    loss.backward()
+    assert compiler.compile_stats()["dynamo_graphs"] == before + 1
+    torch.testing.assert_close(loss.cpu(), f(a, b, offs), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(ta.grad.cpu(), ref_a.grad, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(tb.grad.cpu(), ref_b.grad, rtol=1e-5, atol=1e-4)
+    with pytest.raises(Exception, match="Have to provide offsets"):
+        torch.compile(lambda x, w: torch._grouped_mm(x, w), backend="tpu", fullgraph=True)(ta.detach(), tb.detach())
+
+
+def test_assert_async_eager_and_compiled():
+    """aten::_assert_async(.msg): a compiled torch._assert on a tensor
+    (I-BERT's quantization checks) carries it in the graph; on tpu it checks as
+    CPU does, raising with the message."""
+    torch._assert_async(torch.tensor(1, device="tpu"))
+    torch._assert_async(torch.tensor(0.5, device="tpu"), "not raised")
+    with pytest.raises(RuntimeError, match="Expected Tensor with single nonzero value, but got zero"):
+        torch._assert_async(torch.tensor(0, device="tpu"))
+    with pytest.raises(RuntimeError, match="the planted message"):
+        torch._assert_async(torch.tensor(False, device="tpu"), "the planted message")
+    with pytest.raises(RuntimeError, match="more than one value is ambiguous"):
+        torch._assert_async(torch.ones(2, device="tpu"))
+
+    # a plain assert on a tensor, as I-BERT writes it (Dynamo turns it into _assert_async.msg); compiled from
+    # a string so that pytest's assertion rewriting leaves it alone
+    scope: dict = {}
+    exec("def f(x):\n    assert x.sum() > 0, 'the sum must be positive'\n    return x * 2\n", scope)
+    cf = torch.compile(scope["f"], backend="tpu", fullgraph=True)
+    x = torch.arange(1.0, 5.0, device="tpu")
+    torch.testing.assert_close(cf(x).cpu(), torch.arange(1.0, 5.0) * 2)
+    with pytest.raises(RuntimeError, match="the sum must be positive"):
+        cf(-x).cpu()

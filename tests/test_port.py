@@ -41,7 +41,6 @@ def test_findings_cover_the_cuda_idioms():
     assert 'torch.amp.GradScaler("tpu", enabled=args.amp)' in new
     assert 'torch.autocast("tpu", enabled=args.amp)' in new
     assert "x.to(torch.accelerator.current_accelerator(), non_blocking=True)" in new
-    assert "# per-step synchronize" not in new or True
     # formatting and comments kept: only the rewritten spans change
     assert new.count("\n") == src.count("\n")
     assert '"""A small ImageNet-style training script' in new
@@ -63,6 +62,50 @@ def test_distributed_and_strings():
     assert '"cudaMalloc is not a device"' in new
     manual = [f for f in findings if not f.fixable]
     assert len(manual) == 1 and manual[0].line == 7
+
+
+def test_streams_events_seeds_memory_and_pin_memory_device_rewritten_and_run():
+    """The rest of torch.cuda the issue names (streams, events, seeding, the
+    memory calls, pin_memory_device, cuDNN flags): each finding, its rewrite,
+    and the rewritten code running on tpu with the CPU's values."""
+    src = ('import torch\n'
+           'torch.cuda.manual_seed_all(0)\n'
+           'torch.cuda.manual_seed(1)\n'
+           's = torch.cuda.Stream()\n'
+           'start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)\n'
+           'x = torch.arange(6.0).cuda()\n'
+           'start.record()\n'
+           's.wait_stream(torch.cuda.current_stream())\n'
+           'with torch.cuda.stream(s):\n'
+           '    y = x * 2  # on the side stream\n'
+           'end.record(s)\n'
+           'torch.cuda.current_stream().wait_stream(s)\n'
+           'end.synchronize()\n'
+           'torch.cuda.empty_cache()\n'
+           'mem = torch.cuda.memory_allocated()\n'
+           'torch.backends.cudnn.deterministic = True\n'
+           'loader = torch.utils.data.DataLoader(list(range(4)), batch_size=2, pin_memory=True,\n'
+           '                                     pin_memory_device="cuda")\n'
+           'batches = [b.tolist() for b in loader]\n'
+           'out = (y + 1).cpu().tolist()\n')
+    new, findings = port_source(src)
+    by_line = {f.line: f for f in findings}
+    assert by_line[2].suggestion == "torch.tpu.manual_seed_all" and by_line[3].suggestion == "torch.tpu.manual_seed"
+    assert by_line[4].suggestion == "torch.tpu.Stream" and by_line[9].suggestion == "torch.tpu.stream"
+    assert {f.suggestion for f in findings if f.line == 5} == {"torch.Event"}
+    assert {f.suggestion for f in findings if f.line in (8, 12)} == {"torch.accelerator.current_stream"}
+    assert by_line[14].suggestion == "torch.accelerator.empty_cache"
+    assert by_line[15].suggestion == "torch.accelerator.memory_allocated"
+    assert not by_line[16].fixable and "cuDNN" in by_line[16].suggestion
+    assert by_line[18].suggestion == '"tpu"'
+    assert "torch.cuda" not in new.replace("torch.backends.cudnn", "")
+    assert "# on the side stream" in new and new.count("\n") == src.count("\n")
+    scope: dict = {}
+    exec(compile(new, "ported.py", "exec"), scope)
+    assert scope["y"].device.type == "tpu" and scope["s"].device.type == "tpu"
+    assert scope["out"] == [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]
+    assert scope["start"].elapsed_time(scope["end"]) >= 0
+    assert scope["batches"] == [[0, 1], [2, 3]] and scope["mem"] > 0
 
 
 @pytest.mark.parametrize("name,args", [("imagenet_train.py", ["--epochs", "1"]),

@@ -196,3 +196,114 @@ def test_torch_profiler_merged():
     torch_ev = [e for e in ev if e.get("pid") == 2_000_000 and e.get("ph") == "X"]
     assert any(e["name"].startswith("aten::mm") for e in torch_ev)
     assert any(e.get("cat") == "kernel" for e in ev)
+
+
+def test_kernels_of_a_side_stream_get_their_own_track():
+    x = torch.randn(256, 256, device="tpu")
+    side = torch.tpu.Stream()
+    with tp.profile() as prof:
+        y = x @ x                      # default stream
+        side.wait_stream(torch.tpu.current_stream())
+        with torch.tpu.stream(side):
+            z = torch.tanh(x)          # the side stream
+        torch.tpu.current_stream().wait_stream(side)
+        (y + z).cpu()
+    ev = prof.trace_events()
+    tracks = {e["tid"]: e["args"]["name"] for e in ev if e.get("ph") == "M" and e["name"] == "thread_name"
+              and e["pid"] == 1_000_000}
+    kernels = [e for e in ev if e.get("cat") == "kernel"]
+    tanh = [e for e in kernels if e["args"].get("ops") == ["tanh"]]
+    mm = [e for e in kernels if e["args"].get("ops") == ["mm"]]
+    assert len(tanh) == len(mm) == 1
+    assert tanh[0]["tid"] != mm[0]["tid"] == 0
+    assert tracks[0] == "stream 0 (default)" and tracks[tanh[0]["tid"]] == f"stream {tanh[0]['tid']}"
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer"])
+def test_torch_profiler_privateuse1_activity_shows_device_work(tmp_path, mode):
+    """torch.profiler with ProfilerActivity.PrivateUse1: the runtime's kernels
+    reach Kineto through the PrivateUse1 profiler registry
+    (torch_tpu/csrc/kineto_profiler.cpp) — in the exported trace, on a
+    stream row of the chip, and as device time in key_averages()."""
+    from torch.profiler import ProfilerActivity, profile
+
+    assert ProfilerActivity.PrivateUse1 in torch.profiler.supported_activities()
+    a, b = torch.randn(64, 32), torch.randn(32, 16)
+    with torch_tpu.execution_mode(mode):
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+            x, y = a.to("tpu"), b.to("tpu")
+            out = (torch.relu(x @ y) * 2 + 1).cpu()
+    torch.testing.assert_close(out, torch.relu(a @ b) * 2 + 1)
+    assert not _C._trace_enabled()
+    path = tmp_path / "torch_trace.json"
+    prof.export_chrome_trace(str(path))
+    ev = json.loads(path.read_text())["traceEvents"]
+    kernels = [e for e in ev if e.get("cat") == "kernel"]
+    assert kernels and all(e["dur"] >= 0 for e in kernels)
+    rows = {(e["pid"], e["tid"]): e["args"]["name"] for e in ev if e.get("ph") == "M" and e["name"] == "thread_name"}
+    assert all(rows[(e["pid"], e["tid"])] == "stream 0 (default)" for e in kernels)
+    cpu_ops = [e for e in ev if e.get("cat") == "cpu_op"]
+    assert any(e["name"] == "aten::mm" for e in cpu_ops)
+    # device time on the host ops' clock: the kernels run inside the profile's window
+    lo = min(e["ts"] for e in cpu_ops)
+    hi = max(e["ts"] + e["dur"] for e in cpu_ops)
+    assert all(lo - 1e3 <= e["ts"] <= hi + 1e3 for e in kernels), (lo, hi, [e["ts"] for e in kernels])
+    copies = [e for e in ev if e.get("cat") == "gpu_memcpy"]
+    assert {c["name"] for c in copies} >= {"Memcpy HtoD", "Memcpy DtoH"}
+    assert sum(c["args"]["bytes"] for c in copies if c["name"] == "Memcpy HtoD") == (64 * 32 + 32 * 16) * 4
+    if mode == "defer":
+        fused = [e for e in kernels if e["name"].startswith("fused(")]
+        assert fused and any("test_profiler.py:" in e["name"] for e in fused), [e["name"] for e in kernels]
+        cuts = [e for e in ev if e["name"].startswith("DeferAndFuse cut: ")]
+        assert cuts and all(rows[(e["pid"], e["tid"])].startswith("runtime (host)") for e in cuts)
+        assert any(e["args"]["site"].rsplit("/", 1)[-1].startswith("test_profiler.py:") for e in cuts)
+    assert sum(e.self_device_time_total for e in prof.key_averages()) > 0
+    # CPU activity alone asks nothing of the device, and torch_tpu.profiler keeps its ring
+    with profile(activities=[ProfilerActivity.CPU]) as cpu_only:
+        (x + 1).cpu()
+    cpu_only.export_chrome_trace(str(tmp_path / "cpu_only.json"))
+    cpu_ev = json.loads((tmp_path / "cpu_only.json").read_text())["traceEvents"]
+    assert any(e.get("cat") == "cpu_op" for e in cpu_ev) and not any(e.get("cat") == "kernel" for e in cpu_ev)
+    with tp.profile(torch_profiler=True) as mine:
+        (x @ y).cpu()
+    assert any(e.get("cat") == "kernel" for e in mine.trace_events())
+
+
+def test_torch_profiler_sees_compiled_graphs_kernels():
+    """torch.profiler is no dispatch mode, so Dynamo compiles under it: a
+    compiled call's fused kernels show with device time (torch_tpu.profiler's
+    op recorder makes Dynamo run the function eagerly instead)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    f = torch.compile(lambda a: (a * 2 + 1).relu().sum(), backend="tpu")
+    x = torch.ones(64, device="tpu")
+    f(x)
+    calls = torch.tpu.compile_stats()["calls"]
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        assert f(x).item() == 192.0
+    assert torch.tpu.compile_stats()["calls"] == calls + 1
+    timed = [e.key for e in prof.key_averages() if e.self_device_time_total > 0]
+    assert any(k.startswith("fused(mul,add,relu)") and "test_profiler.py:" in k for k in timed), timed
+
+
+def test_torch_profiler_after_an_asynchronous_error():
+    """A kernel's asynchronous error inside a torch.profiler block is raised
+    when the block ends (torch.profiler synchronizes the accelerator before
+    it stops Kineto, as for CUDA; the PrivateUse1 session never takes the
+    error). That session is never stopped: the next one takes the trace ring
+    over, records the device, and leaves the ring off for torch_tpu.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.zeros(4, device="tpu")
+    idx = torch.tensor([7], device="tpu")
+    with pytest.raises(IndexError, match="out of bounds"):
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]):
+            x[idx]  # fails on the device, after the op returned
+    torch.tpu.synchronize()  # nothing pending: the error was raised once
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as again:
+        (x + 1).cpu()
+    assert any(e.self_device_time_total > 0 for e in again.key_averages())
+    assert not _C._trace_enabled()
+    with tp.profile() as prof:
+        (x + 1).cpu()
+    assert prof.kernels

@@ -552,10 +552,40 @@ def _device_interface() -> type:
     return TpuInterface
 
 
+def _install_fake_grouped_mm() -> None:
+    """The fake (shape-only) ``aten::_grouped_mm`` of a tpu operand in float32
+    or float16. PyTorch's meta function keeps CUDA's kernel's rule (bfloat16
+    only), but on tpu the op runs ATen's grouped kernel, a product per group,
+    in every floating dtype, and Transformers' grouped-experts MoE path calls
+    it in float32 on tpu, in eager and under torch.compile: without this
+    Dynamo refuses the graph. Other devices, and bfloat16, keep PyTorch's
+    meta function."""
+    from torch._meta_registrations import _create_grouped_mm_output_tensor
+    from torch._subclasses import fake_impls
+
+    op = torch.ops.aten._grouped_mm.default
+
+    @fake_impls.register_op_impl(lambda func: func is op)
+    def grouped_mm(fake_mode: Any, func: Any, mat_a: torch.Tensor, mat_b: torch.Tensor, offs: Any = None,
+                   bias: Any = None, out_dtype: Any = None) -> Any:
+        if mat_a.device.type != "tpu" or (mat_a.dtype == torch.bfloat16 and mat_b.dtype == torch.bfloat16):
+            return NotImplemented
+        torch._check(mat_a.dtype == mat_b.dtype and mat_a.is_floating_point(),
+                     lambda: f"_grouped_mm: expected floating operands of one dtype, got {mat_a.dtype} and {mat_b.dtype}")
+        torch._check(mat_a.dim() in (2, 3) and mat_b.dim() in (2, 3),
+                     lambda: f"_grouped_mm: multiplicands must be 2D or 3D, got {mat_a.dim()}D and {mat_b.dim()}D")
+        # the eager kernel's rules and messages
+        torch._check((offs is None) == (mat_a.dim() == 3 and mat_b.dim() == 3),
+                     lambda: "Have to provide offsets if there is a 2d matrix, or no offset if both matrices are 3d")
+        torch._check(bias is None, lambda: "Bias not supported yet")
+        with fake_mode:
+            return _create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype)
+
+
 def _install_dynamo() -> None:
     """Called once torch._dynamo is imported: registers the backend name and
     the device interface (after Dynamo's own registrations, which would
-    otherwise replace it)."""
+    otherwise replace it), and the fake _grouped_mm of tpu operands."""
     from torch._dynamo import device_interface as di
     from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
 
@@ -566,6 +596,7 @@ def _install_dynamo() -> None:
     di.register_interface_for_device("tpu", iface)
     for i in range(torch.tpu.device_count()):
         di.register_interface_for_device(f"tpu:{i}", iface)
+    _install_fake_grouped_mm()
 
 
 def _install_inductor(module: Any) -> None:

@@ -25,12 +25,13 @@ launched several); a fused kernel gets the sum of its ops' FLOPs and the
 bytes of the tensors entering the group from outside plus its last op's
 outputs (values passed between fused ops stay in registers).
 
-torch.profiler and the PrivateUse1 activity: torch 2.13 routes
-``ProfilerActivity.PrivateUse1`` to a Kineto activity profiler that a backend
-must register from C++ against libkineto (its headers are not shipped in the
-wheel), so this package cannot feed it; ``profile(torch_profiler=True)`` runs
-torch.profiler's CPU activity alongside and merges its events into the same
-trace instead.
+torch.profiler and the PrivateUse1 activity: ``ProfilerActivity.PrivateUse1``
+is served by a Kineto activity profiler registered through PyTorch's
+PrivateUse1 profiler registry (torch_tpu/csrc/kineto_profiler.cpp), which
+reads the same trace ring; while a ``profile`` of this module is active the
+ring is its own and that activity records nothing. ``profile(torch_profiler=True)``
+runs torch.profiler's CPU activity alongside and merges its events into this
+module's trace.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The architecture sweep: python -m tests.hf [--sample] [--archs a,b] [--out FILE]
 
 Every architecture of tests/hf/archs.py runs forward + backward on CPU and on
-tpu (strict and DeferAndFuse) and is compared (tests/hf/sweep.py); the table
+tpu (strict, DeferAndFuse and compiled) and is compared (tests/hf/sweep.py); the table
 of outcomes is written as Markdown (default tests/hf/SWEEP.md) with the date.
 Architectures run in a worker process; a worker that dies takes only the
 architecture it was running with it (reported as an error) and the sweep goes
@@ -37,6 +37,7 @@ def _worker(names: list[str]) -> int:
 
 def run(names: list[str], quiet: bool = False) -> list[dict]:
     from tests.hf import archs as A
+    from tests.hf.sweep import MODES
 
     groups = {a.name: a.group for a in A.ARCHS}
     results: list[dict] = []
@@ -54,13 +55,13 @@ def run(names: list[str], quiet: bool = False) -> list[dict]:
                 results.append(r)
                 if not quiet:
                     print(f"{r['arch']:22s} {r['mode']:7s} {r['status']:10s} {r['detail'][:90]}", flush=True)
-                if r["mode"] == "defer" and r["arch"] in todo:
+                if r["mode"] == MODES[-1] and r["arch"] in todo:
                     todo.remove(r["arch"])
         err = proc.stderr.read()
         rc = proc.wait()
         if current is not None and current in todo:  # the worker died inside this architecture
             last = err.strip().splitlines()[-1] if err.strip() else f"worker exited with {rc}"
-            for mode in ("strict", "defer"):
+            for mode in MODES:
                 if not any(r["arch"] == current and r["mode"] == mode for r in results):
                     results.append({"arch": current, "group": groups[current], "mode": mode, "status": "error",
                                     "detail": f"worker died: {last[:160]}", "worst": 0.0, "params": 0,
@@ -75,6 +76,8 @@ def markdown(results: list[dict], command: str) -> str:
     import torch
     import transformers
 
+    from tests.hf.sweep import MODES
+
     by = {}
     for r in results:
         by.setdefault((r["group"], r["arch"]), {})[r["mode"]] = r
@@ -87,24 +90,26 @@ def markdown(results: list[dict], command: str) -> str:
         f"torch {torch.__version__} · command: `{command}`",
         "",
         "Each architecture is built from Transformers' own config class at tiny sizes (tests/hf/archs.py), "
-        "runs one training-mode forward + backward in float32 on CPU and on tpu, and the loss, the first output "
+        "runs one training-mode forward + backward in float32 on CPU and on tpu (strict, DeferAndFuse, and "
+        "compiled: the forward under `torch.compile(backend=\"tpu\")`), and the loss, the first output "
         "and every parameter's gradient are compared (relative to each tensor's largest magnitude, tolerance "
         "2e-3). Outcomes: pass, mismatch (the worst tensor named), missing op (an operator without a TPU "
         "kernel), error (the message).",
         "",
-        f"**{archs_passing} of {len(by)} architectures pass in both modes**; "
+        f"**{archs_passing} of {len(by)} architectures pass in every mode** ({', '.join(MODES)}); "
         + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + " (architecture x mode).",
         "",
-        "| group | architecture | params | strict | defer | worst rel. error | detail |",
-        "|---|---|---:|---|---|---:|---|",
+        "| group | architecture | params | " + " | ".join(MODES) + " | worst rel. error | detail |",
+        "|---|---|---:|" + "---|" * len(MODES) + "---:|---|",
     ]
     order = ["decoder", "encoder", "encoder-decoder", "vision", "multimodal"]
     for (group, arch), modes in sorted(by.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])):
-        s, d = modes.get("strict", {}), modes.get("defer", {})
-        worst = max(s.get("worst", 0.0), d.get("worst", 0.0))
-        detail = "; ".join(sorted({m["detail"] for m in (s, d) if m.get("detail")}))
-        lines.append(f"| {group} | {arch} | {s.get('params', 0):,} | {s.get('status', '-')} | "
-                     f"{d.get('status', '-')} | {worst:.1e} | {detail.replace('|', '/')} |")
+        rs = [modes.get(m, {}) for m in MODES]
+        worst = max(r.get("worst", 0.0) for r in rs)
+        detail = "; ".join(sorted({r["detail"] for r in rs if r.get("detail")}))
+        params = next((r["params"] for r in rs if r.get("params")), 0)
+        lines.append(f"| {group} | {arch} | {params:,} | " + " | ".join(r.get("status", "-") for r in rs)
+                     + f" | {worst:.1e} | {detail.replace('|', '/')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -2,7 +2,8 @@
 MoE decoder, a sliding-window decoder, GPT-2, BERT, T5, ViT, ResNet, CLIP);
 TORCH_TPU_TEST_FULL=1 (make test-full) runs every architecture. Each one's
 forward + backward on tpu must match CPU in the strict and DeferAndFuse
-modes; the whole table is python -m tests.hf (tests/hf/SWEEP.md)."""
+modes and compiled (torch.compile(backend="tpu") of the forward); the whole
+table is python -m tests.hf (tests/hf/SWEEP.md)."""
 from __future__ import annotations
 
 import os
@@ -23,13 +24,26 @@ def test_the_sweep_covers_sixty_architectures_of_every_group():
     assert set(A.SAMPLE) <= {a.name for a in A.ARCHS}
 
 
+EAGER = tuple(m for m in sweep.MODES if m != "compiled")
+# Known compiled-mode failures (tests/hf/SWEEP.md): strict xfails, so that a fix shows up
+COMPILED_GAPS: dict[str, str] = {}
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_architecture_matches_cpu(name, one_cpu_thread):
-    results = sweep.run_arch(A.by_name([name])[0])
-    assert [r.mode for r in results] == list(sweep.MODES)
+    results = sweep.run_arch(A.by_name([name])[0], EAGER)
+    assert [r.mode for r in results] == list(EAGER)
     for r in results:
         assert r.status == "pass", f"{name} [{r.mode}]: {r.status}: {r.detail}"
         assert r.worst <= sweep.RTOL
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=COMPILED_GAPS[n], strict=True))
+                                  if n in COMPILED_GAPS else n for n in NAMES])
+def test_compiled_architecture_matches_cpu(name, one_cpu_thread):
+    (r,) = sweep.run_arch(A.by_name([name])[0], ("compiled",))
+    assert r.status == "pass", f"{name} [compiled]: {r.status}: {r.detail}"
+    assert r.worst <= sweep.RTOL
 
 
 def test_a_wrong_gradient_is_reported_as_a_mismatch():
