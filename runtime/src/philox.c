@@ -1,7 +1,8 @@
 /*
  * philox.c — Philox-4x32-10 counter-based generator (Salmon et al., SC'11,
- * constants as in Random123), its bulk generators (8 blocks at a time, AVX2
- * AVX-512, AVX2 or portable), generator offset reservation and the non-deterministic seed.
+ * constants as in Random123), its bulk generators (16 blocks at a time with
+ * AVX-512, 8 with AVX2 or portable), generator offset reservation and the
+ * non-deterministic seed.
  */
 #include <fcntl.h>
 #include <stdlib.h>
@@ -220,7 +221,7 @@ __attribute__((target("avx2"))) static int64_t groups_avx2(uint64_t key, uint64_
   return b;
 }
 
-/* The same with 16 blocks a register. */
+/* The same with 16 blocks a register (PHILOX_G groups in flight). */
 #define PHILOX_T512 __attribute__((target("avx512f")))
 
 /* hi and lo halves of the 32x32->64 products m * c for the 16 lanes of c */
@@ -268,7 +269,7 @@ PHILOX_T512 static inline void store16(const __m512i c[4], char *dst, int as_flo
 PHILOX_T512 __attribute__((always_inline)) static inline void run_avx512(const __m512i k0[10], const __m512i k1[10],
                                                                         uint64_t ctr, int G, char *dst, int as_float) {
   const __m512i m0 = _mm512_set1_epi32((int)PHILOX_M0), m1 = _mm512_set1_epi32((int)PHILOX_M1);
-  __m512i c[2][4];
+  __m512i c[PHILOX_G][4];
   for (int u = 0; u < G; u++) {
     ctr16(ctr + (uint64_t)(16 * u), &c[u][0], &c[u][1]);
     c[u][2] = c[u][3] = _mm512_setzero_si512();
@@ -294,7 +295,8 @@ PHILOX_T512 static int64_t groups_avx512(uint64_t key, uint64_t ctr0, int64_t nb
     k1[r] = _mm512_set1_epi32((int)a1);
   }
   int64_t b = 0;
-  for (; b + 32 <= nblocks; b += 32) run_avx512(k0, k1, ctr0 + (uint64_t)b, 2, (char *)out + (size_t)b * 16, as_float);
+  for (; b + PHILOX_G * 16 <= nblocks; b += PHILOX_G * 16)
+    run_avx512(k0, k1, ctr0 + (uint64_t)b, PHILOX_G, (char *)out + (size_t)b * 16, as_float);
   for (; b + 16 <= nblocks; b += 16) run_avx512(k0, k1, ctr0 + (uint64_t)b, 1, (char *)out + (size_t)b * 16, as_float);
   return b;
 }

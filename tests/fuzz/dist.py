@@ -47,8 +47,6 @@ def generate(seed: int, n: int, world: int) -> list[dict[str, Any]]:
         op = g.choice(OPS)
         dt = g.choice(DTYPES)
         rop = g.choice(REDUCE)
-        if dt == "bool" and rop in ("AVG",):
-            rop = "SUM"
         if dt not in ("float32", "float64", "bfloat16", "float16") and rop == "AVG":
             rop = "SUM"   # AVG of integers: Gloo refuses it on CPU as the device does; kept for floats
         ndim = g.randint(0, 3)
