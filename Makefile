@@ -14,6 +14,8 @@
 #   make fuzz       differential fuzzing, tpu vs CPU in strict, defer and compiled modes (N=10000, SEED=0)
 #   make fuzz-c     coverage-guided fuzzing of the C runtime (libFuzzer, clang; FUZZ_SECONDS per harness)
 #   make test-c-tsan  stream / pool / allocator / defer C tests under ThreadSanitizer
+#   make test-py-tsan the Python concurrency tests (threads on one and two chips, strict and defer) against
+#                   the runtime built with ThreadSanitizer: any race report with a frame in libtpurt fails it
 #   make soak       1,000 Llama training steps per mode: device memory and host RSS flat (RELIABILITY.md)
 #   make docs       the user guide: runs every notebook in docs/ and exports it to HTML in docs/_build/
 PYTHON ?= python3
@@ -26,7 +28,7 @@ BENCH_PRESET ?= --quick
 RUNTIME_SRC := $(wildcard runtime/include/*.h runtime/src/*.c runtime/src/*.h runtime/src/*/*.c runtime/src/*/*.h runtime/CMakeLists.txt)
 GLUE_SRC    := $(wildcard torch_tpu/csrc/*.cpp torch_tpu/csrc/*.h) setup.py
 
-.PHONY: all venv venv-full build run demo test test-c test-c-asan test-c-tsan test-py test-full bench docs clean wheel wheel-build test-wheel fuzz fuzz-c soak
+.PHONY: all venv venv-full build run demo test test-c test-c-asan test-c-tsan test-py-tsan test-py test-full bench docs clean wheel wheel-build test-wheel fuzz fuzz-c soak
 
 all: build
 
@@ -96,6 +98,21 @@ test-c-tsan: build/runtime-tsan/.configured
 	cmake --build build/runtime-tsan --target $(addprefix test_,$(TSAN_TESTS))
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/runtime/tests/tsan.supp" \
 	  ctest --test-dir build/runtime-tsan --output-on-failure -j$(JOBS) -R '^($(subst $(space),|,$(TSAN_TESTS)))$$'
+
+# The Python concurrency tests with the runtime built with ThreadSanitizer (libtsan preloaded, the TSan
+# libtpurt.so found first on LD_LIBRARY_PATH). torch is not instrumented, so reports without a frame in
+# libtpurt (torch's own threads) are not ours: the target fails on the reports that name libtpurt. The
+# DataLoader and fork tests stay out: a process forked from a TSan process with threads cannot run.
+TSAN_PY_LOG := $(CURDIR)/build/tsan-py/report
+test-py-tsan: build build/runtime-tsan/.configured
+	cmake --build build/runtime-tsan --target tpurt
+	rm -rf build/tsan-py && mkdir -p build/tsan-py
+	TSAN_OPTIONS="report_signal_unsafe=0 exitcode=0 log_path=$(TSAN_PY_LOG) suppressions=$(CURDIR)/runtime/tests/tsan-py.supp" \
+	  LD_PRELOAD=$$($(CC) -print-file-name=libtsan.so) LD_LIBRARY_PATH=$(CURDIR)/build/runtime-tsan \
+	  TORCH_TPU_CACHE_DIR=$(CURDIR)/build/tsan-py/kcache $(PY) -m pytest -q -p no:cacheprovider tests/test_concurrency.py -k "threads"
+	@if grep -l "libtpurt.so" build/tsan-py/report.* >/dev/null 2>&1; then \
+	  grep -h -B2 -A30 "libtpurt.so" build/tsan-py/report.* | head -150; echo "ThreadSanitizer: races in libtpurt (build/tsan-py/)"; exit 1; \
+	else echo "ThreadSanitizer: no report names libtpurt"; fi
 
 # Coverage-guided fuzzing (libFuzzer): the runtime and runtime/tests/fuzz_*.c built with clang,
 # ASan and UBSan; each harness runs FUZZ_SECONDS on its corpus (runtime/tests/fuzz_corpus/NAME,

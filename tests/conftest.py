@@ -66,9 +66,10 @@ def rnd(shape, dtype=torch.float32, seed=0, int_range=50):
 
 
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Runs code in a fresh interpreter of this venv (for env-dependent setup)."""
+    """Runs code in a fresh interpreter of this venv (for env-dependent setup),
+    with faulthandler on: a crash leaves every thread's Python stack in stderr."""
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env,
+    return subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], capture_output=True, text=True, env=full_env,
                           timeout=timeout, cwd=ROOT)
 
 

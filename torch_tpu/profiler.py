@@ -2,9 +2,12 @@
 
 ``with torch_tpu.profiler.profile() as prof:`` records, for the code inside:
 
-* host op dispatch spans (every aten op that reaches a backend, with its input
-  shapes, estimated FLOPs and bytes, and the user's source line), from a
-  dispatch mode of this module;
+* host op dispatch spans (every aten op that touches the device, with its
+  input shapes, estimated FLOPs and bytes, the op it ran inside and the
+  user's source line), from a RecordFunction callback of the glue
+  (torch_tpu/csrc/module.cpp), so code compiled with torch.compile is
+  compiled and profiled as it runs (a replayed compiled call is one host op,
+  ``torch_tpu::compiled_graph``);
 * the runtime's trace ring (runtime/src/trace.c): each kernel as a stream
   worker ran it (device time, one track per stream), the host op or the
   recorded ops it contains (a DeferAndFuse kernel is named after its ops and
@@ -38,14 +41,11 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from torch_tpu import _C
 
@@ -102,67 +102,96 @@ class HostOp:
     inputs: tuple[int, ...]  # data_ptr of tensor inputs
     outputs: tuple[int, ...]
     out_bytes: float
+    parent: int = 0  # the op it ran inside (0: none), e.g. addmm inside linear
 
 
-def _op_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> float:
+def _overload(name: str, overload: str) -> Any:
+    """The OpOverload a recorded op name denotes (None: not an ATen-style op)."""
+    ns, _, op = name.partition("::")
+    try:
+        packet = getattr(getattr(torch.ops, ns), op)
+        return getattr(packet, overload or "default")
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _rebuild(a: Any) -> Any:
+    """A recorded argument as the FLOP formulas read it: tensors as meta
+    tensors of the recorded shape and dtype, lists item by item."""
+    if isinstance(a, tuple) and len(a) == 5 and isinstance(a[1], torch.dtype):
+        return torch.empty(a[0], dtype=a[1], device="meta")
+    if isinstance(a, list):
+        return [_rebuild(x) for x in a]
+    return a
+
+
+def _recorded_tensors(a: Any) -> list[tuple]:
+    if isinstance(a, tuple) and len(a) == 5 and isinstance(a[1], torch.dtype):
+        return [a]
+    if isinstance(a, list):
+        return [t for x in a for t in _recorded_tensors(x)]
+    return []
+
+
+def _numel(shape: tuple) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _op_flops(func: Any, inputs: list, outputs: list) -> float:
+    """FLOPs of one recorded op: PyTorch's formula (torch.utils.flop_counter)
+    for matmul-like ops, one per element for pointwise and reduction ops."""
+    if func is None:
+        return 0.0
     from torch.utils.flop_counter import flop_registry
     packet = func._overloadpacket
     if packet in flop_registry:
+        args, kwargs = [], {}
+        for arg, v in zip(func._schema.arguments, inputs):
+            if arg.kwarg_only:
+                kwargs[arg.name] = _rebuild(v)
+            else:
+                args.append(_rebuild(v))
+        out = [_rebuild(v) for v in outputs]
         try:
-            return float(flop_registry[packet](*args, **kwargs, out_val=out))
+            return float(flop_registry[packet](*args, **kwargs, out_val=out[0] if len(out) == 1 else tuple(out)))
         except Exception:  # a formula that does not take this overload's arguments: count as pointwise
             pass
     tags = getattr(func, "tags", ())
     if torch.Tag.pointwise in tags or getattr(torch.Tag, "reduction", None) in tags:
-        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        return float(max([t.numel() for t in outs + ins], default=0))
+        return float(max([_numel(t[0]) for t in _recorded_tensors(outputs + inputs)], default=0))
     return 0.0
 
 
-def _tensors(x: Any) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)]
+def _base(name: str) -> str:
+    """An op's name without overload and in-place mark: add_.Tensor -> add."""
+    return name.split(".", 1)[0].rstrip("_")
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
-class _OpRecorder(TorchDispatchMode):
-    """Times every op that reaches a backend and tags the runtime launches it
-    makes with its id (the trace ring's ``corr``)."""
-
-    def __init__(self, with_stack: bool, record_shapes: bool) -> None:
-        super().__init__()
-        self.ops: dict[int, HostOp] = {}
-        self.with_stack = with_stack
-        self.record_shapes = record_shapes
-        self._next = 0
-        self._lock = threading.Lock()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = kwargs or {}
-        with self._lock:
-            self._next += 1
-            corr = self._next
-        site = _C._user_site() if self.with_stack else None
-        t0 = _C._trace_now_ns()
-        _C._trace_set_corr(corr)
-        try:
-            out = func(*args, **kwargs)
-        finally:
-            _C._trace_set_corr(0)
-        t1 = _C._trace_now_ns()
-        ins = _tensors((args, kwargs))
-        outs = _tensors(out)
-        in_bytes = sum(_nbytes(t) for t in ins)
-        out_bytes = sum(_nbytes(t) for t in outs)
-        self.ops[corr] = HostOp(
-            corr, str(func.name()).removeprefix("aten::"), t0, t1 - t0, threading.get_native_id(), site,
-            [list(t.shape) for t in ins] if self.record_shapes else [], _op_flops(func, args, kwargs, out),
-            float(in_bytes + out_bytes), tuple(t.data_ptr() for t in ins if t.device.type == "tpu"),
-            tuple(t.data_ptr() for t in outs if t.device.type == "tpu"), float(out_bytes))
-        return out
+def _host_ops(records: list[tuple], record_shapes: bool) -> dict[int, HostOp]:
+    """HostOps from the glue's recorded ops (torch_tpu/csrc/module.cpp,
+    "host ops"): FLOPs computed once per distinct op and shapes."""
+    ops: dict[int, HostOp] = {}
+    flops: dict[Any, float] = {}
+    funcs: dict[tuple[str, str], Any] = {}
+    for corr, parent, name, overload, ts, dur, tid, site, ins, outs in records:
+        key = (name, overload)
+        if key not in funcs:
+            funcs[key] = _overload(name, overload)
+        tin, tout = _recorded_tensors(ins), _recorded_tensors(outs)
+        sig = (key, repr(ins), repr([t[:2] for t in tout]))
+        if sig not in flops:
+            flops[sig] = _op_flops(funcs[key], ins, outs)
+        in_bytes = sum(t[4] for t in tin)
+        out_bytes = sum(t[4] for t in tout)
+        full = f"{name}.{overload}" if overload else name  # as OpOverload.name() spells it
+        ops[corr] = HostOp(corr, full.removeprefix("aten::"), ts, dur, tid, site,
+                           [list(t[0]) for t in tin] if record_shapes else [], flops[sig], float(in_bytes + out_bytes),
+                           tuple(t[3] for t in tin if t[2]), tuple(t[3] for t in tout if t[2]), float(out_bytes),
+                           parent)
+    return ops
 
 
 # ----------------------------------------------------------- the device
@@ -249,6 +278,7 @@ class profile:
         self.copies: list[dict[str, Any]] = []
         self.memory: list[dict[str, Any]] = []
         self.dropped = 0
+        self.dropped_ops = 0  # host ops past the cap (4 x capacity)
         self.t0 = self.t1 = 0
 
     # ------------------------------------------------------------ run
@@ -260,15 +290,18 @@ class profile:
             self._torch_prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                                       record_shapes=self.record_shapes)
             self._torch_prof.__enter__()
-        self._mode = _OpRecorder(self.with_stack, self.record_shapes)
         _C._trace_start(self.capacity)
+        try:
+            _C._hostops_start(self.with_stack, 4 * self.capacity)
+        except BaseException:
+            _C._trace_stop()
+            raise
         self.t0 = _C._trace_now_ns()
-        self._mode.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
         try:
-            self._mode.__exit__(None, None, None)
+            _C._hostops_stop()
             try:
                 for i in range(torch.tpu.device_count()):
                     torch.tpu.synchronize(i)  # runs pending deferred graphs, waits for every stream
@@ -278,7 +311,8 @@ class profile:
         finally:
             if self._torch_prof is not None:
                 self._torch_prof.__exit__(None, None, None)
-        self.ops = self._mode.ops
+        records, self.dropped_ops = _C._hostops_read()
+        self.ops = _host_ops(records, self.record_shapes)
         events, self.dropped = _C._trace_read()
         self._build(events)
 
@@ -290,7 +324,7 @@ class profile:
             if kind == KERNEL:
                 kernels.append(Kernel(name or "kernel", dev, stream, seq, ts, dur, a))
             elif kind == LAUNCH:
-                launches[(dev, stream, seq)] = (ts, tid, corr)
+                launches[(dev, stream, seq)] = (ts, tid, corr, b or corr)  # b: the flush's op
             elif kind == MEMBER:
                 members[(dev, stream, seq)].append(corr)
             elif kind == CUT:
@@ -310,17 +344,21 @@ class profile:
         for k in kernels:
             key = (k.dev, k.stream, k.seq)
             if key in launches:
-                k.launch_ts, k.launch_tid, corr = launches[key]
-                k.ops = [c for c in members.get(key, [])] or ([corr] if corr else [])
-        share: dict[int, int] = defaultdict(int)
+                k.launch_ts, k.launch_tid, corr, _ = launches[key]
+                k.ops = [self._user_op(c) for c in members.get(key, [])] or ([self._user_op(corr)] if corr else [])
+        # an op's cost is split over the kernels one launch context (the op
+        # or the flush that launched them) made of it: a compiled call's
+        # replays run the kernels of ops recorded once, each replay in full
+        share: dict[tuple[int, int], int] = defaultdict(int)
+        ctx = {id(k): launches.get((k.dev, k.stream, k.seq), (0, 0, 0, 0))[3] for k in kernels}
         for k in kernels:
             for c in k.ops:
-                share[c] += 1
+                share[(c, ctx[id(k)])] += 1
         for k in kernels:
             ops = [self.ops[c] for c in k.ops if c in self.ops]
-            k.flops = sum(o.flops / share[o.corr] for o in ops)
+            k.flops = sum(o.flops / share[(o.corr, ctx[id(k)])] for o in ops)
             if len(ops) <= 1:
-                k.bytes = sum(o.bytes / share[o.corr] for o in ops)
+                k.bytes = sum(o.bytes / share[(o.corr, ctx[id(k)])] for o in ops)
             else:  # fused: tensors entering the group from outside, plus the last op's outputs
                 made: set[int] = set()
                 ext = 0.0
@@ -332,6 +370,19 @@ class profile:
                     made.update(o.outputs)
                 k.bytes = ext + ops[-1].out_bytes
         self.kernels = kernels
+
+    def _user_op(self, corr: int) -> int:
+        """The op a kernel is credited to: the innermost op that launched it,
+        or the op it implements when that one ran inside an op of the same
+        name (tanh.out inside tanh, add.out inside add_): what the user
+        called, with the same FLOPs."""
+        op = self.ops.get(corr)
+        while op is not None and op.parent in self.ops:
+            up = self.ops[op.parent]
+            if _base(up.name) != _base(op.name):
+                break
+            op = up
+        return op.corr if op is not None else corr
 
     @staticmethod
     def _input_sizes(o: HostOp) -> list[float]:

@@ -1396,7 +1396,9 @@ TPURT_API tpurt_status tpurt_segment_reduce_backward(tpurt_stream *s, const tpur
  *   KERNEL   a command a stream worker ran: [ts, ts + dur), name, dev,
  *            stream, seq (the command's number on its stream)
  *   LAUNCH   a command enqueued: host tid, dev, stream, seq, corr (the host
- *            op id the enqueuing thread set, 0 inside a deferred graph)
+ *            op id the enqueuing thread set, 0 inside a deferred graph),
+ *            a = its MEMBER events, b = its context: the op whose flush (or
+ *            the compiled call whose replay) ran the graph, else corr
  *   MEMBER   one recorded op a launch of a deferred graph contains: seq and
  *            stream of that launch, corr of the op (one event per op fused)
  *   CUT      a DeferAndFuse graph run: a = reason (tpurt_flush_reason),

@@ -76,6 +76,7 @@ static tpurt_status do_init(void) {
   long v;
   tpurt_status cst = tpurt__cpu_check();
   if (cst != TPURT_OK) return cst;
+  tpurt__codegen_snapshot_env(); /* compiles never read the live environment (codegen.c) */
 
   c.num_devices = 1;
   if ((e = getenv("TPU_NUM_DEVICES")) && *e) {

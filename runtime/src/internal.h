@@ -96,6 +96,8 @@ TPURT_INTERNAL int64_t tpurt__now_ns(void);
 TPURT_INTERNAL extern _Atomic int tpurt__trace_on;
 #define TPURT__TRACE_ON() __builtin_expect(atomic_load_explicit(&tpurt__trace_on, memory_order_relaxed), 0)
 TPURT_INTERNAL extern _Thread_local uint64_t tpurt__trace_corr;
+/* The op (or compiled call) whose flush runs a plan: a LAUNCH event's b. */
+TPURT_INTERNAL extern _Thread_local uint64_t tpurt__trace_ctx;
 TPURT_INTERNAL void tpurt__trace_emit(int kind, int64_t ts, int64_t dur, const char *name, const char *site, int dev,
                                       int stream, uint64_t seq, uint64_t corr, int64_t a, int64_t b);
 /* a command enqueued on stream s as number seq: its LAUNCH, and one MEMBER
@@ -146,6 +148,7 @@ struct tpurt_stream {
   pthread_t thread;
   pthread_mutex_t dmu; /* the pending deferred graph (graph/record.c) */
   void *dgraph;
+  _Atomic int defer_running; /* graphs of this stream being run (their launches not all enqueued yet) */
   int defer_loop_len; /* recorded ops per graph once a loop was detected (0: none) */
   int defer_since_cut;     /* ops recorded since the last program cut (graph/record.c, segments) */
   int defer_prev_interval; /* ops between the last two program cuts */
@@ -264,6 +267,11 @@ TPURT_INTERNAL void tpurt__defer_note(tpurt_devptr p, int64_t lo, int64_t hi);
  * possibly written). */
 TPURT_INTERNAL void tpurt__defer_note_reads(int on);
 TPURT_INTERNAL tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reason);
+/* Copies the environment generated-kernel compiles run with (graph/codegen.c). */
+TPURT_INTERNAL void tpurt__codegen_snapshot_env(void);
+/* A graph of s is being run by this thread, which holds s->dmu (graph/record.c). */
+TPURT_INTERNAL void tpurt__defer_run_begin(tpurt_stream *s);
+TPURT_INTERNAL void tpurt__defer_run_end(tpurt_stream *s);
 TPURT_INTERNAL tpurt_status tpurt__defer_flush_device(int dev, tpurt_flush_reason reason);
 /* A device->host copy that cuts a deferred graph (graph/): the cut runs
  * the device's graphs as tpurt__defer_flush_device does, and the copy

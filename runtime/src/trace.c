@@ -32,6 +32,7 @@ typedef struct {
 
 _Atomic int tpurt__trace_on;
 _Thread_local uint64_t tpurt__trace_corr;
+_Thread_local uint64_t tpurt__trace_ctx;
 static trace_slot *g_ring;
 static size_t g_cap; /* power of two */
 static _Atomic uint64_t g_next;
@@ -97,7 +98,9 @@ void tpurt__trace_launch(const tpurt_stream *s, const char *name, uint64_t seq) 
   int64_t now = tpurt__now_ns();
   int n = t_nmembers;
   t_nmembers = 0;
-  tpurt__trace_emit(TPURT_TRACE_LAUNCH, now, 0, name, NULL, s->dev, (int)s->id, seq, n ? 0 : tpurt__trace_corr, n, 0);
+  uint64_t ctx = tpurt__trace_ctx ? tpurt__trace_ctx : tpurt__trace_corr;
+  tpurt__trace_emit(TPURT_TRACE_LAUNCH, now, 0, name, NULL, s->dev, (int)s->id, seq, n ? 0 : tpurt__trace_corr, n,
+                    (int64_t)ctx);
   for (int i = 0; i < n; i++)
     tpurt__trace_emit(TPURT_TRACE_MEMBER, now, 0, name, NULL, s->dev, (int)s->id, seq, t_members[i], i, n);
 }

@@ -274,9 +274,10 @@ static void test_loop_detection(void) {
 }
 
 /* A kernel that waits until the test opens it (or 20 s pass: an error). */
-static _Atomic int g_gate_open, g_gate_done;
+static _Atomic int g_gate_open, g_gate_done, g_gate_entered;
 static tpurt_status k_gate(void *args, char *err, size_t errlen) {
   (void)args;
+  atomic_store(&g_gate_entered, 1);
   struct timespec t0, t;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   while (!atomic_load(&g_gate_open)) {
@@ -407,6 +408,68 @@ static void test_reduction_fusion(void) {
   }
 }
 
+/* Another thread's synchronize and read while one thread runs the stream's
+ * graph. Two threads record into one stream; the main thread cuts it. Its
+ * run takes the graph off the stream and enqueues its launches: a gate,
+ * 1500 launches of 100 us (more than the ring holds, so the run waits for
+ * room while the gate is closed), a mark and a fill of y. The other thread
+ * synchronizes and reads y meanwhile: it finds no pending graph on the
+ * stream and must still wait for that run to enqueue the rest (before, it
+ * waited only for the launches enqueued so far: the mark had not run, and
+ * its read of y came before the fill, from a promise without memory yet). */
+static tpurt_devptr g_y;
+static float g_yh[N];
+static _Atomic int g_marked, g_marked_at_sync;
+static tpurt_status k_100us(void *args, char *err, size_t errlen) {
+  (void)args, (void)err, (void)errlen;
+  usleep(100);
+  return TPURT_OK;
+}
+static tpurt_status k_mark(void *args, char *err, size_t errlen) {
+  (void)args, (void)err, (void)errlen;
+  atomic_store(&g_marked, 1);
+  return TPURT_OK;
+}
+static void *sync_and_read_during_the_run(void *arg) {
+  (void)arg;
+  while (!atomic_load(&g_gate_entered)) usleep(100);
+  usleep(20000); /* the run now waits for room in the ring */
+  pthread_t opener;
+  CHECK_EQ(pthread_create(&opener, NULL, open_gate_later, NULL), 0);
+  CHECK_OK(tpurt_stream_synchronize(S));
+  atomic_store(&g_marked_at_sync, atomic_load(&g_marked));
+  CHECK_OK(tpurt_memcpy_d2h(S, g_yh, g_y, N * 4, 0));
+  pthread_join(opener, NULL);
+  return NULL;
+}
+static void test_sync_while_another_thread_runs_the_graph(void) {
+  CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_DEFER));
+  tpurt_defer_set_max_ops(4096);
+  CHECK_OK(tpurt_malloc(0, N * 4, S, &g_y));
+  tpurt_view vy = view1(g_y, N, 1);
+  atomic_store(&g_gate_open, 0);
+  atomic_store(&g_gate_done, 0);
+  atomic_store(&g_gate_entered, 0);
+  atomic_store(&g_marked, 0);
+  CHECK_OK(tpurt_launch(S, "gate", k_gate, NULL, 0));
+  for (int i = 0; i < 1500; i++) CHECK_OK(tpurt_launch(S, "100us", k_100us, NULL, 0));
+  CHECK_OK(tpurt_launch(S, "mark", k_mark, NULL, 0));
+  CHECK_OK(tpurt_fill(S, &vy, fsc(3.0)));
+  pthread_t other;
+  CHECK_EQ(pthread_create(&other, NULL, sync_and_read_during_the_run, NULL), 0);
+  CHECK_OK(tpurt_flush(0, TPURT_FLUSH_EXPLICIT));
+  pthread_join(other, NULL);
+  CHECK_EQ(atomic_load(&g_gate_done), 1);
+  CHECK_EQ(atomic_load(&g_marked_at_sync), 1);
+  int bad = 0;
+  for (int i = 0; i < N; i++) bad += g_yh[i] != 3.f;
+  CHECK_EQ(bad, 0);
+  CHECK_OK(tpurt_free(g_y));
+  CHECK_OK(tpurt_stream_synchronize(S));
+  tpurt_defer_set_max_ops(8192);
+  CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_STRICT));
+}
+
 int main(void) {
   CHECK_OK(tpurt_init());
   CHECK_OK(tpurt_stream_default(0, &S));
@@ -420,6 +483,7 @@ int main(void) {
   test_frees_and_cuts();
   test_loop_detection();
   test_early_host_read();
+  test_sync_while_another_thread_runs_the_graph();
   test_reduction_fusion();
   CHECK_OK(tpurt_memory_get_stats(0, &ms));
   CHECK_EQ(ms.allocated_bytes[0].current, 0);

@@ -2,10 +2,15 @@
 // what the Python device module needs that PyTorch's generic APIs
 // (torch.accelerator, torch.Stream, torch.Event) do not already reach.
 #include <vector>
+#include <ATen/record_function.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Generator.h>
+#include <unistd.h>
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <atomic>
+#include <optional>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -308,6 +313,260 @@ py::tuple trace_read() {
 }
 
 
+// ------------------------------------------------------------ host ops
+// torch_tpu.profiler's host op spans: a global RecordFunction callback
+// (ATen/record_function.h) sees every operator the dispatcher runs, in eager
+// code and in the ops a torch.compile'd call records alike (a Python
+// dispatch mode would make Dynamo run the function eagerly). An op is kept
+// when it touches the device: a tpu tensor among its inputs or outputs, or a
+// tpu device argument (factories); tensors of tracing (fake, functional
+// wrappers: the Python or Functionalize key) are not the device's. While an
+// op runs, the runtime's launches carry its id (the trace ring's corr), so
+// each kernel names the innermost op that launched it. Off: no callback is
+// registered, so the dispatch path pays nothing.
+struct HostArg {  // an op's argument or result, as Python reads it back
+  enum Kind : uint8_t { NONE, TENSOR, LIST, INT, DOUBLE, BOOL, STR, INTS, DOUBLES, OTHER } kind = NONE;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  bool tpu = false;
+  uint64_t ptr = 0;
+  int64_t nbytes = 0, i = 0;
+  double d = 0;
+  std::string s;
+  std::vector<int64_t> ints;  // TENSOR: its sizes; INTS: the values
+  std::vector<double> doubles;
+  std::vector<HostArg> items;  // LIST
+};
+
+struct HostOpRecord {
+  uint64_t corr, parent;
+  std::string name, overload;
+  int64_t t0, dur, tid;
+  const char* site;
+  std::vector<HostArg> in, out;
+};
+
+struct HostOpCtx : at::ObserverContext {
+  uint64_t corr = 0, parent = 0;
+  int64_t t0 = 0;
+  const char* site = nullptr;
+  bool keep = false;
+  std::vector<HostArg> in;
+};
+
+std::mutex g_hostops_mu;
+std::vector<HostOpRecord> g_hostops;
+std::atomic<uint64_t> g_hostops_next{0}, g_hostops_dropped{0};
+size_t g_hostops_cap = 0;
+bool g_hostops_stack = true;
+std::optional<at::CallbackHandle> g_hostops_handle;
+thread_local uint64_t t_hostop = 0;  // the innermost recorded op of this thread
+
+// Tensors of tracing (fake tensors, functional wrappers, other Python
+// subclasses: the Python or Functionalize key) or with symbolic sizes are
+// not read at all: asking them their sizes would call back into Python.
+bool plain_tensor(const at::Tensor& t) {
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  c10::DispatchKeySet ks = impl->key_set();
+  return !ks.has(c10::DispatchKey::Python) && !ks.has(c10::DispatchKey::Functionalize) &&
+         !ks.has(c10::DispatchKey::PythonTLSSnapshot) && !impl->has_symbolic_sizes_strides();
+}
+
+// The tensors of v, or its value (shapes only: what FLOP formulas read).
+HostArg host_arg(const c10::IValue& v, bool* device) {
+  HostArg a;
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) return a;
+    if (!plain_tensor(t)) {
+      a.kind = HostArg::OTHER;
+      return a;
+    }
+    a.kind = HostArg::TENSOR;
+    a.dtype = t.scalar_type();
+    a.tpu = t.device().type() == kTpu;
+    *device |= a.tpu;
+    a.ints = t.sizes().vec();
+    a.nbytes = t.numel() * static_cast<int64_t>(t.element_size());
+    a.ptr = a.tpu && t.has_storage() ? reinterpret_cast<uint64_t>(t.unsafeGetTensorImpl()->storage().data()) +
+                                           static_cast<uint64_t>(t.storage_offset() * t.element_size())
+                                     : 0;
+  } else if (v.isList()) {
+    a.kind = HostArg::LIST;
+    for (const c10::IValue& e : v.toListRef()) a.items.push_back(host_arg(e, device));
+    if (v.isIntList() && !v.isSymIntList()) {
+      a.kind = HostArg::INTS;
+      a.ints = v.toIntVector();
+      a.items.clear();
+    } else if (v.isDoubleList()) {
+      a.kind = HostArg::DOUBLES;
+      a.doubles = v.toDoubleVector();
+      a.items.clear();
+    }
+  } else if (v.isInt()) {
+    a.kind = HostArg::INT;
+    a.i = v.toInt();
+  } else if (v.isDouble()) {
+    a.kind = HostArg::DOUBLE;
+    a.d = v.toDouble();
+  } else if (v.isBool()) {
+    a.kind = HostArg::BOOL;
+    a.i = v.toBool();
+  } else if (v.isString()) {
+    a.kind = HostArg::STR;
+    a.s = v.toStringRef();
+  } else if (v.isDevice()) {
+    *device |= v.toDevice().type() == kTpu;
+    a.kind = HostArg::OTHER;
+  } else if (v.isScalar()) {
+    c10::Scalar sc = v.toScalar();
+    if (sc.isIntegral(false) || sc.isBoolean()) {
+      a.kind = HostArg::INT;
+      a.i = sc.toLong();
+    } else {
+      a.kind = HostArg::DOUBLE;
+      a.d = sc.isComplex() ? sc.toComplexDouble().real() : sc.toDouble();
+    }
+  } else if (!v.isNone()) {
+    a.kind = HostArg::OTHER;
+  }
+  return a;
+}
+
+std::unique_ptr<at::ObserverContext> hostop_start(const at::RecordFunction& fn) {
+  if (!fn.operator_name()) return nullptr;  // a range of PyTorch's own (PythonDispatchMode, ...), not an operator
+  auto ctx = std::make_unique<HostOpCtx>();
+  bool device = false;
+  try {
+    for (const c10::IValue& v : fn.inputs()) ctx->in.push_back(host_arg(v, &device));
+  } catch (const std::exception&) {  // an argument that cannot be read: the op is not kept
+    ctx->in.clear();
+    device = false;
+  }
+  ctx->keep = device;
+  ctx->corr = ++g_hostops_next;
+  ctx->parent = t_hostop;
+  t_hostop = ctx->corr;
+  tpurt_trace_set_corr(ctx->corr);
+  if (device && g_hostops_stack) ctx->site = user_site();
+  ctx->t0 = tpurt_trace_now_ns();
+  return ctx;
+}
+
+void hostop_end(const at::RecordFunction& fn, at::ObserverContext* c) {
+  auto* ctx = static_cast<HostOpCtx*>(c);
+  if (!ctx) return;
+  int64_t t1 = tpurt_trace_now_ns();
+  t_hostop = ctx->parent;
+  tpurt_trace_set_corr(ctx->parent);
+  HostOpRecord r{ctx->corr, ctx->parent, fn.name(), fn.overload_name(), ctx->t0, t1 - ctx->t0, 0, ctx->site, {}, {}};
+  bool device = ctx->keep;
+  try {
+    for (const c10::IValue& v : fn.outputs()) r.out.push_back(host_arg(v, &device));
+  } catch (const std::exception&) {
+    r.out.clear();
+  }
+  if (!device) return;  // an op of the host or of tracing
+  if (!r.site && g_hostops_stack && !ctx->keep) r.site = user_site();  // a factory: known only now
+  r.tid = static_cast<int64_t>(gettid());
+  r.in = std::move(ctx->in);
+  std::lock_guard<std::mutex> lock(g_hostops_mu);
+  if (g_hostops.size() >= g_hostops_cap) {
+    ++g_hostops_dropped;
+    return;
+  }
+  g_hostops.push_back(std::move(r));
+}
+
+void hostops_start(bool with_stack, size_t capacity) {
+  std::lock_guard<std::mutex> lock(g_hostops_mu);
+  if (g_hostops_handle) throw std::runtime_error("torch_tpu.profiler: host op recording is already on");
+  g_hostops.clear();
+  g_hostops_dropped = 0;
+  g_hostops_cap = capacity;
+  g_hostops_stack = with_stack;
+  g_hostops_handle = at::addGlobalCallback(at::RecordFunctionCallback(&hostop_start, &hostop_end)
+                                               .needsInputs(true)
+                                               .needsOutputs(true)
+                                               .scopes({at::RecordScope::FUNCTION}));
+}
+
+void hostops_stop() {
+  std::lock_guard<std::mutex> lock(g_hostops_mu);
+  if (g_hostops_handle) at::removeCallback(*g_hostops_handle);
+  g_hostops_handle.reset();
+}
+
+// A replayed compiled call dispatches no operator: it is one host op of its
+// own (its kernels carry its id), when host ops are recorded.
+struct CompiledCallScope {
+  HostOpRecord r{};
+  bool on;
+  CompiledCallScope() : on(g_hostops_handle.has_value()) {
+    if (!on) return;
+    r.corr = ++g_hostops_next;
+    r.parent = t_hostop;
+    r.name = "torch_tpu::compiled_graph";
+    r.site = g_hostops_stack ? user_site() : nullptr;
+    r.tid = static_cast<int64_t>(gettid());
+    t_hostop = r.corr;
+    tpurt_trace_set_corr(r.corr);
+    r.t0 = tpurt_trace_now_ns();
+  }
+  ~CompiledCallScope() {
+    if (!on) return;
+    r.dur = tpurt_trace_now_ns() - r.t0;
+    t_hostop = r.parent;
+    tpurt_trace_set_corr(r.parent);
+    std::lock_guard<std::mutex> lock(g_hostops_mu);
+    if (g_hostops.size() >= g_hostops_cap)
+      ++g_hostops_dropped;
+    else
+      g_hostops.push_back(std::move(r));
+  }
+};
+
+py::object host_arg_py(const HostArg& a) {
+  switch (a.kind) {
+    case HostArg::TENSOR: {
+      py::object dt = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(a.dtype)));
+      return py::make_tuple(py::tuple(py::cast(a.ints)), dt, a.tpu, a.ptr, a.nbytes);
+    }
+    case HostArg::LIST: {
+      py::list l;
+      for (const HostArg& e : a.items) l.append(host_arg_py(e));
+      return std::move(l);
+    }
+    case HostArg::INT: return py::int_(a.i);
+    case HostArg::DOUBLE: return py::float_(a.d);
+    case HostArg::BOOL: return py::bool_(a.i != 0);
+    case HostArg::STR: return py::str(a.s);
+    case HostArg::INTS: return py::cast(a.ints);
+    case HostArg::DOUBLES: return py::cast(a.doubles);
+    default: return py::none();
+  }
+}
+
+// The recorded ops, oldest first: (corr, parent, name, overload, ts, dur,
+// tid, site, inputs, outputs); a tensor reads back as (sizes, dtype, on the
+// device, data address, bytes). And the count of ops not kept (cap).
+py::tuple hostops_read() {
+  std::vector<HostOpRecord> ops;
+  {
+    std::lock_guard<std::mutex> lock(g_hostops_mu);
+    ops.swap(g_hostops);
+  }
+  py::list out;
+  for (const HostOpRecord& r : ops) {
+    py::list in, res;
+    for (const HostArg& a : r.in) in.append(host_arg_py(a));
+    for (const HostArg& a : r.out) res.append(host_arg_py(a));
+    out.append(py::make_tuple(r.corr, r.parent, r.name, r.overload, r.t0, r.dur, r.tid,
+                              r.site ? py::object(py::str(r.site)) : py::object(py::none()), in, res));
+  }
+  return py::make_tuple(out, g_hostops_dropped.load());
+}
+
+
 // A compiled graph's template (tpurt_replay.h) and what the glue checks and
 // rebuilds around it. Inputs: tpu tensors by the memory block they live in
 // (inputs that share a block keep sharing it, at the same offsets), small
@@ -383,6 +642,7 @@ class Replay : public std::enable_shared_from_this<Replay> {
     int refused = 1;
     tpurt_status st;
     {
+      CompiledCallScope scope;
       py::gil_scoped_release nogil;
       st = tpurt_replay_run(r_, bases.data(), static_cast<int>(bases.size()), outs.data(), &refused);
     }
@@ -756,6 +1016,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("_trace_enabled", [] { return static_cast<bool>(tpurt_trace_enabled()); });
   m.def("_trace_set_corr", [](uint64_t id) { tpurt_trace_set_corr(id); });
   m.def("_trace_read", &trace_read);
+  m.def("_hostops_start", &hostops_start);
+  m.def("_hostops_stop", &hostops_stop);
+  m.def("_hostops_read", &hostops_read);
+  m.def("_hostops_on", [] {
+    std::lock_guard<std::mutex> lock(g_hostops_mu);
+    return g_hostops_handle.has_value();
+  });
   m.def("_trace_now_ns", [] { return tpurt_trace_now_ns(); });
   m.def("_hold_site", [](bool on) {  // on: ops record the caller's line until the matching off
     if (on && t_site_hold++ == 0) {

@@ -103,6 +103,36 @@
 
 extern char **environ;
 
+/* The environment compilers run with, and the settings codegen reads: a
+ * copy of the process's, taken when the runtime initializes (tpurt_init).
+ * Compiles run on a background thread while the program may change its
+ * environment, and glibc's environ is not safe to read while another
+ * thread writes it (setenv reallocates the array: a reader, posix_spawn
+ * among them, can walk freed memory); so no compile reads environ, getenv
+ * or PATH after that. */
+static char **g_env;
+
+void tpurt__codegen_snapshot_env(void) {
+  if (g_env || !environ) return;
+  size_t n = 0;
+  while (environ[n]) n++;
+  char **e = calloc(n + 1, sizeof *e);
+  if (!e) return;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    if ((e[k] = strdup(environ[i]))) k++;
+  g_env = e;
+}
+
+/* name's value in the snapshot (the live environment before tpurt_init). */
+static const char *env_get(const char *name) {
+  if (!g_env) return getenv(name);
+  size_t n = strlen(name);
+  for (char **e = g_env; *e; e++)
+    if (!strncmp(*e, name, n) && (*e)[n] == '=') return *e + n + 1;
+  return NULL;
+}
+
 #define CG_MIN_OPS 2
 #define CG_FLAGS "-std=c11 -D_GNU_SOURCE -O3 -fno-math-errno -ffp-contract=off -fPIC -shared -fvisibility=hidden"
 #define CG_BUCKETS 1024
@@ -563,6 +593,7 @@ static int g_min_ops = CG_MIN_OPS;
 /* the compiler, found once (under g_cc_mu) */
 static pthread_mutex_t g_cc_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_cc_state; /* 0 unknown, 1 usable, -1 unavailable */
+static char g_cc_exe[4096];
 static char g_cc[256], g_cc_version[256], g_cc_why[1024], g_march[64], g_flags[512], g_tmpdir[256];
 static unsigned g_warned; /* bit per kind of failure already reported */
 
@@ -603,23 +634,47 @@ static int parse_mode(const char *e) {
 static int mode(void) {
   int m = __atomic_load_n(&g_mode, __ATOMIC_ACQUIRE);
   if (m < 0) {
-    const char *g = getenv("TORCH_TPU_CODEGEN_MIN_OPS"); /* the gate, for measurements */
+    const char *g = env_get("TORCH_TPU_CODEGEN_MIN_OPS"); /* the gate, for measurements */
     __atomic_store_n(&g_min_ops, g && atoi(g) > 0 ? atoi(g) : CG_MIN_OPS, __ATOMIC_RELAXED);
-    m = parse_mode(getenv("TORCH_TPU_CODEGEN"));
+    m = parse_mode(env_get("TORCH_TPU_CODEGEN"));
     __atomic_store_n(&g_mode, m, __ATOMIC_RELEASE);
   }
   return m;
 }
 
-/* Runs argv with stdout and stderr into `log`; the exit status (-1: could
- * not start, errno in *err). */
+/* The program `name` names: itself when it has a slash, else the first
+ * executable of that name on the snapshot's PATH (else name itself: the
+ * spawn then fails with ENOENT). */
+static void find_in_path(const char *name, char *out, size_t n) {
+  snprintf(out, n, "%s", name);
+  if (strchr(name, '/')) return;
+  const char *path = env_get("PATH");
+  if (!path || !*path) path = "/usr/local/bin:/usr/bin:/bin";
+  while (*path) {
+    const char *end = strchr(path, ':');
+    size_t len = end ? (size_t)(end - path) : strlen(path);
+    char cand[4096];
+    if (len == 0) snprintf(cand, sizeof cand, "./%s", name);
+    else snprintf(cand, sizeof cand, "%.*s/%s", (int)len, path, name);
+    if (access(cand, X_OK) == 0) {
+      snprintf(out, n, "%s", cand);
+      return;
+    }
+    if (!end) break;
+    path = end + 1;
+  }
+}
+
+/* Runs argv (argv[0] found in the snapshot's PATH: g_cc_exe) with stdout
+ * and stderr into `log`; the exit status (-1: could not start, errno in
+ * *err). */
 static int run_cmd(char *const argv[], const char *log, int *err) {
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
   pid_t pid;
-  int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+  int rc = posix_spawn(&pid, g_cc_exe, &fa, NULL, argv, g_env ? g_env : environ);
   posix_spawn_file_actions_destroy(&fa);
   if (rc) {
     *err = rc;
@@ -673,7 +728,7 @@ static const char *isa_level(void) {
 /* TORCH_TPU_CODEGEN_KEEP=1: sources and objects stay in the temporary
  * directory (debugging) */
 static int keep_files(void) {
-  const char *e = getenv("TORCH_TPU_CODEGEN_KEEP");
+  const char *e = env_get("TORCH_TPU_CODEGEN_KEEP");
   return e && *e && strcmp(e, "0");
 }
 
@@ -706,15 +761,16 @@ static int compiler_ready(void) {
     pthread_mutex_unlock(&g_cc_mu);
     return s > 0;
   }
-  const char *cc = getenv("CC");
+  const char *cc = env_get("CC");
   snprintf(g_cc, sizeof g_cc, "%s", cc && *cc ? cc : "cc");
+  find_in_path(g_cc, g_cc_exe, sizeof g_cc_exe);
   snprintf(g_march, sizeof g_march, "%s", isa_level());
-  const char *extra = getenv("TORCH_TPU_CODEGEN_FLAGS"); /* appended (experiments; part of the cache key) */
+  const char *extra = env_get("TORCH_TPU_CODEGEN_FLAGS"); /* appended (experiments; part of the cache key) */
   snprintf(g_flags, sizeof g_flags, "%s%s%s%s", CG_FLAGS, g_march[0] ? " -march=" : "", g_march,
            extra && *extra ? " " : "");
   if (extra && *extra) snprintf(g_flags + strlen(g_flags), sizeof g_flags - strlen(g_flags), "%s", extra);
   if (!g_tmpdir[0]) {
-    const char *t = getenv("TMPDIR");
+    const char *t = env_get("TMPDIR");
     char tmpl[256];
     snprintf(tmpl, sizeof tmpl, "%s/torch_tpu-codegen-XXXXXX", t && *t ? t : "/tmp");
     if (mkdtemp(tmpl)) {
@@ -1088,6 +1144,14 @@ void tpurt__codegen_reset(void) {
   pthread_mutex_lock(&g_cc_mu);
   g_cc_state = 0;
   g_warned = 0;
+  /* the environment is read again, as by a process starting now (no
+   * compile runs: the queue is idle and compiler_ready is behind g_cc_mu) */
+  if (g_env) {
+    for (char **e = g_env; *e; e++) free(*e);
+    free(g_env);
+    g_env = NULL;
+  }
+  tpurt__codegen_snapshot_env();
   pthread_mutex_unlock(&g_cc_mu);
   tpurt__codegen_reset_stats();
 }

@@ -472,12 +472,14 @@ static tpurt_status run_unit(exec_ctx *x, int u) {
 
 /* TORCH_TPU_DEFER_DEBUG=1: every plan built is printed to stderr. */
 static void debug_plan(const dgraph *G, const plan *P) {
-  static int on = -1;
-  if (on < 0) {
+  static _Atomic int on = -1; /* runs of several threads may ask first */
+  int o = atomic_load_explicit(&on, memory_order_relaxed);
+  if (o < 0) {
     const char *e = getenv("TORCH_TPU_DEFER_DEBUG");
-    on = e && *e && *e != '0';
+    o = e && *e && *e != '0';
+    atomic_store_explicit(&on, o, memory_order_relaxed);
   }
-  if (!on) return;
+  if (!o) return;
   fprintf(stderr, "[defer] plan %016" PRIx64 ": %d nodes, %d promises, %d units, %d kernels\n", P->key, G->n, G->np,
           P->nunits, P->kernels);
   for (int i = 0; i < G->n; i++) {
@@ -596,11 +598,13 @@ tpurt_status tpurt__graph_execute(tpurt_stream *s, dgraph *G, tpurt__host_read *
     if (!hit) debug_plan(G, P);
     uint64_t corr = tpurt__trace_corr; /* launches of the plan carry their ops' ids, not the flushing op's */
     tpurt__trace_corr = 0;
+    tpurt__trace_ctx = corr; /* ... which each launch names as its context */
     if (P->nremat && !x.rreal)
       st = tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "deferred graph: out of host memory");
     else
       st = run_plan(&x);
     tpurt__trace_corr = corr;
+    tpurt__trace_ctx = 0;
     tpurt__trace_members(NULL, 0);
     free(x.rreal);
     for (int l = 0; l < G->np; l++) {

@@ -38,6 +38,27 @@
 _Atomic int tpurt__defer_on;
 _Thread_local int tpurt__defer_bypass;
 static _Atomic int g_pending_graphs; /* streams with a non-empty pending graph */
+/* Graphs being run: taken from their stream (no longer pending) while their
+ * launches are still being enqueued. A cut, a read or a free that finds no
+ * pending graph must still wait for such a run on its stream: its own
+ * launch (a read of the graph's output, a free of memory the graph reads)
+ * has to come after the graph's in the stream, and the runner holds dmu
+ * until they are all enqueued. Counted before the graph stops being pending
+ * (seq_cst), so whoever sees it not pending sees it running. */
+static _Atomic int g_running_graphs;
+
+void tpurt__defer_run_begin(tpurt_stream *s) {
+  atomic_fetch_add(&s->defer_running, 1);
+  atomic_fetch_add(&g_running_graphs, 1);
+}
+void tpurt__defer_run_end(tpurt_stream *s) {
+  atomic_fetch_sub(&g_running_graphs, 1);
+  atomic_fetch_sub(&s->defer_running, 1);
+}
+/* Nothing pending or running anywhere: no cut has work, no free must wait. */
+static int defer_idle(void) {
+  return atomic_load(&g_pending_graphs) == 0 && atomic_load(&g_running_graphs) == 0;
+}
 static _Thread_local int t_hint = -1;
 static _Thread_local struct tpurt__host_read *t_read; /* the cut's host read (tpurt__defer_flush_for_read) */
 static _Atomic(tpurt_site_fn) g_site_fn;
@@ -263,9 +284,7 @@ static tpurt_status k_free_bump(void *a, char *err, size_t errlen) {
 }
 
 static dgraph *graph_of(tpurt_stream *s) {
-  if (!s->dgraph) {
-    s->dgraph = calloc(1, sizeof(dgraph));
-  }
+  if (!s->dgraph) __atomic_store_n(&s->dgraph, calloc(1, sizeof(dgraph)), __ATOMIC_SEQ_CST);
   return s->dgraph;
 }
 static int graph_empty(const dgraph *g) { return !g || (g->n == 0 && g->np == 0); }
@@ -336,8 +355,11 @@ static tpurt_status flush_foreign(tpurt_stream *s, const tpurt_devptr *ptrs, int
   for (int i = 0; i < n; i++) {
     if (!tpurt__is_promise(ptrs[i])) continue;
     tpurt__promise *q = tpurt__promise_get(tpurt__promise_id(ptrs[i]));
-    if (q && q->owner && q->owner != s) {
-      tpurt_status st = tpurt__defer_flush_stream(q->owner, TPURT_FLUSH_STREAM);
+    /* read without the owner's lock: a hint (a stale owner only costs a cut
+     * that finds nothing; a graph being run is waited for by the cut) */
+    tpurt_stream *owner = q ? __atomic_load_n(&q->owner, __ATOMIC_ACQUIRE) : NULL;
+    if (owner && owner != s) {
+      tpurt_status st = tpurt__defer_flush_stream(owner, TPURT_FLUSH_STREAM);
       if (st) return st;
     }
   }
@@ -378,8 +400,7 @@ static int note_op(dgraph *g, dnode *d) {
  * cap without a cut gets no segments past it: the size cap and loop
  * detection cut it into repeating graphs, and with no sync the host runs
  * ahead of the device anyway. */
-static tpurt_status after_record(tpurt_stream *s, int n, int since_cut, int seg_ok) {
-  int loop = s->defer_loop_len;
+static tpurt_status after_record(tpurt_stream *s, int n, int since_cut, int seg_ok, int loop) {
   if (loop > 0 && n >= loop) return tpurt__defer_flush_device(s->dev, TPURT_FLUSH_LOOP);
   int cap = atomic_load_explicit(&g_max_ops, memory_order_relaxed);
   if (n >= cap) return tpurt__defer_flush_device(s->dev, TPURT_FLUSH_SIZE_CAP);
@@ -443,10 +464,10 @@ static tpurt_status record_end(tpurt_stream *s, dgraph *g, dnode *d, int was_emp
   mark_pending(s, g, was_empty);
   int n = note_op(g, d);
   int since_cut = s->defer_since_cut < INT_MAX ? ++s->defer_since_cut : INT_MAX;
-  int seg_ok = s->defer_seg_ok;
+  int seg_ok = s->defer_seg_ok, loop = s->defer_loop_len;
   pthread_mutex_unlock(&s->dmu);
   count_recorded();
-  return after_record(s, n, since_cut, seg_ok);
+  return after_record(s, n, since_cut, seg_ok, loop);
 }
 
 tpurt_status tpurt__defer_record_launch(tpurt_stream *s, const char *name, tpurt_kernel_fn fn, const void *args,
@@ -635,7 +656,7 @@ tpurt_status tpurt__defer_record_h2d(tpurt_stream *s, tpurt_devptr dst, const vo
  * the graph runs. Returns 1 if recorded, 0 if the caller frees now. */
 int tpurt__defer_record_free(tpurt_stream *s, tpurt_devptr p) {
   if (tpurt__defer_bypass || !s) return 0;
-  if (atomic_load_explicit(&g_pending_graphs, memory_order_acquire) == 0 && !tpurt__is_promise(p)) return 0;
+  if (defer_idle() && !tpurt__is_promise(p)) return 0;
   pthread_mutex_lock(&s->dmu);
   dgraph *g = s->dgraph;
   if (graph_empty(g)) {
@@ -651,6 +672,9 @@ int tpurt__defer_record_free(tpurt_stream *s, tpurt_devptr p) {
   d->kind = N_FREE;
   d->name = "free";
   d->freed = p;
+  /* a promise is dead from here: under the lock, so a run of this graph
+   * (its plan key, its settling) sees it either way consistently */
+  if (tpurt__is_promise(p)) tpurt__promise_get(tpurt__promise_id(p))->live = 0;
   pthread_mutex_unlock(&s->dmu);
   return 1;
 }
@@ -665,7 +689,7 @@ tpurt_status tpurt__promise_new(int dev, size_t size, tpurt_stream *s, tpurt_dev
   q->size = size;
   q->dev = dev;
   q->live = 1;
-  q->owner = s;
+  __atomic_store_n(&q->owner, s, __ATOMIC_RELEASE);
   q->local = -1;
   atomic_store(&q->real, 0);
   q->used = 1;
@@ -720,11 +744,9 @@ tpurt_status tpurt__promise_free(tpurt_devptr p) {
   if (!q || !q->used || (p & TPURT_PROMISE_OFFMASK))
     return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
                       "tpurt_free: 0x%016" PRIx64 " was not returned by tpurt_malloc or was already freed", p);
-  tpurt_stream *home = q->owner ? q->owner : q->home;
-  if (tpurt__defer_record_free(home, p)) {
-    q->live = 0;
-    return TPURT_OK;
-  }
+  tpurt_stream *owner = __atomic_load_n(&q->owner, __ATOMIC_ACQUIRE); /* settled under its graph's lock */
+  tpurt_stream *home = owner ? owner : __atomic_load_n(&q->home, __ATOMIC_ACQUIRE);
+  if (tpurt__defer_record_free(home, p)) return TPURT_OK; /* (marks it dead) */
   /* nothing pending can use it: free now */
   tpurt_status st = tpurt__promise_free_real(q);
   promise_release_id(id);
@@ -754,8 +776,8 @@ tpurt_status tpurt__graph_run_cut(tpurt_stream *s, dgraph *G, tpurt_flush_reason
     uint32_t id = G->promises[l];
     tpurt__promise *q = tpurt__promise_get(id);
     q->local = -1;
-    q->owner = NULL;
-    q->home = s;
+    __atomic_store_n(&q->home, s, __ATOMIC_RELEASE);
+    __atomic_store_n(&q->owner, NULL, __ATOMIC_RELEASE);
     if (!q->live) {
       tpurt__promise_free_real(q);
       promise_release_id(id);
@@ -831,8 +853,10 @@ tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reaso
     reason = (tpurt_flush_reason)t_hint;
     t_hint = -1;
   }
-  if (atomic_load_explicit(&g_pending_graphs, memory_order_acquire) == 0) return TPURT_OK;
-  if (!__atomic_load_n(&s->dgraph, __ATOMIC_ACQUIRE)) return TPURT_OK; /* nothing recorded on this stream (work recorded meanwhile comes after) */
+  if (defer_idle()) return TPURT_OK;
+  /* nothing recorded on this stream and no graph of it being run by another
+   * thread (work recorded meanwhile comes after) */
+  if (!__atomic_load_n(&s->dgraph, __ATOMIC_SEQ_CST) && !atomic_load(&s->defer_running)) return TPURT_OK;
   /* the source line is asked for before taking the graph lock: the callback
    * may wait for Python's GIL, held by a thread that waits to record */
   tpurt_site_fn sf = atomic_load(&g_site_fn);
@@ -843,8 +867,9 @@ tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reaso
     pthread_mutex_unlock(&s->dmu);
     return TPURT_OK;
   }
-  s->dgraph = NULL; /* new recordings start a new graph (after this one) */
+  tpurt__defer_run_begin(s); /* before it stops being pending (see g_running_graphs) */
   atomic_fetch_sub(&g_pending_graphs, 1);
+  __atomic_store_n(&s->dgraph, NULL, __ATOMIC_SEQ_CST); /* new recordings start a new graph (after this one) */
   /* loop detection: a graph cut by the size cap whose ops repeat with period
    * P makes later graphs k*P ops long, so every one has the same structure */
   if (reason == TPURT_FLUSH_SIZE_CAP) {
@@ -859,6 +884,7 @@ tpurt_status tpurt__defer_flush_stream(tpurt_stream *s, tpurt_flush_reason reaso
     s->defer_since_cut = 0;
   }
   tpurt_status st = tpurt__graph_run_cut(s, G, reason, site, NULL, NULL);
+  tpurt__defer_run_end(s);
   pthread_mutex_unlock(&s->dmu);
   return st;
 }
@@ -867,7 +893,7 @@ tpurt_status tpurt__defer_flush_device(int dev, tpurt_flush_reason reason) {
   int internal = engine_cut(reason);
   int hint = t_hint;
   if (!internal) t_hint = -1; /* consumed by this cut (see tpurt__defer_flush_stream) */
-  if (atomic_load_explicit(&g_pending_graphs, memory_order_acquire) == 0) return TPURT_OK;
+  if (defer_idle()) return TPURT_OK;
   tpurt_stream **all;
   int n = tpurt__all_streams(&all);
   tpurt_status first = TPURT_OK;

@@ -511,7 +511,9 @@ tpurt_status tpurt_replay_run(tpurt_replay *r, const tpurt_devptr *in, int nin, 
   const plan *used = NULL;
   /* the graph's launches reach the worker as a few batches (stream.c) */
   int batched = tpurt__batch_begin(s);
+  tpurt__defer_run_begin(s);
   st = tpurt__graph_run_cut(s, G, TPURT_FLUSH_MODE, r->nodes[r->n - 1].d.site, r->P, &used);
+  tpurt__defer_run_end(s);
   if (batched) tpurt__batch_end(s);
   if (!st && !r->P) r->P = used;
   pthread_mutex_unlock(&s->dmu);
