@@ -9,7 +9,9 @@ in every repeat:
 * ring: the runtime's trace ring on (kernel, launch and memory events are
   written), no host op recorder — the device side of the profiler alone;
 * profile: torch_tpu.profiler.profile() — the ring plus the host op
-  recorder (a dispatch mode timing each op, its FLOPs, bytes and user line);
+  recorder (a RecordFunction callback of the glue recording each op with its
+  arguments' shapes, parent op and user line; FLOPs and bytes worked out
+  when the profile ends, which the sample includes);
 * torch.profiler: torch.profiler.profile(activities=[CPU, PrivateUse1]) —
   PyTorch's own op recorder with the ring behind its PrivateUse1 activity
   (torch_tpu/csrc/kineto_profiler.cpp).

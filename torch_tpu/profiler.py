@@ -38,6 +38,7 @@ module's trace.
 """
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import os
@@ -140,29 +141,39 @@ def _numel(shape: tuple) -> int:
     return n
 
 
-def _op_flops(func: Any, inputs: list, outputs: list) -> float:
-    """FLOPs of one recorded op: PyTorch's formula (torch.utils.flop_counter)
+_FORMULA, _POINTWISE, _NONE = range(3)
+
+
+def _flop_kind(func: Any) -> int:
+    """How an op's FLOPs are counted: PyTorch's formula (torch.utils.flop_counter)
     for matmul-like ops, one per element for pointwise and reduction ops."""
     if func is None:
-        return 0.0
+        return _NONE
     from torch.utils.flop_counter import flop_registry
-    packet = func._overloadpacket
-    if packet in flop_registry:
-        args, kwargs = [], {}
-        for arg, v in zip(func._schema.arguments, inputs):
-            if arg.kwarg_only:
-                kwargs[arg.name] = _rebuild(v)
-            else:
-                args.append(_rebuild(v))
-        out = [_rebuild(v) for v in outputs]
-        try:
-            return float(flop_registry[packet](*args, **kwargs, out_val=out[0] if len(out) == 1 else tuple(out)))
-        except Exception:  # a formula that does not take this overload's arguments: count as pointwise
-            pass
+    if func._overloadpacket in flop_registry:
+        return _FORMULA
     tags = getattr(func, "tags", ())
     if torch.Tag.pointwise in tags or getattr(torch.Tag, "reduction", None) in tags:
-        return float(max([_numel(t[0]) for t in _recorded_tensors(outputs + inputs)], default=0))
-    return 0.0
+        return _POINTWISE
+    return _NONE
+
+
+def _formula_flops(func: Any, inputs: list, outputs: list) -> float | None:
+    """The formula's FLOPs on meta tensors of the recorded shapes (None: the
+    formula does not take this overload's arguments)."""
+    from torch.utils.flop_counter import flop_registry
+    args, kwargs = [], {}
+    for arg, v in zip(func._schema.arguments, inputs):
+        if arg.kwarg_only:
+            kwargs[arg.name] = _rebuild(v)
+        else:
+            args.append(_rebuild(v))
+    out = [_rebuild(v) for v in outputs]
+    try:
+        return float(flop_registry[func._overloadpacket](*args, **kwargs,
+                                                         out_val=out[0] if len(out) == 1 else tuple(out)))
+    except Exception:
+        return None
 
 
 def _base(name: str) -> str:
@@ -172,25 +183,34 @@ def _base(name: str) -> str:
 
 def _host_ops(records: list[tuple], record_shapes: bool) -> dict[int, HostOp]:
     """HostOps from the glue's recorded ops (torch_tpu/csrc/module.cpp,
-    "host ops"): FLOPs computed once per distinct op and shapes."""
+    "host ops"): a formula's FLOPs computed once per distinct op and
+    arguments, a pointwise op's from its largest tensor."""
     ops: dict[int, HostOp] = {}
-    flops: dict[Any, float] = {}
-    funcs: dict[tuple[str, str], Any] = {}
+    formula: dict[Any, float | None] = {}
+    funcs: dict[tuple[str, str], tuple[Any, int, str]] = {}
     for corr, parent, name, overload, ts, dur, tid, site, ins, outs in records:
         key = (name, overload)
-        if key not in funcs:
-            funcs[key] = _overload(name, overload)
+        f = funcs.get(key)
+        if f is None:
+            func = _overload(name, overload)
+            full = f"{name}.{overload}" if overload else name  # as OpOverload.name() spells it
+            f = funcs[key] = (func, _flop_kind(func), full.removeprefix("aten::"))
+        func, kind, full = f
         tin, tout = _recorded_tensors(ins), _recorded_tensors(outs)
-        sig = (key, repr(ins), repr([t[:2] for t in tout]))
-        if sig not in flops:
-            flops[sig] = _op_flops(funcs[key], ins, outs)
+        flops = None
+        if kind == _FORMULA:
+            sig = (key, repr(ins), repr([t[:2] for t in tout]))
+            if sig not in formula:
+                formula[sig] = _formula_flops(func, ins, outs)
+            flops = formula[sig]
+        if flops is None and kind != _NONE:  # pointwise, or a formula that did not apply
+            flops = float(max([_numel(t[0]) for t in tout + tin], default=0))
         in_bytes = sum(t[4] for t in tin)
         out_bytes = sum(t[4] for t in tout)
-        full = f"{name}.{overload}" if overload else name  # as OpOverload.name() spells it
-        ops[corr] = HostOp(corr, full.removeprefix("aten::"), ts, dur, tid, site,
-                           [list(t[0]) for t in tin] if record_shapes else [], flops[sig], float(in_bytes + out_bytes),
-                           tuple(t[3] for t in tin if t[2]), tuple(t[3] for t in tout if t[2]), float(out_bytes),
-                           parent)
+        ops[corr] = HostOp(corr, full, ts, dur, tid, site,
+                           [list(t[0]) for t in tin] if record_shapes else [], flops or 0.0,
+                           float(in_bytes + out_bytes), tuple(t[3] for t in tin if t[2]),
+                           tuple(t[3] for t in tout if t[2]), float(out_bytes), parent)
     return ops
 
 
@@ -311,10 +331,16 @@ class profile:
         finally:
             if self._torch_prof is not None:
                 self._torch_prof.__exit__(None, None, None)
-        records, self.dropped_ops = _C._hostops_read()
-        self.ops = _host_ops(records, self.record_shapes)
-        events, self.dropped = _C._trace_read()
-        self._build(events)
+        gc_was = gc.isenabled()
+        gc.disable()  # many small objects, no cycles: collections would cost more than the build
+        try:
+            records, self.dropped_ops = _C._hostops_read()
+            self.ops = _host_ops(records, self.record_shapes)
+            events, self.dropped = _C._trace_read()
+            self._build(events)
+        finally:
+            if gc_was:
+                gc.enable()
 
     def _build(self, events: list[tuple]) -> None:
         launches: dict[tuple[int, int, int], tuple[int, int, int]] = {}

@@ -346,6 +346,7 @@ struct HostOpRecord {
 };
 
 struct HostOpCtx : at::ObserverContext {
+  HostOpCtx* up = nullptr;  // the op it runs inside (its context), if recorded
   uint64_t corr = 0, parent = 0;
   int64_t t0 = 0;
   const char* site = nullptr;
@@ -360,6 +361,7 @@ size_t g_hostops_cap = 0;
 bool g_hostops_stack = true;
 std::optional<at::CallbackHandle> g_hostops_handle;
 thread_local uint64_t t_hostop = 0;  // the innermost recorded op of this thread
+thread_local HostOpCtx* t_hostop_ctx = nullptr;  // ... and its context (nullptr: a compiled call)
 
 // Tensors of tracing (fake tensors, functional wrappers, other Python
 // subclasses: the Python or Functionalize key) or with symbolic sizes are
@@ -445,9 +447,12 @@ std::unique_ptr<at::ObserverContext> hostop_start(const at::RecordFunction& fn) 
   ctx->keep = device;
   ctx->corr = ++g_hostops_next;
   ctx->parent = t_hostop;
+  ctx->up = t_hostop_ctx;
   t_hostop = ctx->corr;
+  t_hostop_ctx = ctx.get();
   tpurt_trace_set_corr(ctx->corr);
-  if (device && g_hostops_stack) ctx->site = user_site();
+  // an op inside another runs at its user line: no second frame walk
+  if (device && g_hostops_stack) ctx->site = ctx->up && ctx->up->site ? ctx->up->site : user_site();
   ctx->t0 = tpurt_trace_now_ns();
   return ctx;
 }
@@ -457,6 +462,7 @@ void hostop_end(const at::RecordFunction& fn, at::ObserverContext* c) {
   if (!ctx) return;
   int64_t t1 = tpurt_trace_now_ns();
   t_hostop = ctx->parent;
+  t_hostop_ctx = ctx->up;
   tpurt_trace_set_corr(ctx->parent);
   HostOpRecord r{ctx->corr, ctx->parent, fn.name(), fn.overload_name(), ctx->t0, t1 - ctx->t0, 0, ctx->site, {}, {}};
   bool device = ctx->keep;
@@ -500,6 +506,7 @@ void hostops_stop() {
 // own (its kernels carry its id), when host ops are recorded.
 struct CompiledCallScope {
   HostOpRecord r{};
+  HostOpCtx* up = nullptr;
   bool on;
   CompiledCallScope() : on(g_hostops_handle.has_value()) {
     if (!on) return;
@@ -508,6 +515,8 @@ struct CompiledCallScope {
     r.name = "torch_tpu::compiled_graph";
     r.site = g_hostops_stack ? user_site() : nullptr;
     r.tid = static_cast<int64_t>(gettid());
+    up = t_hostop_ctx;
+    t_hostop_ctx = nullptr;
     t_hostop = r.corr;
     tpurt_trace_set_corr(r.corr);
     r.t0 = tpurt_trace_now_ns();
@@ -516,6 +525,7 @@ struct CompiledCallScope {
     if (!on) return;
     r.dur = tpurt_trace_now_ns() - r.t0;
     t_hostop = r.parent;
+    t_hostop_ctx = up;
     tpurt_trace_set_corr(r.parent);
     std::lock_guard<std::mutex> lock(g_hostops_mu);
     if (g_hostops.size() >= g_hostops_cap)
