@@ -5,8 +5,10 @@ accumulation over K, one bf16 rounding), with odd channels, K not a multiple
 of the tile, strides 1/2, padding, dilation, groups, batch 1 and > 1,
 channels-last and sliced (non-contiguous) inputs, and a transposed
 convolution (a stride-2 input gradient in its forward). At level amx the
-passes run on the tile unit (libtpurt's tpurt_bf16_conv_tile_passes counts
-them); below it, and with TORCH_TPU_CONV_AMX=0, they never do."""
+passes run on the tile unit, at avx512 on a CPU with AVX512-BF16 on its dot
+products when TORCH_TPU_CONV_BF16=1 asks for them (libtpurt's
+tpurt_bf16_conv_tile_passes counts them); below, and with
+TORCH_TPU_CONV_BF16=0 (or TORCH_TPU_CONV_AMX=0), they never do."""
 from __future__ import annotations
 
 import json
@@ -107,16 +109,42 @@ def _run(env):
 
 @pytest.mark.parametrize("level", RUNNABLE)
 def test_bf16_conv_within_contract(level):
-    out = _run({"TORCH_TPU_ISA": level})
+    out = _run({"TORCH_TPU_ISA": level, "TORCH_TPU_CONV_BF16": "1"})  # the dot products are opt-in
     assert out["worst"] <= 1.0 and out["cases"] == 10, out
-    if level == "amx":
-        assert out["path"] == "amx-bf16 tiles"
-        assert out["passes"] >= 31, out  # every case's three passes ran on the tiles (and the transposed one)
+    want = _bf16_kernel(level)
+    if want:
+        assert out["path"] == want
+        assert out["passes"] >= 31, out  # every case's three passes ran on the bf16 kernel (and the transposed one)
     else:
         assert out["path"] == "f32 implicit GEMM" and out["passes"] == 0, out
 
 
-@pytest.mark.skipif("amx" not in RUNNABLE, reason="this host has no usable AMX")
-def test_bf16_conv_tiles_can_be_turned_off():
-    out = _run({"TORCH_TPU_ISA": "amx", "TORCH_TPU_CONV_AMX": "0"})
+def _bf16_kernel(level):
+    """The bf16 convolution kernel at a level: the tile unit at amx, the
+    AVX512-BF16 dot products at avx512 on a CPU that has them, else none."""
+    if level == "amx":
+        return "amx-bf16 tiles"
+    if level == "avx512" and HOST["features"]["avx512_bf16"]:
+        return "avx512-bf16 dot products"
+    return None
+
+
+def test_bf16_conv_default_kernel():
+    """By default the tile unit runs bf16 convolutions where there is one;
+    the dot products (no faster than the f32 path where measured) only when
+    asked for."""
+    level = RUNNABLE[-1]
+    out = _run({"TORCH_TPU_ISA": level})
+    if level == "amx":
+        assert out["path"] == "amx-bf16 tiles" and out["passes"] >= 31, out
+    else:
+        assert out["path"] == "f32 implicit GEMM" and out["passes"] == 0, out
+
+
+@pytest.mark.parametrize("switch", ["TORCH_TPU_CONV_BF16", "TORCH_TPU_CONV_AMX"])
+def test_bf16_conv_kernel_can_be_turned_off(switch):
+    level = next((lv for lv in reversed(RUNNABLE) if _bf16_kernel(lv)), None)
+    if level is None:
+        pytest.skip("this host has no bf16 matrix hardware (AMX or AVX512-BF16)")
+    out = _run({"TORCH_TPU_ISA": level, switch: "0"})
     assert out["worst"] <= 1.0 and out["path"] == "f32 implicit GEMM" and out["passes"] == 0, out

@@ -151,9 +151,10 @@ TPURT_API const tpurt_cpu_info *tpurt_cpu_get_info(void);
  * "avx512-bf16 dot products" or "f32 GEMM". */
 TPURT_API const char *tpurt_bf16_gemm_path(void);
 /* The kernel behind bf16 2-D convolutions (forward, input and weight
- * gradients) at the level in force: "amx-bf16 tiles" or "f32 implicit GEMM";
- * and how many convolution passes (one per group and phase) have run on the
- * tiles in this process. */
+ * gradients) at the level in force: "amx-bf16 tiles", "avx512-bf16 dot
+ * products" or "f32 implicit GEMM"; and how many convolution passes (one per
+ * group and phase) have run on the bf16 kernels (either of the first two)
+ * in this process. */
 TPURT_API const char *tpurt_bf16_conv_path(void);
 TPURT_API uint64_t tpurt_bf16_conv_tile_passes(void);
 

@@ -7,8 +7,11 @@
  * strides 1 and 2 (and 1 x 2), padding, dilation, groups, batch 1 and > 1,
  * NCHW and channels-last operands, a transposed convolution's stride-2
  * input gradient with more taps than the stride. At level amx the passes
- * must have run on the tile unit (tpurt_bf16_conv_tile_passes), elsewhere
- * (and with TORCH_TPU_CONV_AMX=0) never.
+ * must have run on the tile unit (tpurt_bf16_conv_tile_passes), at avx512
+ * on a CPU with AVX512-BF16 on its dot products when asked for
+ * (TORCH_TPU_CONV_BF16=1; the same packed layout, K in one chunk or in
+ * chunks of 64), elsewhere (by default below amx, and with
+ * TORCH_TPU_CONV_BF16=0 or its former name TORCH_TPU_CONV_AMX=0) never.
  *
  *   test_bconv               parent: one child per level, checks their output
  *   test_bconv run LEVEL     child: the cases at LEVEL
@@ -169,19 +172,30 @@ int main(int argc, char **argv) {
   for (int lv = 0; lv <= ci->host_isa; lv++) {
     char env_isa[64];
     snprintf(env_isa, sizeof env_isa, "TORCH_TPU_ISA=%s", levels[lv]);
-    const char *e1[] = {env_isa, "TPU_NUM_THREADS=2", "TORCH_TPU_HBM_LIMIT=1G", NULL};
-    const char *e2[] = {env_isa, "TPU_NUM_THREADS=1", "TORCH_TPU_HBM_LIMIT=1G", NULL};
-    const char *e3[] = {env_isa, "TPU_NUM_THREADS=2", "TORCH_TPU_CONV_AMX=0", "TORCH_TPU_HBM_LIMIT=1G", NULL};
-    const char *e4[] = {env_isa, "TPU_NUM_THREADS=2", "TORCH_TPU_AMX_KC=64", "TORCH_TPU_HBM_LIMIT=1G", NULL};
-    const char *const *envs[] = {e1, e2, e3, e4};
+    /* the dot products are opt-in (TORCH_TPU_CONV_BF16=1): the first
+     * children ask for them, the last one runs the default */
+    const char *e1[] = {env_isa, "TPU_NUM_THREADS=2", "TORCH_TPU_CONV_BF16=1", "TORCH_TPU_HBM_LIMIT=1G", NULL};
+    const char *e2[] = {env_isa, "TPU_NUM_THREADS=1", "TORCH_TPU_CONV_BF16=1", "TORCH_TPU_HBM_LIMIT=1G", NULL};
+    const char *e3[] = {env_isa, "TPU_NUM_THREADS=2", "TORCH_TPU_CONV_BF16=0", "TORCH_TPU_HBM_LIMIT=1G", NULL};
+    const char *e4[] = {env_isa, "TPU_NUM_THREADS=2", "TORCH_TPU_CONV_BF16=1", "TORCH_TPU_AMX_KC=64",
+                        "TORCH_TPU_HBM_LIMIT=1G", NULL};
+    const char *e5[] = {env_isa, "TPU_NUM_THREADS=2", "TORCH_TPU_CONV_AMX=0", "TORCH_TPU_HBM_LIMIT=1G", NULL};
+    const char *e6[] = {env_isa, "TPU_NUM_THREADS=2", "TORCH_TPU_HBM_LIMIT=1G", NULL};
+    const char *const *envs[] = {e1, e2, e3, e4, e5, e6};
+    static const char *const what[] = {"", " (1 thread)", " (TORCH_TPU_CONV_BF16=0)", " (K chunks of 64)",
+                                       " (TORCH_TPU_CONV_AMX=0)", " (default)"};
     char *av[] = {argv[0], "run", (char *)levels[lv], NULL};
-    for (int k = 0; k < 4; k++) {
-      if (k == 3 && lv != 3) continue;
+    /* the bf16 kernel of the level: the tiles at amx, the dot products at
+     * avx512 on a CPU with AVX512-BF16 (asked for), else none (f32 path) */
+    const char *want = lv == 3 ? "path amx-bf16 tiles" : lv == 2 && ci->avx512_bf16 ? "path avx512-bf16 dot products" : NULL;
+    for (int k = 0; k < 6; k++) {
+      if (k == 3 && !want) continue; /* chunks of K: the bf16 kernels only */
       int rc = check_run_child(av, envs[k], out, sizeof out, NULL);
-      printf("level %s%s: %s", levels[lv], k == 1 ? " (1 thread)" : k == 2 ? " (TORCH_TPU_CONV_AMX=0)" : k == 3 ? " (K chunks of 64)" : "", out);
+      printf("level %s%s: %s", levels[lv], what[k], out);
       CHECK_EQ(rc, 0);
-      if (lv == 3 && k != 2) {
-        CHECK(strstr(out, "path amx-bf16 tiles") != NULL);
+      int on = want && k != 2 && k != 4 && (k != 5 || lv == 3); /* default: the tiles only */
+      if (on) {
+        CHECK(strstr(out, want) != NULL);
         CHECK(passes_of(out) >= 45); /* every case's three passes (phases: more) */
       } else {
         CHECK(strstr(out, "path f32 implicit GEMM") != NULL);

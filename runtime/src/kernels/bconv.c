@@ -1,6 +1,8 @@
 /*
  * bconv.c — bf16 2-D convolutions (forward, input gradient, weight
- * gradient) on the AMX tile unit, through the hooked product of bgemm.c:
+ * gradient) on the bf16 matrix hardware — the AMX tile unit, or (opt-in)
+ * the AVX512-BF16 dot products (bgemm.c runs the same packed layout with its
+ * row kernel) — through the hooked product of bgemm.c:
  * the column matrix is gathered from the images while the B panel (or the
  * A rows) are packed, and the tiles' f32 results are stored straight into
  * the output view with the bias added and one rounding to bf16. Products
@@ -32,8 +34,11 @@
  * zeros: an Inf or NaN there would leak into dw, so images with a
  * non-finite value run the f32 path for that pass (same results as CPU).
  *
- * TORCH_TPU_CONV_AMX=0 (and whatever turns the tile unit off for bf16
- * products: TORCH_TPU_ISA below amx, TORCH_TPU_BGEMM=0) keeps the f32 path.
+ * Which kernel: the tile unit where it serves bf16 products; the dot
+ * products only with TORCH_TPU_CONV_BF16=1 (see tpurt__bconv_applies);
+ * TORCH_TPU_CONV_BF16=0 (or its former name TORCH_TPU_CONV_AMX=0, and
+ * whatever turns the bf16 products off: TORCH_TPU_ISA below avx512 or a CPU
+ * without AVX512-BF16, TORCH_TPU_BGEMM=0) keeps the f32 path.
  */
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -44,14 +49,23 @@
 
 static _Atomic uint64_t g_passes;
 
+/* By default the tile unit only: on Zen 5 (AVX512-BF16, 2 threads) the
+ * dot-product passes measured no faster than the f32 implicit GEMM (ResNet
+ * and UNet autocast steps 0.96-1.07x, paired; single convolutions 0.5-1.1x):
+ * a forward pass has M = C_out rows (64-128), where the 8-row kernel
+ * re-reads the packed columns per row group. TORCH_TPU_CONV_BF16=1 turns
+ * them on there. */
 int tpurt__bconv_applies(void) {
-  const char *e = getenv("TORCH_TPU_CONV_AMX");
-  if (e && !strcmp(e, "0")) return 0;
+  const char *e = getenv("TORCH_TPU_CONV_BF16"), *old = getenv("TORCH_TPU_CONV_AMX");
+  if ((e && !strcmp(e, "0")) || (old && !strcmp(old, "0"))) return 0;
+  if (e && !strcmp(e, "1")) return tpurt__bgemm_applies();
   return tpurt__bgemm_amx();
 }
 
-const char *tpurt_bf16_conv_path(void) { return tpurt__bconv_applies() ? "amx-bf16 tiles" : "f32 implicit GEMM"; }
-
+const char *tpurt_bf16_conv_path(void) {
+  if (!tpurt__bconv_applies()) return "f32 implicit GEMM";
+  return tpurt__bgemm_amx() ? "amx-bf16 tiles" : "avx512-bf16 dot products";
+}
 uint64_t tpurt_bf16_conv_tile_passes(void) { return atomic_load(&g_passes); }
 
 static inline void *hv(tpurt_devptr p) { return p ? tpurt__host_view(p) : NULL; }

@@ -157,9 +157,48 @@ static void bf16_line(uint16_t *restrict o, const float *v, const bprod *x, int6
   for (; q < n; q++) o[q] = 0;
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+/* A transposed (its rows side by side at each k: a.rs == 1), rows i0..i0+7
+ * all inside: pairs p < full of k's from k0, each from two 8-element runs
+ * (k and k + 1) interleaved — d[p * 8 + i] = A[i0+i][k] | A[i0+i][k+1] << 16,
+ * the bits a_elem gives (bf16 copied, f32 rounded to nearest even). */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void pack_a_cols(uint32_t *restrict d, const bprod *x,
+                                                                          int64_t i0, int64_t k0, int64_t full) {
+  int64_t cs = x->a.cs;
+  if (x->a.dt == TPURT_BF16) {
+    const uint16_t *c = (const uint16_t *)x->a.p + i0 + k0 * cs;
+    for (int64_t p = 0; p < full; p++, c += 2 * cs) {
+      __m128i r0 = _mm_loadu_si128((const __m128i *)c), r1 = _mm_loadu_si128((const __m128i *)(c + cs));
+      _mm_storeu_si128((__m128i *)(d + p * BMR), _mm_unpacklo_epi16(r0, r1));
+      _mm_storeu_si128((__m128i *)(d + p * BMR + 4), _mm_unpackhi_epi16(r0, r1));
+    }
+  } else {
+    const float *c = (const float *)x->a.p + i0 + k0 * cs;
+    for (int64_t p = 0; p < full; p++, c += 2 * cs) {
+      __m512 v = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(c))),
+                                                     _mm256_castps_pd(_mm256_loadu_ps(c + cs)), 1));
+      __m512i h = rne_bf16(v);
+      __m256i lo = _mm512_castsi512_si256(h), hi = _mm512_extracti64x4_epi64(h, 1);
+      _mm256_storeu_si256((__m256i *)(d + p * BMR), _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16)));
+    }
+  }
+}
+#endif
+
 /* Rows i0..i0+7 of A, k's k0..k0+kc-1 (kc even) -> d[p * 8 + i]. */
 static void pack_a(uint32_t *restrict d, const bprod *x, int64_t i0, int64_t k0, int64_t kc) {
   int64_t kp = kc / 2;
+#if defined(__x86_64__) || defined(__i386__)
+  if (x->a.rs == 1 && x->a.cs != 1 && !x->split && i0 + BMR <= x->M && tpurt__cpu_avx512()) {
+    /* A transposed (a weight gradient's grad_out^T): whole 8-row runs per k */
+    int64_t full = k0 + kc <= x->K ? kp : (x->K - k0) / 2;
+    pack_a_cols(d, x, i0, k0, full);
+    for (int64_t p = full; p < kp; p++)
+      for (int i = 0; i < BMR; i++)
+        d[p * BMR + i] = pair(a_elem(x, i0 + i, k0 + 2 * p), a_elem(x, i0 + i, k0 + 2 * p + 1));
+    return;
+  }
+#endif
   int plain = x->a.dt == TPURT_BF16 && !x->split && x->a.cs == 1;
   for (int i = 0; i < BMR; i++) {
     int64_t r = i0 + i;
@@ -589,6 +628,9 @@ static void pack_a_rows(uint16_t *restrict d, int64_t ld, const bprod *x, int64_
     if (x->a.cs == 1 && x->a.dt == TPURT_BF16 && !x->split) {
       memcpy(o, (const uint16_t *)x->a.p + i * x->a.rs + k0, (size_t)in * 2);
       q = in;
+    } else if (x->a.rs == 1 && x->a.dt == TPURT_BF16 && !x->split) { /* A transposed: the bits, k strided */
+      const uint16_t *col = (const uint16_t *)x->a.p + i + k0 * x->a.cs;
+      for (; q < in; q++) o[q] = col[q * x->a.cs];
     }
     for (; q < in; q++) o[q] = a_elem(x, i, k0 + q);
     for (; q < kc; q++) o[q] = 0;
@@ -702,6 +744,57 @@ static void amx_tasks(void *p, int64_t b, int64_t e) {
 #endif
 }
 
+/* A task of a panel laid out for the tile unit (A rows packed by
+ * pack_a_groups, B slivers by pack_panel), run with the bf16 dot-product
+ * kernel instead: a hooked product (a convolution's gathered operands) on a
+ * CPU with AVX512-BF16 but no usable tile unit. Same tasks, strip and
+ * stores as amx_tasks; each 8-row group of a 32-row block reads its rows
+ * of packed A in place (bkr2_rows) against the part's sliver pairs, over
+ * the whole chunk of K. Rows past M are A's zero rows: computed, never
+ * copied out. */
+static void rows_tasks(void *p, int64_t b, int64_t e) {
+#if defined(__x86_64__) || defined(__i386__)
+  const bpanel *j = p;
+  const bprod *x = j->x;
+  int64_t kc = j->kc, kp = kc / 2;
+  int load_c = j->k0 > 0 || j->beta != 0.0f;
+  _Alignas(64) float strip[AMX_MR * AMX_STRIP_LD];
+  for (int64_t task = b; task < e; task++) {
+    int64_t ib = task / j->np, part = task % j->np;
+    int64_t i0 = ib * AMX_MB, mc = x->M - i0 < AMX_MB ? x->M - i0 : AMX_MB;
+    int64_t npair = (j->nsl + 1) / 2, s0 = 2 * (npair * part / j->np), s1 = 2 * (npair * (part + 1) / j->np);
+    if (s1 > j->nsl) s1 = j->nsl;
+    int64_t w = s1 > s0 ? (s1 < j->nsl ? s1 * BNR : j->nc) - s0 * BNR : 0;
+    for (int64_t r = 0; r < mc; r += AMX_MR) {
+      int64_t m = mc - r < AMX_MR ? mc - r : AMX_MR;
+      float *c = x->c + (i0 + r) * x->ldc + j->j0 + s0 * BNR;
+      int64_t ldcs = (w + 2 * BNR - 1) / (2 * BNR) * (2 * BNR) + 16;
+      if (load_c)
+        for (int64_t i = 0; i < m; i++) memcpy(strip + i * ldcs, c + i * x->ldc, (size_t)w * 4);
+      /* a sliver pair (128 bytes a k pair) stays in the L1 while the row
+       * groups go by; their rows (32 bytes a k pair) come from the L2 */
+      for (int64_t sl = s0; sl < s1; sl += 2) {
+        const uint32_t *b0 = j->bp + sl * kp * BNR, *b1 = sl + 1 < j->nsl ? b0 + kp * BNR : b0;
+        for (int64_t g = 0; g < m; g += BMR) {
+          const uint16_t *rows8[BMR];
+          for (int i = 0; i < BMR; i++) rows8[i] = j->ap + (i0 + r + g + i) * j->lda;
+          float *cs = strip + g * ldcs + (sl - s0) * BNR;
+          bkr2_rows(kp, rows8, b0, b1, cs, cs + BNR, ldcs, 1.0f, load_c ? 1.0f : 0.0f);
+        }
+      }
+      if (x->hk && x->hk->out && j->k0 + kc >= x->K2)
+        x->hk->out(x->hk, strip, ldcs, i0 + r, m, j->j0 + s0 * BNR, w);
+      else if (j->out && j->k0 + kc >= x->K2)
+        out_rows(j->out, strip, ldcs, i0 + r, m, j->j0 + s0 * BNR, w, j->oalpha, j->obeta);
+      else
+        for (int64_t i = 0; i < m; i++) memcpy(c + i * x->ldc, strip + i * ldcs, (size_t)w * 4);
+    }
+  }
+#else
+  (void)p, (void)b, (void)e;
+#endif
+}
+
 /* One product (C f32 row-major) with its B panel at bp; parallel over the
  * pool when `par`. */
 static void run_bprod(const bprod *x, uint32_t *bp, int par) {
@@ -748,8 +841,8 @@ static size_t amx_a_bytes(int64_t M, int64_t k2) {
 
 /* One product on the tile unit: per chunk of K, A packed once (all rows),
  * then per panel of B (AMX_PANEL bytes) the panel packed and the tasks. */
-static void run_amx(const bprod *x, uint32_t *bp, uint16_t *ap, int par, const tpurt__bmat *out, float oalpha,
-                    float obeta) {
+static void run_amx_with(const bprod *x, uint32_t *bp, uint16_t *ap, int par, const tpurt__bmat *out, float oalpha,
+                         float obeta, void (*tasks)(void *, int64_t, int64_t)) {
   int64_t nth = par ? tpurt_num_threads() : 1, KC = chunk_k(x->K2, 1), pc = panel_cols(KC, 1);
   int64_t mb = (x->M + AMX_MB - 1) / AMX_MB, ng = (x->M + AMX_MR - 1) / AMX_MR;
   for (int64_t k0 = 0; k0 < x->K2; k0 += KC) {
@@ -770,13 +863,18 @@ static void run_amx(const bprod *x, uint32_t *bp, uint16_t *ap, int par, const t
       if (nth > 1 && mb < 4 * nth) j.np = want < npair ? want : npair;
       if (wide && x->M * nc * kc >= (1 << 18)) {
         tpurt_parallel_for((nsl + 1) / 2, 1, pack_pairs, &j);
-        tpurt_parallel_for(mb * j.np, 1, amx_tasks, &j);
+        tpurt_parallel_for(mb * j.np, 1, tasks, &j);
       } else {
         pack_panel(&j, 0, nsl);
-        amx_tasks(&j, 0, mb * j.np);
+        tasks(&j, 0, mb * j.np);
       }
     }
   }
+}
+
+static void run_amx(const bprod *x, uint32_t *bp, uint16_t *ap, int par, const tpurt__bmat *out, float oalpha,
+                    float obeta) {
+  run_amx_with(x, bp, ap, par, out, oalpha, obeta, amx_tasks);
 }
 
 typedef struct {
@@ -873,8 +971,9 @@ int tpurt__bgemm(int64_t nb, int64_t M, int64_t N, int64_t K, float alpha, const
 }
 
 int tpurt__bgemm_hooked(int64_t M, int64_t N, int64_t K, const tpurt__bmat *A, const tpurt__bhooks *hk) {
-  if (M <= 0 || N <= 0 || K <= 0 || !tpurt__bgemm_amx() || !hk->pack_b || !hk->out || (!hk->pack_a && !A))
+  if (M <= 0 || N <= 0 || K <= 0 || !tpurt__bgemm_applies() || !hk->pack_b || !hk->out || (!hk->pack_a && !A))
     return 0;
+  int amx = use_amx(); /* else the dot-product kernel on the same layout (rows_tasks) */
   static const uint16_t zero = 0;
   tpurt__bmat a = A ? *A : (tpurt__bmat){&zero, TPURT_BF16, 0, 1};
   tpurt__bmat b = {&zero, TPURT_BF16, 0, 1}; /* read only through hk->pack_b */
@@ -885,6 +984,6 @@ int tpurt__bgemm_hooked(int64_t M, int64_t N, int64_t K, const tpurt__bmat *A, c
   if (!mem) return 0;
   bprod x = {a, b, M, N, K, K, 0, 1.0f, 0.0f, (float *)(mem + panel + apack), N, hk};
   int par = tpurt_num_threads() > 1 && !tpurt__pool_nested();
-  run_amx(&x, (uint32_t *)mem, (uint16_t *)(mem + panel), par, NULL, 1.0f, 0.0f);
+  run_amx_with(&x, (uint32_t *)mem, (uint16_t *)(mem + panel), par, NULL, 1.0f, 0.0f, amx ? amx_tasks : rows_tasks);
   return 1;
 }
