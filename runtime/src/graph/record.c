@@ -319,6 +319,17 @@ static dnode *push_node(dgraph *g) {
 static _Thread_local acc *t_notes;
 static _Thread_local int t_nnotes, t_capnotes, t_notes_overflow, t_note_ro;
 
+/* The buffer goes with its thread (a thread that recorded, then ended:
+ * a user's worker thread, a DataLoader's): a key whose destructor frees it. */
+static pthread_key_t g_notes_key;
+static pthread_once_t g_notes_once = PTHREAD_ONCE_INIT;
+static void notes_free(void *p) { /* runs on the ending thread: a launch after it starts afresh */
+  free(p);
+  t_notes = NULL;
+  t_nnotes = t_capnotes = 0;
+}
+static void notes_key_init(void) { pthread_key_create(&g_notes_key, notes_free); }
+
 void tpurt__defer_note_reads(int on) { t_note_ro = on; }
 
 void tpurt__defer_note(tpurt_devptr p, int64_t lo, int64_t hi) {
@@ -329,6 +340,8 @@ void tpurt__defer_note(tpurt_devptr p, int64_t lo, int64_t hi) {
     if (grown) {
       t_notes = grown;
       t_capnotes = nc;
+      pthread_once(&g_notes_once, notes_key_init);
+      pthread_setspecific(g_notes_key, grown);
     }
   }
   if (t_nnotes < t_capnotes) {
