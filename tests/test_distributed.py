@@ -434,6 +434,36 @@ def case_silent_rank() -> None:
     os._exit(0)
 
 
+def case_zero_copy() -> None:
+    """all_reduce of a contiguous tensor of a Gloo dtype reduces in place in
+    the device memory (no host<->device copy in the trace) unless
+    TORCH_TPU_DIST_ZERO_COPY=0 stages it; both give the CPU's sums, also on
+    a deferred value (its graph runs first) and through an async work."""
+    import torch_tpu
+    from torch_tpu import profiler as tp
+    torch, dist, rank, world, dev = _setup()
+    zero = os.environ.get("TORCH_TPU_DIST_ZERO_COPY") != "0"
+    n = 1 << 16
+    want = sum(torch.arange(n, dtype=torch.float32) * (r + 1) + 0.5 for r in range(world))
+    with tp.profile() as prof:
+        x = torch.arange(n, dtype=torch.float32, device=dev) * (rank + 1) + 0.5
+        dist.all_reduce(x)
+        with torch_tpu.execution_mode("defer"):
+            y = torch.arange(n, dtype=torch.float32, device=dev) * (rank + 1)
+            y = y + 0.5  # pending in the deferred graph when the collective comes
+            dist.all_reduce(y, async_op=True).wait()
+        z = torch.zeros(4, 8, device=dev) + rank
+        zt = z.t()  # not contiguous: staged
+        dist.all_reduce(zt)
+    torch.testing.assert_close(x.cpu(), want)
+    torch.testing.assert_close(y.cpu(), want)
+    torch.testing.assert_close(z.cpu(), torch.full((4, 8), float(sum(range(world)))))
+    big = [c for c in prof.copies if c["bytes"] == n * 4 and c["direction"] in ("d2h", "h2d")]
+    print(f"rank {rank}: zero copy {zero}, copies of x and y {len(big)}", flush=True)
+    assert (len(big) == 0) if zero else (len(big) >= 4), prof.copies
+    print(f"rank {rank}: zero copy ok", flush=True)
+
+
 # ------------------------------------------------------------------- tests
 
 
@@ -519,3 +549,9 @@ def test_is_initialized_follows_first_use() -> None:
 
 if __name__ == "__main__":
     globals()["case_" + os.environ["TORCH_TPU_TEST_CASE"]]()
+
+
+@pytest.mark.parametrize("zero_copy", ["1", "0"])
+def test_all_reduce_zero_copy(zero_copy: str) -> None:
+    outs = launch("zero_copy", 2, {"TORCH_TPU_DIST_ZERO_COPY": zero_copy})
+    assert all("zero copy ok" in o for o in outs), outs

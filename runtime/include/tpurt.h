@@ -457,6 +457,14 @@ TPURT_API tpurt_status tpurt_memcpy_h2d(tpurt_stream *s, tpurt_devptr dst, const
 TPURT_API tpurt_status tpurt_memcpy_d2h(tpurt_stream *s, void *dst, tpurt_devptr src, size_t n,
                                         int non_blocking);
 TPURT_API tpurt_status tpurt_memcpy_d2d(tpurt_stream *s, tpurt_devptr dst, tpurt_devptr src, size_t n);
+/* A transport's window onto device memory — the emulator's counterpart of a
+ * NIC reading and writing HBM directly (RDMA, a TPU's ICI): runs the chip's
+ * pending deferred work (a collective cut), waits until s has completed
+ * every command queued on it so far, and sets *host to the host address of
+ * the bytes [p, p + n). The address stays valid while the memory stays
+ * allocated; the caller orders later device work on those bytes after its
+ * own accesses (the collective's completion). */
+TPURT_API tpurt_status tpurt_memory_window(tpurt_stream *s, tpurt_devptr p, size_t n, void **host);
 
 #define TPURT_MAX_DIMS 25
 

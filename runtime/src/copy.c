@@ -173,6 +173,24 @@ tpurt_status tpurt_memcpy_d2h(tpurt_stream *s, void *dst, tpurt_devptr src, size
   return launch_memcpy(s, &m, "copy_d2h", non_blocking);
 }
 
+tpurt_status tpurt_memory_window(tpurt_stream *s, tpurt_devptr p, size_t n, void **host) {
+  TPURT__INIT_OR_RETURN();
+  if (!host) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "memory_window: host is NULL");
+  *host = NULL;
+  int dev = tpurt_devptr_device(p);
+  tpurt_status st = tpurt__resolve_stream(&s, dev);
+  if (st) return st;
+  if ((st = tpurt__check_dev_range(s->dev, p, 0, (int64_t)(n ? n : 1), "memory_window"))) return st;
+  if ((st = tpurt__defer_flush_device(s->dev, TPURT_FLUSH_COLLECTIVE))) return st;
+  tpurt__stream_wait_seq(s, tpurt__stream_enqueued(s));
+  if ((st = tpurt__stream_take_error(s))) return st;
+  if (tpurt__is_promise(p) && !atomic_load(&tpurt__promise_get(tpurt__promise_id(p))->real))
+    return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
+                      "memory_window: 0x%016" PRIx64 " has no memory (the deferred graph that made it failed)", p);
+  *host = tpurt__host_view(p);
+  return TPURT_OK;
+}
+
 /* Orders s after the source chip's current stream, and that stream after s
  * (so the source chip does not reuse the memory before the copy is done). */
 static tpurt_status cross_chip_begin(tpurt_stream *s, int src_dev, tpurt_stream **src_stream) {

@@ -11,7 +11,8 @@
 // caller's stream (asynchronous: the pinned buffers' reuse is fenced by the
 // runtime's stream sequence numbers). The Work returned completes, and its
 // future carries the tpu outputs, once those copies are queued; anything the
-// caller queues after wait() runs after them.
+// caller queues after wait() runs after them. all_reduce of a contiguous
+// tensor of a Gloo dtype skips the copies (zero copy, below).
 //
 // Why C++ and not a Python backend: torch 2.13 cannot subclass
 // c10d.Backend from Python (no constructor, no trampoline); a Python
@@ -35,6 +36,8 @@
 #include <torch/csrc/utils/pybind.h>
 #include <pybind11/chrono.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <mutex>
 
@@ -157,6 +160,29 @@ at::Tensor stage_in(const at::Tensor& t, at::ScalarType dtype) {
   return h;
 }
 at::Tensor stage_in(const at::Tensor& t) { return stage_in(t, t.scalar_type()); }
+
+// Zero copy. A contiguous tensor of a dtype Gloo reduces is handed to Gloo
+// as a host view of its device memory (tpurt_memory_window: the chip's
+// pending work is run and waited for first, as the staging copy did) and
+// reduced in place: no pinned copy in, no copy back (2 x its bytes of
+// memory traffic: at 16-256 MiB all_reduce the staging copies were the
+// whole gap to Gloo on CPU tensors). It is the emulator's counterpart of
+// a NIC (or a TPU's ICI) reading and writing HBM directly.
+// TORCH_TPU_DIST_ZERO_COPY=0 stages every collective.
+bool zero_copy_on() {
+  static const bool on = [] {
+    const char* e = std::getenv("TORCH_TPU_DIST_ZERO_COPY");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
+at::Tensor device_window(const at::Tensor& t) {
+  c10::DeviceGuard g(t.device());
+  void* host = nullptr;
+  check(tpurt_memory_window(current_stream(t.device().index()), view_of(t).ptr, t.nbytes(), &host), "collective");
+  return at::from_blob(host, t.sizes(), t.strides(), at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU));
+}
 
 // What Gloo sees of a host buffer: itself, its real view (complex) or its
 // bytes (dtypes Gloo cannot move).
@@ -383,6 +409,13 @@ class TpuBackend : public c10d::Backend {
     const at::Tensor& t = one_tensor(tensors, "allreduce");
     verify(fingerprint(c10d::OpType::ALLREDUCE, tensors, opts.reduceOp.op_));
     c10d::AllreduceOptions o = opts;
+    ReducePlan p = plan_reduce(t.scalar_type(), opts.reduceOp, "allreduce");
+    if (zero_copy_on() && !p.premul && p.wire == t.scalar_type() && gloo_has(t.scalar_type()) && t.is_contiguous() &&
+        t.numel() > 0) {  // in place in the device memory; the Work keeps t alive until Gloo is done
+      o.reduceOp = p.op;
+      Tensors w{device_window(t)};
+      return make(c10d::OpType::ALLREDUCE, inner_->allreduce(w, o), CopyBack{}, t, tensors, {t});
+    }
     at::Tensor h = stage_reduce(t, opts.reduceOp, "allreduce", &o.reduceOp);
     Tensors w{wire(h)};
     CopyBack back;
