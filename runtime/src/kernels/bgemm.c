@@ -689,6 +689,20 @@ AMX_TARGET static void amx_block(int64_t ks, const uint16_t *a, int64_t lda, con
 #undef AMX_TARGET
 #endif
 
+/* A task's strip (rows row..row+m-1, the part's w columns from sliver s0)
+ * to where it goes: the hook's store or the output view after the last
+ * chunk of K, else C (c: the block's first element in C). */
+static void strip_store(const bpanel *j, const float *strip, int64_t ldcs, int64_t row, int64_t m, int64_t s0,
+                        int64_t w, float *c) {
+  const bprod *x = j->x;
+  if (x->hk && x->hk->out && j->k0 + j->kc >= x->K2)
+    x->hk->out(x->hk, strip, ldcs, row, m, j->j0 + s0 * BNR, w);
+  else if (j->out && j->k0 + j->kc >= x->K2)
+    out_rows(j->out, strip, ldcs, row, m, j->j0 + s0 * BNR, w, j->oalpha, j->obeta);
+  else
+    for (int64_t i = 0; i < m; i++) memcpy(c + i * x->ldc, strip + i * ldcs, (size_t)w * 4);
+}
+
 /* Task t of a panel on the tile unit: row block t / np (AMX_MB rows),
  * column part t % np (as panel_tasks); each 32-row block of the chunk's
  * packed A (run_amx) against the part's sliver pairs, in the thread's C
@@ -730,12 +744,7 @@ static void amx_tasks(void *p, int64_t b, int64_t e) {
           amx_block(qs, ab, lda, b0, b1, strip + (s - s0) * BNR, ldcs * 4, lc);
         }
       }
-      if (x->hk && x->hk->out && j->k0 + kc >= x->K2)
-        x->hk->out(x->hk, strip, ldcs, i0 + r, m, j->j0 + s0 * BNR, w);
-      else if (j->out && j->k0 + kc >= x->K2)
-        out_rows(j->out, strip, ldcs, i0 + r, m, j->j0 + s0 * BNR, w, j->oalpha, j->obeta);
-      else
-        for (int64_t i = 0; i < m; i++) memcpy(c + i * x->ldc, strip + i * ldcs, (size_t)w * 4);
+      strip_store(j, strip, ldcs, i0 + r, m, s0, w, c);
     }
   }
   amx_release();
@@ -782,12 +791,7 @@ static void rows_tasks(void *p, int64_t b, int64_t e) {
           bkr2_rows(kp, rows8, b0, b1, cs, cs + BNR, ldcs, 1.0f, load_c ? 1.0f : 0.0f);
         }
       }
-      if (x->hk && x->hk->out && j->k0 + kc >= x->K2)
-        x->hk->out(x->hk, strip, ldcs, i0 + r, m, j->j0 + s0 * BNR, w);
-      else if (j->out && j->k0 + kc >= x->K2)
-        out_rows(j->out, strip, ldcs, i0 + r, m, j->j0 + s0 * BNR, w, j->oalpha, j->obeta);
-      else
-        for (int64_t i = 0; i < m; i++) memcpy(c + i * x->ldc, strip + i * ldcs, (size_t)w * 4);
+      strip_store(j, strip, ldcs, i0 + r, m, s0, w, c);
     }
   }
 #else
