@@ -436,7 +436,8 @@ def case_silent_rank() -> None:
 
 def case_zero_copy() -> None:
     """all_reduce of a contiguous tensor of a Gloo dtype reduces in place in
-    the device memory (no host<->device copy in the trace) unless
+    the device memory, all_gather_into_tensor reads and writes it there (no
+    host<->device copy in the trace) unless
     TORCH_TPU_DIST_ZERO_COPY=0 stages it; both give the CPU's sums, also on
     a deferred value (its graph runs first) and through an async work."""
     import torch_tpu
@@ -452,15 +453,23 @@ def case_zero_copy() -> None:
             y = torch.arange(n, dtype=torch.float32, device=dev) * (rank + 1)
             y = y + 0.5  # pending in the deferred graph when the collective comes
             dist.all_reduce(y, async_op=True).wait()
+        g = torch.empty(world * n, device=dev)
+        dist.all_gather_into_tensor(g, x)  # reads x, writes g in device memory
         z = torch.zeros(4, 8, device=dev) + rank
         zt = z.t()  # not contiguous: staged
         dist.all_reduce(zt)
+    torch.testing.assert_close(g.cpu(), want.repeat(world))
+    # an all-gather whose input is its own slot of the output: the input is staged
+    slots = torch.zeros(world * 4, device=dev)
+    slots[rank * 4:(rank + 1) * 4] = rank + 1.0
+    dist.all_gather_into_tensor(slots, slots[rank * 4:(rank + 1) * 4])
+    torch.testing.assert_close(slots.cpu(), torch.arange(1.0, world + 1).repeat_interleave(4))
     torch.testing.assert_close(x.cpu(), want)
     torch.testing.assert_close(y.cpu(), want)
     torch.testing.assert_close(z.cpu(), torch.full((4, 8), float(sum(range(world)))))
-    big = [c for c in prof.copies if c["bytes"] == n * 4 and c["direction"] in ("d2h", "h2d")]
+    big = [c for c in prof.copies if c["bytes"] in (n * 4, world * n * 4) and c["direction"] in ("d2h", "h2d")]
     print(f"rank {rank}: zero copy {zero}, copies of x and y {len(big)}", flush=True)
-    assert (len(big) == 0) if zero else (len(big) >= 4), prof.copies
+    assert (len(big) == 0) if zero else (len(big) >= 6), prof.copies
     print(f"rank {rank}: zero copy ok", flush=True)
 
 

@@ -184,6 +184,13 @@ at::Tensor device_window(const at::Tensor& t) {
   return at::from_blob(host, t.sizes(), t.strides(), at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU));
 }
 
+// Whether two tensors' bytes overlap (an all-gather whose input is its own
+// slot of the output: the input is staged then).
+bool overlap(const at::Tensor& a, const at::Tensor& b) {
+  tpurt_devptr pa = view_of(a).ptr, pb = view_of(b).ptr;
+  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+
 // What Gloo sees of a host buffer: itself, its real view (complex) or its
 // bytes (dtypes Gloo cannot move).
 at::Tensor wire(const at::Tensor& h) {
@@ -472,6 +479,13 @@ class TpuBackend : public c10d::Backend {
   WorkPtr _allgather_base(at::Tensor& out, at::Tensor& in, const c10d::AllgatherOptions& opts) override {
     check_tensors({out, in}, "all_gather_into_tensor");
     verify(fingerprint(c10d::OpType::_ALLGATHER_BASE, {in}));
+    if (zero_copy_on() && in.is_contiguous() && out.is_contiguous() && in.numel() > 0 &&
+        in.scalar_type() == out.scalar_type() && in.device() == out.device() && !overlap(in, out)) {
+      // Gloo reads the input and writes the output in device memory (FSDP2's parameter gathers)
+      at::Tensor win = wire(device_window(in)), wout = wire(device_window(out));
+      return make(c10d::OpType::_ALLGATHER_BASE, inner_->_allgather_base(wout, win, opts), CopyBack{}, in, {out},
+                  {in, out});
+    }
     at::Tensor hin = stage_in(in);
     at::Tensor hout = host_empty(out.sizes(), out.scalar_type());
     at::Tensor wout = wire(hout), win = wire(hin);
