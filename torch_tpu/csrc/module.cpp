@@ -359,7 +359,8 @@ std::vector<HostOpRecord> g_hostops;
 std::atomic<uint64_t> g_hostops_next{0}, g_hostops_dropped{0};
 size_t g_hostops_cap = 0;
 bool g_hostops_stack = true;
-std::optional<at::CallbackHandle> g_hostops_handle;
+std::optional<at::CallbackHandle> g_hostops_handle;  // (g_hostops_mu)
+std::atomic<bool> g_hostops_on{false};            // the handle is set: read without the lock
 thread_local uint64_t t_hostop = 0;  // the innermost recorded op of this thread
 thread_local HostOpCtx* t_hostop_ctx = nullptr;  // ... and its context (nullptr: a compiled call)
 
@@ -494,12 +495,14 @@ void hostops_start(bool with_stack, size_t capacity) {
                                                .needsInputs(true)
                                                .needsOutputs(true)
                                                .scopes({at::RecordScope::FUNCTION}));
+  g_hostops_on = true;
 }
 
 void hostops_stop() {
   std::lock_guard<std::mutex> lock(g_hostops_mu);
   if (g_hostops_handle) at::removeCallback(*g_hostops_handle);
   g_hostops_handle.reset();
+  g_hostops_on = false;
 }
 
 // A replayed compiled call dispatches no operator: it is one host op of its
@@ -508,7 +511,7 @@ struct CompiledCallScope {
   HostOpRecord r{};
   HostOpCtx* up = nullptr;
   bool on;
-  CompiledCallScope() : on(g_hostops_handle.has_value()) {
+  CompiledCallScope() : on(g_hostops_on.load()) {
     if (!on) return;
     r.corr = ++g_hostops_next;
     r.parent = t_hostop;
@@ -1029,10 +1032,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_hostops_start", &hostops_start);
   m.def("_hostops_stop", &hostops_stop);
   m.def("_hostops_read", &hostops_read);
-  m.def("_hostops_on", [] {
-    std::lock_guard<std::mutex> lock(g_hostops_mu);
-    return g_hostops_handle.has_value();
-  });
+  m.def("_hostops_on", [] { return g_hostops_on.load(); });
   m.def("_trace_now_ns", [] { return tpurt_trace_now_ns(); });
   m.def("_hold_site", [](bool on) {  // on: ops record the caller's line until the matching off
     if (on && t_site_hold++ == 0) {
