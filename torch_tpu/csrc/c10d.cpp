@@ -602,6 +602,17 @@ class TpuBackend : public c10d::Backend {
     check_tensors({out, in}, "reduce_scatter_tensor");
     verify(fingerprint(c10d::OpType::_REDUCE_SCATTER_BASE, {out}, opts.reduceOp.op_));
     c10d::ReduceScatterOptions o = opts;
+    ReducePlan p = plan_reduce(in.scalar_type(), opts.reduceOp, "reduce_scatter_tensor");
+    if (zero_copy_on() && !p.premul && p.wire == in.scalar_type() && gloo_has(in.scalar_type()) &&
+        in.scalar_type() == out.scalar_type() && in.is_contiguous() && out.is_contiguous() && in.numel() > 0 &&
+        in.device() == out.device() && !overlap(in, out)) {
+      // Gloo reads the input and writes the output in device memory (FSDP2's gradient reductions); it
+      // leaves the input as it was, as on CPU tensors
+      o.reduceOp = p.op;
+      at::Tensor win = device_window(in), wout = device_window(out);
+      return make(c10d::OpType::_REDUCE_SCATTER_BASE, inner_->_reduce_scatter_base(wout, win, o), CopyBack{}, in,
+                  {out}, {in, out});
+    }
     at::Tensor hin = stage_reduce(in, opts.reduceOp, "reduce_scatter_tensor", &o.reduceOp);
     at::Tensor hout = host_empty(out.sizes(), hin.scalar_type());
     at::Tensor wout = wire(hout), win = wire(hin);
