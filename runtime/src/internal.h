@@ -100,9 +100,9 @@ TPURT_INTERNAL extern _Thread_local uint64_t tpurt__trace_corr;
 TPURT_INTERNAL extern _Thread_local uint64_t tpurt__trace_ctx;
 TPURT_INTERNAL void tpurt__trace_emit(int kind, int64_t ts, int64_t dur, const char *name, const char *site, int dev,
                                       int stream, uint64_t seq, uint64_t corr, int64_t a, int64_t b);
-/* a command enqueued on stream s as number seq: its LAUNCH, and one MEMBER
- * per op tpurt__trace_members named for it (consumed) */
-TPURT_INTERNAL void tpurt__trace_launch(const tpurt_stream *s, const char *name, uint64_t seq);
+/* a command enqueued on stream s as number seq at time ts (0: now): its
+ * LAUNCH, and one MEMBER per op tpurt__trace_members named for it (consumed) */
+TPURT_INTERNAL void tpurt__trace_launch(const tpurt_stream *s, const char *name, uint64_t seq, int64_t ts);
 TPURT_INTERNAL void tpurt__trace_members(const uint64_t *corr, int n);
 /* ktimes.c: per-name command times (TORCH_TPU_KERNEL_TIMES=1), printed at exit */
 TPURT_INTERNAL int tpurt__ktimes_on(void);

@@ -387,6 +387,9 @@ void tpurt__batch_end(tpurt_stream *s) {
 tpurt_status tpurt__enqueue(tpurt_stream *s, const char *name, tpurt_kernel_fn fn, const void *args,
                             size_t args_size, uint64_t *seq) {
   uint64_t q = 0;
+  /* the LAUNCH event's time is taken before the command is handed over:
+   * the worker may start it before this thread writes the event */
+  int64_t tl = TPURT__TRACE_ON() ? tpurt__now_ns() : 0;
   /* an event's command is an item of its own: the worker completes the
    * commands before a record, then the record */
   if (t_batch.s == s && fn != k_event_record && fn != k_event_wait) {
@@ -409,7 +412,7 @@ tpurt_status tpurt__enqueue(tpurt_stream *s, const char *name, tpurt_kernel_fn f
       pthread_mutex_unlock(&s->mu);
     }
   }
-  if (TPURT__TRACE_ON()) tpurt__trace_launch(s, name, q);
+  if (TPURT__TRACE_ON()) tpurt__trace_launch(s, name, q, tl);
   if (seq) *seq = q;
   return TPURT_OK;
 }

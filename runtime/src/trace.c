@@ -94,8 +94,8 @@ void tpurt__trace_members(const uint64_t *corr, int n) {
   t_nmembers = n < 0 ? 0 : n;
 }
 
-void tpurt__trace_launch(const tpurt_stream *s, const char *name, uint64_t seq) {
-  int64_t now = tpurt__now_ns();
+void tpurt__trace_launch(const tpurt_stream *s, const char *name, uint64_t seq, int64_t ts) {
+  int64_t now = ts ? ts : tpurt__now_ns();
   int n = t_nmembers;
   t_nmembers = 0;
   uint64_t ctx = tpurt__trace_ctx ? tpurt__trace_ctx : tpurt__trace_corr;
