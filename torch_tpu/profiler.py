@@ -116,10 +116,16 @@ def _overload(name: str, overload: str) -> Any:
         return None
 
 
+def _is_tensor(a: Any) -> bool:
+    """Whether a recorded argument is a tensor: (sizes, dtype, on the device,
+    data address, bytes)."""
+    return isinstance(a, tuple) and len(a) == 5 and isinstance(a[1], torch.dtype)
+
+
 def _rebuild(a: Any) -> Any:
     """A recorded argument as the FLOP formulas read it: tensors as meta
     tensors of the recorded shape and dtype, lists item by item."""
-    if isinstance(a, tuple) and len(a) == 5 and isinstance(a[1], torch.dtype):
+    if _is_tensor(a):
         return torch.empty(a[0], dtype=a[1], device="meta")
     if isinstance(a, list):
         return [_rebuild(x) for x in a]
@@ -127,7 +133,7 @@ def _rebuild(a: Any) -> Any:
 
 
 def _recorded_tensors(a: Any) -> list[tuple]:
-    if isinstance(a, tuple) and len(a) == 5 and isinstance(a[1], torch.dtype):
+    if _is_tensor(a):
         return [a]
     if isinstance(a, list):
         return [t for x in a for t in _recorded_tensors(x)]
@@ -343,14 +349,14 @@ class profile:
                 gc.enable()
 
     def _build(self, events: list[tuple]) -> None:
-        launches: dict[tuple[int, int, int], tuple[int, int, int]] = {}
+        launches: dict[tuple[int, int, int], tuple[int, int, int, int]] = {}
         members: dict[tuple[int, int, int], list[int]] = defaultdict(list)
         kernels: list[Kernel] = []
         for kind, ts, dur, name, site, dev, stream, seq, corr, a, b, tid in events:
             if kind == KERNEL:
                 kernels.append(Kernel(name or "kernel", dev, stream, seq, ts, dur, a))
             elif kind == LAUNCH:
-                launches[(dev, stream, seq)] = (ts, tid, corr, b or corr)  # b: the flush's op
+                launches[(dev, stream, seq)] = (ts, tid, corr, b)  # b: its context (the flush's op, else corr)
             elif kind == MEMBER:
                 members[(dev, stream, seq)].append(corr)
             elif kind == CUT:

@@ -181,9 +181,7 @@ tpurt_status tpurt_memory_window(tpurt_stream *s, tpurt_devptr p, size_t n, void
   tpurt_status st = tpurt__resolve_stream(&s, dev);
   if (st) return st;
   if ((st = tpurt__check_dev_range(s->dev, p, 0, (int64_t)(n ? n : 1), "memory_window"))) return st;
-  if ((st = tpurt__defer_flush_device(s->dev, TPURT_FLUSH_COLLECTIVE))) return st;
-  tpurt__stream_wait_seq(s, tpurt__stream_enqueued(s));
-  if ((st = tpurt__stream_take_error(s))) return st;
+  if ((st = tpurt__stream_sync(s, TPURT_FLUSH_COLLECTIVE))) return st;
   if (tpurt__is_promise(p) && !atomic_load(&tpurt__promise_get(tpurt__promise_id(p))->real))
     return tpurt__err(TPURT_ERR_INVALID_ARGUMENT,
                       "memory_window: 0x%016" PRIx64 " has no memory (the deferred graph that made it failed)", p);

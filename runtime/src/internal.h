@@ -185,6 +185,9 @@ TPURT_INTERNAL void tpurt__batch_end(tpurt_stream *s);
 TPURT_INTERNAL void tpurt__stream_wait_seq(tpurt_stream *s, uint64_t seq);
 /* Takes (and clears) the pending error, setting last_error; TPURT_OK if none. */
 TPURT_INTERNAL tpurt_status tpurt__stream_take_error(tpurt_stream *s);
+/* Runs s's chip's pending deferred work (a cut for `reason`), waits until s
+ * has completed every command queued so far and returns its pending error. */
+TPURT_INTERNAL tpurt_status tpurt__stream_sync(tpurt_stream *s, tpurt_flush_reason reason);
 /* The same for an error of command seq or an earlier one (a later
  * command's error stays pending for the next synchronization: a host read
  * placed inside a deferred graph has later commands queued behind it). */

@@ -464,7 +464,11 @@ tpurt_status tpurt_stream_synchronize(tpurt_stream *s) {
   tpurt_status st = tpurt__resolve_stream(&s, -1);
   if (st) return st;
   if (!s) return TPURT_ERR_INTERNAL; /* unreachable; placates gcc's -Wstringop-overflow */
-  st = tpurt__defer_flush_device(s->dev, TPURT_FLUSH_SYNC);
+  return tpurt__stream_sync(s, TPURT_FLUSH_SYNC);
+}
+
+tpurt_status tpurt__stream_sync(tpurt_stream *s, tpurt_flush_reason reason) {
+  tpurt_status st = tpurt__defer_flush_device(s->dev, reason);
   if (st) return st;
   tpurt__stream_wait_seq(s, tpurt__stream_enqueued(s));
   return tpurt__stream_take_error(s);

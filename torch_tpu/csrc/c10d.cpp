@@ -145,6 +145,10 @@ ReducePlan plan_reduce(at::ScalarType s, const ReduceOp& op, const char* what) {
   return p;
 }
 
+// A reduction Gloo runs on the tensor's own values: no factor to apply first,
+// no other dtype on the wire.
+bool reduces_as_is(const ReducePlan& p, at::ScalarType s) { return !p.premul && p.wire == s && gloo_has(s); }
+
 // ---------------------------------------------------------------- staging
 
 at::Tensor host_empty(at::IntArrayRef sizes, at::ScalarType dtype) {
@@ -189,6 +193,15 @@ at::Tensor device_window(const at::Tensor& t) {
 bool overlap(const at::Tensor& a, const at::Tensor& b) {
   tpurt_devptr pa = view_of(a).ptr, pb = view_of(b).ptr;
   return pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+
+// Whether Gloo may work in a tensor's device memory (zero copy on, the
+// tensor contiguous and not empty), and in an input's and an output's (both
+// so, one dtype and chip, apart).
+bool windowable(const at::Tensor& t) { return zero_copy_on() && t.is_contiguous() && t.numel() > 0; }
+bool windowable(const at::Tensor& in, const at::Tensor& out) {
+  return windowable(in) && out.is_contiguous() && in.scalar_type() == out.scalar_type() &&
+         in.device() == out.device() && !overlap(in, out);
 }
 
 // What Gloo sees of a host buffer: itself, its real view (complex) or its
@@ -417,8 +430,7 @@ class TpuBackend : public c10d::Backend {
     verify(fingerprint(c10d::OpType::ALLREDUCE, tensors, opts.reduceOp.op_));
     c10d::AllreduceOptions o = opts;
     ReducePlan p = plan_reduce(t.scalar_type(), opts.reduceOp, "allreduce");
-    if (zero_copy_on() && !p.premul && p.wire == t.scalar_type() && gloo_has(t.scalar_type()) && t.is_contiguous() &&
-        t.numel() > 0) {  // in place in the device memory; the Work keeps t alive until Gloo is done
+    if (reduces_as_is(p, t.scalar_type()) && windowable(t)) {  // in place; the Work keeps t alive until Gloo is done
       o.reduceOp = p.op;
       Tensors w{device_window(t)};
       return make(c10d::OpType::ALLREDUCE, inner_->allreduce(w, o), CopyBack{}, t, tensors, {t});
@@ -479,8 +491,7 @@ class TpuBackend : public c10d::Backend {
   WorkPtr _allgather_base(at::Tensor& out, at::Tensor& in, const c10d::AllgatherOptions& opts) override {
     check_tensors({out, in}, "all_gather_into_tensor");
     verify(fingerprint(c10d::OpType::_ALLGATHER_BASE, {in}));
-    if (zero_copy_on() && in.is_contiguous() && out.is_contiguous() && in.numel() > 0 &&
-        in.scalar_type() == out.scalar_type() && in.device() == out.device() && !overlap(in, out)) {
+    if (windowable(in, out)) {
       // Gloo reads the input and writes the output in device memory (FSDP2's parameter gathers)
       at::Tensor win = wire(device_window(in)), wout = wire(device_window(out));
       return make(c10d::OpType::_ALLGATHER_BASE, inner_->_allgather_base(wout, win, opts), CopyBack{}, in, {out},
@@ -603,9 +614,7 @@ class TpuBackend : public c10d::Backend {
     verify(fingerprint(c10d::OpType::_REDUCE_SCATTER_BASE, {out}, opts.reduceOp.op_));
     c10d::ReduceScatterOptions o = opts;
     ReducePlan p = plan_reduce(in.scalar_type(), opts.reduceOp, "reduce_scatter_tensor");
-    if (zero_copy_on() && !p.premul && p.wire == in.scalar_type() && gloo_has(in.scalar_type()) &&
-        in.scalar_type() == out.scalar_type() && in.is_contiguous() && out.is_contiguous() && in.numel() > 0 &&
-        in.device() == out.device() && !overlap(in, out)) {
+    if (reduces_as_is(p, in.scalar_type()) && windowable(in, out)) {
       // Gloo reads the input and writes the output in device memory (FSDP2's gradient reductions); it
       // leaves the input as it was, as on CPU tensors
       o.reduceOp = p.op;

@@ -435,6 +435,15 @@ HostArg host_arg(const c10::IValue& v, bool* device) {
   return a;
 }
 
+// A finished op into the profile's records, or counted as dropped past the cap.
+void keep_record(HostOpRecord&& r) {
+  std::lock_guard<std::mutex> lock(g_hostops_mu);
+  if (g_hostops.size() >= g_hostops_cap)
+    ++g_hostops_dropped;
+  else
+    g_hostops.push_back(std::move(r));
+}
+
 std::unique_ptr<at::ObserverContext> hostop_start(const at::RecordFunction& fn) {
   if (!fn.operator_name()) return nullptr;  // a range of PyTorch's own (PythonDispatchMode, ...), not an operator
   auto ctx = std::make_unique<HostOpCtx>();
@@ -476,12 +485,7 @@ void hostop_end(const at::RecordFunction& fn, at::ObserverContext* c) {
   if (!r.site && g_hostops_stack && !ctx->keep) r.site = user_site();  // a factory: known only now
   r.tid = static_cast<int64_t>(gettid());
   r.in = std::move(ctx->in);
-  std::lock_guard<std::mutex> lock(g_hostops_mu);
-  if (g_hostops.size() >= g_hostops_cap) {
-    ++g_hostops_dropped;
-    return;
-  }
-  g_hostops.push_back(std::move(r));
+  keep_record(std::move(r));
 }
 
 void hostops_start(bool with_stack, size_t capacity) {
@@ -530,11 +534,7 @@ struct CompiledCallScope {
     t_hostop = r.parent;
     t_hostop_ctx = up;
     tpurt_trace_set_corr(r.parent);
-    std::lock_guard<std::mutex> lock(g_hostops_mu);
-    if (g_hostops.size() >= g_hostops_cap)
-      ++g_hostops_dropped;
-    else
-      g_hostops.push_back(std::move(r));
+    keep_record(std::move(r));
   }
 };
 

@@ -703,18 +703,24 @@ static void strip_store(const bpanel *j, const float *strip, int64_t ldcs, int64
     for (int64_t i = 0; i < m; i++) memcpy(c + i * x->ldc, strip + i * ldcs, (size_t)w * 4);
 }
 
-/* Task t of a panel on the tile unit: row block t / np (AMX_MB rows),
- * column part t % np (as panel_tasks); each 32-row block of the chunk's
- * packed A (run_amx) against the part's sliver pairs, in the thread's C
- * strip. */
-static void amx_tasks(void *p, int64_t b, int64_t e) {
-#if defined(__x86_64__)
-  const bpanel *j = p;
+/* What computes a task's 32-row block (rows row..row+m-1 of C, sliver
+ * pairs s0..s1 of the panel) into its strip, loaded with C when load_c:
+ * the tile unit's or the dot products'. */
+typedef void (*strip_block_fn)(const bpanel *j, float *strip, int64_t ldcs, int64_t row, int64_t m, int64_t s0,
+                               int64_t s1, int load_c);
+
+/* Tasks [b, e) of a panel laid out for the tile unit (A rows packed by
+ * pack_a_groups, B slivers by pack_panel): task t is row block t / np
+ * (AMX_MB rows) and column part t % np (as panel_tasks); each 32-row block
+ * of it runs in the thread's C strip (rows one cache line more than the
+ * block apart: tiles of a C whose rows are 2^n bytes apart evict each
+ * other in the L1); C is read (load_c) and written once a chunk. A block
+ * of fewer than 32 rows runs whole in the strip too: its rows past m (A's
+ * zero rows) are never copied out. */
+static void strip_tasks(const bpanel *j, int64_t b, int64_t e, strip_block_fn block) {
   const bprod *x = j->x;
-  int64_t kc = j->kc, kp = kc / 2;
   int load_c = j->k0 > 0 || j->beta != 0.0f;
   _Alignas(64) float strip[AMX_MR * AMX_STRIP_LD]; /* 137 KiB: the stacks of pool and stream threads hold it */
-  amx_config();
   for (int64_t task = b; task < e; task++) {
     int64_t ib = task / j->np, part = task % j->np;
     int64_t i0 = ib * AMX_MB, mc = x->M - i0 < AMX_MB ? x->M - i0 : AMX_MB;
@@ -722,78 +728,74 @@ static void amx_tasks(void *p, int64_t b, int64_t e) {
     if (s1 > j->nsl) s1 = j->nsl;
     int64_t w = s1 > s0 ? (s1 < j->nsl ? s1 * BNR : j->nc) - s0 * BNR : 0; /* the part's columns */
     for (int64_t r = 0; r < mc; r += AMX_MR) {
-      int64_t m = mc - r < AMX_MR ? mc - r : AMX_MR, lda = j->lda * 2;
-      /* the part's 32 x w block of C accumulates in the strip (rows one
-       * cache line more than the block apart: tiles of a C whose rows are
-       * 2^n bytes apart evict each other in the L1); C is read (load_c)
-       * and written once a chunk. A block of fewer than 32 rows runs whole
-       * in the strip too: its rows past m (A's zero rows) are never
-       * copied out. */
+      int64_t m = mc - r < AMX_MR ? mc - r : AMX_MR;
       float *c = x->c + (i0 + r) * x->ldc + j->j0 + s0 * BNR;
       int64_t ldcs = (w + 2 * BNR - 1) / (2 * BNR) * (2 * BNR) + 16; /* whole pairs, and a cache line */
       if (load_c)
         for (int64_t i = 0; i < m; i++) memcpy(strip + i * ldcs, c + i * x->ldc, (size_t)w * 4);
-      /* k's in steps of AMX_KSUB over the part: the A block of a step
-       * (16 KiB) stays in the L1 while the part's slivers go by */
-      for (int64_t q0 = 0; q0 < kc; q0 += AMX_KSUB) {
-        int64_t qs = (kc - q0 < AMX_KSUB ? kc - q0 : AMX_KSUB) / AMX_KS;
-        int lc = load_c || q0 > 0;
-        const uint16_t *ab = j->ap + (i0 + r) * j->lda + q0;
-        for (int64_t s = s0; s < s1; s += 2) {
-          const uint32_t *b0 = j->bp + s * kp * BNR + q0 / 2 * BNR, *b1 = s + 1 < j->nsl ? b0 + kp * BNR : b0;
-          amx_block(qs, ab, lda, b0, b1, strip + (s - s0) * BNR, ldcs * 4, lc);
-        }
-      }
+      block(j, strip, ldcs, i0 + r, m, s0, s1, load_c);
       strip_store(j, strip, ldcs, i0 + r, m, s0, w, c);
     }
   }
+}
+
+#if defined(__x86_64__)
+/* A block on the tile unit: k's in steps of AMX_KSUB over the part (the
+ * A block of a step, 16 KiB, stays in the L1 while the part's slivers go
+ * by). */
+static void amx_strip_block(const bpanel *j, float *strip, int64_t ldcs, int64_t row, int64_t m, int64_t s0,
+                            int64_t s1, int load_c) {
+  (void)m;
+  int64_t kc = j->kc, kp = kc / 2, lda = j->lda * 2;
+  for (int64_t q0 = 0; q0 < kc; q0 += AMX_KSUB) {
+    int64_t qs = (kc - q0 < AMX_KSUB ? kc - q0 : AMX_KSUB) / AMX_KS;
+    int lc = load_c || q0 > 0;
+    const uint16_t *ab = j->ap + row * j->lda + q0;
+    for (int64_t s = s0; s < s1; s += 2) {
+      const uint32_t *b0 = j->bp + s * kp * BNR + q0 / 2 * BNR, *b1 = s + 1 < j->nsl ? b0 + kp * BNR : b0;
+      amx_block(qs, ab, lda, b0, b1, strip + (s - s0) * BNR, ldcs * 4, lc);
+    }
+  }
+}
+#endif
+
+/* Tasks on the tile unit (strip_tasks). */
+static void amx_tasks(void *p, int64_t b, int64_t e) {
+#if defined(__x86_64__)
+  amx_config();
+  strip_tasks(p, b, e, amx_strip_block);
   amx_release();
 #else
   (void)p, (void)b, (void)e;
 #endif
 }
 
-/* A task of a panel laid out for the tile unit (A rows packed by
- * pack_a_groups, B slivers by pack_panel), run with the bf16 dot-product
- * kernel instead: a hooked product (a convolution's gathered operands) on a
- * CPU with AVX512-BF16 but no usable tile unit. Same tasks, strip and
- * stores as amx_tasks; each 8-row group of a 32-row block reads its rows
- * of packed A in place (bkr2_rows) against the part's sliver pairs, over
- * the whole chunk of K. Rows past M are A's zero rows: computed, never
- * copied out. */
-static void rows_tasks(void *p, int64_t b, int64_t e) {
 #if defined(__x86_64__) || defined(__i386__)
-  const bpanel *j = p;
-  const bprod *x = j->x;
-  int64_t kc = j->kc, kp = kc / 2;
-  int load_c = j->k0 > 0 || j->beta != 0.0f;
-  _Alignas(64) float strip[AMX_MR * AMX_STRIP_LD];
-  for (int64_t task = b; task < e; task++) {
-    int64_t ib = task / j->np, part = task % j->np;
-    int64_t i0 = ib * AMX_MB, mc = x->M - i0 < AMX_MB ? x->M - i0 : AMX_MB;
-    int64_t npair = (j->nsl + 1) / 2, s0 = 2 * (npair * part / j->np), s1 = 2 * (npair * (part + 1) / j->np);
-    if (s1 > j->nsl) s1 = j->nsl;
-    int64_t w = s1 > s0 ? (s1 < j->nsl ? s1 * BNR : j->nc) - s0 * BNR : 0;
-    for (int64_t r = 0; r < mc; r += AMX_MR) {
-      int64_t m = mc - r < AMX_MR ? mc - r : AMX_MR;
-      float *c = x->c + (i0 + r) * x->ldc + j->j0 + s0 * BNR;
-      int64_t ldcs = (w + 2 * BNR - 1) / (2 * BNR) * (2 * BNR) + 16;
-      if (load_c)
-        for (int64_t i = 0; i < m; i++) memcpy(strip + i * ldcs, c + i * x->ldc, (size_t)w * 4);
-      /* a sliver pair (128 bytes a k pair) stays in the L1 while the row
-       * groups go by; their rows (32 bytes a k pair) come from the L2 */
-      for (int64_t sl = s0; sl < s1; sl += 2) {
-        const uint32_t *b0 = j->bp + sl * kp * BNR, *b1 = sl + 1 < j->nsl ? b0 + kp * BNR : b0;
-        for (int64_t g = 0; g < m; g += BMR) {
-          const uint16_t *rows8[BMR];
-          for (int i = 0; i < BMR; i++) rows8[i] = j->ap + (i0 + r + g + i) * j->lda;
-          float *cs = strip + g * ldcs + (sl - s0) * BNR;
-          bkr2_rows(kp, rows8, b0, b1, cs, cs + BNR, ldcs, 1.0f, load_c ? 1.0f : 0.0f);
-        }
-      }
-      strip_store(j, strip, ldcs, i0 + r, m, s0, w, c);
+/* A block with the bf16 dot-product kernel instead: each 8-row group reads
+ * its rows of packed A in place (bkr2_rows) over the whole chunk of K; a
+ * sliver pair (128 bytes a k pair) stays in the L1 while the row groups go
+ * by, their rows (32 bytes a k pair) come from the L2. */
+static void rows_strip_block(const bpanel *j, float *strip, int64_t ldcs, int64_t row, int64_t m, int64_t s0,
+                             int64_t s1, int load_c) {
+  int64_t kp = j->kc / 2;
+  for (int64_t sl = s0; sl < s1; sl += 2) {
+    const uint32_t *b0 = j->bp + sl * kp * BNR, *b1 = sl + 1 < j->nsl ? b0 + kp * BNR : b0;
+    for (int64_t g = 0; g < m; g += BMR) {
+      const uint16_t *rows8[BMR];
+      for (int i = 0; i < BMR; i++) rows8[i] = j->ap + (row + g + i) * j->lda;
+      float *cs = strip + g * ldcs + (sl - s0) * BNR;
+      bkr2_rows(kp, rows8, b0, b1, cs, cs + BNR, ldcs, 1.0f, load_c ? 1.0f : 0.0f);
     }
   }
+}
+#endif
+
+/* Tasks of the tile unit's layout run with the dot products: a hooked
+ * product (a convolution's gathered operands) on a CPU with AVX512-BF16
+ * but no usable tile unit. */
+static void rows_tasks(void *p, int64_t b, int64_t e) {
+#if defined(__x86_64__) || defined(__i386__)
+  strip_tasks(p, b, e, rows_strip_block);
 #else
   (void)p, (void)b, (void)e;
 #endif
