@@ -991,6 +991,50 @@ def test_batched_gemm_epilogue_maps_every_product(epilogues, monkeypatch, sgemm,
     torch.testing.assert_close(got, torch.bmm(a0, b0) * 0.5 + bias0 + r0)
 
 
+# ------------------------------------------------- concurrent products
+
+_PAIRS = r"""
+import os, torch, torch_tpu
+g = torch.Generator().manual_seed(3)
+dtype = getattr(torch, os.environ["DT"])
+x0, w0, gy0 = (torch.randn(s, generator=g).to(dtype) for s in ((300, 96), (160, 96), (300, 160)))
+def run(mode, pairs, dependent):
+    os.environ["TORCH_TPU_DEFER_PAIRS"] = pairs
+    with torch_tpu.execution_mode(mode):
+        x, w, gy = (t.to("tpu") for t in (x0, w0, gy0))
+        torch.tpu.reset_defer_stats()
+        dx = gy @ w                                     # 300 x 160 x 96 multiply-adds
+        dw = dx @ w.t() if dependent else gy.t() @ x    # the same count; reads dx, or not
+        out = (dx.float().cpu(), dw.float().cpu())
+        return out, torch.tpu.defer_stats()["kernels_launched"]
+for dependent in (False, True):
+    ref, _ = run("strict", "1", dependent)
+    got, k1 = run("defer", "1", dependent)
+    alone, k0 = run("defer", "0", dependent)
+    for a, b, c in zip(got, ref, alone):
+        assert torch.equal(a, b) and torch.equal(c, b), dependent
+    print("kernels", int(dependent), k1, k0)
+"""
+
+
+@pytest.mark.parametrize("dtype,sgemm", [("float32", ""), ("bfloat16", ""), ("float32", "blas")])
+def test_independent_products_run_as_one_concurrent_pair_with_strict_bits(dtype, sgemm):
+    # a linear layer's input and weight gradients (dY W, dY^T X: the same
+    # multiply-adds, neither reads the other) run as one kernel, each whole
+    # on one of the two threads: one kernel fewer, "gemm pair" in the
+    # kernel table, strict mode's bits; a product that reads the other's
+    # output is no pair. On the library tiles too: their tiles do not
+    # depend on the product running inside the pair's pool task
+    env = {"TPU_NUM_THREADS": "2", "TORCH_TPU_KERNEL_TIMES": "1", "DT": dtype, "TORCH_TPU_SGEMM": sgemm}
+    p = run_python(_PAIRS, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    kernels = {int(d): (int(a), int(b)) for d, a, b in
+               (line.split()[1:] for line in p.stdout.splitlines() if line.startswith("kernels"))}
+    assert kernels[0][0] == kernels[0][1] - 1, kernels  # independent: paired
+    assert kernels[1][0] == kernels[1][1], kernels  # dependent: one after the other
+    assert "gemm pair" in p.stderr, p.stderr[-3000:]
+
+
 @pytest.mark.parametrize("case", ["writes_b", "writes_a", "reads_transposed"])
 def test_group_is_not_an_epilogue_where_blocks_would_see_unfinished_memory(epilogues, case):
     # a group that writes the product's operands, or reads its output in

@@ -404,8 +404,26 @@ static void trace_unit_members(const exec_ctx *x, int u) {
   if (U->kind == U_GROUP) nodes = x->P->groups[U->idx].nodes, nn = x->P->groups[U->idx].nn;
   if (U->kind == U_NODE && x->P->epi && x->P->epi[u] && u + 1 < x->P->nunits && x->P->units[u + 1].kind == U_GROUP)
     nodes = x->P->groups[x->P->units[u + 1].idx].nodes, nn = x->P->groups[x->P->units[u + 1].idx].nn;
+  if (U->kind == U_NODE && x->P->pair && x->P->pair[u] > 0) c[n++] = G->nodes[x->P->units[x->P->pair[u] - 1].idx].corr;
   for (int k = 0; k < nn && n < 256; k++) c[n++] = G->nodes[nodes[k]].corr;
   tpurt__trace_members(c, n);
+}
+
+/* Product unit u and the product unit P->pair[u] - 1 as one kernel, each
+ * with its arguments as its own unit sees them (plan.c, concurrent
+ * products). */
+static tpurt_status run_pair(exec_ctx *x, int u) {
+  int w = x->P->pair[u] - 1;
+  const dnode *a = &x->G->nodes[x->P->units[u].idx], *b = &x->G->nodes[x->P->units[w].idx];
+  const char *name = site_name("gemm pair", b->site);
+  _Alignas(16) unsigned char bufa[1024], bufb[1024];
+  void *aa = NULL, *ba = NULL;
+  tpurt_status st = node_args(x, u, a, name, &aa, bufa, sizeof bufa);
+  if (!st) st = node_args(x, w, b, name, &ba, bufb, sizeof bufb);
+  if (!st) st = tpurt__pair_enqueue(x->s, name, a->fn, aa, a->args_size, b->fn, ba, b->args_size);
+  free_node_args(a, aa, bufa);
+  free_node_args(b, ba, bufb);
+  return st;
 }
 
 static tpurt_status run_unit(exec_ctx *x, int u) {
@@ -420,6 +438,7 @@ static tpurt_status run_unit(exec_ctx *x, int u) {
     return tpurt_free(p);
   }
   if (x->P->epi && x->P->epi[u]) return run_gemm_epi(x, u);
+  if (x->P->pair && x->P->pair[u]) return x->P->pair[u] > 0 ? run_pair(x, u) : TPURT_OK; /* the second: ran with the first */
   if (x->P->epi && u > 0 && x->P->epi[u - 1]) return TPURT_OK; /* ran as the epilogue of unit u - 1 */
   if (U->kind == U_NODE) {
     if (x->P->pro_skip && x->P->pro_skip[U->idx]) return TPURT_OK; /* ran inside its prologue's kernel */
@@ -514,7 +533,10 @@ static void debug_plan(const dgraph *G, const plan *P) {
         fprintf(stderr, "[defer]   step chain %s (%d stores):", C->name, tpurt__fe_chain_stores(C->fc));
         for (int m = 0; m < C->nn; m++) fprintf(stderr, " %d", C->nodes[m]);
         fprintf(stderr, "\n");
-      } else
+      } else if (P->pair && P->pair[S->a])
+        fprintf(stderr, "[defer]   step kernel node %d %s\n", U->idx,
+                P->pair[S->a] > 0 ? "with a later product as a concurrent pair" : "(ran in its pair)");
+      else
         fprintf(stderr, "[defer]   step %s node %d%s%s\n", U->kind == U_NODE ? "kernel" : "free", U->idx,
                 P->epi && P->epi[S->a] ? " with the next group as its epilogue: " : "",
                 P->epi && P->epi[S->a] ? P->epi[S->a] : "");

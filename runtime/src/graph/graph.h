@@ -162,6 +162,7 @@ typedef struct plan {
   uint8_t *pro_skip; /* per node: a reduction run inside its prologue group's kernel */
   int *red_epi;       /* per node: a reduction's epilogue group's unit + 1 (0: none) */
   const char **red_name; /* per node: the name of a reduction's kernel with its epilogue */
+  int *pair; /* per unit: a product run with a later one (its unit + 1), the later one (-1), or 0 */
   int kernels, fused_kernels, ops_fused, ops_eliminated, stores_eliminated;
   struct plan *next;
 } plan;

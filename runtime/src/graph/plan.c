@@ -437,6 +437,7 @@ static void free_plan_contents(plan *P) {
   free(P->pro_skip);
   free(P->red_epi);
   free(P->red_name);
+  free(P->pair);
 }
 
 /* Assembles g's program for live-out vregs outs into F (program, inputs
@@ -989,6 +990,122 @@ static int plan_epilogues(plan *P, const dgraph *G) {
   return 0;
 }
 
+/* --------------------------------------------- concurrent products
+ *
+ * On two threads, two products of a backward pass that do not touch each
+ * other's outputs (a linear layer's input and weight gradients, dY W and
+ * dY^T X: the same multiply-adds; the two batched products of attention's
+ * backward) run as one kernel, each whole on a thread of its own
+ * (kernels/gemm.c, tpurt__gemm_pair_enqueue), instead of one after the
+ * other, each split over both threads: no product waits for the slower
+ * thread at its end, each keeps its packed operands in its own core's
+ * cache, and a thread the host's threads take the core from delays one
+ * product, not both. The same bits: a product's result does not depend on
+ * the threads it ran on. Conditions: the products are float ones the own
+ * kernels run, their multiply-adds within PAIR_BALANCE of each other (the
+ * pair takes as long as the longer one), neither writes what the other
+ * reads or writes, and only free markers lie between their units; the
+ * allocations between move before the pair, as for epilogues. Only with
+ * exactly two threads (a nested region runs inline: with more threads a
+ * pair would leave the others idle). TORCH_TPU_DEFER_PAIRS=0 turns it
+ * off; part of the plan key. */
+#define PAIR_BALANCE 0.8
+
+static int pairs_enabled(void) {
+  const char *e = getenv("TORCH_TPU_DEFER_PAIRS");
+  return !(e && *e == '0') && tpurt_num_threads() == 2;
+}
+
+static int64_t pair_macs(const plan *P, const dgraph *G, int u) {
+  const unit *U = &P->units[u];
+  if (U->kind != U_NODE) return 0;
+  if ((P->epi && P->epi[u]) || (u > 0 && P->epi && P->epi[u - 1]) || (P->pro_skip && P->pro_skip[U->idx]) ||
+      (P->red_epi && P->red_epi[U->idx]))
+    return 0;
+  const dnode *d = &G->nodes[U->idx];
+  return tpurt__product_macs(d->fn, d->args, d->args_size);
+}
+
+/* Does either node write bytes the other touches? */
+static int nodes_conflict(const dnode *a, const dnode *b) {
+  for (int i = 0; i < a->nacc; i++)
+    for (int j = 0; j < b->nacc; j++) {
+      const acc *x = &a->acc[i], *y = &b->acc[j];
+      if (x->ro && y->ro) continue;
+      if (x->p + (uint64_t)x->lo < y->p + (uint64_t)y->hi && y->p + (uint64_t)y->lo < x->p + (uint64_t)x->hi) return 1;
+    }
+  return 0;
+}
+
+/* Can recompute unit r (between the pair's units u and w) run before u?
+ * It is a recomputation, u writes none of its inputs, and u does not touch
+ * the value it recomputes (u's addresses of it are not redirected to the
+ * copy). */
+static int hoistable(const plan *P, const dgraph *G, int u, int r) {
+  if (P->units[r].kind != U_GROUP) return 0;
+  int k = 0;
+  while (k < P->nremat && P->remat[k].unit != r) k++;
+  if (k == P->nremat) return 0;
+  const fgroup *F = &P->groups[P->units[r].idx];
+  if (F->pro_node || F->in_red || (P->epi && r > 0 && P->epi[r - 1])) return 0;
+  for (int i = 0; i < F->nin; i++) {
+    uint64_t lo, hi;
+    view_range(&G->nodes[F->in[i].node].views[F->in[i].idx], &lo, &hi);
+    if (tpurt__unit_writes(P, G, u, lo, hi)) return 0;
+  }
+  const dnode *d = &G->nodes[P->units[u].idx];
+  for (int a = 0; a < d->nacc; a++)
+    if (local_of(d->acc[a].p) == P->remat[k].l) return 0;
+  return 1;
+}
+
+static int plan_pairs(plan *P, const dgraph *G) {
+  if (!pairs_enabled()) return 0;
+  uint8_t *hoist = NULL; /* per unit: a recomputation that runs before its pair */
+  for (int u = 0; u < P->nunits; u++) {
+    int64_t mu = pair_macs(P, G, u);
+    if (!mu) continue;
+    int w = u + 1;
+    while (w < P->nunits && (P->units[w].kind == U_FREE || hoistable(P, G, u, w))) w++;
+    if (w == P->nunits) break;
+    int64_t mw = pair_macs(P, G, w);
+    if (!mw || (double)(mu < mw ? mu : mw) < PAIR_BALANCE * (double)(mu < mw ? mw : mu) ||
+        nodes_conflict(&G->nodes[P->units[u].idx], &G->nodes[P->units[w].idx]))
+      continue;
+    if (!P->pair && !(P->pair = calloc((size_t)P->nunits, sizeof *P->pair))) goto oom;
+    if (!hoist && !(hoist = calloc((size_t)P->nunits, 1))) goto oom;
+    P->pair[u] = w + 1;
+    P->pair[w] = -1;
+    for (int r = u + 1; r < w; r++) hoist[r] = P->units[r].kind == U_GROUP;
+    P->kernels--;
+    u = w; /* the second is taken: it cannot start a pair */
+  }
+  /* the steps between a pair's units: allocations and the hoisted
+   * recomputations move before the pair; releases and frees stay after it
+   * (stream-ordered: after the pair's kernel) */
+  for (int i = 0; P->pair && i < P->nsteps; i++) {
+    if (P->steps[i].kind != S_UNIT || P->pair[P->steps[i].a] <= 0) continue;
+    int w = P->pair[P->steps[i].a] - 1, at = i;
+    pstep first = P->steps[i];
+    for (int k = i + 1; k < P->nsteps; k++) {
+      pstep t = P->steps[k];
+      if (t.kind == S_UNIT && t.a == w) {
+        i = k;
+        break;
+      }
+      if (!(t.kind == S_ALLOC || t.kind == S_RALLOC || (t.kind == S_UNIT && hoist[t.a]))) continue;
+      memmove(&P->steps[at + 1], &P->steps[at], sizeof(pstep) * (size_t)(k - at));
+      P->steps[at++] = t;
+    }
+    P->steps[at] = first;
+  }
+  free(hoist);
+  return 0;
+oom:
+  free(hoist);
+  return -1;
+}
+
 /* ------------------------------------------------------------- the plan */
 
 /* 1. units: groups, hoisted nodes, opaque nodes, free markers; chains and
@@ -1122,7 +1239,9 @@ plan *tpurt__plan_build(dgraph *G) {
   /* 4. values recomputed for late readers, then the steps */
   if (tpurt__memplan_remat(P, G, gl) != 0 || tpurt__memplan_steps(P, G, pf) != 0) goto fail;
   /* 5. pairs run as one kernel: their steps */
-  if (order_prologues(P) != 0 || plan_red_epilogues(P, G) != 0 || plan_epilogues(P, G) != 0) goto fail;
+  if (order_prologues(P) != 0 || plan_red_epilogues(P, G) != 0 || plan_epilogues(P, G) != 0 ||
+      plan_pairs(P, G) != 0)
+    goto fail;
   free(gs);
   free(gl);
   free(pf);
@@ -1148,5 +1267,6 @@ uint64_t tpurt__plan_mix_settings(uint64_t h) {
   h = mix(h, (uint64_t)epilogues_enabled());
   h = mix(h, (uint64_t)prologues_enabled());
   h = mix(h, (uint64_t)red_epilogues_enabled());
+  h = mix(h, (uint64_t)pairs_enabled());
   return h;
 }

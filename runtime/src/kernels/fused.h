@@ -116,6 +116,14 @@ TPURT_INTERNAL uint64_t tpurt__gemm_signature(const void *gemm_args);
 TPURT_INTERNAL tpurt_status tpurt__gemm_epi_enqueue(tpurt_stream *s, const char *name, const void *gemm_args,
                                                    size_t gemm_size, const void *ew_args, size_t ew_size);
 
+/* Two independent products as one kernel, each on a pool thread of its own
+ * (kernels/gemm.c, for DeferAndFuse): the multiply-adds of a recorded
+ * launch of fn (0: not a product the pair kernel runs) and the enqueue of
+ * the pair (arguments copied; an error of either is the pair's). */
+TPURT_INTERNAL int64_t tpurt__product_macs(tpurt_kernel_fn fn, const void *args, size_t size);
+TPURT_INTERNAL tpurt_status tpurt__pair_enqueue(tpurt_stream *s, const char *name, tpurt_kernel_fn fa, const void *a,
+                                               size_t na, tpurt_kernel_fn fb, const void *b, size_t nb);
+
 /* ------------------------------------- 4. reduction prologues and epilogues */
 
 /* A reduction whose input an elementwise launch computes, or whose

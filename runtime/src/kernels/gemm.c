@@ -349,7 +349,10 @@ static void sgemv_row(int ta, int tb, int64_t N, int64_t K, float alpha, const f
                       int64_t ldb, float beta, float *C) {
   gemv_job j = {tb, N, K, N, alpha, beta, A, B, ta ? lda : 1, ldb, C};
   int64_t nth = tpurt_num_threads(), tasks = 1;
-  if (nth > 1 && !tpurt__pool_nested() && N * K >= (int64_t)1 << 16) {
+  /* the slices are a function of the shape and the pool size, not of
+   * whether the caller is itself a pool task (which runs them inline): a
+   * product run inside a concurrent pair keeps its bits */
+  if (nth > 1 && N * K >= (int64_t)1 << 16) {
     tasks = 4 * nth; /* slices of >= 16 columns (a cache line of y each) */
     if (tasks > N / 16) tasks = N / 16 > 1 ? N / 16 : 1;
     j.nt = ceil_div(ceil_div(N, tasks), 16) * 16;
@@ -382,7 +385,10 @@ static void sgemm_batched_k(int ta, int tb, int64_t nb, int64_t M, int64_t N, in
   sgemm_job j = {ta, tb, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, sa, sb, sc, M, N, 1, 1, epi};
   int64_t nth = tpurt_num_threads();
   double macs = (double)M * (double)N * (double)K;
-  if (nth > 1 && !tpurt__pool_nested() && macs * (double)nb >= (double)(2 * TILE_MIN_MACS)) {
+  /* tiles: a function of the shape and the pool size, as above (the
+   * library's results depend on the tile: a nested call that took the
+   * whole product as one call had other bits) */
+  if (nth > 1 && macs * (double)nb >= (double)(2 * TILE_MIN_MACS)) {
     /* aim at 4 tiles per thread over the whole batch, none below the minimum */
     int64_t want = 4 * nth;
     int64_t per = nb >= want ? 1 : ceil_div(want, nb);
@@ -837,6 +843,66 @@ tpurt_status tpurt__gemm_epi_enqueue(tpurt_stream *s, const char *name, const vo
   memcpy(buf, args, sizeof(gemm_args));
   memcpy(buf + sizeof(gemm_args), ew_args, ew_size);
   tpurt_status st = tpurt__enqueue(s, name, k_gemm_epi, buf, n, NULL);
+  if (buf != stackbuf) free(buf);
+  return st;
+}
+
+/* Two products that do not touch each other's outputs, as one kernel
+ * (DeferAndFuse, graph/plan.c "concurrent products"): each runs on one
+ * pool thread, whole, instead of both running one after the other split
+ * over the threads. The pool runs a nested region inline, so each product
+ * takes the single-thread path of the same kernels; their results do not
+ * depend on the thread count (the same bits). With one thread, or with the
+ * pool owned by another caller, they run one after the other. */
+static int float_dtype(tpurt_dtype t) { return t == TPURT_F32 || t == TPURT_BF16 || t == TPURT_F16; }
+
+/* Only GEMMs: a ResNet step's convolution gradients (input and weight,
+ * the same multiply-adds) ran 7 % slower paired, whole on one thread each,
+ * than one after the other on both (TORCH_TPU_KERNEL_TIMES, Zen 5). */
+int64_t tpurt__product_macs(tpurt_kernel_fn fn, const void *args, size_t size) {
+  if (fn != k_gemm || size != sizeof(gemm_args)) return 0;
+  const gemm_args *g = args;
+  /* the own float kernels (f64 and integers: OpenBLAS's threads, other loops) */
+  if (!float_dtype(g->c.dtype) || !float_dtype(g->a.dtype) || !float_dtype(g->b.dtype)) return 0;
+  int64_t macs = g->c.sizes[0] * g->c.sizes[1] * g->c.sizes[2] * g->a.sizes[2];
+  return macs > 0 ? macs : 0;
+}
+
+#define PAIR_ERR 256
+typedef struct {
+  tpurt_kernel_fn fn[2];
+  size_t off[2];
+  tpurt_status st[2];
+  char err[2][PAIR_ERR];
+} pair_hdr;
+
+static void pair_part(void *p, int64_t b, int64_t e) {
+  pair_hdr *h = p;
+  for (int64_t i = b; i < e; i++) h->st[i] = h->fn[i]((char *)p + h->off[i], h->err[i], PAIR_ERR);
+}
+
+static tpurt_status k_pair(void *p, char *err, size_t errlen) {
+  pair_hdr *h = p;
+  tpurt_parallel_for(2, 1, pair_part, p);
+  for (int i = 0; i < 2; i++)
+    if (h->st[i]) {
+      snprintf(err, errlen, "%s", h->err[i]);
+      return h->st[i];
+    }
+  return TPURT_OK;
+}
+
+tpurt_status tpurt__pair_enqueue(tpurt_stream *s, const char *name, tpurt_kernel_fn fa, const void *a, size_t na,
+                                 tpurt_kernel_fn fb, const void *b, size_t nb) {
+  size_t oa = (sizeof(pair_hdr) + 15) / 16 * 16, ob = oa + (na + 15) / 16 * 16, n = ob + nb;
+  _Alignas(16) unsigned char stackbuf[4096];
+  unsigned char *buf = n <= sizeof stackbuf ? stackbuf : aligned_alloc(16, (n + 15) / 16 * 16);
+  if (!buf) return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "%s: out of host memory", name);
+  pair_hdr h = {{fa, fb}, {oa, ob}, {TPURT_OK, TPURT_OK}, {"", ""}};
+  memcpy(buf, &h, sizeof h);
+  memcpy(buf + oa, a, na);
+  memcpy(buf + ob, b, nb);
+  tpurt_status st = tpurt__enqueue(s, name, k_pair, buf, n, NULL);
   if (buf != stackbuf) free(buf);
   return st;
 }
