@@ -7,6 +7,7 @@ side in one process; before each sample the environment variable VAR is
 set to the runner's value (A or B). Settings that the runtime reads when it
 plans a graph and keeps in the plan's key (TORCH_TPU_DEFER_EPILOGUE,
 TORCH_TPU_DEFER_PROLOGUE, TORCH_TPU_DEFER_REDUCE_EPILOGUE, TORCH_TPU_DEFER_REMAT,
+TORCH_TPU_DEFER_PAIRS,
 TORCH_TPU_DEFER_CHAINS)
 or when it records an op (TORCH_TPU_DEFER_COPIES) then give each runner its
 own cached plans. Samples alternate in order every repeat (bench.common

@@ -135,6 +135,8 @@ def test_properties_show_the_host():
     p = torch.tpu.get_device_properties(0)
     assert p.host_cpu == HOST["model"] and p.host_isa == HOST["isa"]
     assert p.bf16_matmul in ("amx-bf16 tiles", "avx512-bf16 dot products", "f32 GEMM")
+    assert p.bf16_conv == HOST["bf16_conv"] and p.bf16_conv in (
+        "amx-bf16 tiles", "avx512-bf16 dot products for large passes, f32 implicit GEMM below", "f32 implicit GEMM")
     assert HOST["isa"] in LEVELS and HOST["l2_bytes"] >= 0
 
 
@@ -158,4 +160,5 @@ def test_doctor_prints_the_host_line():
     assert r.returncode == 0, r.stdout + r.stderr
     line = next(ln for ln in r.stdout.splitlines() if "host:" in ln)
     assert HOST["bf16_matmul"] in line and f"kernel level {HOST['isa']}" in line
+    assert f"bf16 convolutions on {HOST['bf16_conv']}" in line
     assert f"engine library built for {HOST['build']}" in line

@@ -6,8 +6,8 @@ of the tile, strides 1/2, padding, dilation, groups, batch 1 and > 1,
 channels-last and sliced (non-contiguous) inputs, and a transposed
 convolution (a stride-2 input gradient in its forward). At level amx the
 passes run on the tile unit, at avx512 on a CPU with AVX512-BF16 on its dot
-products when TORCH_TPU_CONV_BF16=1 asks for them (libtpurt's
-tpurt_bf16_conv_tile_passes counts them); below, and with
+products when TORCH_TPU_CONV_BF16=1 asks for them (by default only large
+passes; libtpurt's tpurt_bf16_conv_tile_passes counts them); below, and with
 TORCH_TPU_CONV_BF16=0 (or TORCH_TPU_CONV_AMX=0), they never do."""
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def _run(env):
 
 @pytest.mark.parametrize("level", RUNNABLE)
 def test_bf16_conv_within_contract(level):
-    out = _run({"TORCH_TPU_ISA": level, "TORCH_TPU_CONV_BF16": "1"})  # the dot products are opt-in
+    out = _run({"TORCH_TPU_ISA": level, "TORCH_TPU_CONV_BF16": "1"})  # every pass (by default: large ones)
     assert out["worst"] <= 1.0 and out["cases"] == 10, out
     want = _bf16_kernel(level)
     if want:
@@ -131,14 +131,74 @@ def _bf16_kernel(level):
 
 def test_bf16_conv_default_kernel():
     """By default the tile unit runs bf16 convolutions where there is one;
-    the dot products (no faster than the f32 path where measured) only when
-    asked for."""
+    the dot products only large passes and small images (the cases above
+    are small passes)."""
     level = RUNNABLE[-1]
     out = _run({"TORCH_TPU_ISA": level})
     if level == "amx":
         assert out["path"] == "amx-bf16 tiles" and out["passes"] >= 31, out
+    elif _bf16_kernel(level):
+        # the cases are small passes; those with <= 64 positions an image and
+        # >= 32 channels in one group run on patch rows (forward pass and
+        # input gradient: 2 x 4 x 4 -> 64, 33 -> 70 at 6 x 6)
+        assert out["path"] == "avx512-bf16 dot products for large passes, f32 implicit GEMM below", out
+        assert out["passes"] == 4, out
     else:
         assert out["path"] == "f32 implicit GEMM" and out["passes"] == 0, out
+
+
+SHAPES = r"""
+import ctypes, json, torch, torch_tpu
+import torch.nn.functional as F
+lib = ctypes.CDLL("libtpurt.so")
+lib.tpurt_bf16_conv_tile_passes.restype = ctypes.c_uint64
+torch.manual_seed(0)
+res = {}
+# name: N, C, H (= W); 3 x 3, padding 1, C -> C
+for name, n, c, h in (("large", 8, 64, 32), ("small", 2, 32, 16), ("4x4", 16, 256, 4), ("8x8 few channels", 2, 16, 8)):
+    x = torch.randn(n, c, h, h).bfloat16(); w = torch.randn(c, c, 3, 3).bfloat16()
+    gy = torch.randn(n, c, h, h).bfloat16()
+    xt, wt = x.to("tpu").requires_grad_(), w.to("tpu").requires_grad_()
+    before = lib.tpurt_bf16_conv_tile_passes()
+    y = F.conv2d(xt, wt, padding=1)
+    y.backward(gy.to("tpu"))
+    torch.tpu.synchronize()
+    passes = lib.tpurt_bf16_conv_tile_passes() - before
+    worst = 0.0
+    # within the precision contract (see CHILD), against float64
+    for got, ref, mag, k in (
+            (y.detach().cpu(), F.conv2d(x.double(), w.double(), padding=1),
+             F.conv2d(x.double().abs(), w.double().abs(), padding=1), c * 9),
+            (xt.grad.cpu(), torch.nn.grad.conv2d_input(x.shape, w.double(), gy.double(), padding=1),
+             torch.nn.grad.conv2d_input(x.shape, w.double().abs(), gy.double().abs(), padding=1), c * 9),
+            (wt.grad.cpu(), torch.nn.grad.conv2d_weight(x.double(), w.shape, gy.double(), padding=1),
+             torch.nn.grad.conv2d_weight(x.double().abs(), w.shape, gy.double().abs(), padding=1), n * h * h)):
+        bound = (k + 2) * 2.0**-23 * mag + 2.0**-8 * ref.abs() + 1e-30
+        worst = max(worst, ((got.double() - ref).abs() / bound).max().item())
+    res[name] = {"passes": passes, "worst": worst}
+print(json.dumps(res))
+"""
+
+
+@pytest.mark.parametrize("patch", ["", "0"])
+def test_bf16_conv_passes_by_shape_without_the_tile_unit(patch):
+    # without the tile unit the AVX512-BF16 dot products run a pass of
+    # >= 2^28 multiply-adds whose padded column space keeps >= 3/4 of its
+    # columns (8 x 64 -> 64 at 32^2: all three passes); small images (4 x 4,
+    # >= 32 channels) run their forward pass and input gradient as products
+    # of patch rows (TORCH_TPU_CONV_PATCH=0: the f32 path, the column space
+    # would compute two columns per kept one), their weight gradient the f32
+    # path; small passes and few channels the f32 path. Every result within
+    # the precision contract.
+    level = RUNNABLE[-1]
+    if level != "avx512" or not _bf16_kernel(level):
+        pytest.skip("the shape rules concern AVX512-BF16 hosts without AMX")
+    r = run_python(SHAPES, env={"TORCH_TPU_ISA": level, "TORCH_TPU_CONV_PATCH": patch}, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert all(v["worst"] <= 1.0 for v in out.values()), out
+    want = {"large": 3, "small": 0, "4x4": 2 if patch == "" else 0, "8x8 few channels": 0}
+    assert {k: v["passes"] for k, v in out.items()} == want, out
 
 
 @pytest.mark.parametrize("switch", ["TORCH_TPU_CONV_BF16", "TORCH_TPU_CONV_AMX"])

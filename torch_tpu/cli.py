@@ -64,7 +64,8 @@ def doctor() -> int:
         note = f" ({c['amx_note']})" if c["amx_note"] else ""
         return (f"{c['model']} ({c['vendor']}); features {feats}; kernel level {c['isa']} of {c['host_isa']}{note}; "
                 f"engine library built for {c['build']}; "
-                f"bf16 matmul on {c['bf16_matmul']}; f32 GEMM {c['gemm_library']}")
+                f"bf16 matmul on {c['bf16_matmul']}; bf16 convolutions on {c['bf16_conv']}; "
+                f"f32 GEMM {c['gemm_library']}")
 
     _check("host", host, failures)
     _check("devices", devices, failures)

@@ -43,7 +43,7 @@ def info() -> dict[str, Any]:
             "build_type": build["build_type"], "build_native": build["native"], "build_flags": build["c_flags"],
             "build_variants": build.get("variants", []), "library": cpu["build"],
             "host_cpu": cpu["model"], "isa": cpu["isa"], "host_isa": cpu["host_isa"],
-            "bf16_matmul": cpu["bf16_matmul"], "gemm_library": cpu["gemm_library"],
+            "bf16_matmul": cpu["bf16_matmul"], "bf16_conv": cpu["bf16_conv"], "gemm_library": cpu["gemm_library"],
             "codegen": cg_text if cg_ok else f"off: {cg_text}"}
 
 

@@ -152,7 +152,9 @@ TPURT_API const tpurt_cpu_info *tpurt_cpu_get_info(void);
 TPURT_API const char *tpurt_bf16_gemm_path(void);
 /* The kernel behind bf16 2-D convolutions (forward, input and weight
  * gradients) at the level in force: "amx-bf16 tiles", "avx512-bf16 dot
- * products" or "f32 implicit GEMM"; and how many convolution passes (one per
+ * products" (TORCH_TPU_CONV_BF16=1), "avx512-bf16 dot products for large
+ * passes, f32 implicit GEMM below" (the default without the tile unit) or
+ * "f32 implicit GEMM"; and how many convolution passes (one per
  * group and phase) have run on the bf16 kernels (either of the first two)
  * in this process. */
 TPURT_API const char *tpurt_bf16_conv_path(void);

@@ -62,6 +62,7 @@ py::dict cpu_info() {
   d["isa"] = std::string(c->isa_name);
   d["build"] = std::string(c->build);
   d["bf16_matmul"] = std::string(tpurt_bf16_gemm_path());
+  d["bf16_conv"] = std::string(tpurt_bf16_conv_path());
   d["gemm_library"] = std::string(tpurt_gemm_library());
   return d;
 }

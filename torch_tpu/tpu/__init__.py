@@ -131,10 +131,11 @@ class TpuDeviceProperties:
     # The host the emulated chip runs on, detected at run time: CPU model,
     # the kernel level in force (TORCH_TPU_ISA caps it) and the kernel
     # behind bf16 matmuls ("amx-bf16 tiles", "avx512-bf16 dot products",
-    # "f32 GEMM").
+    # "f32 GEMM") and bf16 convolutions (tpurt_bf16_conv_path).
     host_cpu: str = ""
     host_isa: str = ""
     bf16_matmul: str = ""
+    bf16_conv: str = ""
 
     def __repr__(self) -> str:
         return (f"_TpuDeviceProperties(name='{self.name}', generation='{self.generation}', "
@@ -145,7 +146,7 @@ def get_device_properties(device: Device = None) -> TpuDeviceProperties:
     p = _C._device_properties(_index(device))
     cpu = _C._cpu_info()
     return TpuDeviceProperties(multi_processor_count=p["tensor_cores"], host_cpu=cpu["model"], host_isa=cpu["isa"],
-                               bf16_matmul=cpu["bf16_matmul"], **p)
+                               bf16_matmul=cpu["bf16_matmul"], bf16_conv=cpu["bf16_conv"], **p)
 
 
 def get_device_name(device: Device = None) -> str:

@@ -35,7 +35,8 @@
  * non-finite value run the f32 path for that pass (same results as CPU).
  *
  * Which kernel: the tile unit where it serves bf16 products; the dot
- * products only with TORCH_TPU_CONV_BF16=1 (see tpurt__bconv_applies);
+ * products for large passes (dot_worth), every pass with
+ * TORCH_TPU_CONV_BF16=1;
  * TORCH_TPU_CONV_BF16=0 (or its former name TORCH_TPU_CONV_AMX=0, and
  * whatever turns the bf16 products off: TORCH_TPU_ISA below avx512 or a CPU
  * without AVX512-BF16, TORCH_TPU_BGEMM=0) keeps the f32 path.
@@ -49,22 +50,42 @@
 
 static _Atomic uint64_t g_passes;
 
-/* By default the tile unit only: on Zen 5 (AVX512-BF16, 2 threads) the
- * dot-product passes measured no faster than the f32 implicit GEMM (ResNet
- * and UNet autocast steps 0.96-1.07x, paired; single convolutions 0.5-1.1x):
- * a forward pass has M = C_out rows (64-128), where the 8-row kernel
- * re-reads the packed columns per row group. TORCH_TPU_CONV_BF16=1 turns
- * them on there. */
-int tpurt__bconv_applies(void) {
+/* TORCH_TPU_CONV_BF16: 1 the bf16 kernel for every pass it serves, 0 (or
+ * TORCH_TPU_CONV_AMX=0) never, unset: the tile unit always, the dot
+ * products for large passes (dot_worth). */
+static int conv_bf16_env(void) {
   const char *e = getenv("TORCH_TPU_CONV_BF16"), *old = getenv("TORCH_TPU_CONV_AMX");
   if ((e && !strcmp(e, "0")) || (old && !strcmp(old, "0"))) return 0;
-  if (e && !strcmp(e, "1")) return tpurt__bgemm_applies();
-  return tpurt__bgemm_amx();
+  return e && !strcmp(e, "1") ? 1 : -1;
+}
+
+int tpurt__bconv_applies(void) {
+  int e = conv_bf16_env();
+  return e == 0 ? 0 : tpurt__bgemm_amx() || tpurt__bgemm_applies();
+}
+
+/* Does a pass run on the dot products (AVX512-BF16 without the tile
+ * unit)? On Zen 5 (2 threads, N = 16 / 64, 3 x 3, C -> C, TORCH_TPU_CONV_BF16
+ * 0 vs 1, time dot / f32 path): at 604M multiply-adds a pass 0.57-0.71
+ * (C 64 at 32^2, 128 at 16^2), 0.69-0.90 (256 at 8^2), but 0.94-1.04 at
+ * 4^2, where a padded row of 6 and the rounding to 16 columns compute two
+ * columns for each kept one; at 151M 0.83-1.30 for the forward pass and
+ * the input gradient, 0.74-0.86 for weight gradients with >= 8^2
+ * positions but 0.92 at 8^2 (8 kept columns in 10). So: passes from 2^28
+ * multiply-adds whose column space keeps >= 3/4 of the columns it
+ * computes, and weight gradients from 2^26 that keep >= 7/8; the others run
+ * the f32 implicit GEMM. */
+static int dot_worth(int64_t macs, int64_t kept, int64_t computed, int wgrad) {
+  if (tpurt__bgemm_amx() || conv_bf16_env() == 1) return 1;
+  return (macs >= (int64_t)1 << 28 && 4 * kept >= 3 * computed) ||
+         (wgrad && macs >= (int64_t)1 << 26 && 8 * kept >= 7 * computed);
 }
 
 const char *tpurt_bf16_conv_path(void) {
   if (!tpurt__bconv_applies()) return "f32 implicit GEMM";
-  return tpurt__bgemm_amx() ? "amx-bf16 tiles" : "avx512-bf16 dot products";
+  if (tpurt__bgemm_amx()) return "amx-bf16 tiles";
+  return conv_bf16_env() == 1 ? "avx512-bf16 dot products"
+                              : "avx512-bf16 dot products for large passes, f32 implicit GEMM below";
 }
 uint64_t tpurt_bf16_conv_tile_passes(void) { return atomic_load(&g_passes); }
 
@@ -498,6 +519,187 @@ static float *bias_f32(const tpurt_view *bv, int64_t n, int slot) {
 
 static int64_t *koff_buf(int64_t n, int slot) { return tpurt__scratch(slot, sizeof(int64_t) * (size_t)(n > 0 ? n : 1)); }
 
+/* ------------------------------------------------ patch rows
+ *
+ * Small images (8 x 8, 4 x 4: the late stages of a ResNet) waste the
+ * column space above — a padded row of Wo + 2 and the rounding of an
+ * image to 16 columns compute up to two columns per kept one — and their
+ * products are small per image. There a pass runs as plain bf16 products
+ * (bgemm.c) on a patch matrix instead: the images copied once into
+ * zero-padded channels-last planes xn[n][hp][wp][c], then, per chunk of
+ * output positions, each position's patch as one row of K = kh kw C values
+ * in (r, s, c) order — kh kw runs of C contiguous values — times the
+ * weights laid out as [(r, s, c)][co] (the forward pass; the input
+ * gradient, at stride 1, is the forward pass of dy padded by (k - 1) dil -
+ * pad with the weights flipped and transposed). Zen 5, 2 threads, 3 x 3,
+ * C -> C, time without / with (TORCH_TPU_CONV_PATCH=0): N 16, C 128 at 8^2
+ * forward 1.57, input gradient 1.66; C 256 at 4^2 1.02, 1.39; N 64, C 256
+ * at 8^2 1.22, 1.28; C 512 at 4^2 1.45, 1.74. Weight gradients stay on the
+ * column space (patch rows times dy^T measured 0.58-0.86 at N 16, 1.01-1.17
+ * at N 64). Products of bf16
+ * values exact in f32, sums in f32, one rounding (with the bias) at the
+ * store: the precision contract; only the order of the sums differs from
+ * the column-space passes. Groups of 1 and >= 32 input channels (a run of
+ * >= 64 bytes) only (patch_worth). */
+
+/* src [N, C, H, W] (a bf16 view's strides) into xn[n][hp][wp][c]: source
+ * row i, column j at (i + pt, j + pl), zero elsewhere. */
+typedef struct {
+  const uint16_t *x;
+  int64_t sn, sc, sh_, sw_, C, H, W, pt, pl, hp, wp;
+  uint16_t *xn;
+} nhwc_job;
+
+static void nhwc_images(void *p, int64_t b, int64_t e) {
+  const nhwc_job *j = p;
+  for (int64_t n = b; n < e; n++) {
+    uint16_t *o = j->xn + n * j->hp * j->wp * j->C;
+    memset(o, 0, (size_t)(j->hp * j->wp * j->C) * 2);
+    const uint16_t *src = j->x + n * j->sn;
+    for (int64_t i = 0; i < j->H; i++) {
+      int64_t ii = i + j->pt;
+      if (ii < 0 || ii >= j->hp) continue;
+      for (int64_t q = 0; q < j->W; q++) {
+        int64_t jj = q + j->pl;
+        if (jj < 0 || jj >= j->wp) continue;
+        uint16_t *d = o + (ii * j->wp + jj) * j->C;
+        const uint16_t *s0 = src + i * j->sh_ + q * j->sw_;
+        for (int64_t c = 0; c < j->C; c++) d[c] = s0[c * j->sc];
+      }
+    }
+  }
+}
+
+/* Geometry of a patch pass: outputs Ho x Wo of N images, taps kh x kw at
+ * (oh sh + r dh, ow sw + s dw) of the padded planes. */
+typedef struct {
+  const uint16_t *xn;
+  int64_t C, hp, wp, Ho, Wo, kh, kw, sh, sw, dh, dw, K;
+} pgeom;
+
+typedef struct {
+  const pgeom *g;
+  int64_t r0; /* first position of the chunk */
+  uint16_t *pm;
+} prow_job;
+
+static void patch_rows(void *p, int64_t b, int64_t e) {
+  const prow_job *j = p;
+  const pgeom *g = j->g;
+  int64_t P = g->Ho * g->Wo;
+  size_t run = (size_t)g->C * 2;
+  for (int64_t i = b; i < e; i++) {
+    int64_t pos = j->r0 + i, n = pos / P, l = pos % P, oh = l / g->Wo, ow = l % g->Wo;
+    uint16_t *d = j->pm + i * g->K;
+    for (int64_t r = 0; r < g->kh; r++) {
+      const uint16_t *row = g->xn + ((n * g->hp + oh * g->sh + r * g->dh) * g->wp + ow * g->sw) * g->C;
+      for (int64_t s = 0; s < g->kw; s++, d += g->C) memcpy(d, row + s * g->dw * g->C, run);
+    }
+  }
+}
+
+/* C chunk [rows][Co] (f32) -> y[n, co, oh, ow] = bf16(C + bias[co]). */
+typedef struct {
+  const pgeom *g;
+  int64_t r0, Co;
+  const float *c;
+  const float *bias;
+  uint16_t *y;
+  int64_t o_n, o_c, o_h, o_w;
+} pout_job;
+
+static void patch_out(void *p, int64_t b, int64_t e) {
+  const pout_job *j = p;
+  int64_t P = j->g->Ho * j->g->Wo;
+  for (int64_t i = b; i < e; i++) {
+    int64_t pos = j->r0 + i, n = pos / P, l = pos % P, oh = l / j->g->Wo, ow = l % j->g->Wo;
+    uint16_t *o = j->y + n * j->o_n + oh * j->o_h + ow * j->o_w;
+    const float *c = j->c + i * j->Co;
+    for (int64_t co = 0; co < j->Co; co++) o[co * j->o_c] = tpurt__f32_to_bf16(c[co] + (j->bias ? j->bias[co] : 0.0f));
+  }
+}
+
+/* Positions per chunk: the patch rows and their f32 results in ~4 MiB. */
+static int64_t patch_chunk(int64_t K, int64_t Co, int64_t total) {
+  int64_t rows = ((int64_t)4 << 20) / (2 * K + 4 * Co + 1);
+  rows = rows < 64 ? 64 : rows / 16 * 16;
+  return rows < total ? rows : total;
+}
+
+static int patch_nhwc(pgeom *g, const tpurt_view *v, int64_t pt, int64_t pl, int64_t hp, int64_t wp, int slot) {
+  int64_t N = v->sizes[0];
+  g->C = v->sizes[1];
+  g->hp = hp;
+  g->wp = wp;
+  uint16_t *xn = tpurt__scratch(slot, (size_t)(N * hp * wp * g->C) * 2);
+  if (!xn) return -1;
+  nhwc_job j = {(const uint16_t *)hv(v->ptr), v->strides[0], v->strides[1], v->strides[3], v->strides[4],
+                g->C, v->sizes[3], v->sizes[4], pt, pl, hp, wp, xn};
+  tpurt_parallel_for(N, 1, nhwc_images, &j);
+  g->xn = xn;
+  return 0;
+}
+
+/* y[n, co, .] = sum over (r, s, c) of the patch rows times wt[(r, s, c)][co]
+ * (+ bias), chunk by chunk. 1 done, 0 no memory (nothing written). */
+static int patch_forward(const pgeom *g, int64_t N, const uint16_t *wt, int64_t Co, const float *bias,
+                         const tpurt_view *y) {
+  int64_t total = N * g->Ho * g->Wo, rows = patch_chunk(g->K, Co, total);
+  uint16_t *pm = tpurt__scratch(1, (size_t)(rows * g->K) * 2);
+  float *c = tpurt__scratch(3, (size_t)(rows * Co) * 4);
+  if (!pm || !c) return 0;
+  tpurt__bmat B = {wt, TPURT_BF16, Co, 1}, Cm = {c, TPURT_F32, Co, 1};
+  for (int64_t r0 = 0; r0 < total; r0 += rows) {
+    int64_t m = total - r0 < rows ? total - r0 : rows;
+    prow_job pj = {g, r0, pm};
+    tpurt_parallel_for(m, 16, patch_rows, &pj);
+    tpurt__bmat A = {pm, TPURT_BF16, g->K, 1};
+    if (!tpurt__bgemm(1, m, Co, g->K, 1.0f, &A, 0, &B, 0, 0, 0.0f, &Cm, 0)) return 0;
+    pout_job oj = {g, r0, Co, c, bias, (uint16_t *)hv(y->ptr), y->strides[0], y->strides[1], y->strides[3],
+                   y->strides[4]};
+    tpurt_parallel_for(m, 16, patch_out, &oj);
+  }
+  return 1;
+}
+
+/* wt[(t, a)][b] = w[b, a, tap t] (A x B per tap: the forward pass, a =
+ * input channel, b = output channel) or, with flip, wt[(kk - 1 - t, b)][a]
+ * = w[b, a, tap t] (the input gradient: a = output channel of dx, b = of
+ * w), in 32 x 32 blocks so that both sides stay in cache. */
+static void patch_weights(uint16_t *wt, const tpurt_view *w, int64_t A, int64_t B, int64_t kh, int64_t kw, int flip) {
+  const uint16_t *wv = hv(w->ptr);
+  int64_t kk = kh * kw;
+  for (int64_t t = 0; t < kk; t++) {
+    const uint16_t *wtap = wv + t / kw * w->strides[3] + t % kw * w->strides[4];
+    for (int64_t a0 = 0; a0 < A; a0 += 32)
+      for (int64_t b0 = 0; b0 < B; b0 += 32) {
+        int64_t a1 = a0 + 32 < A ? a0 + 32 : A, b1 = b0 + 32 < B ? b0 + 32 : B;
+        if (!flip) {
+          for (int64_t a = a0; a < a1; a++)
+            for (int64_t b = b0; b < b1; b++) wt[(t * A + a) * B + b] = wtap[b * w->strides[0] + a * w->strides[1]];
+        } else {
+          for (int64_t b = b0; b < b1; b++)
+            for (int64_t a = a0; a < a1; a++)
+              wt[((kk - 1 - t) * B + b) * A + a] = wtap[b * w->strides[0] + a * w->strides[1]];
+        }
+      }
+  }
+}
+
+/* Should a forward pass or an input gradient run on patch rows? The dot
+ * products (no tile unit; the tile unit's column space is what it was
+ * built for), one group, >= 32 input channels, and small images: the
+ * column space keeps < 3/4 of its columns (see dot_worth), or an image has
+ * <= 64 positions (products of <= 64 columns an image). TORCH_TPU_CONV_PATCH=0 / 1
+ * turns it off / on wherever it can run (tests, measurements). */
+static int patch_worth(int64_t G, int64_t cin, int64_t kept, int64_t computed) {
+  if (tpurt__bgemm_amx() || G != 1 || cin < 32) return 0;
+  const char *e = getenv("TORCH_TPU_CONV_PATCH");
+  if (e && *e == '0') return 0;
+  if (e && *e == '1') return 1;
+  return 4 * kept < 3 * computed || kept <= 64;
+}
+
 /* ------------------------------------------------ forward */
 
 /* y = conv(x, w) (+ bias): 5-D views with D = 1, all bf16. 1 done; 0 not
@@ -509,6 +711,21 @@ int tpurt__bconv_forward(const tpurt_view *y, const tpurt_view *x, const tpurt_v
   int64_t G = p->groups, Cig = Ci / G, Cog = Co / G, kk = kh * kw, Kd = Cig * kk;
   planes g;
   plan_images(&g, x, Ho, Wo, kh, kw, p);
+  if (patch_worth(G, Ci, Ho * Wo, g.lp)) {
+    int64_t sh = p->stride[1], sw = p->stride[2], dh = p->dilation[1], dw = p->dilation[2];
+    pgeom pg = {NULL, 0, 0, 0, Ho, Wo, kh, kw, sh, sw, dh, dw, Kd};
+    uint16_t *wt = tpurt__scratch(2, (size_t)(Kd * Co) * 2);
+    float *b = bias ? bias_f32(bias, Co, 5) : NULL;
+    if (!wt || (bias && !b) ||
+        patch_nhwc(&pg, x, p->padding[1], p->padding[2], (Ho - 1) * sh + (kh - 1) * dh + 1,
+                   (Wo - 1) * sw + (kw - 1) * dw + 1, 0) != 0)
+      return 0;
+    patch_weights(wt, w, Ci, Co, kh, kw, 0);
+    if (!patch_forward(&pg, N, wt, Co, b, y)) return 0;
+    atomic_fetch_add(&g_passes, 1);
+    return 1;
+  }
+  if (!dot_worth(N * Co * Ho * Wo * Kd, Ho * Wo, g.lp, 0)) return 0;
   int64_t *koff = koff_buf(Kd, 1);
   float *b = bias ? bias_f32(bias, Co, 4) : NULL;
   /* weights [Co, Kd] contiguous: the view itself, or a copy */
@@ -581,6 +798,26 @@ int tpurt__bconv_backward_input(const tpurt_view *dx, const tpurt_view *dy, cons
   int64_t hqmax = (H + sh - 1) / sh;
   planes g;
   plan(&g, N, Co, Ho, Wo, 1, 1, dmin, emin, dmin + dmax, emin + emax, hqmax);
+  int64_t computed = 0; /* columns of an image over the phases */
+  for (int64_t ah = 0; ah < sh && ah < H; ah++)
+    for (int64_t aw = 0; aw < sw && aw < W; aw++)
+      computed += ((H - ah + sh - 1) / sh * g.wq + 15) / 16 * 16;
+  int64_t padt = (kh - 1) * dh - ph, padl = (kw - 1) * dw - pw;
+  if (sh == 1 && sw == 1 && padt >= 0 && padl >= 0 && Ho + 2 * padt - (kh - 1) * dh == H &&
+      Wo + 2 * padl - (kw - 1) * dw == W && patch_worth(G, Co, H * W, computed)) {
+    /* the forward pass of dy padded by (k - 1) dil - pad, weights flipped
+     * and transposed: wt[(r', s', co)][ci] = w[co, ci, kh - 1 - r', kw - 1 - s'] */
+    pgeom pg = {NULL, 0, 0, 0, H, W, kh, kw, 1, 1, dh, dw, Co * kk};
+    uint16_t *wt = tpurt__scratch(2, (size_t)(Co * kk * Ci) * 2);
+    float *b = bias ? bias_f32(bias, Ci, 5) : NULL;
+    if (!wt || (bias && !b) || patch_nhwc(&pg, dy, padt, padl, H + (kh - 1) * dh, W + (kw - 1) * dw, 0) != 0)
+      return 0;
+    patch_weights(wt, w, Ci, Co, kh, kw, 1);
+    if (!patch_forward(&pg, N, wt, Ci, b, dx)) return 0;
+    atomic_fetch_add(&g_passes, 1);
+    return 1;
+  }
+  if (!dot_worth(N * Co * Ho * Wo * Cig * kk, H * W, computed, 0)) return 0;
   /* the phases' column spaces are at most hqmax rows: g.lp bounds each */
   int64_t *koff = koff_buf(Cog * kk, 1);
   float *b = bias ? bias_f32(bias, Ci, 4) : NULL;
@@ -635,6 +872,7 @@ int tpurt__bconv_backward_weight(const tpurt_view *dwv, const tpurt_view *dy, co
   int64_t G = p->groups, Cig = Ci / G, Cog = Co / G, kk = kh * kw, Kd = Cig * kk;
   planes g;
   plan_images(&g, x, Ho, Wo, kh, kw, p);
+  if (!dot_worth(N * Co * Ho * Wo * Kd, Ho * Wo, g.lp, 1)) return 0;
   int64_t ldt = (Cog + 15) / 16 * 16, np = N * g.lp;
   int64_t *koff = koff_buf(Kd, 1), *woff = koff_buf(Kd, 4);
   uint32_t *dyt = tpurt__scratch(3, (size_t)(np / 2 * ldt) * 4);
