@@ -172,8 +172,8 @@ int main(int argc, char **argv) {
   for (int lv = 0; lv <= ci->host_isa; lv++) {
     char env_isa[64];
     snprintf(env_isa, sizeof env_isa, "TORCH_TPU_ISA=%s", levels[lv]);
-    /* the dot products are opt-in (TORCH_TPU_CONV_BF16=1): the first
-     * children ask for them, the last one runs the default */
+    /* TORCH_TPU_CONV_BF16=1: every pass on the bf16 kernel (the first
+     * children); the last one runs the default (the dot products: by shape) */
     const char *e1[] = {env_isa, "TPU_NUM_THREADS=2", "TORCH_TPU_CONV_BF16=1", "TORCH_TPU_HBM_LIMIT=1G", NULL};
     const char *e2[] = {env_isa, "TPU_NUM_THREADS=1", "TORCH_TPU_CONV_BF16=1", "TORCH_TPU_HBM_LIMIT=1G", NULL};
     const char *e3[] = {env_isa, "TPU_NUM_THREADS=2", "TORCH_TPU_CONV_BF16=0", "TORCH_TPU_HBM_LIMIT=1G", NULL};
@@ -193,10 +193,18 @@ int main(int argc, char **argv) {
       int rc = check_run_child(av, envs[k], out, sizeof out, NULL);
       printf("level %s%s: %s", levels[lv], what[k], out);
       CHECK_EQ(rc, 0);
-      int on = want && k != 2 && k != 4 && (k != 5 || lv == 3); /* default: the tiles only */
+      int on = want && k != 2 && k != 4 && (k != 5 || lv == 3); /* default: every pass on the tiles */
       if (on) {
         CHECK(strstr(out, want) != NULL);
         CHECK(passes_of(out) >= 45); /* every case's three passes (phases: more) */
+      } else if (want && k == 5) {
+        /* default on the dot products: the passes that gain from them —
+         * here only small images with >= 32 input channels (patch rows):
+         * the forward pass and input gradient of 33 -> 70 at 6 x 6, 64 -> 96
+         * at 5 x 5 and 256 -> 64 at 4 x 4, the input gradient of 24 -> 40
+         * 1 x 1 at 8 x 8 (40 channels in) */
+        CHECK(strstr(out, "path avx512-bf16 dot products for large passes, f32 implicit GEMM below") != NULL);
+        CHECK_EQ(passes_of(out), 7);
       } else {
         CHECK(strstr(out, "path f32 implicit GEMM") != NULL);
         CHECK_EQ(passes_of(out), 0);
