@@ -72,6 +72,30 @@ def test_casts_match_pytorch(src, dst):
     assert torch.equal(x.to("tpu").to("cpu", dst), ref)
 
 
+@pytest.mark.parametrize("perm", [(1, 0, 2), (2, 0, 1), (1, 2, 0), (0, 2, 1)], ids=str)
+@pytest.mark.parametrize("pair", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                  (torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                  (torch.float16, torch.float64)], ids=str)
+def test_copies_of_permuted_views(perm, pair):
+    # a cast that keeps a permuted view's strides (x.t().float()), a permuted
+    # view made dense (contiguous(): the tile path), copy_ into a permuted
+    # destination, and a source broadcast along a dim: the copy walks the
+    # destination's memory order, the values are the views'
+    src, dst = pair
+    x = make((6, 35, 20), src, seed=5)
+    d = x.to("tpu")
+    shape = [x.shape[k] for k in perm]
+    for got, ref in ((d.permute(perm).to(dst), x.permute(perm).to(dst)),
+                     (d.permute(perm).contiguous().to(dst), x.permute(perm).contiguous().to(dst)),
+                     (d.permute(perm).to(dst).contiguous(), x.permute(perm).to(dst).contiguous())):
+        assert got.stride() == ref.stride() and torch.equal(got.cpu(), ref)
+    out = torch.empty(shape, dtype=dst, device="tpu").permute([perm.index(k) for k in range(3)])
+    out.copy_(d)
+    assert torch.equal(out.cpu(), x.to(dst))
+    row = d[:1].expand(6, 35, 20).permute(perm)
+    assert torch.equal(row.to(dst).cpu(), x[:1].expand(6, 35, 20).permute(perm).to(dst))
+
+
 def test_float_specials_survive_casts():
     x = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 1e-40, 65504.0, 70000.0, 3.0e38])
     for dt in (torch.bfloat16, torch.float16, torch.float64):
