@@ -258,6 +258,25 @@ def test_upsample_dtypes_and_strides():
           F.interpolate(xs, size=(9, 4), mode="nearest"))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kw", [dict(scale_factor=2), dict(size=(5, 3))], ids=str)
+def test_nearest_upsample_keeps_infinities(dtype, kw):
+    # nearest copies its source value (forward) and adds each output's
+    # gradient to one source (backward): an infinite value stays infinite,
+    # as on CPU (the bilinear form's zero weights made it 0 * inf = NaN)
+    x = torch.tensor([[[[1.0, float("inf")], [-float("inf"), 2.0]]]], dtype=dtype)
+    xt = x.to("tpu").requires_grad_()
+    y = F.interpolate(xt, mode="nearest", **kw)
+    xc = x.clone().requires_grad_()
+    yc = F.interpolate(xc, mode="nearest", **kw)
+    assert torch.equal(y.detach().cpu(), yc.detach())
+    g = torch.ones_like(yc)
+    g[0, 0, 0, 0] = float("inf")
+    y.backward(g.to("tpu"))
+    yc.backward(g)
+    assert torch.equal(xt.grad.cpu(), xc.grad)
+
+
 def test_conv_precision_follows_setting():
     x, w = rand(2, 16, 8, 8), rand(8, 16, 3, 3, seed=1)
     exact = F.conv2d(x.double(), w.double())

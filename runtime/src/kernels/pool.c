@@ -303,9 +303,37 @@ typedef struct {
   lin_tab *th, *tw;
 } up_ctx;
 
+/* Nearest: each output the value of its source element (a copy, not the
+ * bilinear form with zero weights, whose 0 * inf made an infinite input a
+ * NaN); an output row equal to the one above it is copied whole. */
+static void up_fwd_nearest(const up_ctx *u, pl_view o, pl_view i, char *po, const char *pi) {
+  for (int64_t oh = 0; oh < o.H; oh++) {
+    int64_t ih = u->th[oh].i0;
+    char *orow = AT(o, po, oh, 0);
+    if (oh > 0 && u->th[oh - 1].i0 == ih && o.sw == o.es) {
+      memcpy(orow, AT(o, po, oh - 1, 0), (size_t)(o.W * o.es));
+      continue;
+    }
+    const char *irow = AT(i, pi, ih, 0);
+    if (o.dt != i.dt) {
+      for (int64_t ow = 0; ow < o.W; ow++) st(o.dt, orow + ow * o.sw, ld(i.dt, irow + u->tw[ow].i0 * i.sw));
+    } else if (o.es == 2) {
+      for (int64_t ow = 0; ow < o.W; ow++) memcpy(orow + ow * o.sw, irow + u->tw[ow].i0 * i.sw, 2);
+    } else if (o.es == 4) {
+      for (int64_t ow = 0; ow < o.W; ow++) memcpy(orow + ow * o.sw, irow + u->tw[ow].i0 * i.sw, 4);
+    } else {
+      for (int64_t ow = 0; ow < o.W; ow++) memcpy(orow + ow * o.sw, irow + u->tw[ow].i0 * i.sw, (size_t)o.es);
+    }
+  }
+}
+
 static void up_fwd(const up_ctx *u, int64_t nc) {
   pl_view o = plv(&u->a->out), i = plv(&u->a->in);
   char *po = plane(&o, nc), *pi = plane(&i, nc);
+  if (u->a->mode == TPURT_UPSAMPLE_NEAREST) {
+    up_fwd_nearest(u, o, i, po, pi);
+    return;
+  }
   for (int64_t oh = 0; oh < o.H; oh++) {
     const lin_tab *h = &u->th[oh];
     for (int64_t ow = 0; ow < o.W; ow++) {
@@ -321,7 +349,27 @@ static void up_bwd(const up_ctx *u, int64_t nc) {
   pl_view gi = plv(&u->a->out), go = plv(&u->a->in);
   char *pgi = plane(&gi, nc), *pgo = plane(&go, nc);
   acc_t *acc = calloc((size_t)(gi.H * gi.W) + 1, sizeof(acc_t));
-  for (int64_t oh = 0; oh < go.H; oh++) {
+  if (u->a->mode == TPURT_UPSAMPLE_NEAREST) { /* one source each (no 0 * g terms: an infinite g stays one) */
+    for (int64_t oh = 0; oh < go.H; oh++) {
+      acc_t *arow = acc + u->th[oh].i0 * gi.W;
+      const char *grow = AT(go, pgo, oh, 0);
+      if (go.dt == TPURT_F32)
+        for (int64_t ow = 0; ow < go.W; ow++) {
+          float g;
+          memcpy(&g, grow + ow * go.sw, 4);
+          arow[u->tw[ow].i0] += g;
+        }
+      else if (go.dt == TPURT_BF16)
+        for (int64_t ow = 0; ow < go.W; ow++) {
+          uint16_t g;
+          memcpy(&g, grow + ow * go.sw, 2);
+          arow[u->tw[ow].i0] += tpurt__bf16_to_f32(g);
+        }
+      else
+        for (int64_t ow = 0; ow < go.W; ow++) arow[u->tw[ow].i0] += ld(go.dt, grow + ow * go.sw);
+    }
+  }
+  for (int64_t oh = 0; oh < go.H && u->a->mode != TPURT_UPSAMPLE_NEAREST; oh++) {
     const lin_tab *h = &u->th[oh];
     for (int64_t ow = 0; ow < go.W; ow++) {
       const lin_tab *w = &u->tw[ow];
