@@ -100,8 +100,8 @@ print(json.dumps(out))
 """
 
 
-def _run(env):
-    r = run_python(CHILD, env=env, timeout=300)
+def _run(env, code=CHILD):
+    r = run_python(code, env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "FAIL" not in r.stdout, r.stdout
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -199,6 +199,30 @@ def test_bf16_conv_passes_by_shape_without_the_tile_unit(patch):
     assert all(v["worst"] <= 1.0 for v in out.values()), out
     want = {"large": 3, "small": 0, "4x4": 2 if patch == "" else 0, "8x8 few channels": 0}
     assert {k: v["passes"] for k, v in out.items()} == want, out
+
+
+PATCH_CASES = """cases = [
+    (2, 40, 7, 9, 36, 3, dict(padding=2, dilation=2), False, "nchw"),
+    (2, 48, 9, 8, 40, 3, dict(stride=2, padding=1), True, "nchw"),
+    (3, 64, 5, 6, 33, 3, dict(stride=(2, 1), padding=(0, 1)), True, "channels_last"),
+    (2, 32, 6, 7, 32, 1, dict(), True, "sliced"),
+    (1, 96, 3, 3, 64, 3, dict(padding=1), True, "nchw"),
+    (2, 64, 4, 4, 32, 5, dict(padding=2), False, "nchw"),
+]
+_all = ["""
+
+
+def test_bf16_conv_patch_rows_within_contract():
+    # the patch-row products (TORCH_TPU_CONV_PATCH=1: wherever they can run)
+    # on dilation, strides (2, 1) and 2, uneven padding, bias, channels-last
+    # and sliced inputs, 1 x 1 and 5 x 5 kernels: every forward pass and the
+    # stride-1 input gradients on patch rows (6 + 4 passes; weight gradients
+    # on the f32 path), every result within the precision contract
+    level = RUNNABLE[-1]
+    if level != "avx512" or not _bf16_kernel(level):
+        pytest.skip("patch rows run on the AVX512-BF16 dot products without AMX")
+    out = _run({"TORCH_TPU_ISA": level, "TORCH_TPU_CONV_PATCH": "1"}, CHILD.replace("cases = [", PATCH_CASES, 1))
+    assert out["worst"] <= 1.0 and out["cases"] == 6 and out["passes"] == 10, out
 
 
 @pytest.mark.parametrize("switch", ["TORCH_TPU_CONV_BF16", "TORCH_TPU_CONV_AMX"])
