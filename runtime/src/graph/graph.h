@@ -263,12 +263,13 @@ TPURT_INTERNAL int tpurt__may_fail(const dnode *d);
  * pairing; the values recomputed for late readers, after the groups are
  * assembled; the steps (allocations before a promise's first touch,
  * releases after its last). tpurt__memplan_allocs_before moves the
- * allocations between steps i and j before step i (a pair of units run as
- * one kernel at step i). Each returns 0, or -1 out of host memory. */
+ * allocations between steps i and j (and the units marked in `units`, if
+ * not NULL) before step i (a pair of units run as one kernel at step i).
+ * Each returns 0, or -1 out of host memory. */
 TPURT_INTERNAL int tpurt__memplan_materialize(plan *P, const dgraph *G, const gstate *gl, pfacts *pf);
 TPURT_INTERNAL int tpurt__memplan_remat(plan *P, const dgraph *G, const gstate *gl);
 TPURT_INTERNAL int tpurt__memplan_steps(plan *P, const dgraph *G, pfacts *pf);
-TPURT_INTERNAL void tpurt__memplan_allocs_before(plan *P, int i, int j);
+TPURT_INTERNAL void tpurt__memplan_allocs_before(plan *P, int i, int j, const uint8_t *units);
 /* Can unit u change bytes [lo, hi)? */
 TPURT_INTERNAL int tpurt__unit_writes(const plan *P, const dgraph *G, int u, uint64_t lo, uint64_t hi);
 /* TORCH_TPU_DEFER_REMAT is not 0. */

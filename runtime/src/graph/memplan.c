@@ -110,13 +110,14 @@ int tpurt__memplan_steps(plan *P, const dgraph *G, pfacts *pf) {
 }
 
 /* A pair of units run as one kernel at the first one's step i, the second
- * at step j: the allocations between them move before step i (in order). */
-void tpurt__memplan_allocs_before(plan *P, int i, int j) {
+ * at step j: the allocations between them — and the units marked in
+ * `units` (per unit, or NULL: none) — move before step i (in order). */
+void tpurt__memplan_allocs_before(plan *P, int i, int j, const uint8_t *units) {
   int at = i;
   pstep unit_step = P->steps[i];
   for (int k = i + 1; k < j; k++) {
     pstep t = P->steps[k];
-    if (t.kind != S_ALLOC && t.kind != S_RALLOC) continue;
+    if (t.kind != S_ALLOC && t.kind != S_RALLOC && !(t.kind == S_UNIT && units && units[t.a])) continue;
     memmove(&P->steps[at + 1], &P->steps[at], sizeof(pstep) * (size_t)(k - at));
     P->steps[at++] = t;
   }

@@ -756,7 +756,7 @@ static int order_prologues(plan *P) {
       if (V->kind != U_FREE) return -1; /* planner invariant (pro_pair): only free markers between */
     }
     if (j == P->nsteps) return -1;
-    tpurt__memplan_allocs_before(P, i, j);
+    tpurt__memplan_allocs_before(P, i, j, NULL);
     i = j;
   }
   return 0;
@@ -900,7 +900,7 @@ static int plan_red_epilogues(plan *P, const dgraph *G) {
     if (i < 0 || j < i) return -1;
     for (int k = i + 1; k < j; k++) /* planner invariant: only free markers (and the reduction) between */
       if (P->steps[k].kind == S_UNIT && P->steps[k].a != u && P->units[P->steps[k].a].kind != U_FREE) return -1;
-    tpurt__memplan_allocs_before(P, i, j);
+    tpurt__memplan_allocs_before(P, i, j, NULL);
     u = w;
   }
   return 0;
@@ -984,7 +984,7 @@ static int plan_epilogues(plan *P, const dgraph *G) {
     if (P->steps[i].kind != S_UNIT || !P->epi[P->steps[i].a]) continue;
     int j = i + 1; /* steps (i, j) lie between the pair's units */
     while (j < P->nsteps && P->steps[j].kind != S_UNIT) j++;
-    tpurt__memplan_allocs_before(P, i, j);
+    tpurt__memplan_allocs_before(P, i, j, NULL);
     i = j;
   }
   return 0;
@@ -996,7 +996,7 @@ static int plan_epilogues(plan *P, const dgraph *G) {
  * other's outputs (a linear layer's input and weight gradients, dY W and
  * dY^T X: the same multiply-adds; the two batched products of attention's
  * backward) run as one kernel, each whole on a thread of its own
- * (kernels/gemm.c, tpurt__gemm_pair_enqueue), instead of one after the
+ * (kernels/gemm.c, tpurt__pair_enqueue), instead of one after the
  * other, each split over both threads: no product waits for the slower
  * thread at its end, each keeps its packed operands in its own core's
  * cache, and a thread the host's threads take the core from delays one
@@ -1004,8 +1004,9 @@ static int plan_epilogues(plan *P, const dgraph *G) {
  * the threads it ran on. Conditions: the products are float ones the own
  * kernels run, their multiply-adds within PAIR_BALANCE of each other (the
  * pair takes as long as the longer one), neither writes what the other
- * reads or writes, and only free markers lie between their units; the
- * allocations between move before the pair, as for epilogues. Only with
+ * reads or writes, and only free markers and recomputations the first
+ * does not feed lie between their units; the allocations and those
+ * recomputations move before the pair, as allocations do for epilogues. Only with
  * exactly two threads (a nested region runs inline: with more threads a
  * pair would leave the others idle). TORCH_TPU_DEFER_PAIRS=0 turns it
  * off; part of the plan key. */
@@ -1085,19 +1086,10 @@ static int plan_pairs(plan *P, const dgraph *G) {
    * (stream-ordered: after the pair's kernel) */
   for (int i = 0; P->pair && i < P->nsteps; i++) {
     if (P->steps[i].kind != S_UNIT || P->pair[P->steps[i].a] <= 0) continue;
-    int w = P->pair[P->steps[i].a] - 1, at = i;
-    pstep first = P->steps[i];
-    for (int k = i + 1; k < P->nsteps; k++) {
-      pstep t = P->steps[k];
-      if (t.kind == S_UNIT && t.a == w) {
-        i = k;
-        break;
-      }
-      if (!(t.kind == S_ALLOC || t.kind == S_RALLOC || (t.kind == S_UNIT && hoist[t.a]))) continue;
-      memmove(&P->steps[at + 1], &P->steps[at], sizeof(pstep) * (size_t)(k - at));
-      P->steps[at++] = t;
-    }
-    P->steps[at] = first;
+    int w = P->pair[P->steps[i].a] - 1, j = i + 1;
+    while (j < P->nsteps && !(P->steps[j].kind == S_UNIT && P->steps[j].a == w)) j++;
+    tpurt__memplan_allocs_before(P, i, j, hoist);
+    i = j;
   }
   free(hoist);
   return 0;

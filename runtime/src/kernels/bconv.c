@@ -626,12 +626,12 @@ static int64_t patch_chunk(int64_t K, int64_t Co, int64_t total) {
   return rows < total ? rows : total;
 }
 
-static int patch_nhwc(pgeom *g, const tpurt_view *v, int64_t pt, int64_t pl, int64_t hp, int64_t wp, int slot) {
+static int patch_nhwc(pgeom *g, const tpurt_view *v, int64_t pt, int64_t pl, int64_t hp, int64_t wp) {
   int64_t N = v->sizes[0];
   g->C = v->sizes[1];
   g->hp = hp;
   g->wp = wp;
-  uint16_t *xn = tpurt__scratch(slot, (size_t)(N * hp * wp * g->C) * 2);
+  uint16_t *xn = tpurt__scratch(0, (size_t)(N * hp * wp * g->C) * 2);
   if (!xn) return -1;
   nhwc_job j = {(const uint16_t *)hv(v->ptr), v->strides[0], v->strides[1], v->strides[3], v->strides[4],
                 g->C, v->sizes[3], v->sizes[4], pt, pl, hp, wp, xn};
@@ -686,6 +686,21 @@ static void patch_weights(uint16_t *wt, const tpurt_view *w, int64_t A, int64_t 
   }
 }
 
+/* One pass on patch rows: src padded (pt, pl; hp x wp planes), the weights
+ * laid out by patch_weights (A x B per tap, flipped for an input gradient),
+ * out = the product (+ bias of `cout` channels). 1 done, 0 no memory. */
+static int patch_pass(const tpurt_view *out, const tpurt_view *src, const tpurt_view *w, const tpurt_view *bias,
+                      pgeom *pg, int64_t pt, int64_t pl, int64_t hp, int64_t wp, int64_t A, int64_t B, int flip) {
+  int64_t cout = flip ? A : B;
+  uint16_t *wt = tpurt__scratch(2, (size_t)(A * B * pg->kh * pg->kw) * 2);
+  float *b = bias ? bias_f32(bias, cout, 5) : NULL;
+  if (!wt || (bias && !b) || patch_nhwc(pg, src, pt, pl, hp, wp) != 0) return 0;
+  patch_weights(wt, w, A, B, pg->kh, pg->kw, flip);
+  if (!patch_forward(pg, src->sizes[0], wt, cout, b, out)) return 0;
+  atomic_fetch_add(&g_passes, 1);
+  return 1;
+}
+
 /* Should a forward pass or an input gradient run on patch rows? The dot
  * products (no tile unit; the tile unit's column space is what it was
  * built for), one group, >= 32 input channels, and small images: the
@@ -714,16 +729,8 @@ int tpurt__bconv_forward(const tpurt_view *y, const tpurt_view *x, const tpurt_v
   if (patch_worth(G, Ci, Ho * Wo, g.lp)) {
     int64_t sh = p->stride[1], sw = p->stride[2], dh = p->dilation[1], dw = p->dilation[2];
     pgeom pg = {NULL, 0, 0, 0, Ho, Wo, kh, kw, sh, sw, dh, dw, Kd};
-    uint16_t *wt = tpurt__scratch(2, (size_t)(Kd * Co) * 2);
-    float *b = bias ? bias_f32(bias, Co, 5) : NULL;
-    if (!wt || (bias && !b) ||
-        patch_nhwc(&pg, x, p->padding[1], p->padding[2], (Ho - 1) * sh + (kh - 1) * dh + 1,
-                   (Wo - 1) * sw + (kw - 1) * dw + 1, 0) != 0)
-      return 0;
-    patch_weights(wt, w, Ci, Co, kh, kw, 0);
-    if (!patch_forward(&pg, N, wt, Co, b, y)) return 0;
-    atomic_fetch_add(&g_passes, 1);
-    return 1;
+    return patch_pass(y, x, w, bias, &pg, p->padding[1], p->padding[2], (Ho - 1) * sh + (kh - 1) * dh + 1,
+                      (Wo - 1) * sw + (kw - 1) * dw + 1, Ci, Co, 0);
   }
   if (!dot_worth(N * Co * Ho * Wo * Kd, Ho * Wo, g.lp, 0)) return 0;
   int64_t *koff = koff_buf(Kd, 1);
@@ -808,14 +815,7 @@ int tpurt__bconv_backward_input(const tpurt_view *dx, const tpurt_view *dy, cons
     /* the forward pass of dy padded by (k - 1) dil - pad, weights flipped
      * and transposed: wt[(r', s', co)][ci] = w[co, ci, kh - 1 - r', kw - 1 - s'] */
     pgeom pg = {NULL, 0, 0, 0, H, W, kh, kw, 1, 1, dh, dw, Co * kk};
-    uint16_t *wt = tpurt__scratch(2, (size_t)(Co * kk * Ci) * 2);
-    float *b = bias ? bias_f32(bias, Ci, 5) : NULL;
-    if (!wt || (bias && !b) || patch_nhwc(&pg, dy, padt, padl, H + (kh - 1) * dh, W + (kw - 1) * dw, 0) != 0)
-      return 0;
-    patch_weights(wt, w, Ci, Co, kh, kw, 1);
-    if (!patch_forward(&pg, N, wt, Ci, b, dx)) return 0;
-    atomic_fetch_add(&g_passes, 1);
-    return 1;
+    return patch_pass(dx, dy, w, bias, &pg, padt, padl, H + (kh - 1) * dh, W + (kw - 1) * dw, Ci, Co, 1);
   }
   if (!dot_worth(N * Co * Ho * Wo * Cig * kk, H * W, computed, 0)) return 0;
   /* the phases' column spaces are at most hqmax rows: g.lp bounds each */

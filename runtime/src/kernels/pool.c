@@ -368,16 +368,17 @@ static void up_bwd(const up_ctx *u, int64_t nc) {
       else
         for (int64_t ow = 0; ow < go.W; ow++) arow[u->tw[ow].i0] += ld(go.dt, grow + ow * go.sw);
     }
-  }
-  for (int64_t oh = 0; oh < go.H && u->a->mode != TPURT_UPSAMPLE_NEAREST; oh++) {
-    const lin_tab *h = &u->th[oh];
-    for (int64_t ow = 0; ow < go.W; ow++) {
-      const lin_tab *w = &u->tw[ow];
-      acc_t g = ld(go.dt, AT(go, pgo, oh, ow));
-      acc[h->i0 * gi.W + w->i0] += h->l0 * w->l0 * g;
-      acc[h->i0 * gi.W + w->i1] += h->l0 * w->l1 * g;
-      acc[h->i1 * gi.W + w->i0] += h->l1 * w->l0 * g;
-      acc[h->i1 * gi.W + w->i1] += h->l1 * w->l1 * g;
+  } else {
+    for (int64_t oh = 0; oh < go.H; oh++) {
+      const lin_tab *h = &u->th[oh];
+      for (int64_t ow = 0; ow < go.W; ow++) {
+        const lin_tab *w = &u->tw[ow];
+        acc_t g = ld(go.dt, AT(go, pgo, oh, ow));
+        acc[h->i0 * gi.W + w->i0] += h->l0 * w->l0 * g;
+        acc[h->i0 * gi.W + w->i1] += h->l0 * w->l1 * g;
+        acc[h->i1 * gi.W + w->i0] += h->l1 * w->l0 * g;
+        acc[h->i1 * gi.W + w->i1] += h->l1 * w->l1 * g;
+      }
     }
   }
   for (int64_t hh = 0; hh < gi.H; hh++)
