@@ -2,7 +2,8 @@
  * bench_ab.c — two builds of the runtime side by side in one process.
  *
  *   tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so KERNEL SHAPE...
- *     KERNEL gemm:    SHAPE M,N,K[,batch]  (f32, C = A @ B, plain layouts)
+ *     KERNEL gemm:    SHAPE M,N,K[,batch[,bf16]]  (f32, C = A @ B, plain layouts; bf16: bf16
+ *                                            operands and result, DEFAULT precision)
  *     KERNEL softmax: SHAPE ROWS,D          (f32, along the last dim)
  *     KERNEL layernorm: SHAPE ROWS,D        (f32, over the last dim, no affine)
  *     KERNEL ew:      SHAPE OP:ROWS,D       (f32 elementwise op by name: unary, binary,
@@ -140,7 +141,7 @@ static tpurt_view view4(tpurt_devptr p, int64_t n, int64_t c, int64_t h, int64_t
 
 enum { K_GEMM, K_SOFTMAX, K_LAYERNORM, K_EW, K_CONV };
 typedef struct {
-  int kind, nset;
+  int kind, nset, bf16; /* gemm: bf16 operands and result */
   int64_t M, N, K, nb; /* softmax, layernorm, ew: M rows of K */
   int64_t cv[7];       /* conv: N, C, HW, CO, K, S, pass */
   tpurt_ew_program prog; /* ew: load inputs, the op, out of its register */
@@ -160,6 +161,23 @@ static tpurt_devptr upload(build *b, size_t n, unsigned mul) {
   return d;
 }
 
+/* n bf16 values (the f32 pattern of upload, truncated to bf16) */
+static tpurt_devptr upload_bf16(build *b, size_t n, unsigned mul) {
+  uint16_t *h = malloc(n * sizeof(uint16_t));
+  if (!h) exit(3);
+  for (size_t i = 0; i < n; i++) {
+    float f = (float)((i * mul) % 13) * 0.1f - 0.6f;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    h[i] = (uint16_t)(u >> 16);
+  }
+  tpurt_devptr d;
+  ck(b, b->malloc_(0, n * sizeof(uint16_t), b->s, &d));
+  ck(b, b->h2d(b->s, d, h, n * sizeof(uint16_t), 0));
+  free(h);
+  return d;
+}
+
 static void setup(build *b, work *w) {
   for (int i = 0; i < w->nset; i++) {
     if (w->kind == K_CONV) { /* a: x, b: w, c: y */
@@ -171,12 +189,14 @@ static void setup(build *b, work *w) {
       w->vb[i] = view4(w->b[i], g[3], g[1], g[4], g[4]);
       w->vc[i] = view4(w->c[i], g[0], g[3], ho, ho);
     } else if (w->kind == K_GEMM) {
-      w->a[i] = upload(b, (size_t)(w->nb * w->M * w->K), 7);
-      w->b[i] = upload(b, (size_t)(w->nb * w->K * w->N), 5);
-      w->c[i] = upload(b, (size_t)(w->nb * w->M * w->N), 3);
+      tpurt_devptr (*up)(build *, size_t, unsigned) = w->bf16 ? upload_bf16 : upload;
+      w->a[i] = up(b, (size_t)(w->nb * w->M * w->K), 7);
+      w->b[i] = up(b, (size_t)(w->nb * w->K * w->N), 5);
+      w->c[i] = up(b, (size_t)(w->nb * w->M * w->N), 3);
       w->va[i] = view3(w->a[i], w->nb, w->M, w->K);
       w->vb[i] = view3(w->b[i], w->nb, w->K, w->N);
       w->vc[i] = view3(w->c[i], w->nb, w->M, w->N);
+      if (w->bf16) w->va[i].dtype = w->vb[i].dtype = w->vc[i].dtype = TPURT_BF16;
     } else {
       w->a[i] = upload(b, (size_t)(w->M * w->K), 7);
       w->c[i] = upload(b, (size_t)(w->M * w->K), 3);
@@ -199,7 +219,8 @@ static void run(build *b, const work *w, int q) {
     else if (w->cv[6] == 1) ck(b, b->conv[1](b->s, x, y, wt, NULL, &p, TPURT_PRECISION_HIGHEST));
     else ck(b, b->conv[2](b->s, wt, NULL, y, x, &p, TPURT_PRECISION_HIGHEST));
   } else if (w->kind == K_GEMM)
-    ck(b, b->gemm(b->s, &w->vc[i], &w->va[i], &w->vb[i], 1.0, 0.0, TPURT_PRECISION_HIGHEST));
+    ck(b, b->gemm(b->s, &w->vc[i], &w->va[i], &w->vb[i], 1.0, 0.0,
+                  w->bf16 ? TPURT_PRECISION_DEFAULT : TPURT_PRECISION_HIGHEST));
   else if (w->kind == K_EW) {
     tpurt_view in[3] = {w->va[i], w->vb[i], w->vb[i]}; /* a ternary op reads b twice */
     ck(b, b->elementwise(b->s, &w->prog, &w->vc[i], in, w->nin, NULL, 0));
@@ -250,7 +271,7 @@ static int ew_program(build *b, const char *name, size_t len, work *w) {
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so gemm M,N,K[,batch]...\n"
+          "usage: tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so gemm M,N,K[,batch[,bf16]]...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so softmax|layernorm ROWS,D...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so ew OP:ROWS,D...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so conv N,C,HW,CO,K,S,PASS...\n"
@@ -308,8 +329,11 @@ int main(int argc, char **argv) {
       long long ho = (g[2] + 2 * (g[4] / 2) - g[4]) / g[5] + 1;
       m = g[3], n = g[0] * ho * ho, k = g[1] * g[4] * g[4];
     } else {
-      int got = sscanf(dims, "%lld,%lld,%lld,%lld", &m, &n, &k, &nb);
+      char dt[8] = "";
+      int got = sscanf(dims, "%lld,%lld,%lld,%lld,%7s", &m, &n, &k, &nb, dt);
       if (gemm ? got < 3 : got != 2) usage();
+      if (got == 5 && strcmp(dt, "bf16")) usage();
+      w[0].bf16 = w[1].bf16 = got == 5;
     }
     for (int b = 0; b < 2; b++) {
       for (int q = 0; q < 7; q++) w[b].cv[q] = g[q];
