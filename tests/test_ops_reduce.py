@@ -485,3 +485,47 @@ def test_sums_over_few_rows_match_the_float64_sum(dtype, shape, dims):
     wide = torch.zeros(ref_sum.shape + (2,), dtype=dtype, device=DEV)
     torch.mean(t, dims, out=wide[..., 0])
     assert equal(wide[..., 0].cpu(), ref_mean) and bool((wide[..., 1].cpu() == 0).all())
+
+
+@pytest.mark.parametrize("shape", [(16, 8, 4, 4), (3, 5, 6, 7), (2, 4, 1, 1), (2, 3, 40, 3)])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_batch_and_group_norm_on_bf16_rows(shape, channels_last):
+    # bf16 activations with f32 parameters (autocast's batch / group norm):
+    # the statistics and both gradients as CPU computes them, to bf16's
+    # precision, whether the rows are read in place as vectors (unit spatial
+    # stride: 4 x 4 planes, a 16-element tail of 42, planes of 1) or through
+    # the buffered path (channels-last: spatial stride C); training and
+    # evaluation, and the two layouts agree with each other
+    C = shape[1]
+    x = (sample(shape, torch.float32) * 2 + 1).to(torch.bfloat16)
+    g = sample(shape, torch.float32, 4).to(torch.bfloat16)
+    w, b = sample((C,), torch.float32, 1), sample((C,), torch.float32, 2)
+    rm, rv = sample((C,), torch.float32, 3), torch.rand(C) + 0.5
+    if channels_last:
+        x, g = x.contiguous(memory_format=torch.channels_last), g.contiguous(memory_format=torch.channels_last)
+    for train in (True, False):
+        got = torch.ops.aten.native_batch_norm(x.to(DEV), w.to(DEV), b.to(DEV), rm.to(DEV), rv.to(DEV), train, 0.1,
+                                               1e-5)
+        want = torch.ops.aten.native_batch_norm(x, w, b, rm.clone(), rv.clone(), train, 0.1, 1e-5)
+        close(got[0], want[0], 2e-2)
+        if train:
+            close(got[1], want[1], 1e-5)
+            close(got[2], want[2], 1e-4)
+        gb = torch.ops.aten.native_batch_norm_backward(g.to(DEV), x.to(DEV), w.to(DEV), rm.to(DEV), rv.to(DEV),
+                                                      got[1], got[2], train, 1e-5, [True, True, True])
+        wb = torch.ops.aten.native_batch_norm_backward(g, x, w, rm, rv, want[1], want[2], train, 1e-5,
+                                                      [True, True, True])
+        for k in range(3):
+            close(gb[k], wb[k], 2e-2)
+    if C % 2 == 0 and shape[0] > 1:
+        G = 2
+        y = torch.ops.aten.native_group_norm(x.to(DEV), w.to(DEV), b.to(DEV), shape[0], C, x[0, 0].numel(), G, 1e-5)
+        yc = torch.ops.aten.native_group_norm(x, w, b, shape[0], C, x[0, 0].numel(), G, 1e-5)
+        close(y[0], yc[0], 2e-2)
+        gy = torch.ops.aten.native_group_norm_backward(g.to(DEV), x.to(DEV), y[1], y[2], w.to(DEV), shape[0], C,
+                                                      x[0, 0].numel(), G, [True, True, True])
+        gc = torch.ops.aten.native_group_norm_backward(g, x, yc[1], yc[2], w, shape[0], C, x[0, 0].numel(), G,
+                                                      [True, True, True])
+        for k in range(3):
+            close(gy[k], gc[k], 2e-2)
+    no_family_fallback()

@@ -8,7 +8,7 @@
  *     KERNEL layernorm: SHAPE ROWS,D        (f32, over the last dim, no affine)
  *     KERNEL ew:      SHAPE OP:ROWS,D       (f32 elementwise op by name: unary, binary,
  *                                            activation backward or ternary)
- *     KERNEL conv:    SHAPE N,C,HW,CO,K,S,PASS (f32 2-D convolution of N images C x HW x HW
+ *     KERNEL conv:    SHAPE N,C,HW,CO,K,S,PASS[,bf16] (f32 — or bf16 — 2-D convolution of N images C x HW x HW
  *                                            to CO channels, K x K kernel, stride S, padding
  *                                            K / 2; PASS 0 forward, 1 input gradient,
  *                                            2 weight gradient)
@@ -182,12 +182,14 @@ static void setup(build *b, work *w) {
   for (int i = 0; i < w->nset; i++) {
     if (w->kind == K_CONV) { /* a: x, b: w, c: y */
       const int64_t *g = w->cv, ho = (g[2] + 2 * (g[4] / 2) - g[4]) / g[5] + 1;
-      w->a[i] = upload(b, (size_t)(g[0] * g[1] * g[2] * g[2]), 7);
-      w->b[i] = upload(b, (size_t)(g[3] * g[1] * g[4] * g[4]), 5);
-      w->c[i] = upload(b, (size_t)(g[0] * g[3] * ho * ho), 3);
+      tpurt_devptr (*up)(build *, size_t, unsigned) = w->bf16 ? upload_bf16 : upload;
+      w->a[i] = up(b, (size_t)(g[0] * g[1] * g[2] * g[2]), 7);
+      w->b[i] = up(b, (size_t)(g[3] * g[1] * g[4] * g[4]), 5);
+      w->c[i] = up(b, (size_t)(g[0] * g[3] * ho * ho), 3);
       w->va[i] = view4(w->a[i], g[0], g[1], g[2], g[2]);
       w->vb[i] = view4(w->b[i], g[3], g[1], g[4], g[4]);
       w->vc[i] = view4(w->c[i], g[0], g[3], ho, ho);
+      if (w->bf16) w->va[i].dtype = w->vb[i].dtype = w->vc[i].dtype = TPURT_BF16;
     } else if (w->kind == K_GEMM) {
       tpurt_devptr (*up)(build *, size_t, unsigned) = w->bf16 ? upload_bf16 : upload;
       w->a[i] = up(b, (size_t)(w->nb * w->M * w->K), 7);
@@ -215,9 +217,10 @@ static void run(build *b, const work *w, int q) {
     int64_t k = w->cv[4], st = w->cv[5];
     tpurt_conv_params p = {{st, st}, {k / 2, k / 2}, {1, 1}, 1};
     const tpurt_view *x = &w->va[i], *wt = &w->vb[i], *y = &w->vc[i];
-    if (w->cv[6] == 0) ck(b, b->conv[0](b->s, y, x, wt, NULL, &p, TPURT_PRECISION_HIGHEST));
-    else if (w->cv[6] == 1) ck(b, b->conv[1](b->s, x, y, wt, NULL, &p, TPURT_PRECISION_HIGHEST));
-    else ck(b, b->conv[2](b->s, wt, NULL, y, x, &p, TPURT_PRECISION_HIGHEST));
+    tpurt_precision pr = w->bf16 ? TPURT_PRECISION_DEFAULT : TPURT_PRECISION_HIGHEST;
+    if (w->cv[6] == 0) ck(b, b->conv[0](b->s, y, x, wt, NULL, &p, pr));
+    else if (w->cv[6] == 1) ck(b, b->conv[1](b->s, x, y, wt, NULL, &p, pr));
+    else ck(b, b->conv[2](b->s, wt, NULL, y, x, &p, pr));
   } else if (w->kind == K_GEMM)
     ck(b, b->gemm(b->s, &w->vc[i], &w->va[i], &w->vb[i], 1.0, 0.0,
                   w->bf16 ? TPURT_PRECISION_DEFAULT : TPURT_PRECISION_HIGHEST));
@@ -274,7 +277,7 @@ static void usage(void) {
           "usage: tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so gemm M,N,K[,batch[,bf16]]...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so softmax|layernorm ROWS,D...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so ew OP:ROWS,D...\n"
-          "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so conv N,C,HW,CO,K,S,PASS...\n"
+          "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so conv N,C,HW,CO,K,S,PASS[,bf16]...\n"
           "Times the two runtime builds in one process, alternating samples; prints each build's median\n"
           "and best rate and the median (quartiles) of the paired ratios new / old. ew: an f32\n"
           "elementwise op by name (gelu, add, gelu_backward, where, ...). conv: N images C x HW x HW to CO\n"
@@ -322,7 +325,11 @@ int main(int argc, char **argv) {
     }
     long long g[7] = {0};
     if (kind == K_CONV) { /* as a product: M = CO, N = N * Ho * Wo, K = C * K * K */
-      if (sscanf(dims, "%lld,%lld,%lld,%lld,%lld,%lld,%lld", &g[0], &g[1], &g[2], &g[3], &g[4], &g[5], &g[6]) != 7 ||
+      char dt[8] = "";
+      int got = sscanf(dims, "%lld,%lld,%lld,%lld,%lld,%lld,%lld,%7s", &g[0], &g[1], &g[2], &g[3], &g[4], &g[5], &g[6], dt);
+      if (got == 8 && strcmp(dt, "bf16")) usage();
+      w[0].bf16 = w[1].bf16 = got == 8;
+      if (got < 7 ||
           g[0] <= 0 || g[1] <= 0 || g[2] <= 0 || g[3] <= 0 || g[4] <= 0 || g[5] <= 0 || g[6] < 0 || g[6] > 2 ||
           g[2] + 2 * (g[4] / 2) < g[4])
         usage();

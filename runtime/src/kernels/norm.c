@@ -13,6 +13,7 @@
 #include "fused.h"
 #include "rk_common.h"
 #include "gemm_internal.h" /* tpurt__cpu_has_avx512 */
+#include "bf16_simd.h"      /* rne_bf16 */
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -506,23 +507,33 @@ static inline const char *t3row(const t3 *t, const char *base, int64_t n, int64_
   return base + (n * t->sn + c * t->sc) * (int64_t)tpurt_dtype_size(t->dt);
 }
 
-/* f32 rows with unit spatial stride (the common layout) go straight from
- * memory into BN_LANES double accumulators: no load into a double buffer
- * per 1024 elements and no dtype switch per chunk (a 4 x 4 plane was one
- * 16-element chunk per row). The same double arithmetic per element; only
- * the order of the lanes' partial sums differs from the buffered path. */
+/* f32 and bf16 rows with unit spatial stride (the common layout) go
+ * straight from memory into BN_LANES double accumulators: no load into a
+ * double buffer per 1024 elements and no dtype switch per chunk (a 4 x 4
+ * plane was one 16-element chunk per row; a bf16 batch norm of
+ * 16 x 256 x 4 x 4 took 169 us against 35 for the CPU's). The same double
+ * arithmetic per element; only the order of the lanes' partial sums
+ * differs from the buffered path. */
 #define BN_LANES 16
-static inline int t3_f32_rows(const t3 *t) { return t->dt == TPURT_F32 && t->ss == 1 && tpurt__cpu_has_avx512(); }
+static inline int t3_vec_rows(const t3 *t) {
+  return (t->dt == TPURT_F32 || t->dt == TPURT_BF16) && t->ss == 1 && tpurt__cpu_has_avx512();
+}
 
 #if defined(__x86_64__) || defined(__i386__)
-/* 16 floats at x (the first m of them, m < 16: a masked tail) as two
- * vectors of 8 doubles */
-#define BN_LOAD16(x, m, lo, hi)                                                   \
-  do {                                                                            \
-    __m512 v_ = _mm512_maskz_loadu_ps((__mmask16)((1u << (m)) - 1u), (x));        \
-    lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v_));                             \
-    hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v_), 1))); \
+#define BN_TARGET __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
+/* 16 elements at x (f32, or bf16 when bf; the first m of them, m < 16: a
+ * masked tail) as two vectors of 8 doubles */
+#define BN_LOAD16(x, bf, m, lo, hi)                                                                   \
+  do {                                                                                                \
+    __mmask16 k_ = (__mmask16)((1u << (m)) - 1u);                                                     \
+    __m512 v_ = (bf) ? _mm512_castsi512_ps(_mm512_slli_epi32(                                         \
+                           _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k_, (const uint16_t *)(x))), 16)) \
+                     : _mm512_maskz_loadu_ps(k_, (const float *)(x));                                 \
+    lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v_));                                                 \
+    hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v_), 1)));          \
   } while (0)
+#else
+#define BN_TARGET
 #endif
 
 /* lane sums of BN_LANES doubles as one */
@@ -532,101 +543,128 @@ static inline double bn_lanes_sum(const double *l) {
   return t;
 }
 
-/* sum of (x - c) and of (x - c)^2 over n floats (lane i % 16 takes
- * element i; a tail's missing lanes add nothing) */
-#if defined(__x86_64__) || defined(__i386__)
-__attribute__((target("avx512f,avx512dq")))
-#endif
-static void bn_moments_avx512(const float *x, int64_t n, double c, double *sum, double *sq) {
+/* sum of (x - c) and of (x - c)^2 over the rows (n, ch) of samples
+ * [n0, n1) and channels [c0, c1) (f32 or bf16 rows of S elements): lane
+ * i % 16 of a row takes its element i, a tail's missing lanes add nothing,
+ * and the lanes are added up once at the end (per row, the 16-lane sums
+ * of a 4 x 4 plane took longer than the row). */
+BN_TARGET static void bn_moments_rows(const t3 *t, const char *base, int64_t n0, int64_t n1, int64_t c0, int64_t c1,
+                                      int64_t S, double c, double *sum, double *sq) {
   double s[BN_LANES], q[BN_LANES];
 #if defined(__x86_64__) || defined(__i386__)
+  int xb = t->dt == TPURT_BF16;
+  int64_t es = xb ? 2 : 4;
   __m512d vc = _mm512_set1_pd(c), s0 = _mm512_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
-  for (int64_t i = 0; i < n; i += BN_LANES) {
-    int m = n - i < BN_LANES ? (int)(n - i) : BN_LANES;
-    __m512d lo, hi;
-    BN_LOAD16(x + i, m, lo, hi);
-    __mmask8 kl = (__mmask8)(m >= 8 ? 0xff : (1u << m) - 1u), kh = (__mmask8)(m > 8 ? (1u << (m - 8)) - 1u : 0);
-    __m512d dl = _mm512_maskz_sub_pd(kl, lo, vc), dh = _mm512_maskz_sub_pd(kh, hi, vc);
-    s0 = _mm512_add_pd(s0, dl);
-    s1 = _mm512_add_pd(s1, dh);
-    q0 = _mm512_fmadd_pd(dl, dl, q0);
-    q1 = _mm512_fmadd_pd(dh, dh, q1);
-  }
+  for (int64_t n = n0; n < n1; n++)
+    for (int64_t ch = c0; ch < c1; ch++) {
+      const char *x = t3row(t, base, n, ch);
+      for (int64_t i = 0; i < S; i += BN_LANES) {
+        int m = S - i < BN_LANES ? (int)(S - i) : BN_LANES;
+        __m512d lo, hi;
+        BN_LOAD16(x + i * es, xb, m, lo, hi);
+        __mmask8 kl = (__mmask8)(m >= 8 ? 0xff : (1u << m) - 1u), kh = (__mmask8)(m > 8 ? (1u << (m - 8)) - 1u : 0);
+        __m512d dl = _mm512_maskz_sub_pd(kl, lo, vc), dh = _mm512_maskz_sub_pd(kh, hi, vc);
+        s0 = _mm512_add_pd(s0, dl);
+        s1 = _mm512_add_pd(s1, dh);
+        q0 = _mm512_fmadd_pd(dl, dl, q0);
+        q1 = _mm512_fmadd_pd(dh, dh, q1);
+      }
+    }
   _mm512_storeu_pd(s, s0), _mm512_storeu_pd(s + 8, s1), _mm512_storeu_pd(q, q0), _mm512_storeu_pd(q + 8, q1);
+#else
+  (void)t, (void)base, (void)n0, (void)n1, (void)c0, (void)c1, (void)S, (void)c;
+  memset(s, 0, sizeof s), memset(q, 0, sizeof q);
 #endif
   *sum = bn_lanes_sum(s);
   *sq = bn_lanes_sum(q);
 }
 
-/* sum of g and of g * (x - c) over n floats (lanes as bn_moments_avx512) */
-#if defined(__x86_64__) || defined(__i386__)
-__attribute__((target("avx512f,avx512dq")))
-#endif
-static void bn_gdot_avx512(const float *g, const float *x, int64_t n, double c, double *sum, double *dot) {
+/* sums of dy and of dy * (x - mean) over channel ch of samples [n0, n1)
+ * (each f32 or bf16; lanes as bn_moments_rows, added up once) */
+BN_TARGET static void bn_gdot_rows(const bnplan *p, const bnctx *x, int64_t n0, int64_t n1, int64_t ch, double c,
+                                   double *sum, double *dot) {
   double s[BN_LANES], d[BN_LANES];
 #if defined(__x86_64__) || defined(__i386__)
+  int gb = p->dy.dt == TPURT_BF16, xb = p->x.dt == TPURT_BF16;
+  int64_t ges = gb ? 2 : 4, xes = xb ? 2 : 4, S = p->S;
   __m512d vc = _mm512_set1_pd(c), s0 = _mm512_setzero_pd(), s1 = s0, d0 = s0, d1 = s0;
-  for (int64_t i = 0; i < n; i += BN_LANES) {
-    int m = n - i < BN_LANES ? (int)(n - i) : BN_LANES;
-    __m512d gl, gh, xl, xh;
-    BN_LOAD16(g + i, m, gl, gh);
-    BN_LOAD16(x + i, m, xl, xh);
-    s0 = _mm512_add_pd(s0, gl);
-    s1 = _mm512_add_pd(s1, gh);
-    d0 = _mm512_fmadd_pd(gl, _mm512_sub_pd(xl, vc), d0);
-    d1 = _mm512_fmadd_pd(gh, _mm512_sub_pd(xh, vc), d1);
+  for (int64_t n = n0; n < n1; n++) {
+    const char *g = t3row(&p->dy, x->dy, n, ch), *xr = t3row(&p->x, x->x, n, ch);
+    for (int64_t i = 0; i < S; i += BN_LANES) {
+      int m = S - i < BN_LANES ? (int)(S - i) : BN_LANES;
+      __m512d gl, gh, xl, xh;
+      BN_LOAD16(g + i * ges, gb, m, gl, gh);
+      BN_LOAD16(xr + i * xes, xb, m, xl, xh);
+      s0 = _mm512_add_pd(s0, gl);
+      s1 = _mm512_add_pd(s1, gh);
+      d0 = _mm512_fmadd_pd(gl, _mm512_sub_pd(xl, vc), d0);
+      d1 = _mm512_fmadd_pd(gh, _mm512_sub_pd(xh, vc), d1);
+    }
   }
   _mm512_storeu_pd(s, s0), _mm512_storeu_pd(s + 8, s1), _mm512_storeu_pd(d, d0), _mm512_storeu_pd(d + 8, d1);
+#else
+  (void)p, (void)x, (void)n0, (void)n1, (void)ch, (void)c;
+  memset(s, 0, sizeof s), memset(d, 0, sizeof d);
 #endif
   *sum = bn_lanes_sum(s);
   *dot = bn_lanes_sum(d);
 }
 
-/* y[i] = x[i] * k + b (k2 == 0) or dy[i] * k1 + (x[i] - mean) * k2 + k3,
- * in double, each product and sum rounded on its own as in the scalar
- * loops, then rounded to float */
+/* Rows (n, ch) of samples [n0, n1): o = g * k1 + k3 (x NULL) or
+ * g * k1 + (x - mean) * k2 + k3, in double, each product and sum rounded
+ * on its own as in the scalar loops, then rounded to float (and that to
+ * bf16 where o is bf16: the buffered path's rk_store_row_f64); each of o,
+ * g, x f32 or bf16 rows of S elements. */
+BN_TARGET static void bn_affine_rows(const t3 *ot, char *ob_, const t3 *gt, const char *gb_, const t3 *xt,
+                                     const char *xb_, int64_t n0, int64_t n1, int64_t ch, int64_t S, double k1,
+                                     double mean, double k2, double k3) {
 #if defined(__x86_64__) || defined(__i386__)
-__attribute__((target("avx512f,avx512dq")))
-#endif
-static void bn_affine2_avx512(float *restrict o, const float *restrict g, const float *restrict x, int64_t n,
-                              double k1, double mean, double k2, double k3) {
-#if defined(__x86_64__) || defined(__i386__)
+  int ob = ot->dt == TPURT_BF16, gb = gt->dt == TPURT_BF16, xb = xt && xt->dt == TPURT_BF16;
+  int64_t oes = ob ? 2 : 4, ges = gb ? 2 : 4, xes = xb ? 2 : 4;
   __m512d v1 = _mm512_set1_pd(k1), vm = _mm512_set1_pd(mean), v2 = _mm512_set1_pd(k2), v3 = _mm512_set1_pd(k3);
-  for (int64_t i = 0; i < n; i += BN_LANES) {
-    int m = n - i < BN_LANES ? (int)(n - i) : BN_LANES;
-    __m512d gl, gh, rl, rh;
-    BN_LOAD16(g + i, m, gl, gh);
-    rl = _mm512_mul_pd(gl, v1);
-    rh = _mm512_mul_pd(gh, v1);
-    if (x) {
-      __m512d xl, xh;
-      BN_LOAD16(x + i, m, xl, xh);
-      rl = _mm512_add_pd(rl, _mm512_mul_pd(_mm512_sub_pd(xl, vm), v2));
-      rh = _mm512_add_pd(rh, _mm512_mul_pd(_mm512_sub_pd(xh, vm), v2));
+  for (int64_t n = n0; n < n1; n++) {
+    char *o = (char *)t3row(ot, ob_, n, ch);
+    const char *g = t3row(gt, gb_, n, ch), *x = xt ? t3row(xt, xb_, n, ch) : NULL;
+    for (int64_t i = 0; i < S; i += BN_LANES) {
+      int m = S - i < BN_LANES ? (int)(S - i) : BN_LANES;
+      __m512d gl, gh, rl, rh;
+      BN_LOAD16(g + i * ges, gb, m, gl, gh);
+      rl = _mm512_mul_pd(gl, v1);
+      rh = _mm512_mul_pd(gh, v1);
+      if (x) {
+        __m512d xl, xh;
+        BN_LOAD16(x + i * xes, xb, m, xl, xh);
+        rl = _mm512_add_pd(rl, _mm512_mul_pd(_mm512_sub_pd(xl, vm), v2));
+        rh = _mm512_add_pd(rh, _mm512_mul_pd(_mm512_sub_pd(xh, vm), v2));
+      }
+      rl = _mm512_add_pd(rl, v3);
+      rh = _mm512_add_pd(rh, v3);
+      __m512 r = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(rl)), _mm512_cvtpd_ps(rh), 1);
+      __mmask16 k = (__mmask16)((1u << m) - 1u);
+      if (ob)
+        _mm256_mask_storeu_epi16((uint16_t *)(o + i * oes), k, _mm512_cvtepi32_epi16(rne_bf16(r)));
+      else
+        _mm512_mask_storeu_ps((float *)(o + i * oes), k, r);
     }
-    rl = _mm512_add_pd(rl, v3);
-    rh = _mm512_add_pd(rh, v3);
-    __m512 r = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(rl)), _mm512_cvtpd_ps(rh), 1);
-    _mm512_mask_storeu_ps(o + i, (__mmask16)((1u << m) - 1u), r);
   }
+#else
+  (void)ot, (void)ob_, (void)gt, (void)gb_, (void)xt, (void)xb_, (void)n0, (void)n1, (void)ch, (void)S, (void)k1,
+      (void)mean, (void)k2, (void)k3;
 #endif
 }
 
 /* sum and sum of squared deviations from `center` over channels [c0, c1) of samples [n0, n1) */
 static void t3_moments(const t3 *t, const char *base, int64_t n0, int64_t n1, int64_t c0, int64_t c1, int64_t S,
                        double center, double *sum, double *sq) {
+  if (t3_vec_rows(t)) {
+    bn_moments_rows(t, base, n0, n1, c0, c1, S, center, sum, sq);
+    return;
+  }
   double buf[NCH], s = 0, q = 0;
   int64_t es = (int64_t)tpurt_dtype_size(t->dt);
   for (int64_t n = n0; n < n1; n++)
     for (int64_t c = c0; c < c1; c++) {
       const char *row = t3row(t, base, n, c);
-      if (t3_f32_rows(t)) {
-        double cs, cq;
-        bn_moments_avx512((const float *)row, S, center, &cs, &cq);
-        s += cs;
-        q += cq;
-        continue;
-      }
       for (int64_t o = 0; o < S; o += NCH) {
         int64_t cnt = S - o < NCH ? S - o : NCH;
         rk_load_f64(buf, row + o * t->ss * es, t->dt, t->ss, cnt);
@@ -640,36 +678,43 @@ static void t3_moments(const t3 *t, const char *base, int64_t n0, int64_t n1, in
   *sq = q;
 }
 
-/* y[n, c, :] = x * scale + shift */
-static void t3_affine(const t3 *x, const char *xb, const t3 *y, char *yb, int64_t n, int64_t c, int64_t S, double scale,
-                      double shift) {
-  double buf[NCH];
-  int64_t xes = (int64_t)tpurt_dtype_size(x->dt), yes = (int64_t)tpurt_dtype_size(y->dt);
-  const char *xr = t3row(x, xb, n, c);
-  char *yr = (char *)t3row(y, yb, n, c);
-  if (t3_f32_rows(x) && t3_f32_rows(y)) {
-    bn_affine2_avx512((float *)yr, (const float *)xr, NULL, S, scale, 0.0, 0.0, shift);
+/* y[n, c, :] = x * scale + shift for samples n of [n0, n1) */
+static void t3_affine(const t3 *x, const char *xb, const t3 *y, char *yb, int64_t n0, int64_t n1, int64_t c, int64_t S,
+                      double scale, double shift) {
+  if (t3_vec_rows(x) && t3_vec_rows(y)) {
+    bn_affine_rows(y, yb, x, xb, NULL, NULL, n0, n1, c, S, scale, 0.0, 0.0, shift);
     return;
   }
-  for (int64_t o = 0; o < S; o += NCH) {
-    int64_t cnt = S - o < NCH ? S - o : NCH;
-    rk_load_f64(buf, xr + o * x->ss * xes, x->dt, x->ss, cnt);
-    for (int64_t i = 0; i < cnt; i++) buf[i] = buf[i] * scale + shift;
-    rk_store_row_f64(yr + o * y->ss * yes, y->dt, y->ss, buf, cnt);
+  double buf[NCH];
+  int64_t xes = (int64_t)tpurt_dtype_size(x->dt), yes = (int64_t)tpurt_dtype_size(y->dt);
+  for (int64_t n = n0; n < n1; n++) {
+    const char *xr = t3row(x, xb, n, c);
+    char *yr = (char *)t3row(y, yb, n, c);
+    for (int64_t o = 0; o < S; o += NCH) {
+      int64_t cnt = S - o < NCH ? S - o : NCH;
+      rk_load_f64(buf, xr + o * x->ss * xes, x->dt, x->ss, cnt);
+      for (int64_t i = 0; i < cnt; i++) buf[i] = buf[i] * scale + shift;
+      rk_store_row_f64(yr + o * y->ss * yes, y->dt, y->ss, buf, cnt);
+    }
   }
 }
 
 /* sums of dy and dy * (x - mean) over channel c of samples [n0, n1) */
 static void t3_dsums(const bnplan *p, const bnctx *x, int64_t n0, int64_t n1, int64_t c, const double *mean_of_n,
                      double mean, double *sdy, double *sdyx, int per_n_inv, const double *inv_of_n) {
+  int vec = t3_vec_rows(&p->x) && t3_vec_rows(&p->dy);
+  if (vec && !mean_of_n && !per_n_inv) { /* one mean: the samples' rows in the same lanes */
+    bn_gdot_rows(p, x, n0, n1, c, mean, sdy, sdyx);
+    return;
+  }
   double xb[NCH], gb[NCH], a = 0, b = 0;
   int64_t xes = (int64_t)tpurt_dtype_size(p->x.dt), ges = (int64_t)tpurt_dtype_size(p->dy.dt);
   for (int64_t n = n0; n < n1; n++) {
     double m = mean_of_n ? mean_of_n[n] : mean, sc = per_n_inv ? inv_of_n[n] : 1.0, rb = 0;
     const char *xr = t3row(&p->x, x->x, n, c), *gr = t3row(&p->dy, x->dy, n, c);
-    if (t3_f32_rows(&p->x) && t3_f32_rows(&p->dy)) {
+    if (vec) {
       double cs, cd;
-      bn_gdot_avx512((const float *)gr, (const float *)xr, p->S, m, &cs, &cd);
+      bn_gdot_rows(p, x, n, n + 1, c, m, &cs, &cd);
       a += cs;
       b += cd * sc;
       continue;
@@ -689,18 +734,11 @@ static void t3_dsums(const bnplan *p, const bnctx *x, int64_t n0, int64_t n1, in
   *sdyx = b;
 }
 
-/* dx[n, c, :] = dy * k1 + (x - mean) * k2 + k3 */
-static void t3_dx(const bnplan *p, const bnctx *x, int64_t n, int64_t c, double mean, double k1, double k2, double k3) {
-  double xb[NCH], gb[NCH];
-  int64_t xes = (int64_t)tpurt_dtype_size(p->x.dt), ges = (int64_t)tpurt_dtype_size(p->dy.dt),
-          oes = (int64_t)tpurt_dtype_size(p->dx.dt);
+/* one row of t3_dx's buffered path */
+static void t3_dx_row(const bnplan *p, const bnctx *x, int64_t n, int64_t c, double mean, double k1, double k2,
+                      double k3, double *xb, double *gb, int64_t xes, int64_t ges, int64_t oes) {
   const char *xr = t3row(&p->x, x->x, n, c), *gr = t3row(&p->dy, x->dy, n, c);
   char *orow = (char *)t3row(&p->dx, x->dx, n, c);
-  if (t3_f32_rows(&p->x) && t3_f32_rows(&p->dy) && t3_f32_rows(&p->dx)) {
-    /* k2 == 0: x is not read (as below) */
-    bn_affine2_avx512((float *)orow, (const float *)gr, k2 != 0 ? (const float *)xr : NULL, p->S, k1, mean, k2, k3);
-    return;
-  }
   for (int64_t o = 0; o < p->S; o += NCH) {
     int64_t cnt = p->S - o < NCH ? p->S - o : NCH;
     rk_load_f64(gb, gr + o * p->dy.ss * ges, p->dy.dt, p->dy.ss, cnt);
@@ -713,6 +751,21 @@ static void t3_dx(const bnplan *p, const bnctx *x, int64_t n, int64_t c, double 
     rk_store_row_f64(orow + o * p->dx.ss * oes, p->dx.dt, p->dx.ss, gb, cnt);
   }
 }
+
+/* dx[n, c, :] = dy * k1 + (x - mean) * k2 + k3 for samples n of [n0, n1) */
+static void t3_dx(const bnplan *p, const bnctx *x, int64_t n0, int64_t n1, int64_t c, double mean, double k1, double k2,
+                  double k3) {
+  if (t3_vec_rows(&p->x) && t3_vec_rows(&p->dy) && t3_vec_rows(&p->dx)) {
+    /* k2 == 0: x is not read (as below) */
+    bn_affine_rows(&p->dx, x->dx, &p->dy, x->dy, k2 != 0 ? &p->x : NULL, x->x, n0, n1, c, p->S, k1, mean, k2, k3);
+    return;
+  }
+  double xb[NCH], gb[NCH];
+  int64_t xes = (int64_t)tpurt_dtype_size(p->x.dt), ges = (int64_t)tpurt_dtype_size(p->dy.dt),
+          oes = (int64_t)tpurt_dtype_size(p->dx.dt);
+  for (int64_t n = n0; n < n1; n++) t3_dx_row(p, x, n, c, mean, k1, k2, k3, xb, gb, xes, ges, oes);
+}
+
 
 /* ---- batch norm: one channel per work item */
 static void bn_fwd_ch(void *c, int64_t cb, int64_t ce) {
@@ -747,7 +800,7 @@ static void bn_fwd_ch(void *c, int64_t cb, int64_t ce) {
         apply_row(p->x.dt, (char *)t3row(&p->y, x->y, n, ch), p->y.ss, t3row(&p->x, x->x, n, ch), p->x.ss, p->S, &k);
     } else if (x->y) {
       double scale = invstd * w, shift = b - mean * scale;
-      for (int64_t n = 0; n < p->N; n++) t3_affine(&p->x, x->x, &p->y, x->y, n, ch, p->S, scale, shift);
+      t3_affine(&p->x, x->x, &p->y, x->y, 0, p->N, ch, p->S, scale, shift);
     }
   }
 }
@@ -776,7 +829,7 @@ static void bn_bwd_ch(void *c, int64_t cb, int64_t ce) {
       k2 = -invstd * invstd * sdyx / M * k1;
       k3 = -sdy / M * k1;
     }
-    for (int64_t n = 0; n < p->N; n++) t3_dx(p, x, n, ch, mean, k1, k2, k3);
+    t3_dx(p, x, 0, p->N, ch, mean, k1, k2, k3);
   }
 }
 
@@ -800,7 +853,7 @@ static void gn_fwd(void *c, int64_t ib, int64_t ie) {
     for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) {
       double w = vget(&p->w, x->w, ch, 1.0), b = vget(&p->b, x->b, ch, 0.0);
       double scale = rstd * w;
-      t3_affine(&p->x, x->x, &p->y, x->y, n, ch, p->S, scale, b - mean * scale);
+      t3_affine(&p->x, x->x, &p->y, x->y, n, n + 1, ch, p->S, scale, b - mean * scale);
     }
   }
 }
@@ -826,7 +879,7 @@ static void gn_bwd_dx(void *c, int64_t ib, int64_t ie) {
     /* dx = rstd * (dy * w - sg - xhat * sgx) */
     for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) {
       double w = vget(&p->w, x->w, ch, 1.0);
-      t3_dx(p, x, n, ch, mean, rstd * w, -rstd * rstd * sgx, -rstd * sg);
+      t3_dx(p, x, n, n + 1, ch, mean, rstd * w, -rstd * rstd * sgx, -rstd * sg);
     }
   }
 }
