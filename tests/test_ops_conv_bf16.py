@@ -28,6 +28,7 @@ import torch.nn.functional as F
 lib = ctypes.CDLL("libtpurt.so")  # by soname: the variant torch_tpu mapped
 lib.tpurt_bf16_conv_tile_passes.restype = ctypes.c_uint64
 lib.tpurt_bf16_conv_path.restype = ctypes.c_char_p
+lib.tpurt_bf16_conv_implicit_passes.restype = ctypes.c_uint64
 torch.manual_seed(0)
 out = {"worst": 0.0, "cases": 0}
 def check(name, got, ref, mag, k):
@@ -95,6 +96,7 @@ yd = F.conv_transpose2d(x.double(), w.double(), stride=2, padding=1)
 ya = F.conv_transpose2d(x.double().abs(), w.double().abs(), stride=2, padding=1)
 check("conv_transpose2d", y, yd, ya, 24 * 16)
 out["passes"] = lib.tpurt_bf16_conv_tile_passes()
+out["implicit"] = lib.tpurt_bf16_conv_implicit_passes()
 out["path"] = lib.tpurt_bf16_conv_path().decode()
 print(json.dumps(out))
 """
@@ -138,11 +140,12 @@ def test_bf16_conv_default_kernel():
     if level == "amx":
         assert out["path"] == "amx-bf16 tiles" and out["passes"] >= 31, out
     elif _bf16_kernel(level):
-        # the cases are small passes; those with <= 64 positions an image and
-        # >= 32 channels in one group run on patch rows (forward pass and
-        # input gradient: 2 x 4 x 4 -> 64, 33 -> 70 at 6 x 6)
+        # the cases are small passes; those with >= 32 channels in one group
+        # run their forward pass and input gradient on patch rows: copied at
+        # <= 64 positions an image (2 x 4 x 4 -> 64, 33 -> 70 at 6 x 6), read
+        # in place at unit strides above (2 x 32 x 16 x 16)
         assert out["path"] == "avx512-bf16 dot products for large passes, f32 implicit GEMM below", out
-        assert out["passes"] == 4, out
+        assert out["passes"] == 6 and out["implicit"] == 2, out
     else:
         assert out["path"] == "f32 implicit GEMM" and out["passes"] == 0, out
 
@@ -152,6 +155,7 @@ import ctypes, json, torch, torch_tpu
 import torch.nn.functional as F
 lib = ctypes.CDLL("libtpurt.so")
 lib.tpurt_bf16_conv_tile_passes.restype = ctypes.c_uint64
+lib.tpurt_bf16_conv_implicit_passes.restype = ctypes.c_uint64
 torch.manual_seed(0)
 res = {}
 # name: N, C, H (= W); 3 x 3, padding 1, C -> C
@@ -159,12 +163,13 @@ for name, n, c, h in (("large", 8, 64, 32), ("small", 2, 32, 16), ("4x4", 16, 25
     x = torch.randn(n, c, h, h).bfloat16(); w = torch.randn(c, c, 3, 3).bfloat16()
     gy = torch.randn(n, c, h, h).bfloat16()
     xt, wt = x.to("tpu").requires_grad_(), w.to("tpu").requires_grad_()
-    before = lib.tpurt_bf16_conv_tile_passes()
+    before, implicit = lib.tpurt_bf16_conv_tile_passes(), lib.tpurt_bf16_conv_implicit_passes()
     y = F.conv2d(xt, wt, padding=1)
     y.backward(gy.to("tpu"))
     torch.tpu.synchronize()
     passes = lib.tpurt_bf16_conv_tile_passes() - before
     worst = 0.0
+    implicit = lib.tpurt_bf16_conv_implicit_passes() - implicit
     # within the precision contract (see CHILD), against float64
     for got, ref, mag, k in (
             (y.detach().cpu(), F.conv2d(x.double(), w.double(), padding=1),
@@ -175,7 +180,7 @@ for name, n, c, h in (("large", 8, 64, 32), ("small", 2, 32, 16), ("4x4", 16, 25
              torch.nn.grad.conv2d_weight(x.double().abs(), w.shape, gy.double().abs(), padding=1), n * h * h)):
         bound = (k + 2) * 2.0**-23 * mag + 2.0**-8 * ref.abs() + 1e-30
         worst = max(worst, ((got.double() - ref).abs() / bound).max().item())
-    res[name] = {"passes": passes, "worst": worst}
+    res[name] = {"passes": passes, "implicit": implicit, "worst": worst}
 print(json.dumps(res))
 """
 
@@ -186,10 +191,12 @@ def test_bf16_conv_passes_by_shape_without_the_tile_unit(patch):
     # >= 2^28 multiply-adds whose padded column space keeps >= 3/4 of its
     # columns (8 x 64 -> 64 at 32^2: all three passes); small images (4 x 4,
     # >= 32 channels) run their forward pass and input gradient as products
-    # of patch rows (TORCH_TPU_CONV_PATCH=0: the f32 path, the column space
-    # would compute two columns per kept one), their weight gradient the f32
-    # path; small passes and few channels the f32 path. Every result within
-    # the precision contract.
+    # of copied patch rows (TORCH_TPU_CONV_PATCH=0: the f32 path, the column
+    # space would compute two columns per kept one), their weight gradient
+    # the f32 path; a small pass of 32 channels at 16 x 16 its forward pass
+    # and input gradient on patch rows read in place (TORCH_TPU_CONV_PATCH=0:
+    # the f32 path); few channels the f32 path. Every result within the
+    # precision contract.
     level = RUNNABLE[-1]
     if level != "avx512" or not _bf16_kernel(level):
         pytest.skip("the shape rules concern AVX512-BF16 hosts without AMX")
@@ -197,8 +204,9 @@ def test_bf16_conv_passes_by_shape_without_the_tile_unit(patch):
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert all(v["worst"] <= 1.0 for v in out.values()), out
-    want = {"large": 3, "small": 0, "4x4": 2 if patch == "" else 0, "8x8 few channels": 0}
+    want = {"large": 3, "small": 2 if patch == "" else 0, "4x4": 2 if patch == "" else 0, "8x8 few channels": 0}
     assert {k: v["passes"] for k, v in out.items()} == want, out
+    assert {k: v["implicit"] for k, v in out.items()} == {**dict.fromkeys(want, 0), "small": want["small"]}, out
 
 
 PATCH_CASES = """cases = [
@@ -212,17 +220,21 @@ PATCH_CASES = """cases = [
 _all = ["""
 
 
-def test_bf16_conv_patch_rows_within_contract():
-    # the patch-row products (TORCH_TPU_CONV_PATCH=1: wherever they can run)
+@pytest.mark.parametrize("patch", ["1", "implicit"])
+def test_bf16_conv_patch_rows_within_contract(patch):
+    # the patch-row products (TORCH_TPU_CONV_PATCH=1: copied wherever they
+    # can run; implicit: read in place wherever they can, channels in pairs)
     # on dilation, strides (2, 1) and 2, uneven padding, bias, channels-last
     # and sliced inputs, 1 x 1 and 5 x 5 kernels: every forward pass and the
-    # stride-1 input gradients on patch rows (6 + 4 passes; weight gradients
-    # on the f32 path), every result within the precision contract
+    # stride-1 input gradients on patch rows (6 + 4 passes, all with an even
+    # channel count; weight gradients on the f32 path), every result within
+    # the precision contract
     level = RUNNABLE[-1]
     if level != "avx512" or not _bf16_kernel(level):
         pytest.skip("patch rows run on the AVX512-BF16 dot products without AMX")
-    out = _run({"TORCH_TPU_ISA": level, "TORCH_TPU_CONV_PATCH": "1"}, CHILD.replace("cases = [", PATCH_CASES, 1))
+    out = _run({"TORCH_TPU_ISA": level, "TORCH_TPU_CONV_PATCH": patch}, CHILD.replace("cases = [", PATCH_CASES, 1))
     assert out["worst"] <= 1.0 and out["cases"] == 6 and out["passes"] == 10, out
+    assert out["implicit"] == (10 if patch == "implicit" else 0), out
 
 
 @pytest.mark.parametrize("switch", ["TORCH_TPU_CONV_BF16", "TORCH_TPU_CONV_AMX"])

@@ -156,9 +156,11 @@ TPURT_API const char *tpurt_bf16_gemm_path(void);
  * passes, f32 implicit GEMM below" (the default without the tile unit) or
  * "f32 implicit GEMM"; and how many convolution passes (one per
  * group and phase) have run on the bf16 kernels (either of the first two)
- * in this process. */
+ * in this process; of those, how many read their patch rows in place
+ * (implicit patch rows on the dot products). */
 TPURT_API const char *tpurt_bf16_conv_path(void);
 TPURT_API uint64_t tpurt_bf16_conv_tile_passes(void);
+TPURT_API uint64_t tpurt_bf16_conv_implicit_passes(void);
 
 /* Current device of the calling thread (like cudaSetDevice). Default 0. */
 TPURT_API int tpurt_get_device(void);

@@ -88,6 +88,8 @@ const char *tpurt_bf16_conv_path(void) {
                               : "avx512-bf16 dot products for large passes, f32 implicit GEMM below";
 }
 uint64_t tpurt_bf16_conv_tile_passes(void) { return atomic_load(&g_passes); }
+static _Atomic uint64_t g_ip_passes;
+uint64_t tpurt_bf16_conv_implicit_passes(void) { return atomic_load(&g_ip_passes); }
 
 static inline void *hv(tpurt_devptr p) { return p ? tpurt__host_view(p) : NULL; }
 
@@ -708,33 +710,210 @@ static void patch_weights(uint16_t *wt, const tpurt_view *w, int64_t A, int64_t 
   tpurt_parallel_for(units, (int64_t)(1 << 14) / (A * B * kh * kw / units + 1) + 1, patch_weight_cols, &j);
 }
 
+/* ------------------------------------------------ implicit patch rows
+ *
+ * The patch rows above copy kh kw runs of C values per output position;
+ * with few channels (C 32 or 64 at 16 x 16 and 32 x 32: runs of 64-128
+ * bytes) the copying took longer than the product, so such passes stayed
+ * on the f32 path. Here the product reads the runs where they are: a
+ * micro-tile of 8 positions x 32 output channels keeps its 16 f32
+ * accumulators in registers over every tap, and for tap t the 8 rows are
+ * the positions' pixels in the padded channels-last planes shifted by the
+ * tap's offset — C / 2 pairs of channels each, broadcast as in bgemm.c's
+ * row kernel — against the weights packed once per pass as 16-column
+ * slivers of channel pairs, tap by tap. Channels in pairs: C even. The
+ * same products and f32 sums as the patch rows with K in the same (tap,
+ * channel) order, one rounding at the store. */
+
+#define IP_MAX_TAPS 64
+typedef struct {
+  const pgeom *g;
+  const uint32_t *bp; /* sliver s at bp + s * kk * kp * 16: [tap][pair][16 columns] */
+  int64_t kp, kk, cout, nsl, total, pb, ncb;
+  int64_t toff[IP_MAX_TAPS]; /* tap offsets in elements of the planes */
+  const float *bias;
+  uint16_t *y;
+  int64_t o_n, o_c, o_h, o_w;
+} ipjob;
+
+#if defined(__x86_64__) || defined(__i386__)
+#define IP_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+/* t[8 x 32] = the 8 rows (positions) times slivers b0, b1 (b1 NULL: the
+ * right half is not computed) over every tap */
+IP_TARGET static void ip_tile(const uint16_t *const *rows, const int64_t *toff, int64_t kk, int64_t kp,
+                              const uint32_t *b0, const uint32_t *b1, float *t) {
+  __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
+         c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
+  const uint32_t *bz = b1 ? b1 : b0;
+  for (int64_t tap = 0; tap < kk; tap++) {
+    const uint16_t *r0 = rows[0] + toff[tap], *r1 = rows[1] + toff[tap], *r2 = rows[2] + toff[tap],
+                   *r3 = rows[3] + toff[tap], *r4 = rows[4] + toff[tap], *r5 = rows[5] + toff[tap],
+                   *r6 = rows[6] + toff[tap], *r7 = rows[7] + toff[tap];
+    const uint32_t *x0p = b0 + tap * kp * 16, *x1p = bz + tap * kp * 16;
+#define IP_ROW(i)                                                                  \
+  {                                                                                \
+    uint32_t v_;                                                                   \
+    memcpy(&v_, r##i + 2 * q, 4);                                                  \
+    __m512bh a_ = (__m512bh)_mm512_set1_epi32((int)v_);                            \
+    c##i##0 = _mm512_dpbf16_ps(c##i##0, a_, x0);                                   \
+    c##i##1 = _mm512_dpbf16_ps(c##i##1, a_, x1);                                   \
+  }
+    _Pragma("GCC unroll 2") for (int64_t q = 0; q < kp; q++) {
+      __m512bh x0 = (__m512bh)_mm512_loadu_si512(x0p + q * 16);
+      __m512bh x1 = (__m512bh)_mm512_loadu_si512(x1p + q * 16);
+      IP_ROW(0) IP_ROW(1) IP_ROW(2) IP_ROW(3) IP_ROW(4) IP_ROW(5) IP_ROW(6) IP_ROW(7)
+    }
+#undef IP_ROW
+  }
+  _mm512_storeu_ps(t + 0, c00), _mm512_storeu_ps(t + 16, c01), _mm512_storeu_ps(t + 32, c10);
+  _mm512_storeu_ps(t + 48, c11), _mm512_storeu_ps(t + 64, c20), _mm512_storeu_ps(t + 80, c21);
+  _mm512_storeu_ps(t + 96, c30), _mm512_storeu_ps(t + 112, c31), _mm512_storeu_ps(t + 128, c40);
+  _mm512_storeu_ps(t + 144, c41), _mm512_storeu_ps(t + 160, c50), _mm512_storeu_ps(t + 176, c51);
+  _mm512_storeu_ps(t + 192, c60), _mm512_storeu_ps(t + 208, c61), _mm512_storeu_ps(t + 224, c70);
+  _mm512_storeu_ps(t + 240, c71);
+}
+#endif
+
+/* Task: positions [u / ncb * pb, +pb) x output channels of 32-block u % ncb */
+static void ip_tasks(void *p, int64_t b, int64_t e) {
+#if defined(__x86_64__) || defined(__i386__)
+  const ipjob *j = p;
+  const pgeom *g = j->g;
+  int64_t P = g->Ho * g->Wo;
+  _Alignas(64) float t[8 * 32];
+  for (int64_t u = b; u < e; u++) {
+    int64_t p0 = u / j->ncb * j->pb, cb = u % j->ncb, p1 = p0 + j->pb < j->total ? p0 + j->pb : j->total;
+    int64_t s0 = 2 * cb, c0 = 32 * cb, nc = j->cout - c0 < 32 ? j->cout - c0 : 32;
+    const uint32_t *b0 = j->bp + s0 * j->kk * j->kp * 16, *b1 = s0 + 1 < j->nsl ? b0 + j->kk * j->kp * 16 : NULL;
+    for (int64_t r = p0; r < p1; r += 8) {
+      const uint16_t *rows[8];
+      int64_t pos[8];
+      for (int i = 0; i < 8; i++) {
+        int64_t q = r + i < p1 ? r + i : p1 - 1, n = q / P, l = q % P, oh = l / g->Wo, ow = l % g->Wo;
+        pos[i] = n * j->o_n + oh * j->o_h + ow * j->o_w;
+        rows[i] = g->xn + ((n * g->hp + oh * g->sh) * g->wp + ow * g->sw) * g->C;
+      }
+      ip_tile(rows, j->toff, j->kk, j->kp, b0, b1, t);
+      int m = p1 - r < 8 ? (int)(p1 - r) : 8;
+      for (int64_t c = 0; c < nc; c++) {
+        float bv = j->bias ? j->bias[c0 + c] : 0.0f;
+        uint16_t *o = j->y + (c0 + c) * j->o_c;
+        for (int i = 0; i < m; i++) o[pos[i]] = tpurt__f32_to_bf16(t[i * 32 + c] + bv);
+      }
+    }
+  }
+#else
+  (void)p, (void)b, (void)e;
+#endif
+}
+
+/* The weights wt [(tap, c)][cout] (patch_weights' layout, K = kk x C rows)
+ * as slivers of 16 columns: d[((s kk + t) kp + q) 16 + j] = the pair of rows
+ * (t, 2q), (t, 2q + 1) at column 16 s + j (0 past cout). */
+typedef struct {
+  const uint16_t *wt;
+  uint32_t *d;
+  int64_t kk, kp, cout;
+} ippack;
+
+static void ip_pack(void *p, int64_t b, int64_t e) {
+  const ippack *x = p;
+  int64_t C = 2 * x->kp;
+  for (int64_t s = b; s < e; s++)
+    for (int64_t t = 0; t < x->kk; t++)
+      for (int64_t q = 0; q < x->kp; q++) {
+        const uint16_t *r0 = x->wt + (t * C + 2 * q) * x->cout + 16 * s, *r1 = r0 + x->cout;
+        uint32_t *d = x->d + ((s * x->kk + t) * x->kp + q) * 16;
+#if defined(__x86_64__) || defined(__i386__)
+        if (16 * s + 16 <= x->cout) {
+          interleave16(d, r0, r1);
+          continue;
+        }
+#endif
+        for (int64_t jj = 0; jj < 16; jj++)
+          d[jj] = 16 * s + jj < x->cout ? (uint32_t)r0[jj] | (uint32_t)r1[jj] << 16 : 0;
+      }
+}
+
+/* Can a pass run as implicit patch rows: the dot products, channels in
+ * pairs, at most IP_MAX_TAPS taps. */
+static int ip_applies(int64_t C, int64_t kk) {
+  return tpurt__cpu_avx512_bf16() && C % 2 == 0 && kk <= IP_MAX_TAPS;
+}
+
+/* out = the pass on implicit patch rows (xn in g, weights wt laid out by
+ * patch_weights with C rows a tap); 1 done, 0 no memory. */
+static int ip_forward(const pgeom *g, int64_t N, const uint16_t *wt, int64_t cout, const float *bias,
+                      const tpurt_view *y) {
+  int64_t kk = g->kh * g->kw, kp = g->C / 2, nsl = (cout + 15) / 16;
+  uint32_t *bp = tpurt__scratch(1, (size_t)(nsl * kk * kp * 16) * 4);
+  if (!bp) return 0;
+  ippack pk = {wt, bp, kk, kp, cout};
+  tpurt_parallel_for(nsl, 1, ip_pack, &pk);
+  ipjob j;
+  memset(&j, 0, sizeof j);
+  j.g = g, j.bp = bp, j.kp = kp, j.kk = kk, j.cout = cout, j.nsl = nsl, j.total = N * g->Ho * g->Wo;
+  j.ncb = (cout + 31) / 32;
+  /* position blocks of 64, fewer where that leaves < 8 tasks a thread */
+  int64_t nth = tpurt_num_threads();
+  j.pb = 64;
+  while (j.pb > 8 && (j.total + j.pb - 1) / j.pb * j.ncb < 8 * nth) j.pb /= 2;
+  for (int64_t t = 0; t < kk; t++) j.toff[t] = ((t / g->kw) * g->dh * g->wp + (t % g->kw) * g->dw) * g->C;
+  j.bias = bias;
+  j.y = (uint16_t *)hv(y->ptr);
+  j.o_n = y->strides[0], j.o_c = y->strides[1], j.o_h = y->strides[3], j.o_w = y->strides[4];
+  int64_t tasks = (j.total + j.pb - 1) / j.pb * j.ncb;
+  tpurt_parallel_for(tasks, 1, ip_tasks, &j);
+  return 1;
+}
+
 /* One pass on patch rows: src padded (pt, pl; hp x wp planes), the weights
  * laid out by patch_weights (A x B per tap, flipped for an input gradient),
  * out = the product (+ bias of `cout` channels). 1 done, 0 no memory. */
 static int patch_pass(const tpurt_view *out, const tpurt_view *src, const tpurt_view *w, const tpurt_view *bias,
-                      pgeom *pg, int64_t pt, int64_t pl, int64_t hp, int64_t wp, int64_t A, int64_t B, int flip) {
+                      pgeom *pg, int64_t pt, int64_t pl, int64_t hp, int64_t wp, int64_t A, int64_t B, int flip,
+                      int implicit) {
   int64_t cout = flip ? A : B;
   uint16_t *wt = tpurt__scratch(2, (size_t)(A * B * pg->kh * pg->kw) * 2);
   float *b = bias ? bias_f32(bias, cout, 5) : NULL;
   if (!wt || (bias && !b) || patch_nhwc(pg, src, pt, pl, hp, wp) != 0) return 0;
   patch_weights(wt, w, A, B, pg->kh, pg->kw, flip);
-  if (!patch_forward(pg, src->sizes[0], wt, cout, b, out)) return 0;
+  if (implicit) {
+    if (!ip_forward(pg, src->sizes[0], wt, cout, b, out)) return 0;
+    atomic_fetch_add(&g_ip_passes, 1);
+  } else if (!patch_forward(pg, src->sizes[0], wt, cout, b, out)) {
+    return 0;
+  }
   atomic_fetch_add(&g_passes, 1);
   return 1;
 }
 
 /* Should a forward pass or an input gradient run on patch rows? The dot
  * products (no tile unit; the tile unit's column space is what it was
- * built for), one group, >= 32 input channels, and small images: the
- * column space keeps < 3/4 of its columns (see dot_worth), or an image has
- * <= 64 positions (products of <= 64 columns an image). TORCH_TPU_CONV_PATCH=0 / 1
- * turns it off / on wherever it can run (tests, measurements). */
-static int patch_worth(int64_t G, int64_t cin, int64_t kept, int64_t computed) {
+ * built for), one group, >= 32 input channels. Returns 0 (no), 1 (rows
+ * copied: small images — the column space keeps < 3/4 of its columns, see
+ * dot_worth, or an image has <= 64 positions) or 2 (rows read in place,
+ * ip_forward: unit strides, channels in pairs, larger images — a pass the
+ * column space would leave to the f32 path, or >= 96 channels at <= 256
+ * positions). Paired in one process, Zen 5, 3 x 3, forward / input
+ * gradient against the former choice: C 64 at 16^2 (f32 path) 1.41 /
+ * 1.43, C 32 at 16^2 1.08 / 1.16, N 4, C 64 at 32^2 1.23, C 96 and 128 at
+ * 16^2 (dot products) 1.06-1.10; not taken where it measured slower: C 32
+ * and 64 at 32^2 and 64^2 on the column space (0.58-0.85), stride 2
+ * (0.89-0.94), <= 64 positions against copied rows (0.95-0.98).
+ * TORCH_TPU_CONV_PATCH=0 / 1 / implicit: never / copied rows wherever they
+ * can run / rows in place wherever they can run, else copied (tests,
+ * measurements). */
+static int patch_worth(int64_t G, int64_t cin, int64_t kk, int unit, int64_t kept, int64_t computed, int64_t macs) {
   if (tpurt__bgemm_amx() || G != 1 || cin < 32) return 0;
+  int ip = ip_applies(cin, kk);
   const char *e = getenv("TORCH_TPU_CONV_PATCH");
   if (e && *e == '0') return 0;
   if (e && *e == '1') return 1;
-  return 4 * kept < 3 * computed || kept <= 64;
+  if (e && !strcmp(e, "implicit")) return ip ? 2 : 1;
+  if (4 * kept < 3 * computed || kept <= 64) return 1;
+  if (ip && unit && (!dot_worth(macs, kept, computed, 0) || (cin >= 96 && kept <= 256))) return 2;
+  return 0;
 }
 
 /* ------------------------------------------------ forward */
@@ -748,11 +927,13 @@ int tpurt__bconv_forward(const tpurt_view *y, const tpurt_view *x, const tpurt_v
   int64_t G = p->groups, Cig = Ci / G, Cog = Co / G, kk = kh * kw, Kd = Cig * kk;
   planes g;
   plan_images(&g, x, Ho, Wo, kh, kw, p);
-  if (patch_worth(G, Ci, Ho * Wo, g.lp)) {
-    int64_t sh = p->stride[1], sw = p->stride[2], dh = p->dilation[1], dw = p->dilation[2];
+  int64_t sh = p->stride[1], sw = p->stride[2];
+  int route = patch_worth(G, Ci, kk, sh == 1 && sw == 1, Ho * Wo, g.lp, N * Co * Ho * Wo * Kd);
+  if (route) {
+    int64_t dh = p->dilation[1], dw = p->dilation[2];
     pgeom pg = {NULL, 0, 0, 0, Ho, Wo, kh, kw, sh, sw, dh, dw, Kd};
     return patch_pass(y, x, w, bias, &pg, p->padding[1], p->padding[2], (Ho - 1) * sh + (kh - 1) * dh + 1,
-                      (Wo - 1) * sw + (kw - 1) * dw + 1, Ci, Co, 0);
+                      (Wo - 1) * sw + (kw - 1) * dw + 1, Ci, Co, 0, route == 2);
   }
   if (!dot_worth(N * Co * Ho * Wo * Kd, Ho * Wo, g.lp, 0)) return 0;
   int64_t *koff = koff_buf(Kd, 1);
@@ -832,12 +1013,14 @@ int tpurt__bconv_backward_input(const tpurt_view *dx, const tpurt_view *dy, cons
     for (int64_t aw = 0; aw < sw && aw < W; aw++)
       computed += ((H - ah + sh - 1) / sh * g.wq + 15) / 16 * 16;
   int64_t padt = (kh - 1) * dh - ph, padl = (kw - 1) * dw - pw;
+  int route;
   if (sh == 1 && sw == 1 && padt >= 0 && padl >= 0 && Ho + 2 * padt - (kh - 1) * dh == H &&
-      Wo + 2 * padl - (kw - 1) * dw == W && patch_worth(G, Co, H * W, computed)) {
+      Wo + 2 * padl - (kw - 1) * dw == W &&
+      (route = patch_worth(G, Co, kk, 1, H * W, computed, N * Co * Ho * Wo * Cig * kk))) {
     /* the forward pass of dy padded by (k - 1) dil - pad, weights flipped
      * and transposed: wt[(r', s', co)][ci] = w[co, ci, kh - 1 - r', kw - 1 - s'] */
     pgeom pg = {NULL, 0, 0, 0, H, W, kh, kw, 1, 1, dh, dw, Co * kk};
-    return patch_pass(dx, dy, w, bias, &pg, padt, padl, H + (kh - 1) * dh, W + (kw - 1) * dw, Ci, Co, 1);
+    return patch_pass(dx, dy, w, bias, &pg, padt, padl, H + (kh - 1) * dh, W + (kw - 1) * dw, Ci, Co, 1, route == 2);
   }
   if (!dot_worth(N * Co * Ho * Wo * Cig * kk, H * W, computed, 0)) return 0;
   /* the phases' column spaces are at most hqmax rows: g.lp bounds each */
