@@ -501,6 +501,8 @@ typedef struct {
 typedef struct {
   const bnplan *p;
   char *x, *y, *dy, *dx, *w, *b, *rm, *rv, *smean, *sinv, *dw, *db;
+  double *parts;       /* group norm backward: per (n, ch) the sums of dy and dy (x - mean), from gn_bwd_dx */
+  _Atomic int failed;  /* a work item ran out of host memory */
 } bnctx;
 
 static inline const char *t3row(const t3 *t, const char *base, int64_t n, int64_t c) {
@@ -871,6 +873,7 @@ static void gn_bwd_dx(void *c, int64_t ib, int64_t ie) {
     for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) {
       double w = vget(&p->w, x->w, ch, 1.0), a, b;
       t3_dsums(p, x, n, n + 1, ch, NULL, mean, &a, &b, 0, NULL);
+      if (x->parts) x->parts[2 * (n * p->C + ch)] = a, x->parts[2 * (n * p->C + ch) + 1] = b;
       sg += a * w;
       sgx += b * rstd * w;
     }
@@ -884,12 +887,31 @@ static void gn_bwd_dx(void *c, int64_t ib, int64_t ie) {
   }
 }
 
+/* dw, db of channels [cb, ce): from the rows' sums gn_bwd_dx kept (the
+ * same row sums t3_dsums gives below, added in the same order: the same
+ * bits, one pass over dy and x fewer), or read again */
 static void gn_bwd_params(void *c, int64_t cb, int64_t ce) {
   bnctx *x = c;
   const bnplan *p = x->p;
   int64_t G = p->groups, Cg = p->C / G;
+  if (x->parts) {
+    for (int64_t ch = cb; ch < ce; ch++) {
+      double sdy = 0, sdyx = 0;
+      for (int64_t n = 0; n < p->N; n++) {
+        const double *q = x->parts + 2 * (n * p->C + ch);
+        sdy += q[0];
+        sdyx += q[1] * vget(&p->sinv, x->sinv, n * G + ch / Cg, 1.0);
+      }
+      vset(&p->dw, x->dw, ch, sdyx);
+      vset(&p->db, x->db, ch, sdy);
+    }
+    return;
+  }
   double *means = malloc(sizeof(double) * (size_t)p->N * 2);
-  if (!means) return;
+  if (!means) {
+    x->failed = 1;
+    return;
+  }
   double *invs = means + p->N;
   for (int64_t ch = cb; ch < ce; ch++) {
     int64_t g = ch / Cg;
@@ -906,8 +928,6 @@ static void gn_bwd_params(void *c, int64_t cb, int64_t ce) {
 }
 
 static tpurt_status k_bn(void *a, char *err, size_t errlen) {
-  (void)err;
-  (void)errlen;
   const bnplan *p = a;
   bnctx x = {p,
              rk_hv(p->x.ptr),
@@ -915,7 +935,7 @@ static tpurt_status k_bn(void *a, char *err, size_t errlen) {
              p->dy.on ? rk_hv(p->dy.ptr) : NULL,
              p->dx.on ? rk_hv(p->dx.ptr) : NULL,
              vptr(&p->w), vptr(&p->b), vptr(&p->rm), vptr(&p->rv), vptr(&p->smean), vptr(&p->sinv), vptr(&p->dw),
-             vptr(&p->db)};
+             vptr(&p->db), NULL, 0};
   int64_t per = p->N * p->S;
   if (p->groups == 0) {
     tpurt_parallel_for(p->C, 65536 / (per + 1) + 1, p->fwd ? bn_fwd_ch : bn_bwd_ch, &x);
@@ -925,8 +945,18 @@ static tpurt_status k_bn(void *a, char *err, size_t errlen) {
   if (p->y.on) {
     tpurt_parallel_for(items, 65536 / (per_item + 1) + 1, gn_fwd, &x);
   } else {
+    /* the weight and bias gradients from the input gradient's row sums
+     * where both read the rows as vectors (the buffered path adds its
+     * chunks in another order) */
+    if (x.dx && (x.dw || x.db) && t3_vec_rows(&p->x) && t3_vec_rows(&p->dy))
+      x.parts = malloc(sizeof(double) * 2 * (size_t)(p->N * p->C));
     if (x.dx) tpurt_parallel_for(items, 65536 / (per_item + 1) + 1, gn_bwd_dx, &x);
     if (x.dw || x.db) tpurt_parallel_for(p->C, 65536 / (per + 1) + 1, gn_bwd_params, &x);
+    free(x.parts);
+  }
+  if (x.failed) {
+    snprintf(err, errlen, "group_norm_backward: out of host memory");
+    return TPURT_ERR_OUT_OF_MEMORY;
   }
   return TPURT_OK;
 }
