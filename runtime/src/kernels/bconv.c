@@ -738,39 +738,48 @@ typedef struct {
 
 #if defined(__x86_64__) || defined(__i386__)
 #define IP_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
-/* t[8 x 32] = the 8 rows (positions) times slivers b0, b1 (b1 NULL: the
- * right half is not computed) over every tap */
-IP_TARGET static void ip_tile(const uint16_t *const *rows, const int64_t *toff, int64_t kk, int64_t kp,
-                              const uint32_t *b0, const uint32_t *b1, float *t) {
-  __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
+/* The 8 x 32 micro-tile of the in-place kernels: 16 f32 accumulators
+ * (D8_DECL), and D8_LOOP adding KP pairs of the 8 rows R[0..7] (a pair:
+ * one 32-bit load, broadcast) times two 16-column slivers at X0P, X1P (as
+ * bgemm.c's row kernel: per pair 2 loads, 8 broadcasts, 16 dot products). */
+#define D8_DECL                                                                                                   \
+  __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00, \
          c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
-  const uint32_t *bz = b1 ? b1 : b0;
-  for (int64_t tap = 0; tap < kk; tap++) {
-    const uint16_t *r0 = rows[0] + toff[tap], *r1 = rows[1] + toff[tap], *r2 = rows[2] + toff[tap],
-                   *r3 = rows[3] + toff[tap], *r4 = rows[4] + toff[tap], *r5 = rows[5] + toff[tap],
-                   *r6 = rows[6] + toff[tap], *r7 = rows[7] + toff[tap];
-    const uint32_t *x0p = b0 + tap * kp * 16, *x1p = bz + tap * kp * 16;
-#define IP_ROW(i)                                                                  \
+#define D8_ROW(R, i)                                                               \
   {                                                                                \
     uint32_t v_;                                                                   \
-    memcpy(&v_, r##i + 2 * q, 4);                                                  \
+    memcpy(&v_, (R)[i] + 2 * q, 4);                                                \
     __m512bh a_ = (__m512bh)_mm512_set1_epi32((int)v_);                            \
     c##i##0 = _mm512_dpbf16_ps(c##i##0, a_, x0);                                   \
     c##i##1 = _mm512_dpbf16_ps(c##i##1, a_, x1);                                   \
   }
-    _Pragma("GCC unroll 2") for (int64_t q = 0; q < kp; q++) {
-      __m512bh x0 = (__m512bh)_mm512_loadu_si512(x0p + q * 16);
-      __m512bh x1 = (__m512bh)_mm512_loadu_si512(x1p + q * 16);
-      IP_ROW(0) IP_ROW(1) IP_ROW(2) IP_ROW(3) IP_ROW(4) IP_ROW(5) IP_ROW(6) IP_ROW(7)
-    }
-#undef IP_ROW
+#define D8_LOOP(R, X0P, X1P, KP)                                                   \
+  _Pragma("GCC unroll 2") for (int64_t q = 0; q < (KP); q++) {                     \
+    __m512bh x0 = (__m512bh)_mm512_loadu_si512((X0P) + q * 16);                    \
+    __m512bh x1 = (__m512bh)_mm512_loadu_si512((X1P) + q * 16);                    \
+    D8_ROW(R, 0) D8_ROW(R, 1) D8_ROW(R, 2) D8_ROW(R, 3) D8_ROW(R, 4) D8_ROW(R, 5) D8_ROW(R, 6) D8_ROW(R, 7) \
   }
-  _mm512_storeu_ps(t + 0, c00), _mm512_storeu_ps(t + 16, c01), _mm512_storeu_ps(t + 32, c10);
-  _mm512_storeu_ps(t + 48, c11), _mm512_storeu_ps(t + 64, c20), _mm512_storeu_ps(t + 80, c21);
-  _mm512_storeu_ps(t + 96, c30), _mm512_storeu_ps(t + 112, c31), _mm512_storeu_ps(t + 128, c40);
-  _mm512_storeu_ps(t + 144, c41), _mm512_storeu_ps(t + 160, c50), _mm512_storeu_ps(t + 176, c51);
-  _mm512_storeu_ps(t + 192, c60), _mm512_storeu_ps(t + 208, c61), _mm512_storeu_ps(t + 224, c70);
-  _mm512_storeu_ps(t + 240, c71);
+/* t[8 x 32] (+)= the accumulators (ADD: t's values added) */
+#define D8_STORE(t, ADD)                                                                                        \
+  {                                                                                                             \
+    __m512 *acc_[16] = {&c00, &c01, &c10, &c11, &c20, &c21, &c30, &c31, &c40, &c41, &c50, &c51, &c60, &c61, &c70, &c71}; \
+    for (int i_ = 0; i_ < 16; i_++)                                                                             \
+      _mm512_storeu_ps((t) + 16 * i_, (ADD) ? _mm512_add_ps(_mm512_loadu_ps((t) + 16 * i_), *acc_[i_]) : *acc_[i_]); \
+  }
+
+/* t[8 x 32] = the 8 rows (positions) times slivers b0, b1 (b1 NULL: the
+ * right half is not computed) over every tap */
+IP_TARGET static void ip_tile(const uint16_t *const *rows, const int64_t *toff, int64_t kk, int64_t kp,
+                              const uint32_t *b0, const uint32_t *b1, float *t) {
+  D8_DECL
+  const uint32_t *bz = b1 ? b1 : b0;
+  for (int64_t tap = 0; tap < kk; tap++) {
+    const uint16_t *rr[8];
+    for (int i = 0; i < 8; i++) rr[i] = rows[i] + toff[tap];
+    const uint32_t *x0p = b0 + tap * kp * 16, *x1p = bz + tap * kp * 16;
+    D8_LOOP(rr, x0p, x1p, kp)
+  }
+  D8_STORE(t, 0)
 }
 #endif
 
@@ -1167,11 +1176,151 @@ int tpurt__bconv_backward_input(const tpurt_view *dx, const tpurt_view *dy, cons
 
 /* ------------------------------------------------ weight gradient */
 
+/* ------------------------------------------------ weight gradient on patch rows in place
+ *
+ * dw[co, c, tap] = sum over positions of dy[pos, co] x[pixel(pos) + tap, c]:
+ * a product with K = positions, whose pairs (2q, 2q + 1) are two
+ * neighbours of one image — in dy's [n, co, h, w] rows one 32-bit load (8
+ * output channels broadcast, as in bgemm.c's row kernel) — and whose
+ * columns (tap, 32 channels) are the two positions' channel runs in the
+ * channels-last planes of x, interleaved into pairs (one permute per 16
+ * channels) into a panel of up to IW_KC positions. A task takes 128
+ * output and 32 input channels at every tap; its sums stay in the
+ * thread's f32 buffer over the panels, then go to dw with one rounding.
+ * Small images (<= 64 positions: the f32 path before, the column space
+ * wastes columns there); images of an even number of positions, channels
+ * in 32s, dy rows unit-stride. Paired in one process (tpurt_bench_ab, Zen
+ * 5, 3 x 3, new / f32 path): N 16, 128 at 8^2 1.52x, 256 at 4^2 1.21x,
+ * 64 -> 128 s2 at 16^2 1.51x, 128 -> 256 s2 at 8^2 1.24x; N 64, 128 at 8^2
+ * 1.44x, 256 -> 128 at 4^2 1.71x. The
+ * zero padding is multiplied by dy, as on the f32 path (an Inf in dy gives
+ * NaN at the taps that meet it only in the padding, as CPU's float64 and
+ * bf16 convolutions do; CPU's float32 one skips the padding). */
+#define IW_KC 2048 /* positions of a panel (whole images) */
+typedef struct {
+  const pgeom *g;
+  const uint16_t *dy;
+  int64_t d_n, d_c, P, Co, N, ncb, ipc; /* ipc: images a panel */
+  int64_t toff[IP_MAX_TAPS];
+  uint16_t *dw;
+  int64_t w_o, w_c, w_r, w_s;
+  _Atomic int failed;
+} iwjob;
+
+#if defined(__x86_64__) || defined(__i386__)
+/* t[8 x 32] (+)= dy rows co0.. (8; past Co the last) of images [n0, n1)
+ * times the panel's slivers b0, b1 (pairs of positions, image after image) */
+IP_TARGET static void iw_tile(const iwjob *j, int64_t co0, int64_t n0, int64_t n1, const uint32_t *b0,
+                              const uint32_t *b1, float *t, int add) {
+  D8_DECL
+  int64_t kp = j->P / 2;
+  const uint16_t *r[8], *rr[8];
+  for (int i = 0; i < 8; i++) r[i] = j->dy + (co0 + i < j->Co ? co0 + i : j->Co - 1) * j->d_c;
+  for (int64_t n = n0; n < n1; n++) {
+    for (int i = 0; i < 8; i++) rr[i] = r[i] + n * j->d_n;
+    const uint32_t *x0p = b0 + (n - n0) * kp * 16, *x1p = b1 + (n - n0) * kp * 16;
+    D8_LOOP(rr, x0p, x1p, kp)
+  }
+  D8_STORE(t, add)
+}
+#endif
+
+/* Tasks [b, e): output channels 128 (u / ncb).. x input channels 32 (u %
+ * ncb).., every tap: a task writes whole runs of dw (co, its 32 channels,
+ * every tap), which no other task touches (tasks by tap wrote 32 scattered
+ * elements of every one of dw's lines, each line from every tap's task:
+ * the two threads took the lines from each other) */
+#define IW_CO 128
+static void iw_tasks(void *p, int64_t b, int64_t e) {
+#if defined(__x86_64__) || defined(__i386__)
+  iwjob *j = p;
+  const pgeom *g = j->g;
+  int64_t kk = g->kh * g->kw, panel = (j->ipc < j->N ? j->ipc : j->N) * j->P;
+  /* the thread's accumulators [tap][64 co][32] and panel, kept between
+   * calls (a malloc of this size each call was an mmap and page faults) */
+  size_t abytes = ((size_t)(kk * IW_CO * 32) * 4 + 63) & ~(size_t)63;
+  char *mem = tpurt__bgemm_thread_buf(abytes + (size_t)(panel / 2 * 32) * 4);
+  if (!mem) {
+    j->failed = 1;
+    return;
+  }
+  float *acc = (float *)mem;
+  uint32_t *b0 = (uint32_t *)(mem + abytes), *b1 = b0 + panel / 2 * 16;
+  for (int64_t u = b; u < e; u++) {
+    int64_t co0 = IW_CO * (u / j->ncb), c0 = 32 * (u % j->ncb), nco = j->Co - co0 < IW_CO ? j->Co - co0 : IW_CO;
+    for (int64_t n0 = 0; n0 < j->N; n0 += j->ipc) {
+      int64_t n1 = n0 + j->ipc < j->N ? n0 + j->ipc : j->N;
+      for (int64_t t = 0; t < kk; t++) {
+        /* the panel: position pairs of images n0..n1, 32 channels at tap t */
+        for (int64_t pos = n0 * j->P, q = 0; pos < n1 * j->P; pos += 2, q++) {
+          const uint16_t *x2[2];
+          for (int h = 0; h < 2; h++) {
+            int64_t ps = pos + h, n = ps / j->P, l = ps % j->P, oh = l / g->Wo, ow = l % g->Wo;
+            x2[h] = g->xn + ((n * g->hp + oh * g->sh) * g->wp + ow * g->sw) * g->C + j->toff[t] + c0;
+          }
+          interleave16(b0 + q * 16, x2[0], x2[1]);
+          interleave16(b1 + q * 16, x2[0] + 16, x2[1] + 16);
+        }
+        for (int64_t r = 0; r < nco; r += 8) iw_tile(j, co0 + r, n0, n1, b0, b1, acc + (t * IW_CO + r) * 32, n0 > 0);
+      }
+    }
+    int64_t woff[IP_MAX_TAPS];
+    for (int64_t t = 0; t < kk; t++) woff[t] = t / g->kw * j->w_r + t % g->kw * j->w_s;
+    for (int64_t co = 0; co < nco; co++)
+      for (int64_t c = 0; c < 32; c++) {
+        uint16_t *o = j->dw + (co0 + co) * j->w_o + (c0 + c) * j->w_c;
+        const float *a = acc + co * 32 + c;
+        for (int64_t t = 0; t < kk; t++) o[woff[t]] = tpurt__f32_to_bf16(a[t * IW_CO * 32]);
+      }
+  }
+#else
+  (void)p, (void)b, (void)e;
+#endif
+}
+
+/* Should a weight gradient run on patch rows in place: the dot products,
+ * one group, channels in 32s, an even number of positions an image and
+ * small images (<= 64 positions: the f32 path before),
+ * TORCH_TPU_CONV_PATCH=implicit wherever it can run, =0 / =1 never. */
+static int iw_worth(int64_t G, int64_t C, int64_t kk, int64_t P, const tpurt_view *dy) {
+  if (tpurt__bgemm_amx() || !tpurt__cpu_avx512_bf16() || G != 1 || C % 32 || P % 2 || kk > IP_MAX_TAPS ||
+      dy->strides[4] != 1 || dy->strides[3] != dy->sizes[4])
+    return 0;
+  const char *e = getenv("TORCH_TPU_CONV_PATCH");
+  if (e && (*e == '0' || *e == '1')) return 0;
+  if (e && !strcmp(e, "implicit")) return 1;
+  return P <= 64;
+}
+
+static int iw_pass(const tpurt_view *dwv, const tpurt_view *dy, const tpurt_view *x, const tpurt_conv3d_params *p) {
+  int64_t N = x->sizes[0], Co = dy->sizes[1], Ho = dy->sizes[3], Wo = dy->sizes[4], kh = dwv->sizes[3],
+          kw = dwv->sizes[4], P = Ho * Wo, kk = kh * kw;
+  int64_t sh = p->stride[1], sw = p->stride[2], dh = p->dilation[1], dw = p->dilation[2];
+  pgeom pg = {NULL, 0, 0, 0, Ho, Wo, kh, kw, sh, sw, dh, dw, 0};
+  if (patch_nhwc(&pg, x, p->padding[1], p->padding[2], (Ho - 1) * sh + (kh - 1) * dh + 1,
+                 (Wo - 1) * sw + (kw - 1) * dw + 1) != 0)
+    return 0;
+  iwjob j;
+  memset(&j, 0, sizeof j);
+  j.g = &pg, j.dy = hv(dy->ptr), j.d_n = dy->strides[0], j.d_c = dy->strides[1], j.P = P, j.Co = Co, j.N = N;
+  j.ncb = pg.C / 32;
+  j.ipc = IW_KC / P > 0 ? IW_KC / P : 1;
+  for (int64_t t = 0; t < kk; t++) j.toff[t] = ((t / kw) * dh * pg.wp + (t % kw) * dw) * pg.C;
+  j.dw = hv(dwv->ptr), j.w_o = dwv->strides[0], j.w_c = dwv->strides[1], j.w_r = dwv->strides[3],
+  j.w_s = dwv->strides[4];
+  tpurt_parallel_for((Co + IW_CO - 1) / IW_CO * j.ncb, 1, iw_tasks, &j);
+  if (j.failed) return 0; /* the f32 path rewrites the whole output */
+  atomic_fetch_add(&g_passes, 1);
+  atomic_fetch_add(&g_ip_passes, 1);
+  return 1;
+}
+
 int tpurt__bconv_backward_weight(const tpurt_view *dwv, const tpurt_view *dy, const tpurt_view *x,
                                  const tpurt_conv3d_params *p) {
   int64_t N = x->sizes[0], Ci = x->sizes[1];
   int64_t Co = dy->sizes[1], Ho = dy->sizes[3], Wo = dy->sizes[4], kh = dwv->sizes[3], kw = dwv->sizes[4];
   int64_t G = p->groups, Cig = Ci / G, Cog = Co / G, kk = kh * kw, Kd = Cig * kk;
+  if (iw_worth(G, Ci, kk, Ho * Wo, dy)) return iw_pass(dwv, dy, x, p);
   planes g;
   plan_images(&g, x, Ho, Wo, kh, kw, p);
   if (!dot_worth(N * Co * Ho * Wo * Kd, Ho * Wo, g.lp, 1)) return 0;

@@ -390,6 +390,10 @@ static void *buf(size_t bytes) {
   return t_buf.p;
 }
 
+/* The calling thread's buffer for kernels that run no bf16 product while
+ * they hold it (bconv.c's weight-gradient tasks on pool threads). */
+void *tpurt__bgemm_thread_buf(size_t bytes) { return buf(bytes); }
+
 /* ------------------------------------------------------ macro-kernel */
 
 typedef struct {

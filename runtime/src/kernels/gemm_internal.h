@@ -9,6 +9,9 @@ TPURT_INTERNAL void tpurt__gemm_lib_init(void);
 /* Per-thread buffer `slot` (0..8) of at least `bytes`; slots 6, 7 belong to tpurt__sgemm, 8 to the
  * elementwise interpreter's register blocks. */
 TPURT_INTERNAL void *tpurt__scratch(int slot, size_t bytes);
+/* bgemm.c's grow-only buffer of the calling thread (64-byte aligned; NULL
+ * when out of memory) for a kernel that runs no bf16 product meanwhile. */
+TPURT_INTERNAL void *tpurt__bgemm_thread_buf(size_t bytes);
 TPURT_INTERNAL void tpurt__scratch_trim(void);
 /* rows x cols strided matrix -> row-major f32; mode 0 plain, 1 bf16-rounded,
  * 2 HIGH split of a left operand ([hi|hi|lo], ld 3*cols), 3 HIGH split of a
