@@ -96,12 +96,21 @@ int tpurt_devptr_device(tpurt_devptr p) {
   return (int)d;
 }
 
+/* NULL for an address that names no chip — a promise with no memory yet
+ * (or no longer): the foreach chains of a deferred optimizer step translate
+ * every slot of a record, and one of them can be such a promise (seen in
+ * test_defer's cached training loop); the chip index read from it was far
+ * past g_mem, a read that faulted whenever nothing happened to be mapped
+ * there (a segfault on the stream worker in one CI run). A kernel that
+ * dereferenced the result now faults at NULL instead of reading another
+ * library's memory. */
 void *tpurt__host_view(tpurt_devptr p) {
   if (__builtin_expect(tpurt__is_promise(p), 0)) {
     tpurt__promise *q = tpurt__promise_get(tpurt__promise_id(p));
-    p = atomic_load_explicit(&q->real, memory_order_acquire) + (p & TPURT_PROMISE_OFFMASK);
+    p = (q ? atomic_load_explicit(&q->real, memory_order_acquire) : 0) + (p & TPURT_PROMISE_OFFMASK);
   }
-  int d = (int)((p - TPURT_DEVPTR_BASE) >> TPURT_DEVPTR_SHIFT);
+  uint64_t d = (p - TPURT_DEVPTR_BASE) >> TPURT_DEVPTR_SHIFT;
+  if (__builtin_expect(d >= TPURT_MAX_DEVICES, 0)) return NULL;
   unsigned char *b = atomic_load_explicit(&g_mem[d].base, memory_order_acquire);
   return b + tpurt__devptr_offset(p);
 }
