@@ -783,6 +783,23 @@ IP_TARGET static void ip_tile(const uint16_t *const *rows, const int64_t *toff, 
 }
 #endif
 
+#if defined(__x86_64__) || defined(__i386__)
+/* The tile's 8 positions are 8 neighbours of one output row (unit stride):
+ * per output channel c < nc, o[c oc + 0..7] = bf16(t[i 32 + c] + bias[c]) —
+ * one gather of the 8 sums and one 16-byte store instead of 8 scalar
+ * conversions (the stores took a third of a 32-channel pass's time) */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void ip_store8(const float *t, uint16_t *o, int64_t oc,
+                                                                       int64_t nc, const float *bias) {
+  const __m256i idx = _mm256_setr_epi32(0, 32, 64, 96, 128, 160, 192, 224);
+  for (int64_t c = 0; c < nc; c++) {
+    __m256 v = _mm256_i32gather_ps(t + c, idx, 4);
+    if (bias) v = _mm256_add_ps(v, _mm256_set1_ps(bias[c]));
+    __m512i h = rne_bf16(_mm512_castps256_ps512(v));
+    _mm_storeu_si128((__m128i *)(o + c * oc), _mm256_cvtepi32_epi16(_mm512_castsi512_si256(h)));
+  }
+}
+#endif
+
 /* Task: positions [u / ncb * pb, +pb) x output channels of 32-block u % ncb */
 static void ip_tasks(void *p, int64_t b, int64_t e) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -804,6 +821,10 @@ static void ip_tasks(void *p, int64_t b, int64_t e) {
       }
       ip_tile(rows, j->toff, j->kk, j->kp, b0, b1, t);
       int m = p1 - r < 8 ? (int)(p1 - r) : 8;
+      if (m == 8 && pos[7] - pos[0] == 7 * j->o_w && j->o_w == 1) {
+        ip_store8(t, j->y + pos[0] + c0 * j->o_c, j->o_c, nc, j->bias ? j->bias + c0 : NULL);
+        continue;
+      }
       for (int64_t c = 0; c < nc; c++) {
         float bv = j->bias ? j->bias[c0 + c] : 0.0f;
         uint16_t *o = j->y + (c0 + c) * j->o_c;
