@@ -97,14 +97,12 @@ int tpurt_devptr_device(tpurt_devptr p) {
 }
 
 /* NULL for an address that names no chip — a promise with no memory: the
- * foreach chains of a deferred optimizer step (optim.c, walk) translate
- * every slot of a record, also a temporary the chain neither loads nor
- * stores (its store dropped, tpurt__fe_chain_drop_store: the plan gives it
- * no memory; seen in test_defer's cached training loop). The chip index
- * read from such an address was far past g_mem, a read that faulted
- * whenever nothing happened to be mapped there (a segfault on the stream
- * worker in one CI run). A kernel that dereferenced the result would now
- * fault at NULL instead of reading another library's memory. */
+ * chip index read from such an address was far past g_mem, a read that
+ * faulted whenever nothing happened to be mapped there (a segfault on the
+ * stream worker in one CI run: the foreach chains of a deferred optimizer
+ * step translated a temporary the plan gives no memory, which they now
+ * skip, optim.c k_fe_chain). A kernel that dereferenced such a result
+ * would fault at NULL instead of reading another library's memory. */
 void *tpurt__host_view(tpurt_devptr p) {
   if (__builtin_expect(tpurt__is_promise(p), 0)) {
     tpurt__promise *q = tpurt__promise_get(tpurt__promise_id(p));

@@ -682,21 +682,19 @@ typedef struct {
 static void patch_weight_cols(void *p, int64_t ub, int64_t ue) {
   const pw_job *j = p;
   int64_t kk = j->kh * j->kw, A = j->A, B = j->B;
-  int64_t toff[64];
-  for (int64_t t = 0; t < kk && t < 64; t++) toff[t] = t / j->kw * j->s3 + t % j->kw * j->s4;
   for (int64_t u = ub; u < ue; u++) {
     int64_t c0 = 16 * u, c1 = c0 + 16 < (j->flip ? A : B) ? c0 + 16 : (j->flip ? A : B);
     if (!j->flip) {
       for (int64_t a = 0; a < A; a++)
         for (int64_t t = 0; t < kk; t++) {
-          const uint16_t *src = j->wv + a * j->s1 + (t < 64 ? toff[t] : t / j->kw * j->s3 + t % j->kw * j->s4);
+          const uint16_t *src = j->wv + a * j->s1 + t / j->kw * j->s3 + t % j->kw * j->s4;
           uint16_t *d = j->wt + (t * A + a) * B;
           for (int64_t b = c0; b < c1; b++) d[b] = src[b * j->s0];
         }
     } else {
       for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < kk; t++) {
-          const uint16_t *src = j->wv + b * j->s0 + (t < 64 ? toff[t] : t / j->kw * j->s3 + t % j->kw * j->s4);
+          const uint16_t *src = j->wv + b * j->s0 + t / j->kw * j->s3 + t % j->kw * j->s4;
           uint16_t *d = j->wt + ((kk - 1 - t) * B + b) * A;
           for (int64_t a = c0; a < c1; a++) d[a] = src[a * j->s1];
         }
@@ -821,7 +819,7 @@ static void ip_tasks(void *p, int64_t b, int64_t e) {
       }
       ip_tile(rows, j->toff, j->kk, j->kp, b0, b1, t);
       int m = p1 - r < 8 ? (int)(p1 - r) : 8;
-      if (m == 8 && pos[7] - pos[0] == 7 * j->o_w && j->o_w == 1) {
+      if (m == 8 && j->o_w == 1 && pos[7] - pos[0] == 7) {
         ip_store8(t, j->y + pos[0] + c0 * j->o_c, j->o_c, nc, j->bias ? j->bias + c0 : NULL);
         continue;
       }
@@ -901,12 +899,18 @@ static int ip_run(const pgeom *g, int64_t N, const uint16_t *wt, int64_t ntaps, 
   return 1;
 }
 
+/* toff[t] = the offset (elements) of tap t = (r, s) of the kernel in the
+ * planes of g: (r dh, s dw) pixels */
+static void ip_tap_offsets(const pgeom *g, int64_t *toff) {
+  for (int64_t t = 0; t < g->kh * g->kw; t++) toff[t] = ((t / g->kw) * g->dh * g->wp + (t % g->kw) * g->dw) * g->C;
+}
+
 /* out = the pass on implicit patch rows, taps (r, s) of the kernel at
  * (r dh, s dw) of the planes. */
 static int ip_forward(const pgeom *g, int64_t N, const uint16_t *wt, int64_t cout, const float *bias,
                       const tpurt_view *y) {
   int64_t kk = g->kh * g->kw, toff[IP_MAX_TAPS];
-  for (int64_t t = 0; t < kk; t++) toff[t] = ((t / g->kw) * g->dh * g->wp + (t % g->kw) * g->dw) * g->C;
+  ip_tap_offsets(g, toff);
   return ip_run(g, N, wt, kk, toff, cout, bias, (uint16_t *)hv(y->ptr), y->strides[0], y->strides[1], y->strides[3],
                 y->strides[4]);
 }
@@ -947,13 +951,22 @@ static int patch_pass(const tpurt_view *out, const tpurt_view *src, const tpurt_
  * TORCH_TPU_CONV_PATCH=0 / 1 / implicit: never / copied rows wherever they
  * can run / rows in place wherever they can run, else copied (tests,
  * measurements). */
+enum { PATCH_RULE, PATCH_NEVER, PATCH_COPIED, PATCH_IMPLICIT };
+/* TORCH_TPU_CONV_PATCH: unset (the shape rules), 0, 1 or implicit */
+static int patch_env(void) {
+  const char *e = getenv("TORCH_TPU_CONV_PATCH");
+  if (!e || !*e) return PATCH_RULE;
+  if (*e == '0') return PATCH_NEVER;
+  if (*e == '1') return PATCH_COPIED;
+  return strcmp(e, "implicit") ? PATCH_RULE : PATCH_IMPLICIT;
+}
+
 static int patch_worth(int64_t G, int64_t cin, int64_t kk, int unit, int64_t kept, int64_t computed, int64_t macs) {
   if (tpurt__bgemm_amx() || G != 1 || cin < 32) return 0;
-  int ip = ip_applies(cin, kk);
-  const char *e = getenv("TORCH_TPU_CONV_PATCH");
-  if (e && *e == '0') return 0;
-  if (e && *e == '1') return 1;
-  if (e && !strcmp(e, "implicit")) return ip ? 2 : 1;
+  int ip = ip_applies(cin, kk), env = patch_env();
+  if (env == PATCH_NEVER) return 0;
+  if (env == PATCH_COPIED) return 1;
+  if (env == PATCH_IMPLICIT) return ip ? 2 : 1;
   if (4 * kept < 3 * computed || kept <= 64) return 1;
   if (ip && unit && (!dot_worth(macs, kept, computed, 0) || (cin >= 96 && kept <= 256))) return 2;
   return 0;
@@ -966,10 +979,8 @@ static int patch_worth(int64_t G, int64_t cin, int64_t kk, int unit, int64_t kep
  * wherever it can run. */
 static int ip_strided_worth(int64_t G, int64_t cdy, int64_t kk, int dot) {
   if (tpurt__bgemm_amx() || G != 1 || cdy < 32 || !ip_applies(cdy, kk)) return 0;
-  const char *e = getenv("TORCH_TPU_CONV_PATCH");
-  if (e && (*e == '0' || *e == '1')) return 0;
-  if (e && !strcmp(e, "implicit")) return 1;
-  return !dot;
+  int env = patch_env();
+  return env == PATCH_IMPLICIT || (env == PATCH_RULE && !dot);
 }
 
 /* ------------------------------------------------ forward */
@@ -1257,7 +1268,7 @@ static void iw_tasks(void *p, int64_t b, int64_t e) {
   iwjob *j = p;
   const pgeom *g = j->g;
   int64_t kk = g->kh * g->kw, panel = (j->ipc < j->N ? j->ipc : j->N) * j->P;
-  /* the thread's accumulators [tap][64 co][32] and panel, kept between
+  /* the thread's accumulators [tap][IW_CO co][32] and panel, kept between
    * calls (a malloc of this size each call was an mmap and page faults) */
   size_t abytes = ((size_t)(kk * IW_CO * 32) * 4 + 63) & ~(size_t)63;
   char *mem = tpurt__bgemm_thread_buf(abytes + (size_t)(panel / 2 * 32) * 4);
@@ -1307,15 +1318,13 @@ static int iw_worth(int64_t G, int64_t C, int64_t kk, int64_t P, const tpurt_vie
   if (tpurt__bgemm_amx() || !tpurt__cpu_avx512_bf16() || G != 1 || C % 32 || P % 2 || kk > IP_MAX_TAPS ||
       dy->strides[4] != 1 || dy->strides[3] != dy->sizes[4])
     return 0;
-  const char *e = getenv("TORCH_TPU_CONV_PATCH");
-  if (e && (*e == '0' || *e == '1')) return 0;
-  if (e && !strcmp(e, "implicit")) return 1;
-  return P <= 64;
+  int env = patch_env();
+  return env == PATCH_IMPLICIT || (env == PATCH_RULE && P <= 64);
 }
 
 static int iw_pass(const tpurt_view *dwv, const tpurt_view *dy, const tpurt_view *x, const tpurt_conv3d_params *p) {
   int64_t N = x->sizes[0], Co = dy->sizes[1], Ho = dy->sizes[3], Wo = dy->sizes[4], kh = dwv->sizes[3],
-          kw = dwv->sizes[4], P = Ho * Wo, kk = kh * kw;
+          kw = dwv->sizes[4], P = Ho * Wo;
   int64_t sh = p->stride[1], sw = p->stride[2], dh = p->dilation[1], dw = p->dilation[2];
   pgeom pg = {NULL, 0, 0, 0, Ho, Wo, kh, kw, sh, sw, dh, dw, 0};
   if (patch_nhwc(&pg, x, p->padding[1], p->padding[2], (Ho - 1) * sh + (kh - 1) * dh + 1,
@@ -1326,7 +1335,7 @@ static int iw_pass(const tpurt_view *dwv, const tpurt_view *dy, const tpurt_view
   j.g = &pg, j.dy = hv(dy->ptr), j.d_n = dy->strides[0], j.d_c = dy->strides[1], j.P = P, j.Co = Co, j.N = N;
   j.ncb = pg.C / 32;
   j.ipc = IW_KC / P > 0 ? IW_KC / P : 1;
-  for (int64_t t = 0; t < kk; t++) j.toff[t] = ((t / kw) * dh * pg.wp + (t % kw) * dw) * pg.C;
+  ip_tap_offsets(&pg, j.toff);
   j.dw = hv(dwv->ptr), j.w_o = dwv->strides[0], j.w_c = dwv->strides[1], j.w_r = dwv->strides[3],
   j.w_s = dwv->strides[4];
   tpurt_parallel_for((Co + IW_CO - 1) / IW_CO * j.ncb, 1, iw_tasks, &j);

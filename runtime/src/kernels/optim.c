@@ -326,7 +326,7 @@ static void walk(const int64_t *rec, int nops, int t, int64_t b, int64_t e, bloc
   int dts[MAXOPS];
   int64_t inner[MAXOPS];
   for (int o = 0; o < nops; o++) {
-    base[o] = tpurt__host_view((tpurt_devptr)rec[2 + o]);
+    base[o] = rec[2 + o] ? tpurt__host_view((tpurt_devptr)rec[2 + o]) : NULL; /* 0: a chain slot without memory */
     dts[o] = (int)rec[2 + nops + o];
     inner[o] = strd[o * nd + nd - 1];
   }
@@ -1126,7 +1126,9 @@ static tpurt_status k_fe_chain(void *a, char *err, size_t errlen) {
       const chain_slot *S = &r.x.slots[r.x.sbeg[t] + s];
       const blob *b = (const blob *)(const void *)((const unsigned char *)a + off[S->m]);
       const int64_t *rs = rec_of(b, t);
-      q[2 + s] = rs[2 + S->o];
+      /* a temporary the chain neither loads nor stores (its store dropped)
+       * has no memory: 0, not translated (walk) */
+      q[2 + s] = S->flags & (SLOT_LOAD | SLOT_STORE) ? rs[2 + S->o] : 0;
       q[2 + ns + s] = rs[2 + b->nops + S->o];
       memcpy(q + 2 + 2 * ns + nd + s * nd, rs + 2 + 2 * b->nops + nd + S->o * nd, sizeof(int64_t) * (size_t)nd);
     }
