@@ -554,3 +554,44 @@ def test_group_norm_weight_gradient_same_bits_with_or_without_input_gradient(dty
     for k in range(3):
         close(full[k], want[k], TOL[dtype] if dtype == torch.bfloat16 else 1e-4)
     no_family_fallback()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("shape,G", [((2, 160, 11, 13), 2), ((3, 8, 2, 8), 4), ((2, 4, 64, 3), 2)])
+def test_batch_and_group_norm_of_offset_data_match_float64(dtype, shape, G):
+    # statistics of data far from zero (mean 300, std 1) against the float64
+    # computation: one-pass moments keep them to float64 precision as two
+    # passes do; rows of 143 elements (four-way blocks, the rotating sets, a
+    # tail), of 16 (one short row), of 192 (whole blocks), groups of 80
+    # channels (normalized and differentiated in two channel blocks)
+    N, C = shape[:2]
+    HW = shape[2] * shape[3]
+    x = (sample(shape, torch.float64) + 300).to(dtype)
+    g = sample(shape, torch.float64, 5).to(dtype)
+    w, b = sample((C,), torch.float64, 1).to(dtype), sample((C,), torch.float64, 2).to(dtype)
+    xd, gd, wd, bd = x.double(), g.double(), w.double(), b.double()
+    y, mean, rstd = torch.ops.aten.native_group_norm(x.to(DEV), w.to(DEV), b.to(DEV), N, C, HW, G, 1e-5)
+    yd, md, rd = torch.ops.aten.native_group_norm(xd, wd, bd, N, C, HW, G, 1e-5)
+    # (statistics come out in the input's dtype: bf16 ones to its rounding)
+    stat_tol = {torch.float32: 1e-6, torch.bfloat16: 2.0 ** -8, torch.float64: 1e-12}[dtype]
+    # the statistics of the same (rounded) inputs, to the output's rounding
+    assert torch.allclose(mean.cpu().double(), md, rtol=stat_tol, atol=0)
+    assert torch.allclose(rstd.cpu().double(), rd, rtol=stat_tol * 10, atol=0)
+    out_tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float64: 1e-10}[dtype]
+    torch.testing.assert_close(y.cpu().double(), yd, rtol=out_tol, atol=out_tol)
+    gt = torch.ops.aten.native_group_norm_backward(g.to(DEV), x.to(DEV), mean, rstd, w.to(DEV), N, C, HW, G,
+                                                  [True, True, True])
+    # (from the statistics the device gave, checked above: bf16 ones are rounded)
+    gw = torch.ops.aten.native_group_norm_backward(gd, xd, mean.cpu().double(), rstd.cpu().double(), wd, N, C, HW, G,
+                                                  [True, True, True])
+    for k in range(3):
+        scale = gw[k].abs().max().item()
+        torch.testing.assert_close(gt[k].cpu().double(), gw[k], rtol=out_tol * 4, atol=out_tol * 4 * scale)
+    yb, bm, bi = torch.ops.aten.native_batch_norm(x.to(DEV), w.to(DEV), b.to(DEV), None, None, True, 0.1, 1e-5)
+    ybd, bmd, bid = torch.ops.aten.native_batch_norm(xd, wd, bd, None, None, True, 0.1, 1e-5)
+    assert torch.allclose(bm.cpu().double(), bmd, rtol=stat_tol, atol=0)
+    assert torch.allclose(bi.cpu().double(), bid, rtol=stat_tol * 10, atol=0)
+    # f32 batch norm normalizes with the f32 mean (as CPU does): |mean| * 2^-24 * rstd more
+    bn_tol = out_tol + (300 * 2.0 ** -23 if dtype == torch.float32 else 0)
+    torch.testing.assert_close(yb.cpu().double(), ybd, rtol=out_tol, atol=bn_tol)
+    no_family_fallback()

@@ -12,6 +12,10 @@
  *                                            to CO channels, K x K kernel, stride S, padding
  *                                            K / 2; PASS 0 forward, 1 input gradient,
  *                                            2 weight gradient)
+ *     KERNEL groupnorm: SHAPE N,C,S,G,PASS[,bf16] (f32 — or bf16 — group norm of N samples of C
+ *                                            channels of S elements in G groups, weight and
+ *                                            bias; PASS 0 forward, 1 backward: input, weight
+ *                                            and bias gradients)
  *
  * On a shared host the speed of the machine moves by tens of percent
  * between (and within) processes, so two builds timed in separate runs
@@ -57,6 +61,11 @@ typedef struct {
                              const tpurt_view *, const tpurt_view *, const tpurt_view *, int, double, int);
   tpurt_status (*conv[3])(tpurt_stream *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
                           const tpurt_view *, const tpurt_conv_params *, tpurt_precision);
+  tpurt_status (*group_norm)(tpurt_stream *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
+                             const tpurt_view *, const tpurt_view *, const tpurt_view *, int, double);
+  tpurt_status (*group_norm_bwd)(tpurt_stream *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
+                                 const tpurt_view *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
+                                 const tpurt_view *, int);
   tpurt_status (*elementwise)(tpurt_stream *, const tpurt_ew_program *, const tpurt_view *, const tpurt_view *, int,
                                const double *, int);
   const char *(*op_name)(tpurt_ew_op);
@@ -108,6 +117,8 @@ static void load(build *b, const char *path) {
   *(void **)&b->softmax = sym(b, "tpurt_softmax");
   *(void **)&b->layer_norm = sym(b, "tpurt_layer_norm");
   *(void **)&b->elementwise = sym(b, "tpurt_elementwise");
+  *(void **)&b->group_norm = sym(b, "tpurt_group_norm");
+  *(void **)&b->group_norm_bwd = sym(b, "tpurt_group_norm_backward");
   *(void **)&b->conv[0] = sym(b, "tpurt_conv2d");
   *(void **)&b->conv[1] = sym(b, "tpurt_conv2d_backward_input");
   *(void **)&b->conv[2] = sym(b, "tpurt_conv2d_backward_weight");
@@ -139,15 +150,16 @@ static tpurt_view view4(tpurt_devptr p, int64_t n, int64_t c, int64_t h, int64_t
   return v;
 }
 
-enum { K_GEMM, K_SOFTMAX, K_LAYERNORM, K_EW, K_CONV };
+enum { K_GEMM, K_SOFTMAX, K_LAYERNORM, K_EW, K_CONV, K_GROUPNORM };
 typedef struct {
   int kind, nset, bf16; /* gemm: bf16 operands and result */
   int64_t M, N, K, nb; /* softmax, layernorm, ew: M rows of K */
-  int64_t cv[7];       /* conv: N, C, HW, CO, K, S, pass */
+  int64_t cv[7];       /* conv: N, C, HW, CO, K, S, pass; groupnorm: N, C, S, G, pass */
   tpurt_ew_program prog; /* ew: load inputs, the op, out of its register */
   int nin;
   tpurt_devptr a[MAX_ROTATE], b[MAX_ROTATE], c[MAX_ROTATE];
   tpurt_view va[MAX_ROTATE], vb[MAX_ROTATE], vc[MAX_ROTATE];
+  tpurt_devptr stats[MAX_ROTATE], par[MAX_ROTATE]; /* groupnorm: mean and rstd; w, b, dw, db */
 } work;
 
 static tpurt_devptr upload(build *b, size_t n, unsigned mul) {
@@ -178,9 +190,38 @@ static tpurt_devptr upload_bf16(build *b, size_t n, unsigned mul) {
   return d;
 }
 
+/* a dense 1-D f32 view of n elements at element off of p */
+static tpurt_view view1(tpurt_devptr p, int64_t off, int64_t n) {
+  tpurt_view v = view3(p + (tpurt_devptr)off * sizeof(float), 1, 1, n);
+  v.ndim = 1;
+  v.sizes[0] = n, v.strides[0] = 1;
+  return v;
+}
+
+/* groupnorm views of set i: the statistics and the four parameter vectors */
+static void gn_views(const work *w, int i, tpurt_view *mean, tpurt_view *rstd, tpurt_view *par) {
+  int64_t ng = w->cv[0] * w->cv[3], c = w->cv[1];
+  *mean = view1(w->stats[i], 0, ng), *rstd = view1(w->stats[i], ng, ng);
+  for (int k = 0; k < 4; k++) par[k] = view1(w->par[i], k * c, c);
+}
+
 static void setup(build *b, work *w) {
   for (int i = 0; i < w->nset; i++) {
-    if (w->kind == K_CONV) { /* a: x, b: w, c: y */
+    if (w->kind == K_GROUPNORM) { /* a: x, b: dy, c: y or dx */
+      const int64_t *g = w->cv;
+      tpurt_devptr (*up)(build *, size_t, unsigned) = w->bf16 ? upload_bf16 : upload;
+      size_t n = (size_t)(g[0] * g[1] * g[2]);
+      w->a[i] = up(b, n, 7), w->b[i] = up(b, n, 5), w->c[i] = up(b, n, 3);
+      w->va[i] = view3(w->a[i], g[0], g[1], g[2]);
+      w->vb[i] = view3(w->b[i], g[0], g[1], g[2]);
+      w->vc[i] = view3(w->c[i], g[0], g[1], g[2]);
+      if (w->bf16) w->va[i].dtype = w->vb[i].dtype = w->vc[i].dtype = TPURT_BF16;
+      w->stats[i] = upload(b, (size_t)(2 * g[0] * g[3]), 1);
+      w->par[i] = upload(b, (size_t)(4 * g[1]), 11);
+      tpurt_view m, r, par[4];
+      gn_views(w, i, &m, &r, par);
+      ck(b, b->group_norm(b->s, &w->vc[i], &m, &r, &w->va[i], &par[0], &par[1], (int)g[3], 1e-5));
+    } else if (w->kind == K_CONV) { /* a: x, b: w, c: y */
       const int64_t *g = w->cv, ho = (g[2] + 2 * (g[4] / 2) - g[4]) / g[5] + 1;
       tpurt_devptr (*up)(build *, size_t, unsigned) = w->bf16 ? upload_bf16 : upload;
       w->a[i] = up(b, (size_t)(g[0] * g[1] * g[2] * g[2]), 7);
@@ -213,7 +254,15 @@ static void setup(build *b, work *w) {
 /* call q of a sample: operand set q % nset */
 static void run(build *b, const work *w, int q) {
   int i = q % w->nset;
-  if (w->kind == K_CONV) {
+  if (w->kind == K_GROUPNORM) {
+    tpurt_view m, r, par[4];
+    gn_views(w, i, &m, &r, par);
+    if (w->cv[4] == 0)
+      ck(b, b->group_norm(b->s, &w->vc[i], &m, &r, &w->va[i], &par[0], &par[1], (int)w->cv[3], 1e-5));
+    else
+      ck(b, b->group_norm_bwd(b->s, &w->vc[i], &par[2], &par[3], &w->vb[i], &w->va[i], &m, &r, &par[0],
+                              (int)w->cv[3]));
+  } else if (w->kind == K_CONV) {
     int64_t k = w->cv[4], st = w->cv[5];
     tpurt_conv_params p = {{st, st}, {k / 2, k / 2}, {1, 1}, 1};
     const tpurt_view *x = &w->va[i], *wt = &w->vb[i], *y = &w->vc[i];
@@ -239,6 +288,7 @@ static void teardown(build *b, work *w) {
     b->free_(w->a[i]);
     if (w->b[i]) b->free_(w->b[i]);
     b->free_(w->c[i]);
+    if (w->stats[i]) b->free_(w->stats[i]), b->free_(w->par[i]);
   }
 }
 
@@ -278,10 +328,12 @@ static void usage(void) {
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so softmax|layernorm ROWS,D...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so ew OP:ROWS,D...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so conv N,C,HW,CO,K,S,PASS[,bf16]...\n"
+          "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so groupnorm N,C,S,G,PASS[,bf16]...\n"
           "Times the two runtime builds in one process, alternating samples; prints each build's median\n"
           "and best rate and the median (quartiles) of the paired ratios new / old. ew: an f32\n"
           "elementwise op by name (gelu, add, gelu_backward, where, ...). conv: N images C x HW x HW to CO\n"
           "channels, K x K kernel, stride S, padding K / 2; PASS 0 forward, 1 input gradient, 2 weight gradient.\n"
+          "groupnorm: N samples of C channels of S elements in G groups; PASS 0 forward, 1 backward.\n"
           "--rotate N: calls\n"
           "cycle over N operand sets (N sets beyond the caches: operands come from memory).\n");
   exit(2);
@@ -305,14 +357,16 @@ int main(int argc, char **argv) {
              : !strcmp(kname, "layernorm") ? K_LAYERNORM
              : !strcmp(kname, "ew")        ? K_EW
              : !strcmp(kname, "conv")      ? K_CONV
+             : !strcmp(kname, "groupnorm") ? K_GROUPNORM
                                            : -1;
   if (kind < 0) usage();
   int gemm = kind == K_GEMM || kind == K_CONV; /* rates in GFLOP/s */
   build bld[2];
   load(&bld[0], argv[i]);
   load(&bld[1], argv[i + 1]);
+  int elems = kind == K_EW || kind == K_GROUPNORM; /* rates in million elements/s */
   printf("old %s\nnew %s\n%s, %d paired repeats, %d operand set(s) (rates: %s)\n", argv[i], argv[i + 1], kname,
-         repeats, nset, gemm ? "GFLOP/s" : kind == K_EW ? "million elements/s" : "million rows/s");
+         repeats, nset, gemm ? "GFLOP/s" : elems ? "million elements/s" : "million rows/s");
   for (int a = i + 3; a < argc; a++) {
     long long m = 0, n = 0, k = 0, nb = 1;
     const char *dims = argv[a], *colon = strchr(argv[a], ':');
@@ -335,6 +389,13 @@ int main(int argc, char **argv) {
         usage();
       long long ho = (g[2] + 2 * (g[4] / 2) - g[4]) / g[5] + 1;
       m = g[3], n = g[0] * ho * ho, k = g[1] * g[4] * g[4];
+    } else if (kind == K_GROUPNORM) { /* rates: million elements/s (M rows of K = N * C * S) */
+      char dt[8] = "";
+      int got = sscanf(dims, "%lld,%lld,%lld,%lld,%lld,%7s", &g[0], &g[1], &g[2], &g[3], &g[4], dt);
+      if (got == 6 && strcmp(dt, "bf16")) usage();
+      w[0].bf16 = w[1].bf16 = got == 6;
+      if (got < 5 || g[0] <= 0 || g[1] <= 0 || g[2] <= 0 || g[3] <= 0 || g[1] % g[3] || g[4] < 0 || g[4] > 1) usage();
+      m = g[0] * g[1] * g[2], n = 1;
     } else {
       char dt[8] = "";
       int got = sscanf(dims, "%lld,%lld,%lld,%lld,%7s", &m, &n, &k, &nb, dt);
@@ -350,9 +411,9 @@ int main(int argc, char **argv) {
       if (w[b].M <= 0 || w[b].K <= 0 || (gemm && (w[b].N <= 0 || w[b].nb <= 0))) usage();
       setup(&bld[b], &w[b]);
     }
-    double units = gemm ? 2.0 * m * n * k * nb / 1e9 : kind == K_EW ? (double)m * n / 1e6 : m / 1e6; /* per call */
+    double units = gemm ? 2.0 * m * n * k * nb / 1e9 : elems ? (double)m * n / 1e6 : m / 1e6; /* per call */
     /* seconds per call at ~100 GFLOP/s, 20 M rows/s, 2000 M elements/s */
-    double work_s = gemm ? units / 100.0 : kind == K_EW ? units / 2000.0 : units / 20.0;
+    double work_s = gemm ? units / 100.0 : elems ? units / 2000.0 : units / 20.0;
     int inner = ((int)(0.03 / work_s) / nset + 1) * nset; /* ~30 ms samples, whole rotations */
     double rate[2][MAX_REPEATS], ratio[MAX_REPEATS];
     for (int r = -1; r < repeats; r++) {

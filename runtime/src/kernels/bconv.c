@@ -939,7 +939,7 @@ static int patch_pass(const tpurt_view *out, const tpurt_view *src, const tpurt_
  * products (no tile unit; the tile unit's column space is what it was
  * built for), one group, >= 32 input channels. Returns 0 (no), 1 (rows
  * copied: small images — the column space keeps < 3/4 of its columns, see
- * dot_worth, or an image has <= 64 positions) or 2 (rows read in place,
+ * dot_worth, or an image has <= 64 positions — unless 2 below) or 2 (rows read in place,
  * ip_forward: unit strides, channels in pairs, larger images — a pass the
  * column space would leave to the f32 path, or >= 96 channels at <= 256
  * positions). Paired in one process, Zen 5, 3 x 3, forward / input
@@ -947,7 +947,11 @@ static int patch_pass(const tpurt_view *out, const tpurt_view *src, const tpurt_
  * 1.43, C 32 at 16^2 1.08 / 1.16, N 4, C 64 at 32^2 1.23, C 96 and 128 at
  * 16^2 (dot products) 1.06-1.10; not taken where it measured slower: C 32
  * and 64 at 32^2 and 64^2 on the column space (0.58-0.85), stride 2
- * (0.89-0.94), <= 64 positions against copied rows (0.95-0.98).
+ * (0.89-0.94), <= 64 positions against copied rows (0.95-0.98) with < 128
+ * channels in; with >= 128 channels in at <= 64 positions and a kernel
+ * larger than 1 x 1, rows in place at any stride (ResNet-18's 256 at 8^2
+ * and 512 at 4^2, N 64: 1.11-1.14; 256 -> 512 at stride 2: 1.05; N 16,
+ * 128 at 8^2: 1.05; 1 x 1 kernels in place measured 0.45).
  * TORCH_TPU_CONV_PATCH=0 / 1 / implicit: never / copied rows wherever they
  * can run / rows in place wherever they can run, else copied (tests,
  * measurements). */
@@ -967,6 +971,7 @@ static int patch_worth(int64_t G, int64_t cin, int64_t kk, int unit, int64_t kep
   if (env == PATCH_NEVER) return 0;
   if (env == PATCH_COPIED) return 1;
   if (env == PATCH_IMPLICIT) return ip ? 2 : 1;
+  if (ip && kk > 1 && cin >= 128 && kept <= 64) return 2;
   if (4 * kept < 3 * computed || kept <= 64) return 1;
   if (ip && unit && (!dot_worth(macs, kept, computed, 0) || (cin >= 96 && kept <= 256))) return 2;
   return 0;
@@ -974,13 +979,14 @@ static int patch_worth(int64_t G, int64_t cin, int64_t kk, int unit, int64_t kep
 
 /* Should an input gradient at strides > 1 run on implicit patch rows
  * (ip_phases)? The dot products, one group, >= 32 channels of dy in
- * pairs, a pass the column space would leave to the f32 path;
- * TORCH_TPU_CONV_PATCH=0 and =1 (copied rows only) never, =implicit
- * wherever it can run. */
-static int ip_strided_worth(int64_t G, int64_t cdy, int64_t kk, int dot) {
+ * pairs: also where the column space would run it (`dot`; paired, Zen 5,
+ * N 64: 128 -> 256 at 16^2 1.34, 64 -> 128 at 32^2 1.14, 256 -> 512 at 8^2
+ * 1.00; N 16: 0.97-1.05); TORCH_TPU_CONV_PATCH=0 and =1 (copied rows only)
+ * never, =implicit wherever it can run. */
+static int ip_strided_worth(int64_t G, int64_t cdy, int64_t kk) {
   if (tpurt__bgemm_amx() || G != 1 || cdy < 32 || !ip_applies(cdy, kk)) return 0;
   int env = patch_env();
-  return env == PATCH_IMPLICIT || (env == PATCH_RULE && !dot);
+  return env == PATCH_IMPLICIT || env == PATCH_RULE;
 }
 
 /* ------------------------------------------------ forward */
@@ -1164,7 +1170,7 @@ int tpurt__bconv_backward_input(const tpurt_view *dx, const tpurt_view *dy, cons
     return patch_pass(dx, dy, w, bias, &pg, padt, padl, H + (kh - 1) * dh, W + (kw - 1) * dw, Ci, Co, 1, route == 2);
   }
   int dot = dot_worth(N * Co * Ho * Wo * Cig * kk, H * W, computed, 0);
-  if ((sh > 1 || sw > 1) && ip_strided_worth(G, Co, kk, dot)) return ip_phases(dx, dy, w, bias, p, dmin, dmax, emin, emax);
+  if ((sh > 1 || sw > 1) && ip_strided_worth(G, Co, kk)) return ip_phases(dx, dy, w, bias, p, dmin, dmax, emin, emax);
   if (!dot) return 0;
   /* the phases' column spaces are at most hqmax rows: g.lp bounds each */
   int64_t *koff = koff_buf(Cog * kk, 1);

@@ -487,6 +487,8 @@ typedef struct {
   tpurt_dtype dt;
   int64_t sn, sc, ss;
   int on;
+  int es;  /* element size in bytes */
+  int vec; /* rows read as vectors (t3_vec_rows) */
 } t3;
 
 typedef struct {
@@ -506,20 +508,18 @@ typedef struct {
 } bnctx;
 
 static inline const char *t3row(const t3 *t, const char *base, int64_t n, int64_t c) {
-  return base + (n * t->sn + c * t->sc) * (int64_t)tpurt_dtype_size(t->dt);
+  return base + (n * t->sn + c * t->sc) * t->es;
 }
 
 /* f32 and bf16 rows with unit spatial stride (the common layout) go
- * straight from memory into BN_LANES double accumulators: no load into a
+ * straight from memory into double accumulators of BN_LANES lanes: no load into a
  * double buffer per 1024 elements and no dtype switch per chunk (a 4 x 4
  * plane was one 16-element chunk per row; a bf16 batch norm of
  * 16 x 256 x 4 x 4 took 169 us against 35 for the CPU's). The same double
  * arithmetic per element; only the order of the lanes' partial sums
  * differs from the buffered path. */
 #define BN_LANES 16
-static inline int t3_vec_rows(const t3 *t) {
-  return (t->dt == TPURT_F32 || t->dt == TPURT_BF16) && t->ss == 1 && tpurt__cpu_has_avx512();
-}
+static inline int t3_vec_rows(const t3 *t) { return t->vec; }
 
 #if defined(__x86_64__) || defined(__i386__)
 #define BN_TARGET __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
@@ -528,130 +528,192 @@ static inline int t3_vec_rows(const t3 *t) {
 #define BN_LOAD16(x, bf, m, lo, hi)                                                                   \
   do {                                                                                                \
     __mmask16 k_ = (__mmask16)((1u << (m)) - 1u);                                                     \
-    __m512 v_ = (bf) ? _mm512_castsi512_ps(_mm512_slli_epi32(                                         \
-                           _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k_, (const uint16_t *)(x))), 16)) \
-                     : _mm512_maskz_loadu_ps(k_, (const float *)(x));                                 \
-    lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v_));                                                 \
-    hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v_), 1)));          \
+    if (bf) {                                                                                         \
+      __m512 v_ = _mm512_castsi512_ps(                                                                \
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k_, (const uint16_t *)(x))), 16)); \
+      lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v_));                                               \
+      hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v_), 1)));        \
+    } else { /* two halves straight into the conversions: no extract */                               \
+      lo = _mm512_cvtps_pd(_mm256_maskz_loadu_ps((__mmask8)k_, (const float *)(x)));                  \
+      hi = _mm512_cvtps_pd(_mm256_maskz_loadu_ps((__mmask8)(k_ >> 8), (const float *)(x) + 8));       \
+    }                                                                                                 \
   } while (0)
 #else
 #define BN_TARGET
 #endif
 
-/* lane sums of BN_LANES doubles as one */
-static inline double bn_lanes_sum(const double *l) {
-  double t = 0;
-  for (int j = 0; j < BN_LANES; j++) t += l[j];
-  return t;
-}
-
-/* sum of (x - c) and of (x - c)^2 over the rows (n, ch) of samples
- * [n0, n1) and channels [c0, c1) (f32 or bf16 rows of S elements): lane
- * i % 16 of a row takes its element i, a tail's missing lanes add nothing,
- * and the lanes are added up once at the end (per row, the 16-lane sums
- * of a 4 x 4 plane took longer than the row). */
-BN_TARGET static void bn_moments_rows(const t3 *t, const char *base, int64_t n0, int64_t n1, int64_t c0, int64_t c1,
-                                      int64_t S, double c, double *sum, double *sq) {
-  double s[BN_LANES], q[BN_LANES];
+/* Over the rows (n, ch) of samples [n0, n1) and channels [c0, c1) (f32 or
+ * bf16 rows of S elements): with g, the sums of g and of g * (x - c);
+ * without, the sums of (x - c) and of (x - c)^2. Lane i % 16 of a 16-element
+ * chunk takes its element i (a tail's missing lanes add nothing) into one of
+ * four accumulator sets: a row's 64-element blocks feed the four in turn and
+ * its remaining chunks take the next set in a rotation over the call, so four
+ * independent add chains run instead of one (one chain held the add's latency:
+ * a 4 M-element group norm ran at a third of the memory's speed). The sets are
+ * added pairwise and the lanes once at the end: the order depends only on the
+ * rows, not on the thread that reads them. */
 #if defined(__x86_64__) || defined(__i386__)
-  int xb = t->dt == TPURT_BF16;
-  int64_t es = xb ? 2 : 4;
-  __m512d vc = _mm512_set1_pd(c), s0 = _mm512_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
+#define BN_ACC(K, pl, ph, dl, dh)                                                                     \
+  do {                                                                                                \
+    a##K##l = _mm512_add_pd(a##K##l, pl), a##K##h = _mm512_add_pd(a##K##h, ph);                      \
+    b##K##l = _mm512_fmadd_pd(pl, dl, b##K##l), b##K##h = _mm512_fmadd_pd(ph, dh, b##K##h);           \
+  } while (0)
+/* a full chunk at element i of the row into set K */
+#define BN_CHUNK(K, i)                                                                                \
+  do {                                                                                                \
+    __m512d xl_, xh_, gl_, gh_;                                                                       \
+    BN_LOAD16(x + (i) * xes, xb, 16, xl_, xh_);                                                       \
+    __m512d dl_ = _mm512_sub_pd(xl_, vc), dh_ = _mm512_sub_pd(xh_, vc);                               \
+    if (hasg) {                                                                                       \
+      BN_LOAD16(g + (i) * ges, gbf, 16, gl_, gh_);                                                    \
+      BN_ACC(K, gl_, gh_, dl_, dh_);                                                                  \
+    } else {                                                                                          \
+      BN_ACC(K, dl_, dh_, dl_, dh_);                                                                  \
+    }                                                                                                 \
+  } while (0)
+#endif
+
+BN_TARGET static inline __attribute__((always_inline)) void
+bn_sums_body(int hasg, const t3 *gt, const char *gbase, const t3 *xt, const char *xbase, int64_t n0, int64_t n1,
+             int64_t c0, int64_t c1, int64_t S, double c, double *sa, double *sb) {
+#if defined(__x86_64__) || defined(__i386__)
+  int xb = xt->dt == TPURT_BF16, gbf = hasg && gt->dt == TPURT_BF16;
+  int64_t xes = xb ? 2 : 4, ges = gbf ? 2 : 4;
+  __m512d vc = _mm512_set1_pd(c), z = _mm512_setzero_pd();
+  __m512d a0l = z, a0h = z, b0l = z, b0h = z, a1l = z, a1h = z, b1l = z, b1h = z;
+  __m512d a2l = z, a2h = z, b2l = z, b2h = z, a3l = z, a3h = z, b3l = z, b3h = z;
+  unsigned j = 0;
   for (int64_t n = n0; n < n1; n++)
     for (int64_t ch = c0; ch < c1; ch++) {
-      const char *x = t3row(t, base, n, ch);
-      for (int64_t i = 0; i < S; i += BN_LANES) {
+      const char *x = t3row(xt, xbase, n, ch), *g = hasg ? t3row(gt, gbase, n, ch) : NULL;
+      int64_t i = 0;
+      for (; i + 4 * BN_LANES <= S; i += 4 * BN_LANES) {
+        BN_CHUNK(0, i);
+        BN_CHUNK(1, i + BN_LANES);
+        BN_CHUNK(2, i + 2 * BN_LANES);
+        BN_CHUNK(3, i + 3 * BN_LANES);
+      }
+      for (; i < S; i += BN_LANES, j++) {
         int m = S - i < BN_LANES ? (int)(S - i) : BN_LANES;
-        __m512d lo, hi;
-        BN_LOAD16(x + i * es, xb, m, lo, hi);
+        __m512d xl, xh, pl, ph;
+        BN_LOAD16(x + i * xes, xb, m, xl, xh);
         __mmask8 kl = (__mmask8)(m >= 8 ? 0xff : (1u << m) - 1u), kh = (__mmask8)(m > 8 ? (1u << (m - 8)) - 1u : 0);
-        __m512d dl = _mm512_maskz_sub_pd(kl, lo, vc), dh = _mm512_maskz_sub_pd(kh, hi, vc);
-        s0 = _mm512_add_pd(s0, dl);
-        s1 = _mm512_add_pd(s1, dh);
-        q0 = _mm512_fmadd_pd(dl, dl, q0);
-        q1 = _mm512_fmadd_pd(dh, dh, q1);
+        __m512d dl = _mm512_maskz_sub_pd(kl, xl, vc), dh = _mm512_maskz_sub_pd(kh, xh, vc);
+        if (hasg)
+          BN_LOAD16(g + i * ges, gbf, m, pl, ph);
+        else
+          pl = dl, ph = dh;
+        switch (j & 3) {
+        case 0: BN_ACC(0, pl, ph, dl, dh); break;
+        case 1: BN_ACC(1, pl, ph, dl, dh); break;
+        case 2: BN_ACC(2, pl, ph, dl, dh); break;
+        default: BN_ACC(3, pl, ph, dl, dh); break;
+        }
       }
     }
-  _mm512_storeu_pd(s, s0), _mm512_storeu_pd(s + 8, s1), _mm512_storeu_pd(q, q0), _mm512_storeu_pd(q + 8, q1);
+  a0l = _mm512_add_pd(_mm512_add_pd(a0l, a1l), _mm512_add_pd(a2l, a3l));
+  a0h = _mm512_add_pd(_mm512_add_pd(a0h, a1h), _mm512_add_pd(a2h, a3h));
+  b0l = _mm512_add_pd(_mm512_add_pd(b0l, b1l), _mm512_add_pd(b2l, b3l));
+  b0h = _mm512_add_pd(_mm512_add_pd(b0h, b1h), _mm512_add_pd(b2h, b3h));
+  /* the lanes by a tree (16 sequential adds per sum took as long as a
+   * 64-element row) */
+  *sa = _mm512_reduce_add_pd(_mm512_add_pd(a0l, a0h));
+  *sb = _mm512_reduce_add_pd(_mm512_add_pd(b0l, b0h));
 #else
-  (void)t, (void)base, (void)n0, (void)n1, (void)c0, (void)c1, (void)S, (void)c;
-  memset(s, 0, sizeof s), memset(q, 0, sizeof q);
+  (void)hasg, (void)gt, (void)gbase, (void)xt, (void)xbase, (void)n0, (void)n1, (void)c0, (void)c1, (void)S, (void)c;
+  *sa = *sb = 0;
 #endif
-  *sum = bn_lanes_sum(s);
-  *sq = bn_lanes_sum(q);
 }
 
-/* sums of dy and of dy * (x - mean) over channel ch of samples [n0, n1)
- * (each f32 or bf16; lanes as bn_moments_rows, added up once) */
+/* sum of (x - c) and of (x - c)^2 over channels [c0, c1) of samples [n0, n1) */
+BN_TARGET static void bn_moments_rows(const t3 *t, const char *base, int64_t n0, int64_t n1, int64_t c0, int64_t c1,
+                                      int64_t S, double c, double *sum, double *sq) {
+  bn_sums_body(0, NULL, NULL, t, base, n0, n1, c0, c1, S, c, sum, sq);
+}
+
+/* sums of dy and of dy * (x - mean) over channel ch of samples [n0, n1);
+ * one row shorter than 128 elements (group norm's rows of small planes) in
+ * one accumulator set: the four sets' setup and reduction cost more than
+ * such a row's chain */
 BN_TARGET static void bn_gdot_rows(const bnplan *p, const bnctx *x, int64_t n0, int64_t n1, int64_t ch, double c,
                                    double *sum, double *dot) {
-  double s[BN_LANES], d[BN_LANES];
-#if defined(__x86_64__) || defined(__i386__)
-  int gb = p->dy.dt == TPURT_BF16, xb = p->x.dt == TPURT_BF16;
-  int64_t ges = gb ? 2 : 4, xes = xb ? 2 : 4, S = p->S;
-  __m512d vc = _mm512_set1_pd(c), s0 = _mm512_setzero_pd(), s1 = s0, d0 = s0, d1 = s0;
-  for (int64_t n = n0; n < n1; n++) {
-    const char *g = t3row(&p->dy, x->dy, n, ch), *xr = t3row(&p->x, x->x, n, ch);
-    for (int64_t i = 0; i < S; i += BN_LANES) {
-      int m = S - i < BN_LANES ? (int)(S - i) : BN_LANES;
-      __m512d gl, gh, xl, xh;
-      BN_LOAD16(g + i * ges, gb, m, gl, gh);
-      BN_LOAD16(xr + i * xes, xb, m, xl, xh);
-      s0 = _mm512_add_pd(s0, gl);
-      s1 = _mm512_add_pd(s1, gh);
-      d0 = _mm512_fmadd_pd(gl, _mm512_sub_pd(xl, vc), d0);
-      d1 = _mm512_fmadd_pd(gh, _mm512_sub_pd(xh, vc), d1);
-    }
+  int64_t S = p->S;
+  if (n1 - n0 != 1 || S >= 8 * BN_LANES) {
+    bn_sums_body(1, &p->dy, x->dy, &p->x, x->x, n0, n1, ch, ch + 1, S, c, sum, dot);
+    return;
   }
-  _mm512_storeu_pd(s, s0), _mm512_storeu_pd(s + 8, s1), _mm512_storeu_pd(d, d0), _mm512_storeu_pd(d + 8, d1);
+#if defined(__x86_64__) || defined(__i386__)
+  int gbf = p->dy.dt == TPURT_BF16, xb = p->x.dt == TPURT_BF16;
+  int64_t ges = gbf ? 2 : 4, xes = xb ? 2 : 4;
+  const char *g = t3row(&p->dy, x->dy, n0, ch), *xr = t3row(&p->x, x->x, n0, ch);
+  __m512d vc = _mm512_set1_pd(c), al = _mm512_setzero_pd(), ah = al, bl = al, bh = al;
+  for (int64_t i = 0; i < S; i += BN_LANES) {
+    int m = S - i < BN_LANES ? (int)(S - i) : BN_LANES;
+    __m512d gl, gh, xl, xh;
+    BN_LOAD16(g + i * ges, gbf, m, gl, gh);
+    BN_LOAD16(xr + i * xes, xb, m, xl, xh);
+    al = _mm512_add_pd(al, gl), ah = _mm512_add_pd(ah, gh);
+    bl = _mm512_fmadd_pd(gl, _mm512_sub_pd(xl, vc), bl), bh = _mm512_fmadd_pd(gh, _mm512_sub_pd(xh, vc), bh);
+  }
+  *sum = _mm512_reduce_add_pd(_mm512_add_pd(al, ah));
+  *dot = _mm512_reduce_add_pd(_mm512_add_pd(bl, bh));
 #else
-  (void)p, (void)x, (void)n0, (void)n1, (void)ch, (void)c;
-  memset(s, 0, sizeof s), memset(d, 0, sizeof d);
+  (void)x, (void)ch, (void)c;
+  *sum = *dot = 0;
 #endif
-  *sum = bn_lanes_sum(s);
-  *dot = bn_lanes_sum(d);
 }
 
-/* Rows (n, ch) of samples [n0, n1): o = g * k1 + k3 (x NULL) or
- * g * k1 + (x - mean) * k2 + k3, in double, each product and sum rounded
+/* Rows (n, ch) of samples [n0, n1) and channels [c0, c1): o = g * k1 + k3
+ * (x NULL) or g * k1 + (x - mean) * k2 + k3 with channel ch's k1[ch - c0]
+ * and k3[ch - c0] (a group's channels in one call: one call per row took
+ * longer than a small plane's row), in double, each product and sum rounded
  * on its own as in the scalar loops, then rounded to float (and that to
  * bf16 where o is bf16: the buffered path's rk_store_row_f64); each of o,
  * g, x f32 or bf16 rows of S elements. */
+/* bn_affine_rows' chunk of m elements at element i of its rows */
+#define BN_AFFINE16(i, m)                                                                             \
+  do {                                                                                                \
+    __m512d gl, gh, rl, rh;                                                                           \
+    BN_LOAD16(g + (i) * ges, gb, m, gl, gh);                                                          \
+    rl = _mm512_mul_pd(gl, v1);                                                                       \
+    rh = _mm512_mul_pd(gh, v1);                                                                       \
+    if (x) {                                                                                          \
+      __m512d xl, xh;                                                                                 \
+      BN_LOAD16(x + (i) * xes, xb, m, xl, xh);                                                        \
+      rl = _mm512_add_pd(rl, _mm512_mul_pd(_mm512_sub_pd(xl, vm), v2));                               \
+      rh = _mm512_add_pd(rh, _mm512_mul_pd(_mm512_sub_pd(xh, vm), v2));                               \
+    }                                                                                                 \
+    rl = _mm512_add_pd(rl, v3);                                                                       \
+    rh = _mm512_add_pd(rh, v3);                                                                       \
+    __mmask16 k = (__mmask16)((1u << (m)) - 1u);                                                      \
+    if (ob) {                                                                                         \
+      __m512 r = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(rl)), _mm512_cvtpd_ps(rh), 1); \
+      _mm256_mask_storeu_epi16((uint16_t *)(o + (i) * oes), k, _mm512_cvtepi32_epi16(rne_bf16(r)));   \
+    } else {                                                                                          \
+      _mm256_mask_storeu_ps((float *)(o + (i) * oes), (__mmask8)k, _mm512_cvtpd_ps(rl));              \
+      _mm256_mask_storeu_ps((float *)(o + (i) * oes) + 8, (__mmask8)(k >> 8), _mm512_cvtpd_ps(rh));   \
+    }                                                                                                 \
+  } while (0)
+
 BN_TARGET static void bn_affine_rows(const t3 *ot, char *ob_, const t3 *gt, const char *gb_, const t3 *xt,
-                                     const char *xb_, int64_t n0, int64_t n1, int64_t ch, int64_t S, double k1,
-                                     double mean, double k2, double k3) {
+                                     const char *xb_, int64_t n0, int64_t n1, int64_t c0, int64_t c1, int64_t S,
+                                     const double *k1, double mean, double k2, const double *k3) {
 #if defined(__x86_64__) || defined(__i386__)
   int ob = ot->dt == TPURT_BF16, gb = gt->dt == TPURT_BF16, xb = xt && xt->dt == TPURT_BF16;
   int64_t oes = ob ? 2 : 4, ges = gb ? 2 : 4, xes = xb ? 2 : 4;
-  __m512d v1 = _mm512_set1_pd(k1), vm = _mm512_set1_pd(mean), v2 = _mm512_set1_pd(k2), v3 = _mm512_set1_pd(k3);
-  for (int64_t n = n0; n < n1; n++) {
-    char *o = (char *)t3row(ot, ob_, n, ch);
-    const char *g = t3row(gt, gb_, n, ch), *x = xt ? t3row(xt, xb_, n, ch) : NULL;
-    for (int64_t i = 0; i < S; i += BN_LANES) {
-      int m = S - i < BN_LANES ? (int)(S - i) : BN_LANES;
-      __m512d gl, gh, rl, rh;
-      BN_LOAD16(g + i * ges, gb, m, gl, gh);
-      rl = _mm512_mul_pd(gl, v1);
-      rh = _mm512_mul_pd(gh, v1);
-      if (x) {
-        __m512d xl, xh;
-        BN_LOAD16(x + i * xes, xb, m, xl, xh);
-        rl = _mm512_add_pd(rl, _mm512_mul_pd(_mm512_sub_pd(xl, vm), v2));
-        rh = _mm512_add_pd(rh, _mm512_mul_pd(_mm512_sub_pd(xh, vm), v2));
-      }
-      rl = _mm512_add_pd(rl, v3);
-      rh = _mm512_add_pd(rh, v3);
-      __m512 r = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(rl)), _mm512_cvtpd_ps(rh), 1);
-      __mmask16 k = (__mmask16)((1u << m) - 1u);
-      if (ob)
-        _mm256_mask_storeu_epi16((uint16_t *)(o + i * oes), k, _mm512_cvtepi32_epi16(rne_bf16(r)));
-      else
-        _mm512_mask_storeu_ps((float *)(o + i * oes), k, r);
+  __m512d vm = _mm512_set1_pd(mean), v2 = _mm512_set1_pd(k2);
+  for (int64_t n = n0; n < n1; n++)
+    for (int64_t ch = c0; ch < c1; ch++) {
+      __m512d v1 = _mm512_set1_pd(k1[ch - c0]), v3 = _mm512_set1_pd(k3[ch - c0]);
+      char *o = (char *)t3row(ot, ob_, n, ch);
+      const char *g = t3row(gt, gb_, n, ch), *x = xt ? t3row(xt, xb_, n, ch) : NULL;
+      int64_t i = 0;
+      for (; i + BN_LANES <= S; i += BN_LANES) BN_AFFINE16(i, BN_LANES); /* constant masks: plain loads, stores */
+      if (i < S) BN_AFFINE16(i, (int)(S - i));
     }
-  }
 #else
-  (void)ot, (void)ob_, (void)gt, (void)gb_, (void)xt, (void)xb_, (void)n0, (void)n1, (void)ch, (void)S, (void)k1,
-      (void)mean, (void)k2, (void)k3;
+  (void)ot, (void)ob_, (void)gt, (void)gb_, (void)xt, (void)xb_, (void)n0, (void)n1, (void)c0, (void)c1, (void)S,
+      (void)k1, (void)mean, (void)k2, (void)k3;
 #endif
 }
 
@@ -680,11 +742,34 @@ static void t3_moments(const t3 *t, const char *base, int64_t n0, int64_t n1, in
   *sq = q;
 }
 
+/* mean and (biased) variance of channels [c0, c1) of samples [n0, n1):
+ * inputs of at most 24 significant bits (f32, bf16, f16) in one pass of
+ * double sums centred on the first element (its squares are exact in
+ * double and the centre is one of the values, so the single-pass formula
+ * keeps far more than f32's precision: a second pass cost a third of a
+ * group norm's time); f64 in two passes (the sum, then the deviations from
+ * the mean) */
+static void t3_stats(const t3 *t, const char *base, int64_t n0, int64_t n1, int64_t c0, int64_t c1, int64_t S,
+                     double *mean, double *var) {
+  double M = (double)((n1 - n0) * (c1 - c0) * S), c = 0, s, q;
+  if (t->dt != TPURT_F64 && M > 0) rk_load_f64(&c, t3row(t, base, n0, c0), t->dt, 1, 1);
+  t3_moments(t, base, n0, n1, c0, c1, S, c, &s, &q);
+  if (t->dt == TPURT_F64) {
+    c = s / M;
+    t3_moments(t, base, n0, n1, c0, c1, S, c, &s, &q);
+    *mean = c;
+  } else {
+    *mean = c + s / M;
+  }
+  double v = (q - s * s / M) / M;
+  *var = v < 0 ? 0 : v;
+}
+
 /* y[n, c, :] = x * scale + shift for samples n of [n0, n1) */
 static void t3_affine(const t3 *x, const char *xb, const t3 *y, char *yb, int64_t n0, int64_t n1, int64_t c, int64_t S,
                       double scale, double shift) {
   if (t3_vec_rows(x) && t3_vec_rows(y)) {
-    bn_affine_rows(y, yb, x, xb, NULL, NULL, n0, n1, c, S, scale, 0.0, 0.0, shift);
+    bn_affine_rows(y, yb, x, xb, NULL, NULL, n0, n1, c, c + 1, S, &scale, 0.0, 0.0, &shift);
     return;
   }
   double buf[NCH];
@@ -759,7 +844,8 @@ static void t3_dx(const bnplan *p, const bnctx *x, int64_t n0, int64_t n1, int64
                   double k3) {
   if (t3_vec_rows(&p->x) && t3_vec_rows(&p->dy) && t3_vec_rows(&p->dx)) {
     /* k2 == 0: x is not read (as below) */
-    bn_affine_rows(&p->dx, x->dx, &p->dy, x->dy, k2 != 0 ? &p->x : NULL, x->x, n0, n1, c, p->S, k1, mean, k2, k3);
+    bn_affine_rows(&p->dx, x->dx, &p->dy, x->dy, k2 != 0 ? &p->x : NULL, x->x, n0, n1, c, c + 1, p->S, &k1, mean, k2,
+                   &k3);
     return;
   }
   double xb[NCH], gb[NCH];
@@ -777,12 +863,8 @@ static void bn_fwd_ch(void *c, int64_t cb, int64_t ce) {
   for (int64_t ch = cb; ch < ce; ch++) {
     double mean, invstd;
     if (p->training) {
-      double s, q;
-      t3_moments(&p->x, x->x, 0, p->N, ch, ch + 1, p->S, 0.0, &s, &q);
-      mean = s / M;
-      t3_moments(&p->x, x->x, 0, p->N, ch, ch + 1, p->S, mean, &s, &q);
-      double var = (q - s * s / M) / M;
-      if (var < 0) var = 0;
+      double var;
+      t3_stats(&p->x, x->x, 0, p->N, ch, ch + 1, p->S, &mean, &var);
       invstd = 1.0 / sqrt(var + p->eps);
       vset(&p->smean, x->smean, ch, mean);
       vset(&p->sinv, x->sinv, ch, invstd);
@@ -836,22 +918,30 @@ static void bn_bwd_ch(void *c, int64_t cb, int64_t ce) {
 }
 
 /* ---- group norm: one (sample, group) per work item */
+#define GN_BLOCK 64 /* channels per bn_affine_rows call */
 static void gn_fwd(void *c, int64_t ib, int64_t ie) {
   bnctx *x = c;
   const bnplan *p = x->p;
   int64_t G = p->groups, Cg = p->C / G;
-  double M = (double)(Cg * p->S);
   for (int64_t it = ib; it < ie; it++) {
     int64_t n = it / G, g = it % G;
-    double s, q;
-    t3_moments(&p->x, x->x, n, n + 1, g * Cg, (g + 1) * Cg, p->S, 0.0, &s, &q);
-    double mean = s / M;
-    t3_moments(&p->x, x->x, n, n + 1, g * Cg, (g + 1) * Cg, p->S, mean, &s, &q);
-    double var = (q - s * s / M) / M;
-    if (var < 0) var = 0;
+    double mean, var;
+    t3_stats(&p->x, x->x, n, n + 1, g * Cg, (g + 1) * Cg, p->S, &mean, &var);
     double rstd = 1.0 / sqrt(var + p->eps);
     vset(&p->smean, x->smean, it, mean);
     vset(&p->sinv, x->sinv, it, rstd);
+    if (p->x.vec && p->y.vec) { /* the group's rows in blocks of GN_BLOCK channels, one call each */
+      double k1[GN_BLOCK], k3[GN_BLOCK];
+      for (int64_t c0 = g * Cg; c0 < (g + 1) * Cg; c0 += GN_BLOCK) {
+        int64_t c1 = c0 + GN_BLOCK < (g + 1) * Cg ? c0 + GN_BLOCK : (g + 1) * Cg;
+        for (int64_t ch = c0; ch < c1; ch++) {
+          k1[ch - c0] = rstd * vget(&p->w, x->w, ch, 1.0);
+          k3[ch - c0] = vget(&p->b, x->b, ch, 0.0) - mean * k1[ch - c0];
+        }
+        bn_affine_rows(&p->y, x->y, &p->x, x->x, NULL, NULL, n, n + 1, c0, c1, p->S, k1, 0.0, 0.0, k3);
+      }
+      continue;
+    }
     for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) {
       double w = vget(&p->w, x->w, ch, 1.0), b = vget(&p->b, x->b, ch, 0.0);
       double scale = rstd * w;
@@ -880,6 +970,17 @@ static void gn_bwd_dx(void *c, int64_t ib, int64_t ie) {
     sg /= M;
     sgx /= M;
     /* dx = rstd * (dy * w - sg - xhat * sgx) */
+    if (p->x.vec && p->dy.vec && p->dx.vec) { /* in blocks of channels as gn_fwd */
+      double k1[GN_BLOCK], k3[GN_BLOCK], k2 = -rstd * rstd * sgx;
+      for (int64_t c0 = g * Cg; c0 < (g + 1) * Cg; c0 += GN_BLOCK) {
+        int64_t c1 = c0 + GN_BLOCK < (g + 1) * Cg ? c0 + GN_BLOCK : (g + 1) * Cg;
+        for (int64_t ch = c0; ch < c1; ch++) k1[ch - c0] = rstd * vget(&p->w, x->w, ch, 1.0), k3[ch - c0] = -rstd * sg;
+        /* k2 == 0: x is not read (as t3_dx) */
+        bn_affine_rows(&p->dx, x->dx, &p->dy, x->dy, k2 != 0 ? &p->x : NULL, x->x, n, n + 1, c0, c1, p->S, k1, mean,
+                       k2, k3);
+      }
+      continue;
+    }
     for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) {
       double w = vget(&p->w, x->w, ch, 1.0);
       t3_dx(p, x, n, n + 1, ch, mean, rstd * w, -rstd * rstd * sgx, -rstd * sg);
@@ -927,6 +1028,9 @@ static void gn_bwd_params(void *c, int64_t cb, int64_t ce) {
   free(means);
 }
 
+/* elements per pool task of batch and group norm (a 16 x 256 x 4 x 4 group
+ * norm backward, 64 K elements, ran as one task of ~100 us) */
+#define NORM_TASK 16384
 static tpurt_status k_bn(void *a, char *err, size_t errlen) {
   const bnplan *p = a;
   bnctx x = {p,
@@ -938,20 +1042,20 @@ static tpurt_status k_bn(void *a, char *err, size_t errlen) {
              vptr(&p->db), NULL, 0};
   int64_t per = p->N * p->S;
   if (p->groups == 0) {
-    tpurt_parallel_for(p->C, 65536 / (per + 1) + 1, p->fwd ? bn_fwd_ch : bn_bwd_ch, &x);
+    tpurt_parallel_for(p->C, NORM_TASK / (per + 1) + 1, p->fwd ? bn_fwd_ch : bn_bwd_ch, &x);
     return TPURT_OK;
   }
   int64_t items = p->N * p->groups, per_item = p->C / p->groups * p->S;
   if (p->y.on) {
-    tpurt_parallel_for(items, 65536 / (per_item + 1) + 1, gn_fwd, &x);
+    tpurt_parallel_for(items, NORM_TASK / (per_item + 1) + 1, gn_fwd, &x);
   } else {
     /* the weight and bias gradients from the input gradient's row sums
      * where both read the rows as vectors (the buffered path adds its
      * chunks in another order) */
     if (x.dx && (x.dw || x.db) && t3_vec_rows(&p->x) && t3_vec_rows(&p->dy))
       x.parts = malloc(sizeof(double) * 2 * (size_t)(p->N * p->C));
-    if (x.dx) tpurt_parallel_for(items, 65536 / (per_item + 1) + 1, gn_bwd_dx, &x);
-    if (x.dw || x.db) tpurt_parallel_for(p->C, 65536 / (per + 1) + 1, gn_bwd_params, &x);
+    if (x.dx) tpurt_parallel_for(items, NORM_TASK / (per_item + 1) + 1, gn_bwd_dx, &x);
+    if (x.dw || x.db) tpurt_parallel_for(p->C, NORM_TASK / (per + 1) + 1, gn_bwd_params, &x);
     free(x.parts);
   }
   if (x.failed) {
@@ -979,6 +1083,8 @@ static tpurt_status get_t3_r(int dev, const tpurt_view *v, const tpurt_view *ref
   t->sn = v->strides[0];
   t->sc = v->strides[1];
   t->on = 1;
+  t->es = (int)tpurt_dtype_size(t->dt);
+  t->vec = (t->dt == TPURT_F32 || t->dt == TPURT_BF16) && t->ss == 1 && tpurt__cpu_has_avx512();
   return TPURT_OK;
 }
 static tpurt_status get_t3(int dev, const tpurt_view *v, const tpurt_view *ref, t3 *t, const char *nm, const char *what) {
