@@ -285,3 +285,43 @@ print(json.dumps({"same_pattern": bool(torch.equal(torch.isfinite(got), fin) and
     assert f32["same_pattern"] and f32["implicit"] == 0, f32
     if level == "avx512" and _bf16_kernel(level):
         assert ours["implicit"] == 1, ours
+
+
+FUSED = r"""
+import hashlib, json, torch, torch_tpu
+import torch.nn.functional as F
+torch.manual_seed(0)
+out = {}
+# column-space passes (rows: output channels <= 512): 64 -> 96 at 12 x 12,
+# stride 1 and 2, bias; 40 -> 24 with 2 groups
+for name, n, ci, co, h, kw in (("s1", 2, 64, 96, 12, dict(padding=1)), ("s2", 2, 64, 96, 12, dict(stride=2, padding=1)),
+                               ("groups", 3, 40, 24, 9, dict(padding=1, groups=2))):
+    x = torch.randn(n, ci, h, h).bfloat16()
+    w = torch.randn(co, ci // kw.get("groups", 1), 3, 3).bfloat16()
+    b = torch.randn(co).bfloat16()
+    xt, wt = x.to("tpu").requires_grad_(), w.to("tpu")
+    y = F.conv2d(xt, wt, b.to("tpu"), **kw)
+    y.backward(torch.ones_like(y))
+    ref = F.conv2d(x.double(), w.double(), b.double(), **kw)
+    err = ((y.detach().cpu().double() - ref).abs() / (ref.abs() + 1)).max().item()
+    out[name] = [hashlib.sha256(t.detach().cpu().view(torch.int16).numpy().tobytes()).hexdigest()
+                 for t in (y, xt.grad)] + [err]
+print(json.dumps(out))
+"""
+
+
+def test_bf16_conv_fused_tasks_same_bits_as_panels():
+    # on the dot products, a forward pass or input gradient in the column
+    # space runs fused tasks (each packs its own column block and runs every
+    # row over it) or, with TORCH_TPU_BGEMM_FUSED=0, shared panels packed
+    # first: the same kernel calls on the same chunks of K, so the same bits
+    level = RUNNABLE[-1]
+    if level != "avx512" or not _bf16_kernel(level):
+        pytest.skip("fused tasks run on AVX512-BF16 hosts without AMX")
+    env = {"TORCH_TPU_ISA": level, "TORCH_TPU_CONV_BF16": "1", "TORCH_TPU_CONV_PATCH": "0", "TPU_NUM_THREADS": "2"}
+    fused = _run(env, FUSED)
+    panels = _run(dict(env, TORCH_TPU_BGEMM_FUSED="0"), FUSED)
+    assert set(fused) == {"s1", "s2", "groups"}
+    for k in fused:
+        assert fused[k][:2] == panels[k][:2], k
+        assert fused[k][2] < 2.0**-7 and panels[k][2] < 2.0**-7, (k, fused[k][2], panels[k][2])

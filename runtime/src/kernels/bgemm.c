@@ -849,8 +849,57 @@ static size_t amx_a_bytes(int64_t M, int64_t k2) {
   return (size_t)((M + AMX_MR - 1) / AMX_MR * AMX_MR) * (size_t)amx_lda(chunk_k(k2, 1)) * 2;
 }
 
+/* Fused tasks of a hooked product on the dot products with few rows (at
+ * most 2 AMX_MB blocks: a convolution's output channels): a task packs the
+ * slivers of its own FUSE_SL-sliver column block into a slot of the panel
+ * memory and runs every row block over them at once — one pass over the
+ * pool a chunk of K instead of two a panel (packing, then the blocks).
+ * A forward pass of 64 channels at 32^2 ran a panel of 288 columns in
+ * ~35 us between two barriers, and the threads waited at them for 8 % of
+ * its time. The same kernel calls on the same chunks of K: the same bits. */
+#define FUSE_SL 2
+typedef struct {
+  bpanel j;              /* the chunk: j0 0, every column, np 1 */
+  int64_t slot_words;    /* uint32s of a slot: FUSE_SL slivers of the chunk */
+  _Atomic uint64_t busy; /* slots in use */
+} fjob;
+
+static void strip_tasks(const bpanel *j, int64_t b, int64_t e, strip_block_fn block);
+#if defined(__x86_64__) || defined(__i386__)
+static void rows_strip_block(const bpanel *j, float *strip, int64_t ldcs, int64_t row, int64_t m, int64_t s0,
+                             int64_t s1, int load_c);
+#endif
+
+static void fused_tasks(void *p, int64_t b, int64_t e) {
+#if defined(__x86_64__) || defined(__i386__)
+  fjob *f = p;
+  uint64_t m = atomic_load(&f->busy);
+  int slot;
+  do
+    slot = __builtin_ctzll(~m);
+  while (!atomic_compare_exchange_weak(&f->busy, &m, m | 1ull << slot));
+  bpanel j = f->j;
+  j.bp = f->j.bp + slot * f->slot_words;
+  for (int64_t u = b; u < e; u++) {
+    int64_t s0 = u * FUSE_SL, s1 = s0 + FUSE_SL < f->j.nsl ? s0 + FUSE_SL : f->j.nsl;
+    j.j0 = s0 * BNR;
+    j.nsl = s1 - s0;
+    j.nc = f->j.nc - j.j0 < j.nsl * BNR ? f->j.nc - j.j0 : j.nsl * BNR;
+    pack_panel(&j, 0, j.nsl);
+    strip_tasks(&j, 0, j.mb, rows_strip_block);
+  }
+  atomic_fetch_and(&f->busy, ~(1ull << slot));
+#else
+  (void)p, (void)b, (void)e;
+#endif
+}
+
+/* Does a product run fused tasks (above)? */
+static int fuse_worth(const bprod *x, int64_t nth, void (*tasks)(void *, int64_t, int64_t));
+
 /* One product on the tile unit: per chunk of K, A packed once (all rows),
- * then per panel of B (AMX_PANEL bytes) the panel packed and the tasks. */
+ * then per panel of B (AMX_PANEL bytes) the panel packed and the tasks
+ * (or fused tasks over every column, fuse_worth). */
 static void run_amx_with(const bprod *x, uint32_t *bp, uint16_t *ap, int par, const tpurt__bmat *out, float oalpha,
                          float obeta, void (*tasks)(void *, int64_t, int64_t)) {
   int64_t nth = par ? tpurt_num_threads() : 1, KC = chunk_k(x->K2, 1), pc = panel_cols(KC, 1);
@@ -864,6 +913,12 @@ static void run_amx_with(const bprod *x, uint32_t *bp, uint16_t *ap, int par, co
       tpurt_parallel_for(ng, 1, pack_a_groups, &ja);
     else
       pack_a_groups(&ja, 0, ng);
+    if (fuse_worth(x, nth, tasks)) {
+      fjob f = {ja, FUSE_SL * (kc / 2) * BNR, 0};
+      f.j.nc = x->N, f.j.nsl = (x->N + BNR - 1) / BNR, f.j.beta = k0 == 0 ? x->beta : 1.0f;
+      tpurt_parallel_for((f.j.nsl + FUSE_SL - 1) / FUSE_SL, 1, fused_tasks, &f);
+      continue;
+    }
     for (int64_t j0 = 0; j0 < x->N; j0 += pc) {
       int64_t nc = x->N - j0 < pc ? x->N - j0 : pc, nsl = (nc + BNR - 1) / BNR;
       bpanel j = ja;
@@ -880,6 +935,22 @@ static void run_amx_with(const bprod *x, uint32_t *bp, uint16_t *ap, int par, co
       }
     }
   }
+}
+
+/* Paired against the panels (Zen 5, 2 threads, 3 x 3 bf16 convolutions,
+ * N 64): forward passes and input gradients of 64 -> 64 at 32^2
+ * 1.07-1.35, 192 -> 64 1.40, 128 -> 128 1.54-1.62, to 256 channels
+ * 1.18-1.25, to 512 1.06, but to 1024 0.87-1.00; weight gradients (A: the
+ * gathered image rows, pack_a, in K chunks of 2048 positions) 0.75-0.98:
+ * every task streams all of A's rows for its few columns, the panels
+ * stream them once. So: hooked products with a plain A (the weights) on
+ * the dot products, at most 512 rows, and at least a column block a
+ * thread. TORCH_TPU_BGEMM_FUSED=0: the panels always. */
+static int fuse_worth(const bprod *x, int64_t nth, void (*tasks)(void *, int64_t, int64_t)) {
+  int64_t blocks = (x->N + FUSE_SL * BNR - 1) / (FUSE_SL * BNR);
+  const char *e = getenv("TORCH_TPU_BGEMM_FUSED"); /* 0: the panels always (tests, measurements) */
+  return tasks == rows_tasks && x->hk && !x->hk->pack_a && x->M <= 8 * AMX_MB && nth > 1 && nth <= 64 &&
+         blocks >= nth && !(e && !strcmp(e, "0"));
 }
 
 static void run_amx(const bprod *x, uint32_t *bp, uint16_t *ap, int par, const tpurt__bmat *out, float oalpha,
@@ -988,7 +1059,10 @@ int tpurt__bgemm_hooked(int64_t M, int64_t N, int64_t K, const tpurt__bmat *A, c
   tpurt__bmat a = A ? *A : (tpurt__bmat){&zero, TPURT_BF16, 0, 1};
   tpurt__bmat b = {&zero, TPURT_BF16, 0, 1}; /* read only through hk->pack_b */
   int64_t KC = chunk_k(K, 1);
-  size_t panel = (panel_words(N, K, 1) * 4 + 63) & ~(size_t)63, apack = (amx_a_bytes(M, K) + 63) & ~(size_t)63;
+  size_t panel = panel_words(N, K, 1) * 4, slots = (size_t)tpurt_num_threads() * FUSE_SL * (size_t)(KC / 2) * BNR * 4;
+  if (!amx && slots > panel) panel = slots; /* fused tasks' slots (fuse_worth) */
+  panel = (panel + 63) & ~(size_t)63;
+  size_t apack = (amx_a_bytes(M, K) + 63) & ~(size_t)63;
   size_t cbytes = K > KC ? (size_t)(M * N) * 4 : 0; /* C between K chunks (one chunk: the strip only) */
   char *mem = buf(panel + apack + cbytes);
   if (!mem) return 0;
