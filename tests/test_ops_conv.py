@@ -524,3 +524,24 @@ def test_conv2d_stem_channels_last_bf16_nan():
     got = F.conv2d(xn.to("tpu"), w.to("tpu"), b.to("tpu"), stride=2, padding=3).cpu()
     assert torch.equal(got.isnan(), want.isnan()) and 0 < want.isnan().sum() < want.numel()
     torch.testing.assert_close(got.nan_to_num(), want.nan_to_num(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_conv2d_bias_gradient_is_the_float64_sum(dtype, channels_last):
+    # the bias gradient sums dy over images and positions in double (an
+    # image's rows in vector lanes, in parallel over channels): the float64
+    # sum rounded once, from the bf16 kernels' strided views and the f32
+    # path alike (24 x 24 planes, channels-last dy read with its strides)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 32, 24, 24, generator=g).to(dtype)
+    w = torch.randn(48, 32, 3, 3, generator=g).to(dtype)
+    dy = torch.randn(3, 48, 24, 24, generator=g).to(dtype)
+    if channels_last:
+        x, dy = x.contiguous(memory_format=torch.channels_last), dy.contiguous(memory_format=torch.channels_last)
+    args = (dy.to("tpu"), x.to("tpu"), w.to("tpu"), [48], [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    _, dw, db = torch.ops.aten.convolution_backward(*args, [False, True, True])
+    want = dy.double().sum((0, 2, 3)).to(dtype)
+    assert torch.equal(db.cpu(), want)
+    _, _, db_only = torch.ops.aten.convolution_backward(*args, [False, False, True])
+    assert torch.equal(db_only.cpu(), want)
