@@ -721,10 +721,24 @@ typedef void (*strip_block_fn)(const bpanel *j, float *strip, int64_t ldcs, int6
  * other in the L1); C is read (load_c) and written once a chunk. A block
  * of fewer than 32 rows runs whole in the strip too: its rows past m (A's
  * zero rows) are never copied out. */
+#if defined(__x86_64__) || defined(__i386__)
+static void rows_strip_block(const bpanel *j, float *strip, int64_t ldcs, int64_t row, int64_t m, int64_t s0,
+                             int64_t s1, int load_c);
+#endif
 static void strip_tasks(const bpanel *j, int64_t b, int64_t e, strip_block_fn block) {
   const bprod *x = j->x;
   int load_c = j->k0 > 0 || j->beta != 0.0f;
   _Alignas(64) float strip[AMX_MR * AMX_STRIP_LD]; /* 137 KiB: the stacks of pool and stream threads hold it */
+#if defined(__x86_64__) || defined(__i386__)
+  /* The dot products on a product of several chunks of K accumulate in C
+   * itself (the same arithmetic as in the strip): copying C's block into
+   * the strip and back every chunk took a tenth of a convolution's weight
+   * gradient. Where their 8-row groups and sliver pairs stay inside C:
+   * M a multiple of 8, N of 32. */
+  int direct = block == rows_strip_block && x->K2 > chunk_k(x->K2, 1) && x->M % BMR == 0 && x->N % (2 * BNR) == 0;
+#else
+  int direct = 0;
+#endif
   for (int64_t task = b; task < e; task++) {
     int64_t ib = task / j->np, part = task % j->np;
     int64_t i0 = ib * AMX_MB, mc = x->M - i0 < AMX_MB ? x->M - i0 : AMX_MB;
@@ -734,6 +748,11 @@ static void strip_tasks(const bpanel *j, int64_t b, int64_t e, strip_block_fn bl
     for (int64_t r = 0; r < mc; r += AMX_MR) {
       int64_t m = mc - r < AMX_MR ? mc - r : AMX_MR;
       float *c = x->c + (i0 + r) * x->ldc + j->j0 + s0 * BNR;
+      if (direct) {
+        block(j, c, x->ldc, i0 + r, m, s0, s1, load_c);
+        if (j->k0 + j->kc >= x->K2 && ((x->hk && x->hk->out) || j->out)) strip_store(j, c, x->ldc, i0 + r, m, s0, w, c);
+        continue;
+      }
       int64_t ldcs = (w + 2 * BNR - 1) / (2 * BNR) * (2 * BNR) + 16; /* whole pairs, and a cache line */
       if (load_c)
         for (int64_t i = 0; i < m; i++) memcpy(strip + i * ldcs, c + i * x->ldc, (size_t)w * 4);
@@ -865,10 +884,6 @@ typedef struct {
 } fjob;
 
 static void strip_tasks(const bpanel *j, int64_t b, int64_t e, strip_block_fn block);
-#if defined(__x86_64__) || defined(__i386__)
-static void rows_strip_block(const bpanel *j, float *strip, int64_t ldcs, int64_t row, int64_t m, int64_t s0,
-                             int64_t s1, int load_c);
-#endif
 
 static void fused_tasks(void *p, int64_t b, int64_t e) {
 #if defined(__x86_64__) || defined(__i386__)
