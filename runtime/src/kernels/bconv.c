@@ -765,16 +765,41 @@ typedef struct {
       _mm512_storeu_ps((t) + 16 * i_, (ADD) ? _mm512_add_ps(_mm512_loadu_ps((t) + 16 * i_), *acc_[i_]) : *acc_[i_]); \
   }
 
+/* The left half alone (one sliver): 8 accumulators, the same products
+ * and sums per element */
+#define H8_ROW(R, i)                                                               \
+  {                                                                                \
+    uint32_t v_;                                                                   \
+    memcpy(&v_, (R)[i] + 2 * q, 4);                                                \
+    h##i = _mm512_dpbf16_ps(h##i, (__m512bh)_mm512_set1_epi32((int)v_), x0);       \
+  }
+
 /* t[8 x 32] = the 8 rows (positions) times slivers b0, b1 (b1 NULL: the
- * right half is not computed) over every tap */
+ * right half is neither computed nor written — a pass of <= 16 output
+ * channels computed 32, a 1-channel output 32 times its work) over every
+ * tap */
 IP_TARGET static void ip_tile(const uint16_t *const *rows, const int64_t *toff, int64_t kk, int64_t kp,
                               const uint32_t *b0, const uint32_t *b1, float *t) {
+  if (!b1) {
+    __m512 h0 = _mm512_setzero_ps(), h1 = h0, h2 = h0, h3 = h0, h4 = h0, h5 = h0, h6 = h0, h7 = h0;
+    for (int64_t tap = 0; tap < kk; tap++) {
+      const uint16_t *rr[8];
+      for (int i = 0; i < 8; i++) rr[i] = rows[i] + toff[tap];
+      const uint32_t *x0p = b0 + tap * kp * 16;
+      _Pragma("GCC unroll 2") for (int64_t q = 0; q < kp; q++) {
+        __m512bh x0 = (__m512bh)_mm512_loadu_si512(x0p + q * 16);
+        H8_ROW(rr, 0) H8_ROW(rr, 1) H8_ROW(rr, 2) H8_ROW(rr, 3) H8_ROW(rr, 4) H8_ROW(rr, 5) H8_ROW(rr, 6) H8_ROW(rr, 7)
+      }
+    }
+    __m512 *acc[8] = {&h0, &h1, &h2, &h3, &h4, &h5, &h6, &h7};
+    for (int i = 0; i < 8; i++) _mm512_storeu_ps(t + 32 * i, *acc[i]);
+    return;
+  }
   D8_DECL
-  const uint32_t *bz = b1 ? b1 : b0;
   for (int64_t tap = 0; tap < kk; tap++) {
     const uint16_t *rr[8];
     for (int i = 0; i < 8; i++) rr[i] = rows[i] + toff[tap];
-    const uint32_t *x0p = b0 + tap * kp * 16, *x1p = bz + tap * kp * 16;
+    const uint32_t *x0p = b0 + tap * kp * 16, *x1p = b1 + tap * kp * 16;
     D8_LOOP(rr, x0p, x1p, kp)
   }
   D8_STORE(t, 0)

@@ -802,12 +802,15 @@ static void rows_strip_block(const bpanel *j, float *strip, int64_t ldcs, int64_
                              int64_t s1, int load_c) {
   int64_t kp = j->kc / 2;
   for (int64_t sl = s0; sl < s1; sl += 2) {
-    const uint32_t *b0 = j->bp + sl * kp * BNR, *b1 = sl + 1 < j->nsl ? b0 + kp * BNR : b0;
+    const uint32_t *b0 = j->bp + sl * kp * BNR;
     for (int64_t g = 0; g < m; g += BMR) {
       const uint16_t *rows8[BMR];
       for (int i = 0; i < BMR; i++) rows8[i] = j->ap + (row + g + i) * j->lda;
       float *cs = strip + g * ldcs + (sl - s0) * BNR;
-      bkr2_rows(kp, rows8, b0, b1, cs, cs + BNR, ldcs, 1.0f, load_c ? 1.0f : 0.0f);
+      if (sl + 1 < j->nsl)
+        bkr2_rows(kp, rows8, b0, b0 + kp * BNR, cs, cs + BNR, ldcs, 1.0f, load_c ? 1.0f : 0.0f);
+      else /* a last odd sliver alone (a weight gradient of <= 16 channels computed 32 columns) */
+        bkr1_rows(kp, rows8, b0, cs, ldcs, 1.0f, load_c ? 1.0f : 0.0f);
     }
   }
 }
