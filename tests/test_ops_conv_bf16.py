@@ -162,7 +162,8 @@ lib.tpurt_bf16_conv_implicit_passes.restype = ctypes.c_uint64
 torch.manual_seed(0)
 res = {}
 # name: N, C, H (= W); 3 x 3, padding 1, C -> C
-for name, n, c, h in (("large", 8, 64, 32), ("small", 2, 32, 16), ("4x4", 16, 256, 4), ("8x8 few channels", 2, 16, 8)):
+for name, n, c, h in (("large", 8, 64, 32), ("small", 2, 32, 16), ("4x4", 16, 256, 4), ("8x8 few channels", 2, 16, 8),
+                      ("16x16 many images", 32, 64, 16)):
     x = torch.randn(n, c, h, h).bfloat16(); w = torch.randn(c, c, 3, 3).bfloat16()
     gy = torch.randn(n, c, h, h).bfloat16()
     xt, wt = x.to("tpu").requires_grad_(), w.to("tpu").requires_grad_()
@@ -197,18 +198,24 @@ def test_bf16_conv_passes_by_shape_without_the_tile_unit(patch):
     # gradient on patch rows read in place (TORCH_TPU_CONV_PATCH=0: the f32
     # path, the column space would compute two columns per kept one); a small pass of 32 channels at 16 x 16 its forward pass
     # and input gradient on patch rows read in place (TORCH_TPU_CONV_PATCH=0:
-    # the f32 path); few channels the f32 path. Every result within the
+    # the f32 path); few channels the f32 path; 32 images of 64 channels at
+    # 16 x 16 (large passes, <= 256 positions, >= 64 channels, a weight
+    # gradient of 2 tasks for 2 threads) all three passes in place
+    # (TORCH_TPU_CONV_PATCH=0: the column space). Every result within the
     # precision contract.
     level = RUNNABLE[-1]
     if level != "avx512" or not _bf16_kernel(level):
         pytest.skip("the shape rules concern AVX512-BF16 hosts without AMX")
-    r = run_python(SHAPES, env={"TORCH_TPU_ISA": level, "TORCH_TPU_CONV_PATCH": patch}, timeout=300)
+    r = run_python(SHAPES, env={"TORCH_TPU_ISA": level, "TORCH_TPU_CONV_PATCH": patch, "TPU_NUM_THREADS": "2"},
+                   timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert all(v["worst"] <= 1.0 for v in out.values()), out
-    want = {"large": 3, "small": 2 if patch == "" else 0, "4x4": 3 if patch == "" else 0, "8x8 few channels": 0}
+    want = {"large": 3, "small": 2 if patch == "" else 0, "4x4": 3 if patch == "" else 0, "8x8 few channels": 0,
+            "16x16 many images": 3}
     assert {k: v["passes"] for k, v in out.items()} == want, out
-    implicit = {"large": 0, "small": want["small"], "4x4": want["4x4"], "8x8 few channels": 0}
+    implicit = {"large": 0, "small": want["small"], "4x4": want["4x4"], "8x8 few channels": 0,
+                "16x16 many images": 3 if patch == "" else 0}
     assert {k: v["implicit"] for k, v in out.items()} == implicit, out
 
 

@@ -966,11 +966,12 @@ static int patch_pass(const tpurt_view *out, const tpurt_view *src, const tpurt_
  * copied: small images — the column space keeps < 3/4 of its columns, see
  * dot_worth, or an image has <= 64 positions — unless 2 below) or 2 (rows read in place,
  * ip_forward: unit strides, channels in pairs, larger images — a pass the
- * column space would leave to the f32 path, or >= 96 channels at <= 256
+ * column space would leave to the f32 path, or >= 64 channels at <= 256
  * positions). Paired in one process, Zen 5, 3 x 3, forward / input
  * gradient against the former choice: C 64 at 16^2 (f32 path) 1.41 /
  * 1.43, C 32 at 16^2 1.08 / 1.16, N 4, C 64 at 32^2 1.23, C 96 and 128 at
- * 16^2 (dot products) 1.06-1.10; not taken where it measured slower: C 32
+ * 16^2 (dot products) 1.06-1.10, N 64, C 64 at 16^2 (dot products) 1.14 /
+ * 1.15, 64 -> 128 at 16^2 1.29; not taken where it measured slower: C 32
  * and 64 at 32^2 and 64^2 on the column space (0.58-0.85), stride 2
  * (0.89-0.94), <= 64 positions against copied rows (0.95-0.98) with < 128
  * channels in; with >= 128 channels in at <= 64 positions and a kernel
@@ -998,7 +999,7 @@ static int patch_worth(int64_t G, int64_t cin, int64_t kk, int unit, int64_t kep
   if (env == PATCH_IMPLICIT) return ip ? 2 : 1;
   if (ip && kk > 1 && cin >= 128 && kept <= 64) return 2;
   if (4 * kept < 3 * computed || kept <= 64) return 1;
-  if (ip && unit && (!dot_worth(macs, kept, computed, 0) || (cin >= 96 && kept <= 256))) return 2;
+  if (ip && unit && (!dot_worth(macs, kept, computed, 0) || (cin >= 64 && kept <= 256))) return 2;
   return 0;
 }
 
@@ -1343,14 +1344,19 @@ static void iw_tasks(void *p, int64_t b, int64_t e) {
 
 /* Should a weight gradient run on patch rows in place: the dot products,
  * one group, channels in 32s, an even number of positions an image and
- * small images (<= 64 positions: the f32 path before),
+ * small images (<= 64 positions: the f32 path before; <= 256 with a
+ * kernel larger than 1 x 1: paired against the column space, N 64, 128 at
+ * 16^2 1.17-1.21, 64 -> 128 1.30, 256 -> 128 1.04, 64 at 16^2 1.05; at
+ * least a task a thread: 32 -> 32 and 32 -> 64, one task, 0.60-0.75; at
+ * 32^2 0.48-0.99, 1 x 1 at 16^2 0.56),
  * TORCH_TPU_CONV_PATCH=implicit wherever it can run, =0 / =1 never. */
-static int iw_worth(int64_t G, int64_t C, int64_t kk, int64_t P, const tpurt_view *dy) {
+static int iw_worth(int64_t G, int64_t C, int64_t Co, int64_t kk, int64_t P, const tpurt_view *dy) {
   if (tpurt__bgemm_amx() || !tpurt__cpu_avx512_bf16() || G != 1 || C % 32 || P % 2 || kk > IP_MAX_TAPS ||
       dy->strides[4] != 1 || dy->strides[3] != dy->sizes[4])
     return 0;
   int env = patch_env();
-  return env == PATCH_IMPLICIT || (env == PATCH_RULE && P <= 64);
+  int64_t tasks = (Co + IW_CO - 1) / IW_CO * (C / 32);
+  return env == PATCH_IMPLICIT || (env == PATCH_RULE && (P <= 64 || (P <= 256 && kk > 1 && tasks >= tpurt_num_threads())));
 }
 
 static int iw_pass(const tpurt_view *dwv, const tpurt_view *dy, const tpurt_view *x, const tpurt_conv3d_params *p) {
@@ -1381,7 +1387,7 @@ int tpurt__bconv_backward_weight(const tpurt_view *dwv, const tpurt_view *dy, co
   int64_t N = x->sizes[0], Ci = x->sizes[1];
   int64_t Co = dy->sizes[1], Ho = dy->sizes[3], Wo = dy->sizes[4], kh = dwv->sizes[3], kw = dwv->sizes[4];
   int64_t G = p->groups, Cig = Ci / G, Cog = Co / G, kk = kh * kw, Kd = Cig * kk;
-  if (iw_worth(G, Ci, kk, Ho * Wo, dy)) return iw_pass(dwv, dy, x, p);
+  if (iw_worth(G, Ci, Co, kk, Ho * Wo, dy)) return iw_pass(dwv, dy, x, p);
   planes g;
   plan_images(&g, x, Ho, Wo, kh, kw, p);
   if (!dot_worth(N * Co * Ho * Wo * Kd, Ho * Wo, g.lp, 1)) return 0;
