@@ -333,3 +333,56 @@ def test_bf16_conv_fused_tasks_same_bits_as_panels():
     for k in fused:
         assert fused[k][:2] == panels[k][:2], k
         assert fused[k][2] < 2.0**-7 and panels[k][2] < 2.0**-7, (k, fused[k][2], panels[k][2])
+
+
+ONE_BY_ONE = r"""
+import ctypes, json, torch, torch_tpu
+import torch.nn.functional as F
+lib = ctypes.CDLL("libtpurt.so")
+lib.tpurt_bf16_conv_tile_passes.restype = ctypes.c_uint64
+torch.manual_seed(0)
+res = {}
+for name, n, ci, co, h, layout, bias in (("nchw", 4, 64, 96, 12, "nchw", True), ("no bias", 3, 40, 24, 8, "nchw", False),
+                                          ("channels_last", 4, 64, 96, 12, "channels_last", True),
+                                          ("4x4", 4, 64, 96, 4, "nchw", True)):
+    x = torch.randn(n, ci, h, h).bfloat16(); w = torch.randn(co, ci, 1, 1).bfloat16()
+    b = torch.randn(co).bfloat16() if bias else None
+    gy = torch.randn(n, co, h, h).bfloat16()
+    if layout == "channels_last":
+        x, gy = x.contiguous(memory_format=torch.channels_last), gy.contiguous(memory_format=torch.channels_last)
+    xt = x.to("tpu").requires_grad_()
+    before = lib.tpurt_bf16_conv_tile_passes()
+    y = F.conv2d(xt, w.to("tpu"), b.to("tpu") if bias else None)
+    y.backward(gy.to("tpu"))
+    torch.tpu.synchronize()
+    passes = lib.tpurt_bf16_conv_tile_passes() - before
+    bd = b.double() if bias else None
+    ref = F.conv2d(x.double(), w.double(), bd)
+    mag = F.conv2d(x.double().abs(), w.double().abs(), bd.abs() if bias else None)
+    gref = torch.nn.grad.conv2d_input(x.shape, w.double(), gy.double())
+    gmag = torch.nn.grad.conv2d_input(x.shape, w.double().abs(), gy.double().abs())
+    worst = 0.0
+    for got, r, m, k in ((y.detach().cpu(), ref, mag, ci + 1), (xt.grad.cpu(), gref, gmag, co)):
+        bound = (k + 2) * 2.0**-23 * m + 2.0**-8 * r.abs() + 1e-30
+        worst = max(worst, ((got.double() - r).abs() / bound).max().item())
+    res[name] = {"passes": passes, "worst": worst}
+print(json.dumps(res))
+"""
+
+
+def test_bf16_one_by_one_convolutions_as_batched_products():
+    # on the dot products a 1 x 1 convolution at unit stride without padding
+    # (planes of >= 64 positions, NCHW or channels-last) runs its forward pass
+    # (bias added before the one rounding) and input gradient as batched bf16
+    # products — small passes the other bf16 kernels leave to the f32 path
+    # (as TORCH_TPU_CONV_PATCH=0 shows: it keeps the former paths); 4 x 4
+    # planes keep theirs (copied patch rows); all within the precision contract
+    level = RUNNABLE[-1]
+    if level != "avx512" or not _bf16_kernel(level):
+        pytest.skip("1 x 1 products run on AVX512-BF16 hosts without AMX")
+    out = _run({"TORCH_TPU_ISA": level}, ONE_BY_ONE)
+    former = _run({"TORCH_TPU_ISA": level, "TORCH_TPU_CONV_PATCH": "0"}, ONE_BY_ONE)
+    for o in (out, former):
+        assert all(v["worst"] <= 1.0 for v in o.values()), o
+    assert {k: v["passes"] for k, v in out.items()} == {"nchw": 2, "no bias": 2, "channels_last": 2, "4x4": 2}, out
+    assert {k: v["passes"] for k, v in former.items()} == {"nchw": 0, "no bias": 0, "channels_last": 0, "4x4": 0}, former
