@@ -386,3 +386,40 @@ def test_bf16_one_by_one_convolutions_as_batched_products():
         assert all(v["worst"] <= 1.0 for v in o.values()), o
     assert {k: v["passes"] for k, v in out.items()} == {"nchw": 2, "no bias": 2, "channels_last": 2, "4x4": 2}, out
     assert {k: v["passes"] for k, v in former.items()} == {"nchw": 0, "no bias": 0, "channels_last": 0, "4x4": 0}, former
+
+
+ONE_CHANNEL = r"""
+import ctypes, json, torch, torch_tpu
+import torch.nn.functional as F
+lib = ctypes.CDLL("libtpurt.so")
+lib.tpurt_bf16_conv_implicit_passes.restype = ctypes.c_uint64
+torch.manual_seed(0)
+res = {}
+for name, layout, h, w_ in (("nchw", "nchw", 12, 12), ("wide", "nchw", 3, 70), ("sliced", "sliced", 10, 11),
+                           ("channels_last", "channels_last", 9, 12)):
+    x = torch.randn(3, 64, h, 2 * w_).bfloat16()[..., ::2] if layout == "sliced" else torch.randn(3, 64, h, w_).bfloat16()
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    w = torch.randn(1, 64, 3, 3).bfloat16(); b = torch.randn(1).bfloat16()
+    before = lib.tpurt_bf16_conv_implicit_passes()
+    y = F.conv2d(x.to("tpu"), w.to("tpu"), b.to("tpu"), padding=1).cpu()
+    ref = F.conv2d(x.double(), w.double(), b.double(), padding=1)
+    mag = F.conv2d(x.double().abs(), w.double().abs(), b.double().abs(), padding=1)
+    bound = (64 * 9 + 3) * 2.0**-23 * mag + 2.0**-8 * ref.abs() + 1e-30
+    res[name] = {"implicit": lib.tpurt_bf16_conv_implicit_passes() - before,
+                 "worst": ((y.double() - ref).abs() / bound).max().item()}
+print(json.dumps(res))
+"""
+
+
+def test_bf16_one_output_channel_as_dot_products():
+    # a forward pass to one channel on patch rows read in place (64 -> 1,
+    # UNet's output layer) runs a dot product per position over its taps'
+    # channel runs, the images laid out channels-last from NCHW (blocks of 16
+    # channels x 64 pixels: a 70-wide image has two), sliced and channels-last
+    # views; within the precision contract
+    level = RUNNABLE[-1]
+    if level != "avx512" or not _bf16_kernel(level):
+        pytest.skip("patch rows run on the AVX512-BF16 dot products without AMX")
+    out = _run({"TORCH_TPU_ISA": level, "TORCH_TPU_CONV_PATCH": "implicit"}, ONE_CHANNEL)
+    assert all(v["worst"] <= 1.0 and v["implicit"] == 1 for v in out.values()), out
