@@ -1,6 +1,8 @@
-/* bf16_simd.h — AVX-512 helpers shared by the bf16 GEMM (bgemm.c) and the
- * bf16 convolution on the tile unit (bconv.c): rounding f32 to bf16 as
- * tpurt__f32_to_bf16 does, interleaving two bf16 rows into k pairs. */
+/* bf16_simd.h — AVX-512 helpers shared by the bf16 GEMM (bgemm.c), the
+ * bf16 convolution (bconv.c) and the double-accumulating norms and bias
+ * gradients (norm.c, conv.c): rounding f32 to bf16 as tpurt__f32_to_bf16
+ * does, interleaving two bf16 rows into k pairs, loading 16 f32 or bf16
+ * values as doubles. */
 #ifndef TPURT_BF16_SIMD_H
 #define TPURT_BF16_SIMD_H
 #include <immintrin.h>
@@ -42,5 +44,23 @@ __attribute__((target("avx512f"))) static inline void store_bf16x16(uint16_t *d,
   }
   _mm256_storeu_si256((__m256i *)d, _mm512_cvtepi32_epi16(rne_bf16(v)));
 }
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+/* 16 elements at x (f32, or bf16 when bf; the first m of them, m < 16: a
+ * masked tail, the others 0) as two vectors of 8 doubles, lo and hi (the
+ * caller's target needs avx512f, bw, dq and vl) */
+#define LOAD16_PD(x, bf, m, lo, hi)                                                                   \
+  do {                                                                                                \
+    __mmask16 k_ = (__mmask16)((1u << (m)) - 1u);                                                     \
+    if (bf) {                                                                                         \
+      __m512 v_ = _mm512_castsi512_ps(                                                                \
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k_, (const uint16_t *)(x))), 16)); \
+      lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v_));                                               \
+      hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v_), 1)));        \
+    } else { /* two halves straight into the conversions: no extract */                               \
+      lo = _mm512_cvtps_pd(_mm256_maskz_loadu_ps((__mmask8)k_, (const float *)(x)));                  \
+      hi = _mm512_cvtps_pd(_mm256_maskz_loadu_ps((__mmask8)(k_ >> 8), (const float *)(x) + 8));       \
+    }                                                                                                 \
+  } while (0)
 #endif
 #endif

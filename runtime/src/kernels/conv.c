@@ -34,9 +34,7 @@
 
 #include "gemm_internal.h"
 #include "rk_common.h" /* rk_load_f64 */
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "bf16_simd.h" /* LOAD16_PD */
 
 /* conv_direct.c: direct forward for few input channels per group */
 TPURT_INTERNAL int tpurt__conv_direct_applies(int64_t Cig, int64_t kd, int64_t D, int64_t Do);
@@ -480,28 +478,18 @@ typedef struct {
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) static double vsum_avx512(const char *x, int bf, int64_t n) {
   __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
   int64_t es = bf ? 2 : 4, i = 0;
-#define VS_LOAD(i, m, lo, hi)                                                                                 \
-  do {                                                                                                        \
-    __mmask16 k_ = (__mmask16)(m);                                                                            \
-    __m512 v_ = bf ? _mm512_castsi512_ps(_mm512_slli_epi32(                                                   \
-                         _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k_, (const uint16_t *)(x + (i) * es))), 16)) \
-                   : _mm512_maskz_loadu_ps(k_, (const float *)(x + (i) * es));                                \
-    lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v_));                                                         \
-    hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v_), 1)));                  \
-  } while (0)
   for (; i + 32 <= n; i += 32) {
     __m512d l0, h0, l1, h1;
-    VS_LOAD(i, 0xffff, l0, h0);
-    VS_LOAD(i + 16, 0xffff, l1, h1);
+    LOAD16_PD(x + i * es, bf, 16, l0, h0);
+    LOAD16_PD(x + (i + 16) * es, bf, 16, l1, h1);
     a0 = _mm512_add_pd(a0, l0), a1 = _mm512_add_pd(a1, h0), a2 = _mm512_add_pd(a2, l1), a3 = _mm512_add_pd(a3, h1);
   }
   for (; i < n; i += 16) {
     int m = n - i < 16 ? (int)(n - i) : 16;
     __m512d l0, h0;
-    VS_LOAD(i, (1u << m) - 1u, l0, h0);
+    LOAD16_PD(x + i * es, bf, m, l0, h0);
     a0 = _mm512_add_pd(a0, l0), a1 = _mm512_add_pd(a1, h0);
   }
-#undef VS_LOAD
   return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(a0, a1), _mm512_add_pd(a2, a3)));
 }
 #endif

@@ -523,21 +523,6 @@ static inline int t3_vec_rows(const t3 *t) { return t->vec; }
 
 #if defined(__x86_64__) || defined(__i386__)
 #define BN_TARGET __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
-/* 16 elements at x (f32, or bf16 when bf; the first m of them, m < 16: a
- * masked tail) as two vectors of 8 doubles */
-#define BN_LOAD16(x, bf, m, lo, hi)                                                                   \
-  do {                                                                                                \
-    __mmask16 k_ = (__mmask16)((1u << (m)) - 1u);                                                     \
-    if (bf) {                                                                                         \
-      __m512 v_ = _mm512_castsi512_ps(                                                                \
-          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k_, (const uint16_t *)(x))), 16)); \
-      lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v_));                                               \
-      hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v_), 1)));        \
-    } else { /* two halves straight into the conversions: no extract */                               \
-      lo = _mm512_cvtps_pd(_mm256_maskz_loadu_ps((__mmask8)k_, (const float *)(x)));                  \
-      hi = _mm512_cvtps_pd(_mm256_maskz_loadu_ps((__mmask8)(k_ >> 8), (const float *)(x) + 8));       \
-    }                                                                                                 \
-  } while (0)
 #else
 #define BN_TARGET
 #endif
@@ -562,10 +547,10 @@ static inline int t3_vec_rows(const t3 *t) { return t->vec; }
 #define BN_CHUNK(K, i)                                                                                \
   do {                                                                                                \
     __m512d xl_, xh_, gl_, gh_;                                                                       \
-    BN_LOAD16(x + (i) * xes, xb, 16, xl_, xh_);                                                       \
+    LOAD16_PD(x + (i) * xes, xb, 16, xl_, xh_);                                                       \
     __m512d dl_ = _mm512_sub_pd(xl_, vc), dh_ = _mm512_sub_pd(xh_, vc);                               \
     if (hasg) {                                                                                       \
-      BN_LOAD16(g + (i) * ges, gbf, 16, gl_, gh_);                                                    \
+      LOAD16_PD(g + (i) * ges, gbf, 16, gl_, gh_);                                                    \
       BN_ACC(K, gl_, gh_, dl_, dh_);                                                                  \
     } else {                                                                                          \
       BN_ACC(K, dl_, dh_, dl_, dh_);                                                                  \
@@ -596,11 +581,11 @@ bn_sums_body(int hasg, const t3 *gt, const char *gbase, const t3 *xt, const char
       for (; i < S; i += BN_LANES, j++) {
         int m = S - i < BN_LANES ? (int)(S - i) : BN_LANES;
         __m512d xl, xh, pl, ph;
-        BN_LOAD16(x + i * xes, xb, m, xl, xh);
+        LOAD16_PD(x + i * xes, xb, m, xl, xh);
         __mmask8 kl = (__mmask8)(m >= 8 ? 0xff : (1u << m) - 1u), kh = (__mmask8)(m > 8 ? (1u << (m - 8)) - 1u : 0);
         __m512d dl = _mm512_maskz_sub_pd(kl, xl, vc), dh = _mm512_maskz_sub_pd(kh, xh, vc);
         if (hasg)
-          BN_LOAD16(g + i * ges, gbf, m, pl, ph);
+          LOAD16_PD(g + i * ges, gbf, m, pl, ph);
         else
           pl = dl, ph = dh;
         switch (j & 3) {
@@ -650,8 +635,8 @@ BN_TARGET static void bn_gdot_rows(const bnplan *p, const bnctx *x, int64_t n0, 
   for (int64_t i = 0; i < S; i += BN_LANES) {
     int m = S - i < BN_LANES ? (int)(S - i) : BN_LANES;
     __m512d gl, gh, xl, xh;
-    BN_LOAD16(g + i * ges, gbf, m, gl, gh);
-    BN_LOAD16(xr + i * xes, xb, m, xl, xh);
+    LOAD16_PD(g + i * ges, gbf, m, gl, gh);
+    LOAD16_PD(xr + i * xes, xb, m, xl, xh);
     al = _mm512_add_pd(al, gl), ah = _mm512_add_pd(ah, gh);
     bl = _mm512_fmadd_pd(gl, _mm512_sub_pd(xl, vc), bl), bh = _mm512_fmadd_pd(gh, _mm512_sub_pd(xh, vc), bh);
   }
@@ -674,12 +659,12 @@ BN_TARGET static void bn_gdot_rows(const bnplan *p, const bnctx *x, int64_t n0, 
 #define BN_AFFINE16(i, m)                                                                             \
   do {                                                                                                \
     __m512d gl, gh, rl, rh;                                                                           \
-    BN_LOAD16(g + (i) * ges, gb, m, gl, gh);                                                          \
+    LOAD16_PD(g + (i) * ges, gb, m, gl, gh);                                                          \
     rl = _mm512_mul_pd(gl, v1);                                                                       \
     rh = _mm512_mul_pd(gh, v1);                                                                       \
     if (x) {                                                                                          \
       __m512d xl, xh;                                                                                 \
-      BN_LOAD16(x + (i) * xes, xb, m, xl, xh);                                                        \
+      LOAD16_PD(x + (i) * xes, xb, m, xl, xh);                                                        \
       rl = _mm512_add_pd(rl, _mm512_mul_pd(_mm512_sub_pd(xl, vm), v2));                               \
       rh = _mm512_add_pd(rh, _mm512_mul_pd(_mm512_sub_pd(xh, vm), v2));                               \
     }                                                                                                 \
@@ -919,6 +904,28 @@ static void bn_bwd_ch(void *c, int64_t cb, int64_t ce) {
 
 /* ---- group norm: one (sample, group) per work item */
 #define GN_BLOCK 64 /* channels per bn_affine_rows call */
+
+/* Vector rows of sample n, group g, in blocks of GN_BLOCK channels, one
+ * bn_affine_rows call each, k1 = rstd w[ch]: forward (fwd), y = x k1 +
+ * (b[ch] - mean k1); backward, dx = dy k1 + (x - mean) k2 + k3 (x not read
+ * where k2 == 0, as t3_dx). */
+static void gn_affine(const bnplan *p, const bnctx *x, int64_t n, int64_t g, int fwd, double rstd, double mean,
+                      double k2, double k3) {
+  int64_t Cg = p->C / p->groups, cend = (g + 1) * Cg;
+  double k1v[GN_BLOCK], k3v[GN_BLOCK];
+  for (int64_t c0 = g * Cg; c0 < cend; c0 += GN_BLOCK) {
+    int64_t c1 = c0 + GN_BLOCK < cend ? c0 + GN_BLOCK : cend;
+    for (int64_t ch = c0; ch < c1; ch++) {
+      k1v[ch - c0] = rstd * vget(&p->w, x->w, ch, 1.0);
+      k3v[ch - c0] = fwd ? vget(&p->b, x->b, ch, 0.0) - mean * k1v[ch - c0] : k3;
+    }
+    if (fwd)
+      bn_affine_rows(&p->y, x->y, &p->x, x->x, NULL, NULL, n, n + 1, c0, c1, p->S, k1v, 0.0, 0.0, k3v);
+    else
+      bn_affine_rows(&p->dx, x->dx, &p->dy, x->dy, k2 != 0 ? &p->x : NULL, x->x, n, n + 1, c0, c1, p->S, k1v, mean,
+                     k2, k3v);
+  }
+}
 static void gn_fwd(void *c, int64_t ib, int64_t ie) {
   bnctx *x = c;
   const bnplan *p = x->p;
@@ -930,16 +937,8 @@ static void gn_fwd(void *c, int64_t ib, int64_t ie) {
     double rstd = 1.0 / sqrt(var + p->eps);
     vset(&p->smean, x->smean, it, mean);
     vset(&p->sinv, x->sinv, it, rstd);
-    if (p->x.vec && p->y.vec) { /* the group's rows in blocks of GN_BLOCK channels, one call each */
-      double k1[GN_BLOCK], k3[GN_BLOCK];
-      for (int64_t c0 = g * Cg; c0 < (g + 1) * Cg; c0 += GN_BLOCK) {
-        int64_t c1 = c0 + GN_BLOCK < (g + 1) * Cg ? c0 + GN_BLOCK : (g + 1) * Cg;
-        for (int64_t ch = c0; ch < c1; ch++) {
-          k1[ch - c0] = rstd * vget(&p->w, x->w, ch, 1.0);
-          k3[ch - c0] = vget(&p->b, x->b, ch, 0.0) - mean * k1[ch - c0];
-        }
-        bn_affine_rows(&p->y, x->y, &p->x, x->x, NULL, NULL, n, n + 1, c0, c1, p->S, k1, 0.0, 0.0, k3);
-      }
+    if (t3_vec_rows(&p->x) && t3_vec_rows(&p->y)) {
+      gn_affine(p, x, n, g, 1, rstd, mean, 0.0, 0.0);
       continue;
     }
     for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) {
@@ -970,15 +969,8 @@ static void gn_bwd_dx(void *c, int64_t ib, int64_t ie) {
     sg /= M;
     sgx /= M;
     /* dx = rstd * (dy * w - sg - xhat * sgx) */
-    if (p->x.vec && p->dy.vec && p->dx.vec) { /* in blocks of channels as gn_fwd */
-      double k1[GN_BLOCK], k3[GN_BLOCK], k2 = -rstd * rstd * sgx;
-      for (int64_t c0 = g * Cg; c0 < (g + 1) * Cg; c0 += GN_BLOCK) {
-        int64_t c1 = c0 + GN_BLOCK < (g + 1) * Cg ? c0 + GN_BLOCK : (g + 1) * Cg;
-        for (int64_t ch = c0; ch < c1; ch++) k1[ch - c0] = rstd * vget(&p->w, x->w, ch, 1.0), k3[ch - c0] = -rstd * sg;
-        /* k2 == 0: x is not read (as t3_dx) */
-        bn_affine_rows(&p->dx, x->dx, &p->dy, x->dy, k2 != 0 ? &p->x : NULL, x->x, n, n + 1, c0, c1, p->S, k1, mean,
-                       k2, k3);
-      }
+    if (t3_vec_rows(&p->x) && t3_vec_rows(&p->dy) && t3_vec_rows(&p->dx)) {
+      gn_affine(p, x, n, g, 0, rstd, mean, -rstd * rstd * sgx, -rstd * sg);
       continue;
     }
     for (int64_t ch = g * Cg; ch < (g + 1) * Cg; ch++) {
