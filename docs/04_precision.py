@@ -137,14 +137,21 @@ def _(mo, torch):
         _sm = torch.softmax(_h, dim=-1)
         _sum = _h.sum()
         _relu = torch.relu(_h)
+        _ln = torch.nn.functional.layer_norm(_h, (16,))
+        _gn = torch.nn.functional.group_norm(_h.view(8, 4, 4), 2)
     mo.md(
         f"""
         ## bf16 autocast
 
         `torch.autocast("tpu", dtype=torch.bfloat16)` applies PyTorch's autocast policy on the device
         (`torch.tpu.is_bf16_supported()` → `{torch.tpu.is_bf16_supported()}`,
-        `torch.tpu.get_amp_supported_dtype()` → `{torch.tpu.get_amp_supported_dtype()}`). The parameters
-        stay float32; what each op returned inside the region here:
+        `torch.tpu.get_amp_supported_dtype()` → `{torch.tpu.get_amp_supported_dtype()}`): CUDA's op lists,
+        with one departure, the TPU one (PyTorch/XLA's TPU policy and CPU autocast make it too): layer norm,
+        group norm and nearest upsampling keep their input's dtype instead of widening to float32. The
+        norms compute their statistics and affine map in float32 or wider and round once (their saved
+        mean and rstd are float32 when the parameters are), so the float32 rule would only add a widening
+        copy, float32 activations and a narrowing copy at the next product. The parameters stay float32;
+        what each op returned inside the region here:
 
         | op | result dtype |
         |---|---|
@@ -153,6 +160,8 @@ def _(mo, torch):
         | `softmax` of a bf16 input | `{_sm.dtype}` |
         | `sum` of a bf16 input | `{_sum.dtype}` |
         | `relu` of a bf16 input | `{_relu.dtype}` |
+        | `layer_norm` of a bf16 input | `{_ln.dtype}` |
+        | `group_norm` of a bf16 input | `{_gn.dtype}` |
         | the layer's weight | `{_lin.weight.dtype}` |
         """
     )

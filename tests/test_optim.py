@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import torch_tpu
 
@@ -448,13 +449,59 @@ def test_clip_grad_norm_foreach():
 def test_autocast_availability_and_dtype():
     assert torch.amp.is_autocast_available(DEV)
     assert torch.get_autocast_dtype(DEV) in torch.tpu.get_amp_supported_dtype()
-    for key_op in ("aten::mm", "aten::linear", "aten::bmm", "aten::softmax.int", "aten::layer_norm",
-                   "aten::scaled_dot_product_attention", "aten::addcmul"):
+    for key_op in ("aten::mm", "aten::linear", "aten::bmm", "aten::softmax.int", "aten::log_softmax.int",
+                   "aten::scaled_dot_product_attention", "aten::addcmul", "aten::exp", "aten::mse_loss"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(key_op, "AutocastPrivateUse1"), key_op
     with torch.autocast(DEV, dtype=torch.bfloat16):
         assert torch.is_autocast_enabled(DEV)
         assert torch.get_autocast_dtype(DEV) == torch.bfloat16
     assert not torch.is_autocast_enabled(DEV)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_autocast_norms_and_nearest_upsample_keep_the_activation_dtype(dtype, mode):
+    """The device's one departure from CUDA's float32 list (the TPU policy,
+    as CPU autocast): layer / group norm and nearest upsampling of a
+    lower-precision activation return its dtype — the norms compute in f32
+    or wider and round once — while exp and softmax still widen. Forward and
+    backward match the float64 computation rounded to the dtype; parameter
+    gradients stay f32."""
+    g = torch.Generator().manual_seed(3)
+    x64 = (torch.randn(4, 8, 6, 6, generator=g, dtype=torch.float64) * 3 + 5).to(dtype).double()
+    w64, b64 = torch.randn(8, generator=g, dtype=torch.float64), torch.randn(8, generator=g, dtype=torch.float64)
+    lw64, lb64 = torch.randn(6, generator=g, dtype=torch.float64), torch.randn(6, generator=g, dtype=torch.float64)
+    gy = torch.randn(4, 8, 6, 6, generator=g, dtype=torch.float64).to(dtype).double()
+    leaves = [t.float().to(DEV).requires_grad_() for t in (w64, b64, lw64, lb64)]
+    x = x64.to(dtype).to(DEV).requires_grad_()
+    with torch_tpu.execution_mode(mode):
+        with torch.autocast(DEV, dtype=dtype):
+            gn = F.group_norm(x, 4, leaves[0], leaves[1])
+            ln = F.layer_norm(x, (6,), leaves[2], leaves[3])
+            up = F.interpolate(x, scale_factor=2.0, mode="nearest")
+            e, s = torch.exp(x), torch.softmax(x, -1)
+        assert (gn.dtype, ln.dtype, up.dtype) == (dtype,) * 3
+        assert e.dtype == s.dtype == torch.float32
+        gyt = gy.to(dtype).to(DEV)
+        grads = [torch.autograd.grad(y, [x, *ps], gyt) for y, ps in ((gn, leaves[:2]), (ln, leaves[2:]))]
+        outs = [t.detach().cpu().double() for t in (gn, ln, up)]
+    assert all(gr[0].dtype == dtype and gr[1].dtype == gr[2].dtype == torch.float32 for gr in grads)
+    xr = x64.clone().requires_grad_()
+    pr = [t.clone().requires_grad_() for t in (w64, b64, lw64, lb64)]
+    refs = [F.group_norm(xr, 4, pr[0], pr[1]), F.layer_norm(xr, (6,), pr[2], pr[3])]
+    eps = torch.finfo(dtype).eps  # one rounding of the result: within half an ulp, plus f32 arithmetic
+
+    def once_rounded(got, ref):
+        err = (got.cpu().double() - ref).abs() - (ref.abs() * eps / 2 + 1e-4 * ref.abs().max())
+        assert err.max() <= 0, float(err.max())
+
+    assert torch.equal(outs[2], F.interpolate(x64, scale_factor=2.0, mode="nearest"))
+    for got, ref, gr, ps in zip(outs, refs, grads, (pr[:2], pr[2:])):
+        once_rounded(got, ref.detach())
+        rgr = torch.autograd.grad(ref, [xr, *ps], gy)
+        once_rounded(gr[0], rgr[0])
+        for a, b in zip(gr[1:], rgr[1:]):
+            torch.testing.assert_close(a.cpu().double(), b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)

@@ -485,6 +485,17 @@ std::vector<int64_t> stat_shape(const at::Tensor& x, int64_t nn) {
   return s;
 }
 
+// dtype of a layer / group norm's saved mean and rstd, CPU's rule: float
+// when a bf16 / f16 input comes with float32 affine parameters (autocast's
+// case; the backward pass then reads unrounded statistics), else the input's
+at::ScalarType norm_stat_type(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                              const std::optional<at::Tensor>& bias) {
+  if (!at::isReducedFloatingType(x.scalar_type())) return x.scalar_type();
+  for (const auto* p : {&weight, &bias})
+    if (*p && (*p)->defined() && (*p)->scalar_type() == at::kFloat) return at::kFloat;
+  return x.scalar_type();
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(const at::Tensor& input,
                                                                  c10::SymIntArrayRef normalized_shape,
                                                                  const std::optional<at::Tensor>& weight,
@@ -493,8 +504,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(const at::Tenso
   int64_t nn = check_normalized_shape(input, normalized_shape, weight, bias);
   at::Tensor x = input.contiguous();
   at::Tensor y = at::empty(x.sizes(), x.options());
-  at::Tensor mean = at::empty(stat_shape(x, nn), x.options());
-  at::Tensor rstd = at::empty(stat_shape(x, nn), x.options());
+  at::TensorOptions sopt = x.options().dtype(norm_stat_type(x, weight, bias));
+  at::Tensor mean = at::empty(stat_shape(x, nn), sopt), rstd = at::empty(stat_shape(x, nn), sopt);
   if (x.numel() == 0 && mean.numel() == 0) return {y, mean, rstd};
   c10::DeviceGuard guard(x.device());
   tpurt_view yv = view_of(y), mv = view_of(mean), rv = view_of(rstd), xv = view_of(x), wv, bv;
@@ -703,7 +714,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm(const at::Tenso
               "input of shape ", input.sizes(), " and num_groups=", group);
   at::Tensor x = input.contiguous();
   at::Tensor y = at::empty(x.sizes(), x.options());
-  at::Tensor mean = at::empty({N, group}, x.options()), rstd = at::empty({N, group}, x.options());
+  at::TensorOptions sopt = x.options().dtype(norm_stat_type(x, weight, bias));
+  at::Tensor mean = at::empty({N, group}, sopt), rstd = at::empty({N, group}, sopt);
   if (N * C == 0) return {y, mean, rstd};
   c10::DeviceGuard guard(x.device());
   at::Tensor x3 = x.view({N, C, HxW}), y3 = y.view({N, C, HxW});
