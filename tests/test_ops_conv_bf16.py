@@ -423,3 +423,55 @@ def test_bf16_one_output_channel_as_dot_products():
         pytest.skip("patch rows run on the AVX512-BF16 dot products without AMX")
     out = _run({"TORCH_TPU_ISA": level, "TORCH_TPU_CONV_PATCH": "implicit"}, ONE_CHANNEL)
     assert all(v["worst"] <= 1.0 and v["implicit"] == 1 for v in out.values()), out
+
+
+FEW_CHANNELS = r"""
+import ctypes, json, torch, torch_tpu
+import torch.nn.functional as F
+lib = ctypes.CDLL("libtpurt.so")
+lib.tpurt_bf16_conv_tile_passes.restype = ctypes.c_uint64
+torch.manual_seed(0)
+res = {}
+# N, Ci, H, W, Co, kernel, conv kwargs, layout
+for name, n, ci, h, w_, co, k, kw, layout in (
+        ("64->1", 3, 64, 12, 12, 1, 3, dict(padding=1), "nchw"),
+        ("64->2 wide", 2, 64, 3, 70, 2, 3, dict(padding=1), "nchw"),
+        ("1->16 5x5", 3, 1, 11, 9, 16, 5, dict(padding=2), "nchw"),
+        ("1->8 valid", 2, 1, 10, 13, 8, 3, dict(), "nchw"),
+        ("32->1 pad (0, 2)", 2, 32, 7, 9, 1, 3, dict(padding=(0, 2)), "channels_last"),
+        ("24->1 sliced", 2, 24, 8, 10, 1, 3, dict(padding=1), "sliced")):
+    x = torch.randn(n, ci, h, 2 * w_).bfloat16()[..., ::2] if layout == "sliced" else torch.randn(n, ci, h, w_).bfloat16()
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    w = torch.randn(co, ci, k, k).bfloat16()
+    ysz = F.conv2d(x.float(), w.float(), **kw).shape
+    gy = torch.randn(ysz).bfloat16()
+    before = lib.tpurt_bf16_conv_tile_passes()
+    got = torch.ops.aten.convolution_backward(gy.to("tpu"), x.to("tpu"), w.to("tpu"), None, [1, 1],
+                                              list(kw.get("padding", (0, 0))) if isinstance(kw.get("padding"), tuple)
+                                              else [kw.get("padding", 0)] * 2, [1, 1], False, [0, 0], 1,
+                                              [False, True, False])[1].cpu()
+    passes = lib.tpurt_bf16_conv_tile_passes() - before
+    ref = torch.nn.grad.conv2d_weight(x.double(), w.shape, gy.double(), **kw)
+    mag = torch.nn.grad.conv2d_weight(x.double().abs(), w.shape, gy.double().abs(), **kw)
+    npos = ysz[0] * ysz[2] * ysz[3]
+    bound = (npos + 2) * 2.0**-23 * mag + 2.0**-8 * ref.abs() + 1e-30
+    res[name] = {"passes": passes, "worst": ((got.double() - ref).abs() / bound).max().item()}
+print(json.dumps(res))
+"""
+
+
+def test_bf16_weight_gradients_with_few_channels_as_direct_sums():
+    # weight gradients with <= 2 output channels or one input channel (an
+    # image model's output and input convolutions) at unit stride sum the
+    # products of each (output, input) channel pair's planes directly
+    # (without the AMX tile unit: the column-space product rounded the small
+    # side to 16 columns, and these passes were left to the f32 path): 3 x 3
+    # and 5 x 5, padded and valid, a tail of a 70-wide row, channels-last
+    # and sliced images, within the precision contract; the pass counts as a
+    # bf16 kernel pass
+    level = RUNNABLE[-1]
+    if level != "avx512" or not _bf16_kernel(level):
+        pytest.skip("the direct sums serve AVX512-BF16 hosts without AMX")
+    out = _run({"TORCH_TPU_ISA": level}, FEW_CHANNELS)
+    assert all(v["worst"] <= 1.0 and v["passes"] == 1 for v in out.values()), out
