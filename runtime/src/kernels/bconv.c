@@ -1096,7 +1096,13 @@ static int patch_pass(const tpurt_view *out, const tpurt_view *src, const tpurt_
  * channels in; with >= 128 channels in at <= 64 positions and a kernel
  * larger than 1 x 1, rows in place at any stride (ResNet-18's 256 at 8^2
  * and 512 at 4^2, N 64: 1.11-1.14; 256 -> 512 at stride 2: 1.05; N 16,
- * 128 at 8^2: 1.05; 1 x 1 kernels in place measured 0.45).
+ * 128 at 8^2: 1.05; 1 x 1 kernels in place measured 0.45). Since the
+ * fused column tasks and the in-place tiles' later changes, larger images
+ * measure faster in place too (2026-12-06, Zen 5, N 64, 3 x 3, forward /
+ * input gradient against the column space): 64 at 32^2 1.11 / 1.16, 128 at
+ * 32^2 1.09 / 1.09, 192 -> 64 1.07 / 1.10, 64 at 64^2 1.17 / 1.19, 32 at
+ * 32^2 1.27 / 1.23, stride 2 (forward) 128 at 32^2 1.22, 64 1.31; N 16:
+ * 0.99-1.16 — so every kernel larger than 1 x 1 with rows in place.
  * TORCH_TPU_CONV_PATCH=0 / 1 / implicit: never / copied rows wherever they
  * can run / rows in place wherever they can run, else copied (tests,
  * measurements). */
@@ -1118,6 +1124,7 @@ static int patch_worth(int64_t G, int64_t cin, int64_t kk, int unit, int64_t kep
   if (env == PATCH_IMPLICIT) return ip ? 2 : 1;
   if (ip && kk > 1 && cin >= 128 && kept <= 64) return 2;
   if (4 * kept < 3 * computed || kept <= 64) return 1;
+  if (ip && kk > 1) return 2;
   if (ip && unit && (!dot_worth(macs, kept, computed, 0) || (cin >= 64 && kept <= 256))) return 2;
   return 0;
 }
@@ -1524,7 +1531,9 @@ static void iw_tasks(void *p, int64_t b, int64_t e) {
  * kernel larger than 1 x 1: paired against the column space, N 64, 128 at
  * 16^2 1.17-1.21, 64 -> 128 1.30, 256 -> 128 1.04, 64 at 16^2 1.05; at
  * least a task a thread: 32 -> 32 and 32 -> 64, one task, 0.60-0.75; at
- * 32^2 0.48-0.99, 1 x 1 at 16^2 0.56),
+ * 32^2 0.48-0.99, 1 x 1 at 16^2 0.56; re-measured 2026-12-06 at 32^2 and
+ * 64^2, N 64: >= 128 output channels 1.08-1.19, 64 0.91-1.08, so images of
+ * any size with >= 128 output channels),
  * TORCH_TPU_CONV_PATCH=implicit wherever it can run, =0 / =1 never. */
 static int iw_worth(int64_t G, int64_t C, int64_t Co, int64_t kk, int64_t P, const tpurt_view *dy) {
   if (tpurt__bgemm_amx() || !tpurt__cpu_avx512_bf16() || G != 1 || C % 32 || P % 2 || kk > IP_MAX_TAPS ||
@@ -1532,7 +1541,8 @@ static int iw_worth(int64_t G, int64_t C, int64_t Co, int64_t kk, int64_t P, con
     return 0;
   int env = patch_env();
   int64_t tasks = (Co + IW_CO - 1) / IW_CO * (C / 32);
-  return env == PATCH_IMPLICIT || (env == PATCH_RULE && (P <= 64 || (P <= 256 && kk > 1 && tasks >= tpurt_num_threads())));
+  return env == PATCH_IMPLICIT ||
+         (env == PATCH_RULE && (P <= 64 || (kk > 1 && tasks >= tpurt_num_threads() && (P <= 256 || Co >= 128))));
 }
 
 static int iw_pass(const tpurt_view *dwv, const tpurt_view *dy, const tpurt_view *x, const tpurt_conv3d_params *p) {
