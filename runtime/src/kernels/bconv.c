@@ -875,15 +875,22 @@ static void ip_tasks(void *p, int64_t b, int64_t e) {
     const uint32_t *b0 = j->bp + s0 * j->kk * j->kp * 16, *b1 = s0 + 1 < j->nsl ? b0 + j->kk * j->kp * 16 : NULL;
     for (int64_t r = p0; r < p1; r += 8) {
       const uint16_t *rows[8];
-      int64_t pos[8], oh0 = -1;
+      int64_t pos[8], oh0 = -1, n, oh, ow;
       int same = 1, tl[IP_MAX_TAPS];
+      /* position r's (n, oh, ow), then one step a row (past p1: the last
+       * again); divisions for each of the 8 took a sixth of a 64-channel
+       * pass */
+      if (j->reorder) {
+        oh = r / NW, n = r % NW / g->Wo, ow = r % g->Wo;
+      } else {
+        int64_t l = r % P;
+        n = r / P, oh = l / g->Wo, ow = l % g->Wo;
+      }
       for (int i = 0; i < 8; i++) {
-        int64_t q = r + i < p1 ? r + i : p1 - 1, n, oh, ow;
-        if (j->reorder) {
-          oh = q / NW, n = q % NW / g->Wo, ow = q % g->Wo;
-        } else {
-          int64_t l = q % P;
-          n = q / P, oh = l / g->Wo, ow = l % g->Wo;
+        if (i > 0 && r + i < p1 && ++ow == g->Wo) {
+          ow = 0;
+          if (!j->reorder && ++oh == g->Ho) oh = 0, n++;
+          if (j->reorder && ++n == NW / g->Wo) n = 0, oh++;
         }
         same &= i == 0 || oh == oh0;
         oh0 = oh;
