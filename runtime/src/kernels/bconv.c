@@ -1493,27 +1493,32 @@ static void iw_tasks(void *p, int64_t b, int64_t e) {
   /* the thread's accumulators [tap][IW_CO co][32] and panel, kept between
    * calls (a malloc of this size each call was an mmap and page faults) */
   size_t abytes = ((size_t)(kk * IW_CO * 32) * 4 + 63) & ~(size_t)63;
-  char *mem = tpurt__bgemm_thread_buf(abytes + (size_t)(panel / 2 * 32) * 4);
+  size_t pbytes = (size_t)(panel / 2 * 32) * 4;
+  char *mem = tpurt__bgemm_thread_buf(abytes + pbytes + (size_t)panel * sizeof(int64_t));
   if (!mem) {
     j->failed = 1;
     return;
   }
   float *acc = (float *)mem;
   uint32_t *b0 = (uint32_t *)(mem + abytes), *b1 = b0 + panel / 2 * 16;
+  int64_t *poff = (int64_t *)(mem + abytes + pbytes); /* a panel position's image element, tap 0 */
   for (int64_t u = b; u < e; u++) {
     int64_t co0 = IW_CO * (u / j->ncb), c0 = 32 * (u % j->ncb), nco = j->Co - co0 < IW_CO ? j->Co - co0 : IW_CO;
     for (int64_t n0 = 0; n0 < j->N; n0 += j->ipc) {
-      int64_t n1 = n0 + j->ipc < j->N ? n0 + j->ipc : j->N;
+      int64_t n1 = n0 + j->ipc < j->N ? n0 + j->ipc : j->N, np = (n1 - n0) * j->P;
+      /* the positions' offsets once for every tap (divisions per position
+       * and tap cost as much as the products of a 64-channel pass) */
+      for (int64_t n = n0, q = 0; n < n1; n++)
+        for (int64_t oh = 0; oh < g->Ho; oh++)
+          for (int64_t ow = 0; ow < g->Wo; ow++, q++)
+            poff[q] = ((n * g->hp + oh * g->sh) * g->wp + ow * g->sw) * g->C + c0;
       for (int64_t t = 0; t < kk; t++) {
         /* the panel: position pairs of images n0..n1, 32 channels at tap t */
-        for (int64_t pos = n0 * j->P, q = 0; pos < n1 * j->P; pos += 2, q++) {
-          const uint16_t *x2[2];
-          for (int h = 0; h < 2; h++) {
-            int64_t ps = pos + h, n = ps / j->P, l = ps % j->P, oh = l / g->Wo, ow = l % g->Wo;
-            x2[h] = g->xn + ((n * g->hp + oh * g->sh) * g->wp + ow * g->sw) * g->C + j->toff[t] + c0;
-          }
-          interleave16(b0 + q * 16, x2[0], x2[1]);
-          interleave16(b1 + q * 16, x2[0] + 16, x2[1] + 16);
+        const uint16_t *xt = g->xn + j->toff[t];
+        for (int64_t q = 0; q < np / 2; q++) {
+          const uint16_t *x0 = xt + poff[2 * q], *x1 = xt + poff[2 * q + 1];
+          interleave16(b0 + q * 16, x0, x1);
+          interleave16(b1 + q * 16, x0 + 16, x1 + 16);
         }
         for (int64_t r = 0; r < nco; r += 8) iw_tile(j, co0 + r, n0, n1, b0, b1, acc + (t * IW_CO + r) * 32, n0 > 0);
       }
@@ -1539,8 +1544,9 @@ static void iw_tasks(void *p, int64_t b, int64_t e) {
  * 16^2 1.17-1.21, 64 -> 128 1.30, 256 -> 128 1.04, 64 at 16^2 1.05; at
  * least a task a thread: 32 -> 32 and 32 -> 64, one task, 0.60-0.75; at
  * 32^2 0.48-0.99, 1 x 1 at 16^2 0.56; re-measured 2026-12-06 at 32^2 and
- * 64^2, N 64: >= 128 output channels 1.08-1.19, 64 0.91-1.08, so images of
- * any size with >= 128 output channels),
+ * 64^2 after the panel's positions were computed once for every tap: N 64,
+ * 64 at 32^2 1.43, 128 -> 64 1.30, 192 -> 64 1.14, 64 at 64^2 1.24; N 16
+ * 1.16-1.23; stride 2 0.99-1.00 — so images of any size),
  * TORCH_TPU_CONV_PATCH=implicit wherever it can run, =0 / =1 never. */
 static int iw_worth(int64_t G, int64_t C, int64_t Co, int64_t kk, int64_t P, const tpurt_view *dy) {
   if (tpurt__bgemm_amx() || !tpurt__cpu_avx512_bf16() || G != 1 || C % 32 || P % 2 || kk > IP_MAX_TAPS ||
@@ -1549,7 +1555,7 @@ static int iw_worth(int64_t G, int64_t C, int64_t Co, int64_t kk, int64_t P, con
   int env = patch_env();
   int64_t tasks = (Co + IW_CO - 1) / IW_CO * (C / 32);
   return env == PATCH_IMPLICIT ||
-         (env == PATCH_RULE && (P <= 64 || (kk > 1 && tasks >= tpurt_num_threads() && (P <= 256 || Co >= 128))));
+         (env == PATCH_RULE && (P <= 64 || (kk > 1 && tasks >= tpurt_num_threads())));
 }
 
 static int iw_pass(const tpurt_view *dwv, const tpurt_view *dy, const tpurt_view *x, const tpurt_conv3d_params *p) {
