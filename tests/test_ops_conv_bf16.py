@@ -205,7 +205,8 @@ def test_bf16_conv_passes_by_shape_without_the_tile_unit(patch):
     # gradient of 2 tasks for 2 threads) all three passes in place
     # (TORCH_TPU_CONV_PATCH=0: the column space); 128 channels at 8 x 8 in
     # place, tiles of one output row skipping the taps of padding rows (4 x 4:
-    # rows of several images). Every result within the precision contract.
+    # one position of 8 images, skipping the taps of padding rows and columns).
+    # Every result within the precision contract.
     level = RUNNABLE[-1]
     if level != "avx512" or not _bf16_kernel(level):
         pytest.skip("the shape rules concern AVX512-BF16 hosts without AMX")
