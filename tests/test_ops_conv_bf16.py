@@ -478,3 +478,31 @@ def test_bf16_weight_gradients_with_few_channels_as_direct_sums():
         pytest.skip("the direct sums serve AVX512-BF16 hosts without AMX")
     out = _run({"TORCH_TPU_ISA": level}, FEW_CHANNELS)
     assert all(v["worst"] <= 1.0 and v["passes"] == 1 for v in out.values()), out
+
+
+def test_bf16_strided_weight_gradient_with_non_finite_image_like_the_reference():
+    # a stride-2 weight gradient on the column space (TORCH_TPU_CONV_PATCH=0)
+    # checks the copied phase planes for non-finite values: an Inf in the
+    # image's last column, which the column space also reads as a dropped
+    # column (its products with dy's zeros would be NaN), sends the pass to
+    # the f32 path: the Inf / NaN pattern of the float64 reference and its
+    # finite values within bf16; the same on the default route (patch rows)
+    code = r"""
+import json, torch, torch_tpu
+torch.manual_seed(0)
+x = torch.randn(32, 32, 32, 32).bfloat16()  # 113M multiply-adds: the dot products
+x[1, 5, 9, 31] = float("inf")
+gy = torch.randn(32, 48, 16, 16).bfloat16()
+got = torch.ops.aten.convolution_backward(gy.to("tpu"), x.to("tpu"), torch.zeros(48, 32, 3, 3).bfloat16().to("tpu"),
+                                          None, [2, 2], [1, 1], [1, 1], False, [0, 0], 1, [False, True, False])[1].cpu()
+ref = torch.nn.grad.conv2d_weight(x.double(), (48, 32, 3, 3), gy.double(), stride=2, padding=1)
+fin = torch.isfinite(ref)
+print(json.dumps({"same_pattern": bool(torch.equal(torch.isfinite(got), fin) and
+                                       torch.equal(torch.isnan(got), torch.isnan(ref))),
+                  "finite_err": float(((got.double() - ref).abs()[fin] / (ref.abs()[fin] + 1)).max()),
+                  "nonfinite": int((~fin).sum())}))
+"""
+    level = RUNNABLE[-1]
+    for patch in ("0", ""):
+        out = _run({"TORCH_TPU_ISA": level, "TORCH_TPU_CONV_PATCH": patch}, code)
+        assert out["same_pattern"] and out["finite_err"] < 0.05 and out["nonfinite"] > 0, (patch, out)

@@ -105,7 +105,25 @@ __attribute__((target("avx512f,avx512bw"))) static void evens16(uint16_t *o, con
     __m512i a = _mm512_loadu_si512(row + 2 * q), b = _mm512_loadu_si512(row + 2 * q + 32);
     _mm512_storeu_si512(o + q, _mm512_permutex2var_epi16(a, idx, b));
   }
-  for (; q < n; q++) o[q] = row[2 * q];
+  if (q < n) { /* the last <= 32: elements 2 q .. 2 n - 2 read under masks (a 32-wide image's 16 were scalar) */
+    int64_t m = 2 * (n - q) - 1;
+    __mmask32 ka = (__mmask32)(m >= 32 ? 0xffffffffu : (1u << m) - 1u);
+    __mmask32 kb = (__mmask32)(m > 32 ? (1u << (m - 32)) - 1u : 0u);
+    __m512i a = _mm512_maskz_loadu_epi16(ka, row + 2 * q), b = _mm512_maskz_loadu_epi16(kb, row + 2 * q + 32);
+    __mmask32 ks = (__mmask32)(n - q >= 32 ? 0xffffffffu : (1u << (n - q)) - 1u);
+    _mm512_mask_storeu_epi16(o + q, ks, _mm512_permutex2var_epi16(a, idx, b));
+  }
+}
+
+/* any non-finite bf16 value (exponent all ones) among v[0..n) */
+__attribute__((target("avx512f,avx512bw"))) static int nonfinite16(const uint16_t *v, int64_t n) {
+  const __m512i e = _mm512_set1_epi16(0x7f80);
+  __mmask32 any = 0;
+  for (int64_t i = 0; i < n; i += 32) {
+    __mmask32 k = (__mmask32)(n - i >= 32 ? 0xffffffffu : (1u << (n - i)) - 1u);
+    any |= _mm512_mask_cmpeq_epi16_mask(k, _mm512_and_si512(_mm512_maskz_loadu_epi16(k, v + i), e), e);
+  }
+  return any != 0;
 }
 #endif
 
@@ -158,6 +176,11 @@ static void pad_planes(void *p, int64_t b, int64_t e) {
 #endif
           else
             for (int64_t q = lo; q < hi; q++) o[q] = row[(iw0 + (q - lo) * j->sw) * j->sw_];
+#if defined(__x86_64__)
+          if (j->check && tpurt__cpu_avx512())
+            bad |= nonfinite16(o + lo, hi - lo);
+          else
+#endif
           if (j->check)
             for (int64_t q = lo; q < hi; q++) bad |= (o[q] & 0x7f80) == 0x7f80;
         }
