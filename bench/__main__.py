@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python -m bench [device] [elementwise] [gemm] [bf16] [attention] [defer] [fusion] [fft] [compile] [hf] [matrix] [sweep] [dist] [profiler] [--repeats N] [--quick|--full] [--record]``.
+"""Run the benchmarks: ``python -m bench [device] [elementwise] [gemm] [bf16] [attention] [defer] [fusion] [fft] [compile] [hf] [matrix] [convs] [sweep] [dist] [profiler] [--repeats N] [--quick|--full] [--record]``.
 
 device   host<->device copy bandwidth vs memcpy, empty-op round trip
 elementwise  large add/mul/gelu vs CPU and vs the machine's STREAM triad; softmax, norms,
@@ -21,6 +21,9 @@ compile  torch.compile(backend="tpu"): cold and warm-cache first training step v
 matrix   examples' workloads (minGPT, Llama, ResNet, DLRM, UNet; Qwen with --qwen) x {cpu eager,
          cpu Inductor, tpu strict, tpu defer, tpu compiled}: train (and Llama/ResNet inference) step time,
          throughput, ratios, peak memory, compile cost; PNG charts (not in the default run)
+convs    every convolution of a workload (--workloads, default ResNet and UNet; --quick/--full preset), bf16
+         forward / input gradient / weight gradient, tpu vs CPU, and their weighted sum a step (not in the
+         default run)
 profiler torch_tpu.profiler's cost per op: off, the runtime's trace ring alone, the whole profile,
          torch.profiler with the PrivateUse1 activity (not in the default run)
 hf       Hugging Face clients: Transformers generate() tokens/s of a ~10M-parameter Llama and a Diffusers
@@ -52,7 +55,7 @@ from bench import attention, common, defer, device, elementwise, fft, fusion, ge
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("suites", nargs="*", choices=[[], "device", "elementwise", "gemm", "bf16", "attention", "defer", "fusion", "fft", "compile", "hf", "matrix", "sweep", "dist", "profiler"], help="suites to run (default: all)")
+    parser.add_argument("suites", nargs="*", choices=[[], "device", "elementwise", "gemm", "bf16", "attention", "defer", "fusion", "fft", "compile", "hf", "matrix", "convs", "sweep", "dist", "profiler"], help="suites to run (default: all)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="repeats per configuration (median reported; default 15, matrix/sweep: 3 quick, 10 full)")
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 16, 256], help="copy sizes in MiB")
@@ -133,6 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     if "fft" in args.suites:
         res, table = fft.fft(max(3, args.repeats // 3))
         emit("fft", {"machine": common.machine(), **res}, "FFT", table)
+    if "convs" in args.suites:
+        from bench import convs
+
+        preset = "full" if args.full else "quick"
+        res, table = convs.run(preset, tuple(args.workloads or ("resnet", "unet")), max(3, args.repeats // 3))
+        emit("convs", {"machine": common.machine(), **res}, f"Convolutions of the workloads, bf16 ({preset})", table)
     if "profiler" in args.suites:
         from bench import profiler as prof
 

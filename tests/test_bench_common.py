@@ -149,3 +149,20 @@ def test_kernel_ab_puts_kernels_in_families_and_pairs_the_modes():
         parts = sum(v[mode] for f, v in res.items() if f != "all")
         assert abs(parts - res["all"][mode]) <= 1e-6 * res["all"][mode]
     assert "gemm" in kernel_ab.table("mingpt", res)
+
+
+def test_convs_lists_a_workloads_convolutions_and_times_each_pass_on_both_devices():
+    from bench import convs
+
+    found = convs.shapes("resnet", "quick")
+    assert found and all(count >= 1 for _, count in found)
+    assert sum(count for _, count in found) == 20  # ResNet-18: stem, 16 block convolutions, 3 shortcuts
+    res, table = convs.run("quick", ("resnet",), repeats=1, calls=1)
+    rows = res["workloads"]["resnet"]["shapes"]
+    assert len(rows) == len(found)
+    assert all(len(r["cpu_us"]) == len(r["tpu_us"]) == 3 and min(r["cpu_us"] + r["tpu_us"]) > 0 for r in rows)
+    step = res["workloads"]["resnet"]["step_ms"]
+    for d in ("cpu", "tpu"):  # the weighted sum of the rows
+        want = sum(r[f"{d}_us"][0] * r["count"] for r in rows) / 1e3
+        assert abs(step[d][0] - want) <= 1e-9 * max(1.0, want)
+    assert table.count("\n| [") == len(rows) and "**a step**" in table
