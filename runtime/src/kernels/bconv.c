@@ -865,17 +865,21 @@ IP_TARGET static void ip_tile(const uint16_t *const *rows, const int64_t *toff, 
 #endif
 
 #if defined(__x86_64__) || defined(__i386__)
-/* The tile's 8 positions are two runs of 4 neighbours in output rows (unit
- * stride; o1 = o0 + 4 where all 8 are neighbours of one row, else one row
- * of two 4-wide images, the (oh, n, ow) order): per output channel c < nc,
- * o0[c oc + 0..3], o1[c oc + 0..3] = bf16(t[i 32 + c] + bias[c]). Each
+/* The tile's first m <= 8 positions, at offsets pos[i] of y: per output
+ * channel c < nc, y[c oc + pos[i]] = bf16(t[i 32 + c] + bias[c]); where
+ * (o_w 1) the 8 positions are two runs of 4 neighbours in output rows
+ * (pos[4] = pos[0] + 4 where all 8 are neighbours of one row, else one row
+ * of two 4-wide images, the (oh, n, ow) order), one 16-byte store a channel
+ * or two 8-byte ones, else a store a value (8 images at one position, the
+ * (oh, ow, n) order: the sums were rounded one at a time). Each
  * position's 32 sums (+ the bias row) are rounded as one row, and the 8 x 32
  * bf16 block transposed in registers (8 x 8 blocks of 16-bit values within
  * each 128-bit lane), one 16-byte store a channel (two 8-byte ones for two
  * rows). Before: a gather of each channel's 8 sums from t, 32 a tile, which
  * AMD cores run an element at a time (a tenth of a 64-channel pass). */
-__attribute__((target("avx512f,avx512bw,avx512vl"))) static void ip_store8(const float *t, uint16_t *o0, uint16_t *o1,
-                                                                       int64_t oc, int64_t nc, const float *bias) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void ip_store8(const float *t, uint16_t *y,
+                                                                       const int64_t *pos, int m, int runs, int64_t oc,
+                                                                       int64_t nc, const float *bias) {
   __mmask16 kb0 = (__mmask16)(nc >= 16 ? 0xffff : (1u << nc) - 1u);
   __mmask16 kb1 = (__mmask16)(nc >= 32 ? 0xffff : nc > 16 ? (1u << (nc - 16)) - 1u : 0u);
   __m512 bl = bias ? _mm512_maskz_loadu_ps(kb0, bias) : _mm512_setzero_ps();
@@ -905,13 +909,19 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void ip_store8(const
   _Alignas(64) uint16_t blk[8][32];
   for (int k = 0; k < 8; k++) _mm512_store_si512(blk[k], v[k]);
   for (int64_t c = 0; c < nc; c++) {
-    __m128i h = _mm_load_si128((const __m128i *)(blk[c % 8] + 8 * (c / 8)));
-    if (o1 == o0 + 4) { /* one run of 8: one 16-byte store */
-      _mm_storeu_si128((__m128i *)(o0 + c * oc), h);
+    const uint16_t *b = blk[c % 8] + 8 * (c / 8);
+    uint16_t *o = y + c * oc;
+    if (!runs) {
+      for (int i = 0; i < m; i++) o[pos[i]] = b[i];
       continue;
     }
-    _mm_storel_epi64((__m128i *)(o0 + c * oc), h);
-    _mm_storel_epi64((__m128i *)(o1 + c * oc), _mm_unpackhi_epi64(h, h));
+    __m128i h = _mm_load_si128((const __m128i *)b);
+    if (pos[4] == pos[0] + 4) { /* one run of 8: one 16-byte store */
+      _mm_storeu_si128((__m128i *)(o + pos[0]), h);
+      continue;
+    }
+    _mm_storel_epi64((__m128i *)(o + pos[0]), h);
+    _mm_storel_epi64((__m128i *)(o + pos[4]), _mm_unpackhi_epi64(h, h));
   }
 }
 #endif
@@ -969,16 +979,8 @@ static void ip_tasks(void *p, int64_t b, int64_t e) {
       else
         ip_tile(rows, j->toff, NULL, j->kk, j->kp, b0, b1, t);
       int m = p1 - r < 8 ? (int)(p1 - r) : 8;
-      if (m == 8 && j->o_w == 1 && pos[3] - pos[0] == 3 && pos[7] - pos[4] == 3) {
-        ip_store8(t, j->y + pos[0] + c0 * j->o_c, j->y + pos[4] + c0 * j->o_c, j->o_c, nc,
-                  j->bias ? j->bias + c0 : NULL);
-        continue;
-      }
-      for (int64_t c = 0; c < nc; c++) {
-        float bv = j->bias ? j->bias[c0 + c] : 0.0f;
-        uint16_t *o = j->y + (c0 + c) * j->o_c;
-        for (int i = 0; i < m; i++) o[pos[i]] = tpurt__f32_to_bf16(t[i * 32 + c] + bv);
-      }
+      ip_store8(t, j->y + c0 * j->o_c, pos, m, m == 8 && j->o_w == 1 && pos[3] - pos[0] == 3 && pos[7] - pos[4] == 3,
+                j->o_c, nc, j->bias ? j->bias + c0 : NULL);
     }
   }
 #else
