@@ -153,7 +153,17 @@ def test_bf16_conv_default_kernel():
         assert out["path"] == "f32 implicit GEMM" and out["passes"] == 0, out
 
 
-SHAPES = r"""
+# the precision contract's bound for a child's results against float64 (see CHILD's check)
+WORST = r"""
+def worst_of(cases):
+    worst = 0.0
+    for got, ref, mag, k in cases:
+        bound = (k + 2) * 2.0**-23 * mag + 2.0**-8 * ref.abs() + 1e-30
+        worst = max(worst, ((got.double() - ref).abs() / bound).max().item())
+    return worst
+"""
+
+SHAPES = WORST + r"""
 import ctypes, json, torch, torch_tpu
 import torch.nn.functional as F
 lib = ctypes.CDLL("libtpurt.so")
@@ -172,18 +182,15 @@ for name, n, c, h in (("large", 8, 64, 32), ("small", 2, 32, 16), ("4x4", 16, 25
     y.backward(gy.to("tpu"))
     torch.tpu.synchronize()
     passes = lib.tpurt_bf16_conv_tile_passes() - before
-    worst = 0.0
     implicit = lib.tpurt_bf16_conv_implicit_passes() - implicit
     # within the precision contract (see CHILD), against float64
-    for got, ref, mag, k in (
+    worst = worst_of((
             (y.detach().cpu(), F.conv2d(x.double(), w.double(), padding=1),
              F.conv2d(x.double().abs(), w.double().abs(), padding=1), c * 9),
             (xt.grad.cpu(), torch.nn.grad.conv2d_input(x.shape, w.double(), gy.double(), padding=1),
              torch.nn.grad.conv2d_input(x.shape, w.double().abs(), gy.double().abs(), padding=1), c * 9),
             (wt.grad.cpu(), torch.nn.grad.conv2d_weight(x.double(), w.shape, gy.double(), padding=1),
-             torch.nn.grad.conv2d_weight(x.double().abs(), w.shape, gy.double().abs(), padding=1), n * h * h)):
-        bound = (k + 2) * 2.0**-23 * mag + 2.0**-8 * ref.abs() + 1e-30
-        worst = max(worst, ((got.double() - ref).abs() / bound).max().item())
+             torch.nn.grad.conv2d_weight(x.double().abs(), w.shape, gy.double().abs(), padding=1), n * h * h)))
     res[name] = {"passes": passes, "implicit": implicit, "worst": worst}
 print(json.dumps(res))
 """
@@ -506,3 +513,45 @@ print(json.dumps({"same_pattern": bool(torch.equal(torch.isfinite(got), fin) and
     for patch in ("0", ""):
         out = _run({"TORCH_TPU_ISA": level, "TORCH_TPU_CONV_PATCH": patch}, code)
         assert out["same_pattern"] and out["finite_err"] < 0.05 and out["nonfinite"] > 0, (patch, out)
+
+
+STRIDED_ONE = WORST + r"""
+import json, torch, torch_tpu
+import torch.nn.functional as F
+torch.manual_seed(0)
+res = {}
+# 1 x 1 kernels at stride 2 (ResNet's shortcuts): the forward pass on the
+# images subsampled dense (batched products from 64 positions an image), the
+# weight gradient on a unit stride's column space over them
+for name, n, ci, co, h, layout in (("16x16", 4, 64, 96, 16, "nchw"), ("channels_last", 4, 64, 96, 16, "channels_last"),
+                                   ("17x17", 2, 32, 48, 17, "nchw"), ("sliced", 3, 32, 40, 16, "sliced")):
+    x = torch.randn(n, ci, h, 2 * h).bfloat16()[..., ::2] if layout == "sliced" else torch.randn(n, ci, h, h).bfloat16()
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    w = torch.randn(co, ci, 1, 1).bfloat16(); b = torch.randn(co).bfloat16()
+    ho = (h - 1) // 2 + 1
+    gy = torch.randn(n, co, ho, ho).bfloat16()
+    wt = w.to("tpu").requires_grad_()
+    y = F.conv2d(x.to("tpu"), wt, b.to("tpu"), stride=2)
+    y.backward(gy.to("tpu"))
+    ref = F.conv2d(x.double(), w.double(), b.double(), stride=2)
+    mag = F.conv2d(x.double().abs(), w.double().abs(), b.double().abs(), stride=2)
+    gw = torch.nn.grad.conv2d_weight(x.double(), w.shape, gy.double(), stride=2)
+    gwm = torch.nn.grad.conv2d_weight(x.double().abs(), w.shape, gy.double().abs(), stride=2)
+    res[name] = worst_of(((y.detach().cpu(), ref, mag, ci + 1), (wt.grad.cpu(), gw, gwm, n * ho * ho)))
+print(json.dumps(res))
+"""
+
+
+@pytest.mark.parametrize("bf16", ["", "1"])
+def test_bf16_strided_one_by_one_convolutions_on_subsampled_images(bf16):
+    # forward passes and weight gradients of 1 x 1 kernels at stride 2 read
+    # x[:, :, ::2, ::2] copied dense (NCHW, channels-last, sliced; an odd
+    # image whose 9 x 9 planes leave dropped columns); TORCH_TPU_CONV_BF16=1
+    # also sends the small weight gradients to the bf16 kernel; all within
+    # the precision contract
+    level = RUNNABLE[-1]
+    if level != "avx512" or not _bf16_kernel(level):
+        pytest.skip("the subsampled passes run on AVX512-BF16 hosts without AMX")
+    out = _run({"TORCH_TPU_ISA": level, "TORCH_TPU_CONV_BF16": bf16}, STRIDED_ONE)
+    assert all(v <= 1.0 for v in out.values()), out

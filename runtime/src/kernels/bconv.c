@@ -1246,14 +1246,67 @@ static void bias_fill(void *p, int64_t b, int64_t e) {
 
 static int merged(const tpurt_view *v) { return v->sizes[3] == 1 || v->strides[3] == v->sizes[4] * v->strides[4]; }
 
+/* 1 x 1 kernels at strides > 1 without padding read x[:, :, ::sh, ::sw]:
+ * copied dense, xs[(n C + c) Ho Wo + oh Wo + ow] (planes [b, e)), they run
+ * as unit-stride passes — the forward pass as batched products (below), the
+ * weight gradient on the column space of a unit stride. Before, the phase
+ * planes of the stride (and their zeroing, all four phases for the one a
+ * 1 x 1 kernel reads) were most of such a pass. */
+typedef struct {
+  const uint16_t *x;
+  int64_t sn, sc, sh_, sw_, C, Ho, Wo, sh, sw;
+  uint16_t *xs;
+} sub_job;
+
+static void subsample_planes(void *p, int64_t b, int64_t e) {
+  const sub_job *j = p;
+  for (int64_t u = b; u < e; u++) {
+    const uint16_t *src = j->x + u / j->C * j->sn + u % j->C * j->sc;
+    uint16_t *o = j->xs + u * j->Ho * j->Wo;
+    for (int64_t i = 0; i < j->Ho; i++, o += j->Wo) {
+      const uint16_t *row = src + i * j->sh * j->sh_;
+#if defined(__x86_64__)
+      if (j->sw == 2 && j->sw_ == 1 && tpurt__cpu_avx512()) {
+        evens16(o, row, j->Wo); /* reads row[0 .. 2 Wo - 2]: inside the image */
+        continue;
+      }
+#endif
+      for (int64_t q = 0; q < j->Wo; q++) o[q] = row[q * j->sw * j->sw_];
+    }
+  }
+}
+
+/* x [N, C, H, W] subsampled to Ho x Wo planes at strides (sh, sw) in scratch
+ * `slot`, followed by `slack` zero bytes; NULL without memory */
+static uint16_t *subsample(const tpurt_view *x, int64_t Ho, int64_t Wo, int64_t sh, int64_t sw, size_t slack,
+                           int slot) {
+  int64_t N = x->sizes[0], C = x->sizes[1];
+  size_t bytes = (size_t)(N * C * Ho * Wo) * 2;
+  uint16_t *xs = tpurt__scratch(slot, bytes + slack);
+  if (!xs) return NULL;
+  sub_job j = {hv(x->ptr), x->strides[0], x->strides[1], x->strides[3], x->strides[4], C, Ho, Wo, sh, sw, xs};
+  tpurt_parallel_for(N * C, 1 + 8192 / (Ho * Wo + 1), subsample_planes, &j);
+  memset((char *)xs + bytes, 0, slack);
+  return xs;
+}
+
+/* a 1 x 1 kernel at a stride > 1 without padding or dilation, one group */
+static int strided_one(const tpurt_view *w, const tpurt_conv3d_params *p) {
+  return w->sizes[3] == 1 && w->sizes[4] == 1 && p->groups == 1 && (p->stride[1] > 1 || p->stride[2] > 1) &&
+         p->padding[1] == 0 && p->padding[2] == 0 && patch_env() == PATCH_RULE && tpurt__cpu_avx512();
+}
+
 static int one_by_one(const tpurt_view *out, const tpurt_view *in, const tpurt_view *w, int transpose,
                       const tpurt_view *bias, const tpurt_conv3d_params *p) {
-  if (tpurt__bgemm_amx() || w->sizes[3] != 1 || w->sizes[4] != 1 || p->groups != 1 || p->stride[1] != 1 ||
-      p->stride[2] != 1 || p->padding[1] != 0 || p->padding[2] != 0 || !merged(in) || !merged(out) ||
-      (bias && bias->dtype != TPURT_BF16) || patch_env() != PATCH_RULE)
+  int strided = !transpose && strided_one(w, p);
+  if (tpurt__bgemm_amx() || w->sizes[3] != 1 || w->sizes[4] != 1 || p->groups != 1 ||
+      (!strided && (p->stride[1] != 1 || p->stride[2] != 1 || !merged(in))) || p->padding[1] != 0 ||
+      p->padding[2] != 0 || !merged(out) || (bias && bias->dtype != TPURT_BF16) || patch_env() != PATCH_RULE)
     return 0;
   int64_t N = in->sizes[0], Cin = in->sizes[1], Cout = out->sizes[1], L = out->sizes[3] * out->sizes[4];
   if (L < 64) return 0; /* 4 x 4 planes: 16-column products, 0.94 */
+  const uint16_t *xs = strided ? subsample(in, out->sizes[3], out->sizes[4], p->stride[1], p->stride[2], 0, 0) : NULL;
+  if (strided && !xs) return 0;
   uint16_t *o = hv(out->ptr);
   if (bias) {
     bfill_job bj = {o, hv(bias->ptr), bias->strides[0], out->strides[0], out->strides[1], Cout, L};
@@ -1263,9 +1316,11 @@ static int one_by_one(const tpurt_view *out, const tpurt_view *in, const tpurt_v
   /* A = w [Cout, Cin] (forward) or w^T (input gradient: w is [Cin_of_dy, Cout]) */
   tpurt__bmat A = {hv(w->ptr), TPURT_BF16, transpose ? w->strides[1] : w->strides[0],
                    transpose ? w->strides[0] : w->strides[1]};
-  tpurt__bmat B = {hv(in->ptr), TPURT_BF16, in->strides[1], in->strides[4]};
+  tpurt__bmat B = {strided ? (void *)xs : hv(in->ptr), TPURT_BF16, strided ? L : in->strides[1],
+                   strided ? 1 : in->strides[4]};
   tpurt__bmat C = {o, TPURT_BF16, out->strides[1], out->strides[4]};
-  if (!tpurt__bgemm(N, Cout, L, Cin, 1.0f, &A, 0, &B, in->strides[0], 0, bias ? 1.0f : 0.0f, &C, out->strides[0]))
+  if (!tpurt__bgemm(N, Cout, L, Cin, 1.0f, &A, 0, &B, strided ? Cin * L : in->strides[0], 0, bias ? 1.0f : 0.0f, &C,
+                    out->strides[0]))
     return 0;
   atomic_fetch_add(&g_passes, 1);
   return 1;
@@ -1794,13 +1849,30 @@ int tpurt__bconv_backward_weight(const tpurt_view *dwv, const tpurt_view *dy, co
   if (sw_worth(G, Ci, Co, kk, p)) return sw_pass(dwv, dy, x, p);
   if (iw_worth(G, Ci, Co, kk, Ho * Wo, dy)) return iw_pass(dwv, dy, x, p);
   planes g;
-  plan_images(&g, x, Ho, Wo, kh, kw, p);
+  tpurt_conv3d_params unit = *p;
+  int sub = !tpurt__bgemm_amx() && strided_one(dwv, p);
+  if (sub) { /* x[:, :, ::sh, ::sw] dense: the column space of a unit stride */
+    unit.stride[1] = unit.stride[2] = 1;
+    plan(&g, N, Ci, Ho, Wo, 1, 1, 0, 0, Ho, Wo, Ho);
+  } else {
+    plan_images(&g, x, Ho, Wo, kh, kw, p);
+  }
   if (!dot_worth(N * Co * Ho * Wo * Kd, Ho * Wo, g.lp, 1)) return 0;
   int64_t ldt = (Cog + 15) / 16 * 16, np = N * g.lp;
   int64_t *koff = koff_buf(Kd, 1), *woff = koff_buf(Kd, 4);
   uint32_t *dyt = tpurt__scratch(3, (size_t)(np / 2 * ldt) * 4);
   if (!koff || !woff || !dyt) return 0;
-  int bad = pad(&g, x, 1, 0);
+  int bad;
+  if (sub) { /* the images' bytes and the planes' slack (zero) after them */
+    g.xp = subsample(x, Ho, Wo, p->stride[1], p->stride[2], g.bytes - (size_t)(N * g.img) * 2, 0);
+#if defined(__x86_64__)
+    bad = !g.xp || (g.lp != Ho * Wo && nonfinite16(g.xp, N * g.img)); /* strided_one: an AVX-512 host */
+#else
+    bad = 1;
+#endif
+  } else {
+    bad = pad(&g, x, 1, 0);
+  }
   if (bad) return 0; /* no memory, or a non-finite value the dropped columns would spread */
   for (int64_t c = 0; c < Cig; c++)
     for (int64_t r = 0; r < kh; r++)
@@ -1809,7 +1881,7 @@ int tpurt__bconv_backward_weight(const tpurt_view *dwv, const tpurt_view *dy, co
   int wdense = 1;
   for (int64_t k = 0; k < Kd; k++) wdense &= woff[k] == k;
   for (int64_t gi = 0; gi < G; gi++) {
-    image_koff(&g, gi * Cig, Cig, kh, kw, p, koff);
+    image_koff(&g, gi * Cig, Cig, kh, kw, &unit, koff);
     dyt_job dj = {(const uint16_t *)hv(dy->ptr) + gi * Cog * dy->strides[1], dy->strides[0], dy->strides[1],
                   dy->strides[3], dy->strides[4], Cog, Ho, Wo, &g, dyt, ldt};
     tpurt_parallel_for(N, 1, dyt_images, &dj);
