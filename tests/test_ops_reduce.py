@@ -563,7 +563,8 @@ def test_batch_and_group_norm_of_offset_data_match_float64(dtype, shape, G):
     # computation: one-pass moments keep them to float64 precision as two
     # passes do; rows of 143 elements (four-way blocks, the rotating sets, a
     # tail), of 16 (one short row), of 192 (whole blocks), groups of 80
-    # channels (normalized and differentiated in two channel blocks)
+    # channels (normalized and differentiated in two channel blocks); batch
+    # norm's 160 channels: affine maps in blocks of 64 and 16 channels a thread
     N, C = shape[:2]
     HW = shape[2] * shape[3]
     x = (sample(shape, torch.float64) + 300).to(dtype)
