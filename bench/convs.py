@@ -59,19 +59,14 @@ def _passes(key: tuple, dev: str):
             lambda: torch.ops.aten.convolution_backward(*args, [False, True, False]))
 
 
-def _sync(dev: str) -> None:
-    if dev == "tpu":
-        torch.tpu.synchronize()
-
-
 def _time(fn, dev: str, calls: int) -> float:
     """Microseconds a call over `calls` back-to-back calls (after one untimed)."""
     fn()
-    _sync(dev)
+    matrix._sync(dev)
     t = time.perf_counter()
     for _ in range(calls):
         fn()
-    _sync(dev)
+    matrix._sync(dev)
     return (time.perf_counter() - t) / calls * 1e6
 
 

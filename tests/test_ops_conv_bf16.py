@@ -22,7 +22,19 @@ LEVELS = ["scalar", "avx2", "avx512", "amx"]
 HOST = _C._cpu_info()
 RUNNABLE = LEVELS[: LEVELS.index(HOST["host_isa"]) + 1]
 
-CHILD = r"""
+# the precision contract's bound for a child's results against float64 (CHILD's check: per case)
+WORST = r"""
+def worst_of(cases):
+    # the largest error over its bound (a NaN anywhere: infinite)
+    worst = 0.0
+    for got, ref, mag, k in cases:
+        bound = (k + 2) * 2.0**-23 * mag + 2.0**-8 * ref.abs() + 1e-30
+        r = ((got.double() - ref).abs() / bound).max().item()
+        worst = max(worst, r if r == r else float("inf"))
+    return worst
+"""
+
+CHILD = WORST + r"""
 import ctypes, json, pathlib, torch, torch_tpu
 import torch.nn.functional as F
 lib = ctypes.CDLL("libtpurt.so")  # by soname: the variant torch_tpu mapped
@@ -32,11 +44,10 @@ lib.tpurt_bf16_conv_implicit_passes.restype = ctypes.c_uint64
 torch.manual_seed(0)
 out = {"worst": 0.0, "cases": 0}
 def check(name, got, ref, mag, k):
-    bound = (k + 2) * 2.0**-23 * mag + 2.0**-8 * ref.abs() + 1e-30
-    r = ((got.double() - ref).abs() / bound).max().item()
+    r = worst_of(((got, ref, mag, k),))
     if not r <= 1.0:
         print("FAIL", name, r)
-    out["worst"] = max(out["worst"], r if r == r else float("inf"))
+    out["worst"] = max(out["worst"], r)
 def conv_grads(x, w, b, gy, **kw):
     # values and gradients on tpu (bf16) and the float64 reference with |.| magnitudes
     xt = x.to("tpu").requires_grad_(); wt = w.to("tpu").requires_grad_()
@@ -152,16 +163,6 @@ def test_bf16_conv_default_kernel():
     else:
         assert out["path"] == "f32 implicit GEMM" and out["passes"] == 0, out
 
-
-# the precision contract's bound for a child's results against float64 (see CHILD's check)
-WORST = r"""
-def worst_of(cases):
-    worst = 0.0
-    for got, ref, mag, k in cases:
-        bound = (k + 2) * 2.0**-23 * mag + 2.0**-8 * ref.abs() + 1e-30
-        worst = max(worst, ((got.double() - ref).abs() / bound).max().item())
-    return worst
-"""
 
 SHAPES = WORST + r"""
 import ctypes, json, torch, torch_tpu
@@ -345,7 +346,7 @@ def test_bf16_conv_fused_tasks_same_bits_as_panels():
         assert fused[k][2] < 2.0**-7 and panels[k][2] < 2.0**-7, (k, fused[k][2], panels[k][2])
 
 
-ONE_BY_ONE = r"""
+ONE_BY_ONE = WORST + r"""
 import ctypes, json, torch, torch_tpu
 import torch.nn.functional as F
 lib = ctypes.CDLL("libtpurt.so")
@@ -371,11 +372,7 @@ for name, n, ci, co, h, layout, bias in (("nchw", 4, 64, 96, 12, "nchw", True), 
     mag = F.conv2d(x.double().abs(), w.double().abs(), bd.abs() if bias else None)
     gref = torch.nn.grad.conv2d_input(x.shape, w.double(), gy.double())
     gmag = torch.nn.grad.conv2d_input(x.shape, w.double().abs(), gy.double().abs())
-    worst = 0.0
-    for got, r, m, k in ((y.detach().cpu(), ref, mag, ci + 1), (xt.grad.cpu(), gref, gmag, co)):
-        bound = (k + 2) * 2.0**-23 * m + 2.0**-8 * r.abs() + 1e-30
-        worst = max(worst, ((got.double() - r).abs() / bound).max().item())
-    res[name] = {"passes": passes, "worst": worst}
+    res[name] = {"passes": passes, "worst": worst_of(((y.detach().cpu(), ref, mag, ci + 1), (xt.grad.cpu(), gref, gmag, co)))}
 print(json.dumps(res))
 """
 
@@ -398,7 +395,7 @@ def test_bf16_one_by_one_convolutions_as_batched_products():
     assert {k: v["passes"] for k, v in former.items()} == {"nchw": 0, "no bias": 0, "channels_last": 0, "4x4": 0}, former
 
 
-ONE_CHANNEL = r"""
+ONE_CHANNEL = WORST + r"""
 import ctypes, json, torch, torch_tpu
 import torch.nn.functional as F
 lib = ctypes.CDLL("libtpurt.so")
@@ -415,9 +412,8 @@ for name, layout, h, w_ in (("nchw", "nchw", 12, 12), ("wide", "nchw", 3, 70), (
     y = F.conv2d(x.to("tpu"), w.to("tpu"), b.to("tpu"), padding=1).cpu()
     ref = F.conv2d(x.double(), w.double(), b.double(), padding=1)
     mag = F.conv2d(x.double().abs(), w.double().abs(), b.double().abs(), padding=1)
-    bound = (64 * 9 + 3) * 2.0**-23 * mag + 2.0**-8 * ref.abs() + 1e-30
     res[name] = {"implicit": lib.tpurt_bf16_conv_implicit_passes() - before,
-                 "worst": ((y.double() - ref).abs() / bound).max().item()}
+                 "worst": worst_of(((y, ref, mag, 64 * 9 + 1),))}
 print(json.dumps(res))
 """
 
@@ -435,7 +431,7 @@ def test_bf16_one_output_channel_as_dot_products():
     assert all(v["worst"] <= 1.0 and v["implicit"] == 1 for v in out.values()), out
 
 
-FEW_CHANNELS = r"""
+FEW_CHANNELS = WORST + r"""
 import ctypes, json, torch, torch_tpu
 import torch.nn.functional as F
 lib = ctypes.CDLL("libtpurt.so")
@@ -457,16 +453,13 @@ for name, n, ci, h, w_, co, k, kw, layout in (
     ysz = F.conv2d(x.float(), w.float(), **kw).shape
     gy = torch.randn(ysz).bfloat16()
     before = lib.tpurt_bf16_conv_tile_passes()
-    got = torch.ops.aten.convolution_backward(gy.to("tpu"), x.to("tpu"), w.to("tpu"), None, [1, 1],
-                                              list(kw.get("padding", (0, 0))) if isinstance(kw.get("padding"), tuple)
-                                              else [kw.get("padding", 0)] * 2, [1, 1], False, [0, 0], 1,
-                                              [False, True, False])[1].cpu()
+    pad = list(torch.nn.modules.utils._pair(kw.get("padding", 0)))
+    got = torch.ops.aten.convolution_backward(gy.to("tpu"), x.to("tpu"), w.to("tpu"), None, [1, 1], pad, [1, 1], False,
+                                              [0, 0], 1, [False, True, False])[1].cpu()
     passes = lib.tpurt_bf16_conv_tile_passes() - before
     ref = torch.nn.grad.conv2d_weight(x.double(), w.shape, gy.double(), **kw)
     mag = torch.nn.grad.conv2d_weight(x.double().abs(), w.shape, gy.double().abs(), **kw)
-    npos = ysz[0] * ysz[2] * ysz[3]
-    bound = (npos + 2) * 2.0**-23 * mag + 2.0**-8 * ref.abs() + 1e-30
-    res[name] = {"passes": passes, "worst": ((got.double() - ref).abs() / bound).max().item()}
+    res[name] = {"passes": passes, "worst": worst_of(((got, ref, mag, ysz[0] * ysz[2] * ysz[3]),))}
 print(json.dumps(res))
 """
 

@@ -127,6 +127,32 @@ __attribute__((target("avx512f,avx512bw"))) static int nonfinite16(const uint16_
 }
 #endif
 
+/* o[0..n) = row[0], row[sw sw_], row[2 sw sw_], ..: a plane row's columns
+ * sw apart (sw_: the view's column stride) */
+static void copy_row_step(uint16_t *o, const uint16_t *row, int64_t n, int64_t sw, int64_t sw_) {
+  if (sw == 1 && sw_ == 1) {
+    memcpy(o, row, (size_t)n * 2);
+    return;
+  }
+#if defined(__x86_64__)
+  if (sw == 2 && sw_ == 1 && tpurt__cpu_avx512()) {
+    evens16(o, row, n); /* reads row[0 .. 2 n - 2], as the loop below */
+    return;
+  }
+#endif
+  for (int64_t q = 0; q < n; q++) o[q] = row[q * sw * sw_];
+}
+
+/* any non-finite bf16 value among v[0..n) */
+static int any_nonfinite(const uint16_t *v, int64_t n) {
+#if defined(__x86_64__)
+  if (tpurt__cpu_avx512()) return nonfinite16(v, n);
+#endif
+  int bad = 0;
+  for (int64_t q = 0; q < n; q++) bad |= (v[q] & 0x7f80) == 0x7f80;
+  return bad;
+}
+
 /* A 4-D bf16 view [N, C, H, W] (strides in elements) copied into planes
  * xp[((n C + c) sh + a) sw + b][i][j] = x[n, c, i sh + a - pt, j sw + b - pl]
  * (zero outside the image), each Hq x Wq. */
@@ -168,21 +194,8 @@ static void pad_planes(void *p, int64_t b, int64_t e) {
         for (int64_t i = i_lo; i < i_hi; i++) {
           uint16_t *o = pl + i * j->wq;
           const uint16_t *row = src + (i * j->sh + a - j->pt) * j->sh_;
-          if (j->sw == 1 && j->sw_ == 1)
-            memcpy(o + lo, row + iw0, (size_t)(hi - lo) * 2);
-#if defined(__x86_64__)
-          else if (j->sw == 2 && j->sw_ == 1 && tpurt__cpu_avx512())
-            evens16(o + lo, row + iw0, hi - lo);
-#endif
-          else
-            for (int64_t q = lo; q < hi; q++) o[q] = row[(iw0 + (q - lo) * j->sw) * j->sw_];
-#if defined(__x86_64__)
-          if (j->check && tpurt__cpu_avx512())
-            bad |= nonfinite16(o + lo, hi - lo);
-          else
-#endif
-          if (j->check)
-            for (int64_t q = lo; q < hi; q++) bad |= (o[q] & 0x7f80) == 0x7f80;
+          copy_row_step(o + lo, row + iw0 * j->sw_, hi - lo, j->sw, j->sw_);
+          if (j->check) bad |= any_nonfinite(o + lo, hi - lo);
         }
       }
     }
@@ -872,11 +885,11 @@ IP_TARGET static void ip_tile(const uint16_t *const *rows, const int64_t *toff, 
  * of two 4-wide images, the (oh, n, ow) order), one 16-byte store a channel
  * or two 8-byte ones, else a store a value (8 images at one position, the
  * (oh, ow, n) order: the sums were rounded one at a time). Each
- * position's 32 sums (+ the bias row) are rounded as one row, and the 8 x 32
+ * position's 32 sums (+ the bias row) are rounded as one row and the 8 x 32
  * bf16 block transposed in registers (8 x 8 blocks of 16-bit values within
- * each 128-bit lane), one 16-byte store a channel (two 8-byte ones for two
- * rows). Before: a gather of each channel's 8 sums from t, 32 a tile, which
- * AMD cores run an element at a time (a tenth of a 64-channel pass). */
+ * each 128-bit lane). Before: a gather of each channel's 8 sums from t, 32 a
+ * tile, which AMD cores run an element at a time (a tenth of a 64-channel
+ * pass). */
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void ip_store8(const float *t, uint16_t *y,
                                                                        const int64_t *pos, int m, int runs, int64_t oc,
                                                                        int64_t nc, const float *bias) {
@@ -1264,16 +1277,7 @@ static void subsample_planes(void *p, int64_t b, int64_t e) {
   for (int64_t u = b; u < e; u++) {
     const uint16_t *src = j->x + u / j->C * j->sn + u % j->C * j->sc;
     uint16_t *o = j->xs + u * j->Ho * j->Wo;
-    for (int64_t i = 0; i < j->Ho; i++, o += j->Wo) {
-      const uint16_t *row = src + i * j->sh * j->sh_;
-#if defined(__x86_64__)
-      if (j->sw == 2 && j->sw_ == 1 && tpurt__cpu_avx512()) {
-        evens16(o, row, j->Wo); /* reads row[0 .. 2 Wo - 2]: inside the image */
-        continue;
-      }
-#endif
-      for (int64_t q = 0; q < j->Wo; q++) o[q] = row[q * j->sw * j->sw_];
-    }
+    for (int64_t i = 0; i < j->Ho; i++, o += j->Wo) copy_row_step(o, src + i * j->sh * j->sh_, j->Wo, j->sw, j->sw_);
   }
 }
 
@@ -1291,10 +1295,12 @@ static uint16_t *subsample(const tpurt_view *x, int64_t Ho, int64_t Wo, int64_t 
   return xs;
 }
 
-/* a 1 x 1 kernel at a stride > 1 without padding or dilation, one group */
+/* a 1 x 1 kernel at a stride > 1 without padding, one group, on the dot
+ * products (no tile unit) */
 static int strided_one(const tpurt_view *w, const tpurt_conv3d_params *p) {
   return w->sizes[3] == 1 && w->sizes[4] == 1 && p->groups == 1 && (p->stride[1] > 1 || p->stride[2] > 1) &&
-         p->padding[1] == 0 && p->padding[2] == 0 && patch_env() == PATCH_RULE && tpurt__cpu_avx512();
+         p->padding[1] == 0 && p->padding[2] == 0 && patch_env() == PATCH_RULE && tpurt__cpu_avx512() &&
+         !tpurt__bgemm_amx();
 }
 
 static int one_by_one(const tpurt_view *out, const tpurt_view *in, const tpurt_view *w, int transpose,
@@ -1816,8 +1822,9 @@ SW_TARGET static void sw_tasks(void *p, int64_t b, int64_t e) {
 #endif
 
 static int sw_worth(int64_t G, int64_t Ci, int64_t Co, int64_t kk, const tpurt_conv3d_params *p) {
-  return tpurt__cpu_avx512() && !tpurt__bgemm_amx() && G == 1 && (Co <= SW_MAX_CO || Ci == 1) && kk <= SW_MAX_TAPS && p->stride[1] == 1 &&
-         p->stride[2] == 1 && p->dilation[1] == 1 && p->dilation[2] == 1 && p->padding[1] >= 0 && p->padding[2] >= 0;
+  return tpurt__cpu_avx512() && !tpurt__bgemm_amx() && G == 1 && (Co <= SW_MAX_CO || Ci == 1) &&
+         kk <= SW_MAX_TAPS && p->stride[1] == 1 && p->stride[2] == 1 && p->dilation[1] == 1 && p->dilation[2] == 1 &&
+         p->padding[1] >= 0 && p->padding[2] >= 0;
 }
 
 static int sw_pass(const tpurt_view *dwv, const tpurt_view *dy, const tpurt_view *x, const tpurt_conv3d_params *p) {
@@ -1850,10 +1857,8 @@ int tpurt__bconv_backward_weight(const tpurt_view *dwv, const tpurt_view *dy, co
   if (sw_worth(G, Ci, Co, kk, p)) return sw_pass(dwv, dy, x, p);
   if (iw_worth(G, Ci, Co, kk, Ho * Wo, dy)) return iw_pass(dwv, dy, x, p);
   planes g;
-  tpurt_conv3d_params unit = *p;
-  int sub = !tpurt__bgemm_amx() && strided_one(dwv, p);
+  int sub = strided_one(dwv, p);
   if (sub) { /* x[:, :, ::sh, ::sw] dense: the column space of a unit stride */
-    unit.stride[1] = unit.stride[2] = 1;
     plan(&g, N, Ci, Ho, Wo, 1, 1, 0, 0, Ho, Wo, Ho);
   } else {
     plan_images(&g, x, Ho, Wo, kh, kw, p);
@@ -1866,11 +1871,7 @@ int tpurt__bconv_backward_weight(const tpurt_view *dwv, const tpurt_view *dy, co
   int bad;
   if (sub) { /* the images' bytes and the planes' slack (zero) after them */
     g.xp = subsample(x, Ho, Wo, p->stride[1], p->stride[2], g.bytes - (size_t)(N * g.img) * 2, 0);
-#if defined(__x86_64__)
-    bad = !g.xp || (g.lp != Ho * Wo && nonfinite16(g.xp, N * g.img)); /* strided_one: an AVX-512 host */
-#else
-    bad = 1;
-#endif
+    bad = !g.xp || (g.lp != Ho * Wo && any_nonfinite(g.xp, N * g.img));
   } else {
     bad = pad(&g, x, 1, 0);
   }
@@ -1882,7 +1883,7 @@ int tpurt__bconv_backward_weight(const tpurt_view *dwv, const tpurt_view *dy, co
   int wdense = 1;
   for (int64_t k = 0; k < Kd; k++) wdense &= woff[k] == k;
   for (int64_t gi = 0; gi < G; gi++) {
-    image_koff(&g, gi * Cig, Cig, kh, kw, &unit, koff);
+    image_koff(&g, gi * Cig, Cig, kh, kw, p, koff); /* subsampled: 1 x 1, tap (0, 0) of g's planes */
     dyt_job dj = {(const uint16_t *)hv(dy->ptr) + gi * Cog * dy->strides[1], dy->strides[0], dy->strides[1],
                   dy->strides[3], dy->strides[4], Cog, Ho, Wo, &g, dyt, ldt};
     tpurt_parallel_for(N, 1, dyt_images, &dj);

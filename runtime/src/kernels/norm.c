@@ -841,8 +841,8 @@ static void t3_dx(const bnplan *p, const bnctx *x, int64_t n0, int64_t n1, int64
 
 
 /* ---- batch norm: one channel per work item */
-/* Channels of a block whose affine maps wait (bn_fwd_ch) */
-#define BN_AFFINE_BLOCK 64
+/* channels per bn_affine_rows call (batch norm's forward pass, group norm) */
+#define AFFINE_BLOCK 64
 
 static void bn_fwd_ch(void *c, int64_t cb, int64_t ce) {
   bnctx *x = c;
@@ -853,7 +853,7 @@ static void bn_fwd_ch(void *c, int64_t cb, int64_t ce) {
    * every sample, C x S elements apart (512 channels at 4 x 4: a 32-byte
    * store every 16 KiB, each a line fetched for writing) */
   int blocked = x->y && !p->ew_apply && t3_vec_rows(&p->x) && t3_vec_rows(&p->y);
-  double k1[BN_AFFINE_BLOCK], k3[BN_AFFINE_BLOCK];
+  double k1[AFFINE_BLOCK], k3[AFFINE_BLOCK];
   int64_t c0 = cb;
   for (int64_t ch = cb; ch < ce; ch++) {
     double mean, invstd;
@@ -879,7 +879,7 @@ static void bn_fwd_ch(void *c, int64_t cb, int64_t ce) {
         apply_row(p->x.dt, (char *)t3row(&p->y, x->y, n, ch), p->y.ss, t3row(&p->x, x->x, n, ch), p->x.ss, p->S, &k);
     } else if (blocked) {
       k1[ch - c0] = invstd * w, k3[ch - c0] = b - mean * k1[ch - c0];
-      if (ch + 1 == ce || ch + 1 - c0 == BN_AFFINE_BLOCK) {
+      if (ch + 1 == ce || ch + 1 - c0 == AFFINE_BLOCK) {
         bn_affine_rows(&p->y, x->y, &p->x, x->x, NULL, NULL, 0, p->N, c0, ch + 1, p->S, k1, 0.0, 0.0, k3);
         c0 = ch + 1;
       }
@@ -919,18 +919,17 @@ static void bn_bwd_ch(void *c, int64_t cb, int64_t ce) {
 }
 
 /* ---- group norm: one (sample, group) per work item */
-#define GN_BLOCK 64 /* channels per bn_affine_rows call */
 
-/* Vector rows of sample n, group g, in blocks of GN_BLOCK channels, one
+/* Vector rows of sample n, group g, in blocks of AFFINE_BLOCK channels, one
  * bn_affine_rows call each, k1 = rstd w[ch]: forward (fwd), y = x k1 +
  * (b[ch] - mean k1); backward, dx = dy k1 + (x - mean) k2 + k3 (x not read
  * where k2 == 0, as t3_dx). */
 static void gn_affine(const bnplan *p, const bnctx *x, int64_t n, int64_t g, int fwd, double rstd, double mean,
                       double k2, double k3) {
   int64_t Cg = p->C / p->groups, cend = (g + 1) * Cg;
-  double k1v[GN_BLOCK], k3v[GN_BLOCK];
-  for (int64_t c0 = g * Cg; c0 < cend; c0 += GN_BLOCK) {
-    int64_t c1 = c0 + GN_BLOCK < cend ? c0 + GN_BLOCK : cend;
+  double k1v[AFFINE_BLOCK], k3v[AFFINE_BLOCK];
+  for (int64_t c0 = g * Cg; c0 < cend; c0 += AFFINE_BLOCK) {
+    int64_t c1 = c0 + AFFINE_BLOCK < cend ? c0 + AFFINE_BLOCK : cend;
     for (int64_t ch = c0; ch < c1; ch++) {
       k1v[ch - c0] = rstd * vget(&p->w, x->w, ch, 1.0);
       k3v[ch - c0] = fwd ? vget(&p->b, x->b, ch, 0.0) - mean * k1v[ch - c0] : k3;
