@@ -167,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         ddp, ddp_table = dist.ddp_scaling()
         emit("dist", {"machine": common.machine(), "allreduce": ar, "ddp": ddp}, "Distributed: tpu_dist",
              "all_reduce on 2 processes, one \"cpu:gloo,tpu:tpu_dist\" group, medians of interleaved repeats "
-             "(goal tpu_dist / gloo ≥ 0.8×; verify=0: without the fingerprint exchange):\n\n" + ar_table +
+             "(goal tpu_dist / gloo ≥ 0.8×; tpu_dist checks each collective's fingerprint on the host's "
+             "shared-memory board, verify=gloo through a Gloo all_gather, verify=0 not at all):\n\n" + ar_table +
              "\n\nDDP training of the Llama example under torchrun (4 layers, width 128, 64 tokens x 8 "
              "sequences a process a step; the host's cores are shared by the processes):\n\n" + ddp_table)
     if "hf" in args.suites:

@@ -1,7 +1,8 @@
 """Distributed benchmarks (``python -m bench dist``).
 
 all_reduce bus bandwidth on 2 processes: tpu_dist on tpu tensors (with and
-without the fingerprint check, TORCH_TPU_DIST_VERIFY) vs Gloo on CPU tensors
+with the fingerprint check on the host's shared-memory board, with it through
+Gloo, and without it: TORCH_TPU_DIST_VERIFY=1 / gloo / 0) vs Gloo on CPU tensors
 of the same sizes, all in one "cpu:gloo,tpu:tpu_dist" group, configurations
 alternating in every repeat; and DDP training throughput of the Llama example
 (examples/distributed/train_llama.py) on 1 and 2 processes under torchrun,
@@ -23,7 +24,7 @@ import time
 from bench import common
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20]
-CONFIGS = ("gloo cpu", "tpu_dist", "tpu_dist verify=0")
+CONFIGS = ("gloo cpu", "tpu_dist", "tpu_dist verify=gloo", "tpu_dist verify=0")
 
 
 def _fmt_size(n: int) -> str:
@@ -44,14 +45,20 @@ def _worker(sizes: list[int], repeats: int) -> None:
     rank = int(os.environ["RANK"])
     dev = torch.device("tpu", 0)
     dist.init_process_group("cpu:gloo,tpu:tpu_dist")
+    os.environ["TORCH_TPU_DIST_VERIFY"] = "gloo"
+    through_gloo = dist.new_group(backend="tpu_dist")
     os.environ["TORCH_TPU_DIST_VERIFY"] = "0"
     unverified = dist.new_group(backend="tpu_dist")
-    groups = {"gloo cpu": None, "tpu_dist": None, "tpu_dist verify=0": unverified}
+    groups = {"gloo cpu": None, "tpu_dist": None, "tpu_dist verify=gloo": through_gloo, "tpu_dist verify=0": unverified}
+    paths = {c: dist.distributed_c10d._get_default_group()._get_backend(dev)._verify_path if g is None else
+             g._get_backend(dev)._verify_path for c, g in groups.items() if c != "gloo cpu"}
+    if paths != {"tpu_dist": "board", "tpu_dist verify=gloo": "gloo", "tpu_dist verify=0": "off"}:
+        raise RuntimeError(f"unexpected fingerprint checks: {paths}")
     out: dict[str, dict[str, list[float]]] = {c: {} for c in CONFIGS}
     for size in sizes:
         n = size // 4
         bufs = {"gloo cpu": torch.ones(n), "tpu_dist": torch.ones(n, device=dev)}
-        bufs["tpu_dist verify=0"] = bufs["tpu_dist"]
+        bufs["tpu_dist verify=0"] = bufs["tpu_dist verify=gloo"] = bufs["tpu_dist"]
         iters = max(3, min(100, (32 << 20) // size))
         for c in CONFIGS:  # warm up: connections, staging buffers
             dist.all_reduce(bufs[c], group=groups[c])
@@ -94,10 +101,11 @@ def allreduce(repeats: int, sizes: list[int] | None = None) -> tuple[dict, str]:
         res[str(size)] = {"seconds": med, "busbw_GBps": bw}
         rows.append([_fmt_size(size), f"{med['gloo cpu'] * 1e6:,.0f}", f"{bw['gloo cpu']:.2f}",
                      f"{bw['tpu_dist']:.2f}", f"{bw['tpu_dist'] / bw['gloo cpu']:.2f}×",
-                     f"{bw['tpu_dist verify=0']:.2f}", f"{bw['tpu_dist verify=0'] / bw['gloo cpu']:.2f}×"])
+                     f"{bw['tpu_dist verify=gloo'] / bw['gloo cpu']:.2f}×",
+                     f"{bw['tpu_dist verify=0'] / bw['gloo cpu']:.2f}×"])
     table = common.markdown_table(
         ["size", "gloo cpu µs", "gloo cpu busbw GB/s", "tpu_dist busbw GB/s", "tpu_dist / gloo",
-         "tpu_dist verify=0 GB/s", "verify=0 / gloo"], rows)
+         "check through Gloo (verify=gloo) / gloo", "no check (verify=0) / gloo"], rows)
     return res, table
 
 

@@ -371,10 +371,23 @@ def case_compiled() -> None:
     print(f"rank {rank}: compiled ok", flush=True)
 
 
+def _verify_path(dist, dev, group=None) -> str:
+    """How a tpu_dist group checks its collectives: board, gloo or off."""
+    pg = group or dist.distributed_c10d._get_default_group()
+    return pg._get_backend(dev)._verify_path
+
+
 def case_mismatch() -> None:
     """Mismatched shape, dtype and op raise one clear error on every rank;
-    the group is still usable afterwards."""
+    the group is still usable afterwards. CHECK_PATH: how the fingerprints
+    meet (TORCH_TPU_DIST_VERIFY set per rank by VERIFY_OF_RANK)."""
+    verify = os.environ.get("VERIFY_OF_RANK", "").split(",")
+    if verify != [""]:
+        os.environ["TORCH_TPU_DIST_VERIFY"] = verify[int(os.environ["RANK"])]
     torch, dist, rank, world, dev = _setup("tpu_dist")
+    assert _verify_path(dist, dev) == os.environ["CHECK_PATH"], _verify_path(dist, dev)
+    shm = f"/dev/shm/tpu_dist-{os.getpid()}-"
+    assert not any(("/dev/shm/" + f).startswith(shm) for f in os.listdir("/dev/shm")), "the board file stayed"
     calls = {
         "shape": lambda: dist.all_reduce(torch.ones(4 if rank == 0 else 8, device=dev)),
         "dtype": lambda: dist.all_reduce(torch.ones(4, device=dev, dtype=torch.float32 if rank == 0 else
@@ -406,9 +419,10 @@ def case_dead_rank() -> None:
     dist.barrier()
     if rank == 1:
         os._exit(3)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError) as e:
         t = torch.ones(4, device=dev)
         dist.all_reduce(t)
+    print(f"error: {e.value}", flush=True)
     assert torch.equal((torch.ones(2, device=dev) + 1).cpu(), torch.full((2,), 2.0))  # device still usable
     print(f"rank {rank}: dead rank raised", flush=True)
     os._exit(0)
@@ -428,8 +442,8 @@ def case_silent_rank() -> None:
     work = dist.all_reduce(torch.ones(4, device=dev), group=quick, async_op=True)
     with pytest.raises(RuntimeError, match="(?i)timed? ?out"):
         work.wait(timeout=datetime.timedelta(seconds=1))  # Work.wait's own timeout
-    with pytest.raises(RuntimeError, match="(?i)timed? ?out"):
-        dist.all_reduce(torch.ones(4, device=dev))  # the group's timeout
+    with pytest.raises(RuntimeError, match="(?i)timed? ?out.*rank 1"):
+        dist.all_reduce(torch.ones(4, device=dev))  # the group's timeout (the board's wait)
     print(f"rank {rank}: silent rank timed out", flush=True)
     os._exit(0)
 
@@ -502,14 +516,38 @@ def test_functional_collectives_in_compiled_graph() -> None:
     assert all("compiled ok" in o for o in outs)
 
 
-def test_mismatched_collectives_raise() -> None:
-    outs = launch("mismatch", 2)
+@pytest.mark.parametrize("verify,path", [("1,1", "board"), ("gloo,gloo", "gloo"), ("1,gloo", "gloo")])
+def test_mismatched_collectives_raise(verify: str, path: str) -> None:
+    """The fingerprints meet on the shared-memory board when every rank is
+    on this host, through Gloo with TORCH_TPU_DIST_VERIFY=gloo, and through
+    Gloo on every rank when one rank asks for it."""
+    outs = launch("mismatch", 2, {"VERIFY_OF_RANK": verify, "CHECK_PATH": path})
     assert all("mismatch ok" in o for o in outs)
 
 
-def test_dead_rank_raises() -> None:
-    outs = launch("dead_rank", 2, expect_rc={1: 3})
+def case_verify_disagrees() -> None:
+    os.environ["TORCH_TPU_DIST_VERIFY"] = "1" if os.environ["RANK"] == "0" else "0"
+    import torch.distributed as dist
+
+    with pytest.raises(dist.DistBackendError, match=r"TORCH_TPU_DIST_VERIFY must be on .* rank 0: 1, rank 1: 0"):
+        _setup("tpu_dist")
+    print("verify disagreement raised", flush=True)
+    os._exit(0)
+
+
+def test_verify_setting_that_differs_across_ranks_raises() -> None:
+    """One rank checking collectives and another not would hang at the first
+    exchange: the group's creation says so instead."""
+    outs = launch("verify_disagrees", 2)
+    assert all("verify disagreement raised" in o for o in outs)
+
+
+@pytest.mark.parametrize("verify", ["1", "gloo"])
+def test_dead_rank_raises(verify: str) -> None:
+    outs = launch("dead_rank", 2, {"TORCH_TPU_DIST_VERIFY": verify}, expect_rc={1: 3})
     assert "dead rank raised" in outs[0]
+    if verify == "1":  # the board names the rank at once, long before the group's timeout
+        assert "rank 1 has exited" in outs[0], outs[0]
 
 
 def test_silent_rank_times_out() -> None:

@@ -49,7 +49,9 @@ typedef enum tpurt_status {
   TPURT_ERR_KERNEL = 5,           /* an asynchronous operation failed */
   TPURT_ERR_INDEX = 6,            /* index out of range (async or sync) */
   TPURT_ERR_INTERNAL = 7,
-  TPURT_ERR_IO = 8                /* a file-system call failed (kernel cache) */
+  TPURT_ERR_IO = 8,               /* a file-system call failed (kernel cache) */
+  TPURT_ERR_TIMEOUT = 9,          /* a wait for another process ran out of time */
+  TPURT_ERR_PEER_LOST = 10        /* another process of a rendezvous has exited */
 } tpurt_status;
 
 /* Message of the last failing call on this thread ("" if none). */
@@ -469,6 +471,29 @@ TPURT_API tpurt_status tpurt_memcpy_d2d(tpurt_stream *s, tpurt_devptr dst, tpurt
  * allocated; the caller orders later device work on those bytes after its
  * own accesses (the collective's completion). */
 TPURT_API tpurt_status tpurt_memory_window(tpurt_stream *s, tpurt_devptr p, size_t n, void **host);
+
+/* ------------------------------------------------------------ host board */
+/* A rendezvous board in shared memory (/dev/shm) for processes on one host:
+ * in each round every member posts a record of rec_bytes (1..4096) and
+ * reads every member's record of that round (tpu_dist's collectives check
+ * their fingerprints on it when all ranks share the host, instead of a
+ * transport round trip). The creator is member 0; it hands the name and
+ * token to the others out of band (the process group's store); the file
+ * can be unlinked once all have opened it. A member that exits is noticed
+ * by the others (TPURT_ERR_PEER_LOST); a member that does not arrive within
+ * timeout_ms fails the exchange (TPURT_ERR_TIMEOUT). After a failed
+ * exchange the board refuses further rounds (TPURT_ERR_PEER_LOST). One
+ * board serves one thread at a time (calls are serialised). */
+#define TPURT_BOARD_NAME_LEN 64
+typedef struct tpurt_board tpurt_board;
+TPURT_API tpurt_status tpurt_board_create(int nranks, size_t rec_bytes, char name[TPURT_BOARD_NAME_LEN],
+                                          uint64_t *token, tpurt_board **out);
+TPURT_API tpurt_status tpurt_board_open(const char *name, uint64_t token, int nranks, size_t rec_bytes, int rank,
+                                        tpurt_board **out);
+TPURT_API tpurt_status tpurt_board_unlink(const char *name);
+/* Posts `mine` (rec_bytes) and fills all[nranks * rec_bytes], member order. */
+TPURT_API tpurt_status tpurt_board_exchange(tpurt_board *b, const void *mine, void *all, int64_t timeout_ms);
+TPURT_API void tpurt_board_close(tpurt_board *b);
 
 #define TPURT_MAX_DIMS 25
 

@@ -80,6 +80,9 @@ typedef struct tpurt__waiter {
   _Atomic uint32_t sleepers;
 } tpurt__waiter;
 TPURT_INTERNAL void tpurt__notify(tpurt__waiter *w);
+/* 1 if pred(ctx) became true within spin_ns of polling (pause, and a
+ * sched_yield every 64 polls unless TORCH_TPU_SPIN_YIELD=0), else 0. */
+TPURT_INTERNAL int tpurt__spin_for(int (*pred)(void *), void *ctx, int64_t spin_ns);
 /* Waits until pred(ctx) != 0. */
 TPURT_INTERNAL void tpurt__wait(tpurt__waiter *w, int (*pred)(void *), void *ctx, int64_t spin_ns);
 /* A counter waited for up to targets: a sleeper lowers *wake_at to its

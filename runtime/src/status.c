@@ -34,6 +34,8 @@ const char *tpurt_status_name(tpurt_status s) {
     case TPURT_ERR_INDEX: return "TPURT_ERR_INDEX";
     case TPURT_ERR_INTERNAL: return "TPURT_ERR_INTERNAL";
     case TPURT_ERR_IO: return "TPURT_ERR_IO";
+    case TPURT_ERR_TIMEOUT: return "TPURT_ERR_TIMEOUT";
+    case TPURT_ERR_PEER_LOST: return "TPURT_ERR_PEER_LOST";
   }
   return "TPURT_ERR_UNKNOWN";
 }

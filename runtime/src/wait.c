@@ -70,7 +70,7 @@ __attribute__((constructor)) static void yield_init(void) {
 }
 
 /* 1 if pred(ctx) became true within spin_ns of polling (with pause). */
-static int spin_for(int (*pred)(void *), void *ctx, int64_t spin_ns) {
+int tpurt__spin_for(int (*pred)(void *), void *ctx, int64_t spin_ns) {
   if (pred(ctx)) return 1;
   if (spin_ns > 0) {
     int64_t deadline = tpurt__now_ns() + spin_ns;
@@ -98,7 +98,7 @@ static int reached(void *p) {
 void tpurt__wait_until(tpurt__waiter *w, _Atomic uint64_t *v, uint64_t target, _Atomic uint64_t *wake_at,
                        int64_t spin_ns) {
   until_ctx c = {v, target};
-  if (spin_for(reached, &c, spin_ns)) return;
+  if (tpurt__spin_for(reached, &c, spin_ns)) return;
   atomic_fetch_add(&w->sleepers, 1);
   for (;;) {
     uint32_t e = atomic_load(&w->epoch);
@@ -113,7 +113,7 @@ void tpurt__wait_until(tpurt__waiter *w, _Atomic uint64_t *v, uint64_t target, _
 }
 
 void tpurt__wait(tpurt__waiter *w, int (*pred)(void *), void *ctx, int64_t spin_ns) {
-  if (spin_for(pred, ctx, spin_ns)) return;
+  if (tpurt__spin_for(pred, ctx, spin_ns)) return;
   atomic_fetch_add(&w->sleepers, 1);
   atomic_thread_fence(memory_order_seq_cst);
   for (;;) {

@@ -241,9 +241,15 @@ c10::Stream stream_of(const at::Tensor& t) {
 // Gloo aborts the process (std::terminate in its worker thread) when the
 // ranks' buffers disagree in size, and silently mixes dtypes or ops. Before
 // each collective the ranks therefore exchange a fixed-size fingerprint of
-// it (one small Gloo all_gather, on by default; TORCH_TPU_DIST_VERIFY=0
-// turns it off) and all of them raise the same error naming every rank's
-// call when they differ; the group stays usable.
+// it and all of them raise the same error naming every rank's call when
+// they differ; the group stays usable. When every rank of the group runs on
+// this host the fingerprints meet on a board in shared memory (the
+// runtime's tpurt_board: microseconds, and a rank whose process is gone is
+// named at once); otherwise, or with TORCH_TPU_DIST_VERIFY=gloo, through
+// one small Gloo all_gather (a whole transport round trip, as long as a
+// 4 KiB all_reduce). TORCH_TPU_DIST_VERIFY=0 turns the check off.
+
+enum class Verify : int { kOff = 0, kAuto = 1, kTransport = 2 };
 
 constexpr int kFpLen = 16;
 constexpr int kFpDims = 8;
@@ -295,6 +301,61 @@ std::string describe(const int64_t* v) {
   if (v[2] >= 0) s += c10::str(", ReduceOp.", op_name(static_cast<ReduceOp::RedOpType>(v[2])));
   if (v[3] >= 0) s += c10::str(", root ", v[3]);
   return s;
+}
+
+using BoardPtr = std::shared_ptr<tpurt_board>;
+
+// The fingerprints' board of a group whose ranks all run on this host, or
+// nullptr (one rank, another host in the group, no /dev/shm, a rank with
+// TORCH_TPU_DIST_VERIFY=gloo): rank 0 creates it and announces its name and
+// token in the group's store, the others open it, and every rank then reads
+// every rank's verdict and check mode, so all of them use the board or none
+// does, and a group whose ranks disagree on checking at all (one would wait
+// for an exchange the other never joins) fails here with a clear error. A
+// counter in the store numbers the rendezvous, so keys left by an earlier
+// group under the same prefix are never read. Rank 0 unlinks the file once
+// all have opened it: nothing stays behind in /dev/shm, even after a crash.
+BoardPtr make_board(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, Verify verify) {
+  if (size < 2 || !store) return nullptr;
+  auto st = c10::make_intrusive<c10d::PrefixStore>("tpu_dist_board/", store);
+  std::string gen = std::to_string((st->add("arrivals", 1) - 1) / size) + "/";
+  tpurt_board* b = nullptr;
+  char name[TPURT_BOARD_NAME_LEN] = "";
+  if (rank == 0) {
+    uint64_t token = 0;
+    std::string announce;
+    if (verify == Verify::kAuto && tpurt_board_create(size, sizeof(Fingerprint), name, &token, &b) == TPURT_OK)
+      announce = c10::str(name, " ", token);
+    st->set(gen + "name", announce);
+  } else {
+    std::string announce = st->get_to_str(gen + "name");
+    size_t sp = announce.find(' ');
+    if (verify == Verify::kAuto && sp != std::string::npos && sp < sizeof name) {
+      std::memcpy(name, announce.data(), sp);
+      name[sp] = 0;
+      uint64_t token = std::strtoull(announce.c_str() + sp + 1, nullptr, 10);
+      if (tpurt_board_open(name, token, size, sizeof(Fingerprint), rank, &b) != TPURT_OK) b = nullptr;
+    }
+  }
+  st->set(gen + "ok/" + std::to_string(rank), c10::str(static_cast<int>(verify), b ? " 1" : " 0"));
+  bool all = true;
+  std::string modes;
+  bool on = verify != Verify::kOff, agree = true;
+  for (int r = 0; r < size; r++) {
+    std::string v = st->get_to_str(gen + "ok/" + std::to_string(r));
+    all = all && v.size() == 3 && v[2] == '1';
+    agree = agree && (v[0] != '0') == on;
+    modes += c10::str(r ? ", " : "", "rank ", r, ": ", v[0] == '0' ? "0" : v[0] == '1' ? "1" : "gloo");
+  }
+  if (rank == 0 && name[0]) tpurt_board_unlink(name);
+  if (!all || !agree) {
+    tpurt_board_close(b);
+    b = nullptr;
+  }
+  if (!agree)
+    C10_THROW_ERROR(DistBackendError, c10::str(kName, ": TORCH_TPU_DIST_VERIFY must be on (1 or gloo) on every "
+                                               "rank or off (0) on every rank; the group has ", modes));
+  return b ? BoardPtr(b, tpurt_board_close) : nullptr;
 }
 
 // ------------------------------------------------------------------- Work
@@ -383,8 +444,11 @@ struct TpuOptions : c10d::Backend::Options {
 
 class TpuBackend : public c10d::Backend {
  public:
-  TpuBackend(c10::intrusive_ptr<c10d::Backend> inner, std::chrono::milliseconds timeout, bool verify)
-      : Backend(inner->getRank(), inner->getSize()), inner_(std::move(inner)), timeout_(timeout), verify_(verify) {}
+  TpuBackend(c10::intrusive_ptr<c10d::Backend> inner, std::chrono::milliseconds timeout, Verify verify,
+             const c10::intrusive_ptr<c10d::Store>& store)
+      : Backend(inner->getRank(), inner->getSize()), inner_(std::move(inner)), timeout_(timeout), verify_(verify) {
+    board_ = make_board(store, getRank(), getSize(), verify_);
+  }
 
   const std::string getBackendName() const override { return kName; }
 
@@ -399,7 +463,7 @@ class TpuBackend : public c10d::Backend {
     auto sub = inner_->split(c10::make_intrusive<c10d::PrefixStore>(std::string(kName) + "/", store), ranks,
                              inner_->getBackendOptions());
     if (!sub) return nullptr;
-    return c10::make_intrusive<TpuBackend>(sub, opts ? opts->timeout : timeout_, verify_);
+    return c10::make_intrusive<TpuBackend>(sub, opts ? opts->timeout : timeout_, verify_, store);
   }
   c10::intrusive_ptr<Options> getBackendOptions() override { return c10::make_intrusive<TpuOptions>(timeout_); }
   void setTimeout(std::chrono::milliseconds timeout) override {
@@ -781,13 +845,23 @@ class TpuBackend : public c10d::Backend {
   // Exchanges `f` with every rank (a blocking Gloo all_gather) and raises
   // the same error on all of them when any differs.
   void verify(const Fingerprint& f) {
-    if (!verify_ || getSize() == 1) return;
-    at::Tensor mine = at::from_blob(const_cast<int64_t*>(f.v), {kFpLen}, at::kLong).clone();
-    at::Tensor all = at::empty({getSize() * kFpLen}, at::kLong);
-    c10d::AllgatherOptions o;
-    o.timeout = timeout_;
-    inner_->_allgather_base(all, mine, o)->wait();
-    const int64_t* a = all.const_data_ptr<int64_t>();
+    if (verify_ == Verify::kOff || getSize() == 1) return;
+    std::vector<int64_t> buf(static_cast<size_t>(getSize()) * kFpLen);
+    if (board_) {
+      tpurt_status s = tpurt_board_exchange(board_.get(), f.v, buf.data(), timeout_.count());
+      if (s == TPURT_ERR_TIMEOUT)
+        C10_THROW_ERROR(DistBackendError,
+                        c10::str(kName, ": ", describe(f.v), " timed out: ", tpurt_last_error()));
+      if (s != TPURT_OK)
+        C10_THROW_ERROR(DistBackendError, c10::str(kName, ": ", describe(f.v), ": ", tpurt_last_error()));
+    } else {
+      at::Tensor mine = at::from_blob(const_cast<int64_t*>(f.v), {kFpLen}, at::kLong).clone();
+      at::Tensor all = at::from_blob(buf.data(), {getSize() * kFpLen}, at::kLong);
+      c10d::AllgatherOptions o;
+      o.timeout = timeout_;
+      inner_->_allgather_base(all, mine, o)->wait();
+    }
+    const int64_t* a = buf.data();
     bool same = true;
     for (int r = 1; r < getSize() && same; r++)
       same = std::equal(a, a + kFpLen, a + r * kFpLen);
@@ -797,9 +871,18 @@ class TpuBackend : public c10d::Backend {
     C10_THROW_ERROR(DistBackendError, msg);
   }
 
+ public:
+  // How this group checks its collectives: "board", "gloo" or "off".
+  std::string verify_path() const {
+    if (verify_ == Verify::kOff || getSize() == 1) return "off";
+    return board_ ? "board" : "gloo";
+  }
+
+ private:
   c10::intrusive_ptr<c10d::Backend> inner_;
   std::chrono::milliseconds timeout_;
-  bool verify_;
+  Verify verify_;
+  BoardPtr board_;
 };
 
 }  // namespace
@@ -822,14 +905,19 @@ void init_c10d(py::module_& m) {
       })
       // new_group on a rank outside the new group: nothing to do (the Gloo
       // split only involves its members).
-      .def("perform_nocolor_split", [](TpuBackend&, const at::Device&) {});
+      .def("perform_nocolor_split", [](TpuBackend&, const at::Device&) {})
+      // how collectives are checked across ranks: "board" (shared memory,
+      // every rank on this host), "gloo" (a transport all_gather) or "off"
+      .def_property_readonly("_verify_path", &TpuBackend::verify_path);
   m.def(
       "_tpu_dist_backend",
-      [](const c10::intrusive_ptr<c10d::Backend>& inner, std::chrono::milliseconds timeout, bool verify) {
+      [](const c10::intrusive_ptr<c10d::Backend>& inner, std::chrono::milliseconds timeout, int verify,
+         const c10::intrusive_ptr<c10d::Store>& store) {
         TORCH_CHECK(inner, kName, ": no transport backend");
-        return c10::make_intrusive<TpuBackend>(inner, timeout, verify);
+        TORCH_CHECK(verify >= 0 && verify <= 2, kName, ": bad verify mode ", verify);
+        return c10::make_intrusive<TpuBackend>(inner, timeout, static_cast<Verify>(verify), store);
       },
-      py::arg("transport"), py::arg("timeout"), py::arg("verify"));
+      py::arg("transport"), py::arg("timeout"), py::arg("verify"), py::arg("store"));
 }
 
 }  // namespace torch_tpu
