@@ -487,6 +487,31 @@ def test_sums_over_few_rows_match_the_float64_sum(dtype, shape, dims):
     assert equal(wide[..., 0].cpu(), ref_mean) and bool((wide[..., 1].cpu() == 0).all())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(64, 200, 4, 4), (4, 70, 48, 48), (3, 67, 5, 5)])
+def test_batch_norm_backward_in_channel_blocks(shape, dtype):
+    # the input gradient of vector rows is written a block of channels at a
+    # time, sample by sample (blocks of up to 64 channels, fewer when a
+    # channel's rows are long); channels with a zero weight (x not read,
+    # k2 = 0) split a block: every channel against float64 on the CPU
+    C = shape[1]
+    x = (sample(shape, torch.float32) * 2 + 1).to(dtype)
+    g = sample(shape, torch.float32, 4).to(dtype)
+    w = sample((C,), torch.float32, 1)
+    w[[3, 5, 6, 40 % C, C - 1]] = 0
+    b = sample((C,), torch.float32, 2)
+    y, mean, rstd = torch.ops.aten.native_batch_norm(x.to(DEV), w.to(DEV), b.to(DEV), None, None, True, 0.1, 1e-5)
+    got = torch.ops.aten.native_batch_norm_backward(g.to(DEV), x.to(DEV), w.to(DEV), None, None, mean, rstd, True,
+                                                   1e-5, [True, True, True])
+    xd, gd, wd = x.double(), g.double(), w.double()
+    want = torch.ops.aten.native_batch_norm_backward(gd, xd, wd, None, None, mean.cpu().double(),
+                                                    rstd.cpu().double(), True, 1e-5, [True, True, True])
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    for k in range(3):
+        torch.testing.assert_close(got[k].cpu().double(), want[k], rtol=tol, atol=tol)
+    assert not got[0][:, [3, 5, 6]].cpu().any()
+
+
 @pytest.mark.parametrize("shape", [(16, 8, 4, 4), (3, 5, 6, 7), (2, 4, 1, 1), (2, 3, 40, 3)])
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_batch_and_group_norm_on_bf16_rows(shape, channels_last):

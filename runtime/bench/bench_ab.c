@@ -16,6 +16,9 @@
  *                                            channels of S elements in G groups, weight and
  *                                            bias; PASS 0 forward, 1 backward: input, weight
  *                                            and bias gradients)
+ *     KERNEL batchnorm: SHAPE N,C,S,PASS[,bf16] (f32 — or bf16 — batch norm in training of N samples
+ *                                            of C channels of S elements, weight and bias;
+ *                                            PASS 0 forward, 1 backward)
  *
  * On a shared host the speed of the machine moves by tens of percent
  * between (and within) processes, so two builds timed in separate runs
@@ -66,6 +69,12 @@ typedef struct {
   tpurt_status (*group_norm_bwd)(tpurt_stream *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
                                  const tpurt_view *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
                                  const tpurt_view *, int);
+  tpurt_status (*batch_norm)(tpurt_stream *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
+                             const tpurt_view *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
+                             const tpurt_view *, int, double, double);
+  tpurt_status (*batch_norm_bwd)(tpurt_stream *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
+                                 const tpurt_view *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
+                                 const tpurt_view *, const tpurt_view *, const tpurt_view *, int, double);
   tpurt_status (*elementwise)(tpurt_stream *, const tpurt_ew_program *, const tpurt_view *, const tpurt_view *, int,
                                const double *, int);
   const char *(*op_name)(tpurt_ew_op);
@@ -119,6 +128,8 @@ static void load(build *b, const char *path) {
   *(void **)&b->elementwise = sym(b, "tpurt_elementwise");
   *(void **)&b->group_norm = sym(b, "tpurt_group_norm");
   *(void **)&b->group_norm_bwd = sym(b, "tpurt_group_norm_backward");
+  *(void **)&b->batch_norm = sym(b, "tpurt_batch_norm");
+  *(void **)&b->batch_norm_bwd = sym(b, "tpurt_batch_norm_backward");
   *(void **)&b->conv[0] = sym(b, "tpurt_conv2d");
   *(void **)&b->conv[1] = sym(b, "tpurt_conv2d_backward_input");
   *(void **)&b->conv[2] = sym(b, "tpurt_conv2d_backward_weight");
@@ -150,11 +161,11 @@ static tpurt_view view4(tpurt_devptr p, int64_t n, int64_t c, int64_t h, int64_t
   return v;
 }
 
-enum { K_GEMM, K_SOFTMAX, K_LAYERNORM, K_EW, K_CONV, K_GROUPNORM };
+enum { K_GEMM, K_SOFTMAX, K_LAYERNORM, K_EW, K_CONV, K_GROUPNORM, K_BATCHNORM };
 typedef struct {
   int kind, nset, bf16; /* gemm: bf16 operands and result */
   int64_t M, N, K, nb; /* softmax, layernorm, ew: M rows of K */
-  int64_t cv[7];       /* conv: N, C, HW, CO, K, S, pass; groupnorm: N, C, S, G, pass */
+  int64_t cv[7];       /* conv: N, C, HW, CO, K, S, pass; group / batch norm: N, C, S, G (1), pass */
   tpurt_ew_program prog; /* ew: load inputs, the op, out of its register */
   int nin;
   tpurt_devptr a[MAX_ROTATE], b[MAX_ROTATE], c[MAX_ROTATE];
@@ -198,16 +209,17 @@ static tpurt_view view1(tpurt_devptr p, int64_t off, int64_t n) {
   return v;
 }
 
-/* groupnorm views of set i: the statistics and the four parameter vectors */
+/* group / batch norm views of set i: the statistics (per sample and group,
+ * or per channel) and the four parameter vectors */
 static void gn_views(const work *w, int i, tpurt_view *mean, tpurt_view *rstd, tpurt_view *par) {
-  int64_t ng = w->cv[0] * w->cv[3], c = w->cv[1];
+  int64_t ng = w->kind == K_BATCHNORM ? w->cv[1] : w->cv[0] * w->cv[3], c = w->cv[1];
   *mean = view1(w->stats[i], 0, ng), *rstd = view1(w->stats[i], ng, ng);
   for (int k = 0; k < 4; k++) par[k] = view1(w->par[i], k * c, c);
 }
 
 static void setup(build *b, work *w) {
   for (int i = 0; i < w->nset; i++) {
-    if (w->kind == K_GROUPNORM) { /* a: x, b: dy, c: y or dx */
+    if (w->kind == K_GROUPNORM || w->kind == K_BATCHNORM) { /* a: x, b: dy, c: y or dx */
       const int64_t *g = w->cv;
       tpurt_devptr (*up)(build *, size_t, unsigned) = w->bf16 ? upload_bf16 : upload;
       size_t n = (size_t)(g[0] * g[1] * g[2]);
@@ -216,11 +228,14 @@ static void setup(build *b, work *w) {
       w->vb[i] = view3(w->b[i], g[0], g[1], g[2]);
       w->vc[i] = view3(w->c[i], g[0], g[1], g[2]);
       if (w->bf16) w->va[i].dtype = w->vb[i].dtype = w->vc[i].dtype = TPURT_BF16;
-      w->stats[i] = upload(b, (size_t)(2 * g[0] * g[3]), 1);
+      w->stats[i] = upload(b, (size_t)(2 * (w->kind == K_BATCHNORM ? g[1] : g[0] * g[3])), 1);
       w->par[i] = upload(b, (size_t)(4 * g[1]), 11);
       tpurt_view m, r, par[4];
       gn_views(w, i, &m, &r, par);
-      ck(b, b->group_norm(b->s, &w->vc[i], &m, &r, &w->va[i], &par[0], &par[1], (int)g[3], 1e-5));
+      if (w->kind == K_BATCHNORM)
+        ck(b, b->batch_norm(b->s, &w->vc[i], &m, &r, &w->va[i], &par[0], &par[1], NULL, NULL, 1, 0.1, 1e-5));
+      else
+        ck(b, b->group_norm(b->s, &w->vc[i], &m, &r, &w->va[i], &par[0], &par[1], (int)g[3], 1e-5));
     } else if (w->kind == K_CONV) { /* a: x, b: w, c: y */
       const int64_t *g = w->cv, ho = (g[2] + 2 * (g[4] / 2) - g[4]) / g[5] + 1;
       tpurt_devptr (*up)(build *, size_t, unsigned) = w->bf16 ? upload_bf16 : upload;
@@ -262,6 +277,14 @@ static void run(build *b, const work *w, int q) {
     else
       ck(b, b->group_norm_bwd(b->s, &w->vc[i], &par[2], &par[3], &w->vb[i], &w->va[i], &m, &r, &par[0],
                               (int)w->cv[3]));
+  } else if (w->kind == K_BATCHNORM) {
+    tpurt_view m, r, par[4];
+    gn_views(w, i, &m, &r, par);
+    if (w->cv[4] == 0)
+      ck(b, b->batch_norm(b->s, &w->vc[i], &m, &r, &w->va[i], &par[0], &par[1], NULL, NULL, 1, 0.1, 1e-5));
+    else
+      ck(b, b->batch_norm_bwd(b->s, &w->vc[i], &par[2], &par[3], &w->vb[i], &w->va[i], &par[0], NULL, NULL, &m, &r,
+                              1, 1e-5));
   } else if (w->kind == K_CONV) {
     int64_t k = w->cv[4], st = w->cv[5];
     tpurt_conv_params p = {{st, st}, {k / 2, k / 2}, {1, 1}, 1};
@@ -329,11 +352,13 @@ static void usage(void) {
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so ew OP:ROWS,D...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so conv N,C,HW,CO,K,S,PASS[,bf16]...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so groupnorm N,C,S,G,PASS[,bf16]...\n"
+          "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so batchnorm N,C,S,PASS[,bf16]...\n"
           "Times the two runtime builds in one process, alternating samples; prints each build's median\n"
           "and best rate and the median (quartiles) of the paired ratios new / old. ew: an f32\n"
           "elementwise op by name (gelu, add, gelu_backward, where, ...). conv: N images C x HW x HW to CO\n"
           "channels, K x K kernel, stride S, padding K / 2; PASS 0 forward, 1 input gradient, 2 weight gradient.\n"
           "groupnorm: N samples of C channels of S elements in G groups; PASS 0 forward, 1 backward.\n"
+          "batchnorm: training batch norm of N samples of C channels of S elements; PASS 0 forward, 1 backward.\n"
           "--rotate N: calls\n"
           "cycle over N operand sets (N sets beyond the caches: operands come from memory).\n");
   exit(2);
@@ -358,13 +383,14 @@ int main(int argc, char **argv) {
              : !strcmp(kname, "ew")        ? K_EW
              : !strcmp(kname, "conv")      ? K_CONV
              : !strcmp(kname, "groupnorm") ? K_GROUPNORM
+             : !strcmp(kname, "batchnorm") ? K_BATCHNORM
                                            : -1;
   if (kind < 0) usage();
   int gemm = kind == K_GEMM || kind == K_CONV; /* rates in GFLOP/s */
   build bld[2];
   load(&bld[0], argv[i]);
   load(&bld[1], argv[i + 1]);
-  int elems = kind == K_EW || kind == K_GROUPNORM; /* rates in million elements/s */
+  int elems = kind == K_EW || kind == K_GROUPNORM || kind == K_BATCHNORM; /* rates in million elements/s */
   printf("old %s\nnew %s\n%s, %d paired repeats, %d operand set(s) (rates: %s)\n", argv[i], argv[i + 1], kname,
          repeats, nset, gemm ? "GFLOP/s" : elems ? "million elements/s" : "million rows/s");
   for (int a = i + 3; a < argc; a++) {
@@ -395,6 +421,14 @@ int main(int argc, char **argv) {
       if (got == 6 && strcmp(dt, "bf16")) usage();
       w[0].bf16 = w[1].bf16 = got == 6;
       if (got < 5 || g[0] <= 0 || g[1] <= 0 || g[2] <= 0 || g[3] <= 0 || g[1] % g[3] || g[4] < 0 || g[4] > 1) usage();
+      m = g[0] * g[1] * g[2], n = 1;
+    } else if (kind == K_BATCHNORM) { /* rates: million elements/s */
+      char dt[8] = "";
+      int got = sscanf(dims, "%lld,%lld,%lld,%lld,%7s", &g[0], &g[1], &g[2], &g[4], dt);
+      if (got == 5 && strcmp(dt, "bf16")) usage();
+      w[0].bf16 = w[1].bf16 = got == 5;
+      g[3] = 1;
+      if (got < 4 || g[0] <= 0 || g[1] <= 0 || g[2] <= 0 || g[4] < 0 || g[4] > 1) usage();
       m = g[0] * g[1] * g[2], n = 1;
     } else {
       char dt[8] = "";

@@ -650,8 +650,10 @@ BN_TARGET static void bn_gdot_rows(const bnplan *p, const bnctx *x, int64_t n0, 
 
 /* Rows (n, ch) of samples [n0, n1) and channels [c0, c1): o = g * k1 + k3
  * (x NULL) or g * k1 + (x - mean) * k2 + k3 with channel ch's k1[ch - c0]
- * and k3[ch - c0] (a group's channels in one call: one call per row took
- * longer than a small plane's row), in double, each product and sum rounded
+ * and k3[ch - c0], and mean[j], k2[j] with j = (ch - c0) * kstep (kstep 0:
+ * one value for all; a group's channels, or a block of batch norm channels,
+ * in one call: one call per row took longer than a small plane's row), in
+ * double, each product and sum rounded
  * on its own as in the scalar loops, then rounded to float (and that to
  * bf16 where o is bf16: the buffered path's rk_store_row_f64); each of o,
  * g, x f32 or bf16 rows of S elements. */
@@ -682,14 +684,16 @@ BN_TARGET static void bn_gdot_rows(const bnplan *p, const bnctx *x, int64_t n0, 
 
 BN_TARGET static void bn_affine_rows(const t3 *ot, char *ob_, const t3 *gt, const char *gb_, const t3 *xt,
                                      const char *xb_, int64_t n0, int64_t n1, int64_t c0, int64_t c1, int64_t S,
-                                     const double *k1, double mean, double k2, const double *k3) {
+                                     const double *k1, const double *mean, const double *k2, int kstep,
+                                     const double *k3) {
 #if defined(__x86_64__) || defined(__i386__)
   int ob = ot->dt == TPURT_BF16, gb = gt->dt == TPURT_BF16, xb = xt && xt->dt == TPURT_BF16;
   int64_t oes = ob ? 2 : 4, ges = gb ? 2 : 4, xes = xb ? 2 : 4;
-  __m512d vm = _mm512_set1_pd(mean), v2 = _mm512_set1_pd(k2);
+  __m512d vm = _mm512_set1_pd(mean[0]), v2 = _mm512_set1_pd(k2[0]);
   for (int64_t n = n0; n < n1; n++)
     for (int64_t ch = c0; ch < c1; ch++) {
       __m512d v1 = _mm512_set1_pd(k1[ch - c0]), v3 = _mm512_set1_pd(k3[ch - c0]);
+      if (kstep) vm = _mm512_set1_pd(mean[ch - c0]), v2 = _mm512_set1_pd(k2[ch - c0]);
       char *o = (char *)t3row(ot, ob_, n, ch);
       const char *g = t3row(gt, gb_, n, ch), *x = xt ? t3row(xt, xb_, n, ch) : NULL;
       int64_t i = 0;
@@ -698,7 +702,7 @@ BN_TARGET static void bn_affine_rows(const t3 *ot, char *ob_, const t3 *gt, cons
     }
 #else
   (void)ot, (void)ob_, (void)gt, (void)gb_, (void)xt, (void)xb_, (void)n0, (void)n1, (void)c0, (void)c1, (void)S,
-      (void)k1, (void)mean, (void)k2, (void)k3;
+      (void)k1, (void)mean, (void)k2, (void)kstep, (void)k3;
 #endif
 }
 
@@ -754,7 +758,8 @@ static void t3_stats(const t3 *t, const char *base, int64_t n0, int64_t n1, int6
 static void t3_affine(const t3 *x, const char *xb, const t3 *y, char *yb, int64_t n0, int64_t n1, int64_t c, int64_t S,
                       double scale, double shift) {
   if (t3_vec_rows(x) && t3_vec_rows(y)) {
-    bn_affine_rows(y, yb, x, xb, NULL, NULL, n0, n1, c, c + 1, S, &scale, 0.0, 0.0, &shift);
+    const double zero = 0.0;
+    bn_affine_rows(y, yb, x, xb, NULL, NULL, n0, n1, c, c + 1, S, &scale, &zero, &zero, 0, &shift);
     return;
   }
   double buf[NCH];
@@ -829,8 +834,8 @@ static void t3_dx(const bnplan *p, const bnctx *x, int64_t n0, int64_t n1, int64
                   double k3) {
   if (t3_vec_rows(&p->x) && t3_vec_rows(&p->dy) && t3_vec_rows(&p->dx)) {
     /* k2 == 0: x is not read (as below) */
-    bn_affine_rows(&p->dx, x->dx, &p->dy, x->dy, k2 != 0 ? &p->x : NULL, x->x, n0, n1, c, c + 1, p->S, &k1, mean, k2,
-                   &k3);
+    bn_affine_rows(&p->dx, x->dx, &p->dy, x->dy, k2 != 0 ? &p->x : NULL, x->x, n0, n1, c, c + 1, p->S, &k1, &mean, &k2,
+                   0, &k3);
     return;
   }
   double xb[NCH], gb[NCH];
@@ -843,6 +848,20 @@ static void t3_dx(const bnplan *p, const bnctx *x, int64_t n0, int64_t n1, int64
 /* ---- batch norm: one channel per work item */
 /* channels per bn_affine_rows call (batch norm's forward pass, group norm) */
 #define AFFINE_BLOCK 64
+/* Batch norm reads a block of channels twice, for their statistics and then
+ * for the affine map: a block's rows of every sample stay within this many
+ * bytes (of L2) so the second pass finds them there. 64 channels of 64 x 8 x
+ * 8 f32 samples (2 MiB of x and dy) read the second time from L3 made the
+ * backward pass 0.92x a channel at a time. */
+#define BN_BLOCK_BYTES (256 << 10)
+
+/* channels a batch norm block takes: the rows of every sample of x (and dy
+ * in the backward pass) within BN_BLOCK_BYTES, 1 to AFFINE_BLOCK */
+static int64_t bn_block(const bnplan *p, int bwd) {
+  int64_t per = p->N * p->S * (int64_t)(tpurt_dtype_size(p->x.dt) + (bwd ? tpurt_dtype_size(p->dy.dt) : 0));
+  int64_t k = per > 0 ? BN_BLOCK_BYTES / per : AFFINE_BLOCK;
+  return k < 1 ? 1 : k > AFFINE_BLOCK ? AFFINE_BLOCK : k;
+}
 
 static void bn_fwd_ch(void *c, int64_t cb, int64_t ce) {
   bnctx *x = c;
@@ -853,6 +872,7 @@ static void bn_fwd_ch(void *c, int64_t cb, int64_t ce) {
    * every sample, C x S elements apart (512 channels at 4 x 4: a 32-byte
    * store every 16 KiB, each a line fetched for writing) */
   int blocked = x->y && !p->ew_apply && t3_vec_rows(&p->x) && t3_vec_rows(&p->y);
+  int64_t blk = bn_block(p, 0);
   double k1[AFFINE_BLOCK], k3[AFFINE_BLOCK];
   int64_t c0 = cb;
   for (int64_t ch = cb; ch < ce; ch++) {
@@ -879,8 +899,9 @@ static void bn_fwd_ch(void *c, int64_t cb, int64_t ce) {
         apply_row(p->x.dt, (char *)t3row(&p->y, x->y, n, ch), p->y.ss, t3row(&p->x, x->x, n, ch), p->x.ss, p->S, &k);
     } else if (blocked) {
       k1[ch - c0] = invstd * w, k3[ch - c0] = b - mean * k1[ch - c0];
-      if (ch + 1 == ce || ch + 1 - c0 == AFFINE_BLOCK) {
-        bn_affine_rows(&p->y, x->y, &p->x, x->x, NULL, NULL, 0, p->N, c0, ch + 1, p->S, k1, 0.0, 0.0, k3);
+      if (ch + 1 == ce || ch + 1 - c0 == blk) {
+        const double zero = 0.0;
+        bn_affine_rows(&p->y, x->y, &p->x, x->x, NULL, NULL, 0, p->N, c0, ch + 1, p->S, k1, &zero, &zero, 0, k3);
         c0 = ch + 1;
       }
     } else if (x->y) {
@@ -890,10 +911,33 @@ static void bn_fwd_ch(void *c, int64_t cb, int64_t ce) {
   }
 }
 
+/* dx of channels [c0, c1) (at most bn_block's) from their k1, mean,
+ * k2, k3 (index ch - c0), every sample: vector rows in memory order, sample
+ * by sample (a channel at a time stored a row of every sample, C x S
+ * elements apart: 512 channels at 4 x 4 put each of a channel's 64 rows
+ * 16 KiB from the last, into one set of the L1 cache); x is read for the
+ * channels whose k2 is not 0, as t3_dx (a block mixing both is split). */
+static void bn_dx_block(const bnplan *p, const bnctx *x, int64_t c0, int64_t c1, const double *k1, const double *mean,
+                        const double *k2, const double *k3) {
+  int64_t a = c0;
+  while (a < c1) {
+    int reads = k2[a - c0] != 0;
+    int64_t b = a + 1;
+    while (b < c1 && (k2[b - c0] != 0) == reads) b++;
+    bn_affine_rows(&p->dx, x->dx, &p->dy, x->dy, reads ? &p->x : NULL, x->x, 0, p->N, a, b, p->S, k1 + (a - c0),
+                   mean + (a - c0), k2 + (a - c0), 1, k3 + (a - c0));
+    a = b;
+  }
+}
+
 static void bn_bwd_ch(void *c, int64_t cb, int64_t ce) {
   bnctx *x = c;
   const bnplan *p = x->p;
   double M = (double)(p->N * p->S);
+  int blocked = x->dx && t3_vec_rows(&p->x) && t3_vec_rows(&p->dy) && t3_vec_rows(&p->dx);
+  int64_t blk = bn_block(p, 1);
+  double k1v[AFFINE_BLOCK], mv[AFFINE_BLOCK], k2v[AFFINE_BLOCK], k3v[AFFINE_BLOCK];
+  int64_t c0 = cb;
   for (int64_t ch = cb; ch < ce; ch++) {
     double mean, invstd;
     if (p->training) {
@@ -914,7 +958,15 @@ static void bn_bwd_ch(void *c, int64_t cb, int64_t ce) {
       k2 = -invstd * invstd * sdyx / M * k1;
       k3 = -sdy / M * k1;
     }
-    t3_dx(p, x, 0, p->N, ch, mean, k1, k2, k3);
+    if (!blocked) {
+      t3_dx(p, x, 0, p->N, ch, mean, k1, k2, k3);
+      continue;
+    }
+    k1v[ch - c0] = k1, mv[ch - c0] = mean, k2v[ch - c0] = k2, k3v[ch - c0] = k3;
+    if (ch + 1 == ce || ch + 1 - c0 == blk) {
+      bn_dx_block(p, x, c0, ch + 1, k1v, mv, k2v, k3v);
+      c0 = ch + 1;
+    }
   }
 }
 
@@ -934,11 +986,12 @@ static void gn_affine(const bnplan *p, const bnctx *x, int64_t n, int64_t g, int
       k1v[ch - c0] = rstd * vget(&p->w, x->w, ch, 1.0);
       k3v[ch - c0] = fwd ? vget(&p->b, x->b, ch, 0.0) - mean * k1v[ch - c0] : k3;
     }
+    const double zero = 0.0;
     if (fwd)
-      bn_affine_rows(&p->y, x->y, &p->x, x->x, NULL, NULL, n, n + 1, c0, c1, p->S, k1v, 0.0, 0.0, k3v);
+      bn_affine_rows(&p->y, x->y, &p->x, x->x, NULL, NULL, n, n + 1, c0, c1, p->S, k1v, &zero, &zero, 0, k3v);
     else
-      bn_affine_rows(&p->dx, x->dx, &p->dy, x->dy, k2 != 0 ? &p->x : NULL, x->x, n, n + 1, c0, c1, p->S, k1v, mean,
-                     k2, k3v);
+      bn_affine_rows(&p->dx, x->dx, &p->dy, x->dy, k2 != 0 ? &p->x : NULL, x->x, n, n + 1, c0, c1, p->S, k1v, &mean,
+                     &k2, 0, k3v);
   }
 }
 static void gn_fwd(void *c, int64_t ib, int64_t ie) {
