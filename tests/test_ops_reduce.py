@@ -489,11 +489,13 @@ def test_sums_over_few_rows_match_the_float64_sum(dtype, shape, dims):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(64, 200, 4, 4), (4, 70, 48, 48), (3, 67, 5, 5)])
-def test_batch_norm_backward_in_channel_blocks(shape, dtype):
-    # the input gradient of vector rows is written a block of channels at a
-    # time, sample by sample (blocks of up to 64 channels, fewer when a
-    # channel's rows are long); channels with a zero weight (x not read,
-    # k2 = 0) split a block: every channel against float64 on the CPU
+def test_batch_norm_in_channel_blocks(shape, dtype):
+    # short rows' statistics and sums, and every input gradient of vector
+    # rows, are computed a block of channels at a time, sample by sample
+    # (blocks of up to 64 channels, fewer when a channel's rows are long;
+    # rows of 16, 25 and 2304 elements: a tail chunk too); channels with a
+    # zero weight (x not read, k2 = 0) split a block: every channel's
+    # statistics, output and gradients against float64 on the CPU
     C = shape[1]
     x = (sample(shape, torch.float32) * 2 + 1).to(dtype)
     g = sample(shape, torch.float32, 4).to(dtype)
@@ -504,9 +506,13 @@ def test_batch_norm_backward_in_channel_blocks(shape, dtype):
     got = torch.ops.aten.native_batch_norm_backward(g.to(DEV), x.to(DEV), w.to(DEV), None, None, mean, rstd, True,
                                                    1e-5, [True, True, True])
     xd, gd, wd = x.double(), g.double(), w.double()
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    ym, ymean, yrstd = torch.ops.aten.native_batch_norm(xd, wd, b.double(), None, None, True, 0.1, 1e-5)
+    torch.testing.assert_close(mean.cpu().double(), ymean, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(rstd.cpu().double(), yrstd, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(y.cpu().double(), ym, rtol=tol, atol=tol)
     want = torch.ops.aten.native_batch_norm_backward(gd, xd, wd, None, None, mean.cpu().double(),
                                                     rstd.cpu().double(), True, 1e-5, [True, True, True])
-    tol = 1e-5 if dtype == torch.float32 else 1e-2
     for k in range(3):
         torch.testing.assert_close(got[k].cpu().double(), want[k], rtol=tol, atol=tol)
     assert not got[0][:, [3, 5, 6]].cpu().any()
