@@ -106,6 +106,7 @@ static tpurt_status attach(int fd, int nranks, size_t rec_bytes, int rank, const
     close(fd);
     return tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "board: out of host memory");
   }
+  pthread_mutex_init(&b->mu, NULL);
   b->fd = fd;
   b->nranks = nranks;
   b->rank = rank;
@@ -115,6 +116,7 @@ static tpurt_status attach(int fd, int nranks, size_t rec_bytes, int rank, const
   struct stat st;
   if (fstat(fd, &st) != 0 || (size_t)st.st_size != b->map_bytes) {
     close(fd);
+    pthread_mutex_destroy(&b->mu);
     free(b);
     return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "board %s: its size is not that of %d members of %zu bytes", name,
                       nranks, rec_bytes);
@@ -123,6 +125,7 @@ static tpurt_status attach(int fd, int nranks, size_t rec_bytes, int rank, const
   if (b->map == MAP_FAILED) {
     int e = errno;
     close(fd);
+    pthread_mutex_destroy(&b->mu);
     free(b);
     return tpurt__err(TPURT_ERR_IO, "board %s: mmap failed: %s", name, strerror(e));
   }
@@ -132,7 +135,6 @@ static tpurt_status attach(int fd, int nranks, size_t rec_bytes, int rank, const
     return tpurt__err(TPURT_ERR_IO, "board %s: member %d is taken (%s)", name, rank, strerror(e));
   }
   atomic_store_explicit(&slot_of(b, rank, 0)->joined, 1, memory_order_release);
-  pthread_mutex_init(&b->mu, NULL);
   *out = b;
   return TPURT_OK;
 }
