@@ -50,8 +50,8 @@ def _worker(sizes: list[int], repeats: int) -> None:
     os.environ["TORCH_TPU_DIST_VERIFY"] = "0"
     unverified = dist.new_group(backend="tpu_dist")
     groups = {"gloo cpu": None, "tpu_dist": None, "tpu_dist verify=gloo": through_gloo, "tpu_dist verify=0": unverified}
-    paths = {c: dist.distributed_c10d._get_default_group()._get_backend(dev)._verify_path if g is None else
-             g._get_backend(dev)._verify_path for c, g in groups.items() if c != "gloo cpu"}
+    default = dist.distributed_c10d._get_default_group()
+    paths = {c: (g or default)._get_backend(dev)._verify_path for c, g in groups.items() if c != "gloo cpu"}
     if paths != {"tpu_dist": "board", "tpu_dist verify=gloo": "gloo", "tpu_dist verify=0": "off"}:
         raise RuntimeError(f"unexpected fingerprint checks: {paths}")
     out: dict[str, dict[str, list[float]]] = {c: {} for c in CONFIGS}

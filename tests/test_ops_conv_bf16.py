@@ -218,10 +218,7 @@ def test_bf16_conv_passes_by_shape_without_the_tile_unit(patch):
     level = RUNNABLE[-1]
     if level != "avx512" or not _bf16_kernel(level):
         pytest.skip("the shape rules concern AVX512-BF16 hosts without AMX")
-    r = run_python(SHAPES, env={"TORCH_TPU_ISA": level, "TORCH_TPU_CONV_PATCH": patch, "TPU_NUM_THREADS": "2"},
-                   timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = _run({"TORCH_TPU_ISA": level, "TORCH_TPU_CONV_PATCH": patch, "TPU_NUM_THREADS": "2"}, SHAPES)
     assert all(v["worst"] <= 1.0 for v in out.values()), out
     want = {"large": 3, "small": 2 if patch == "" else 0, "4x4": 3 if patch == "" else 0, "8x8 few channels": 0,
             "16x16 many images": 3, "8x8": 3 if patch == "" else 0}

@@ -75,6 +75,15 @@ struct tpurt_board {
 
 static size_t up64(size_t n) { return (n + LINE - 1) / LINE * LINE; }
 
+/* a slot: its head's line, then the record */
+static size_t slot_bytes(size_t rec_bytes) { return LINE + up64(rec_bytes); }
+/* the file: the header's line, then two slots a member */
+static size_t board_bytes(int nranks, size_t rec_bytes) { return LINE + (size_t)nranks * 2 * slot_bytes(rec_bytes); }
+
+/* the board's path, from a name already checked for '/' */
+typedef char board_path[TPURT_BOARD_NAME_LEN + sizeof BOARD_DIR];
+static void path_of(board_path path, const char *name) { snprintf(path, sizeof(board_path), BOARD_DIR "%s", name); }
+
 static slot_head *slot_of(const tpurt_board *b, int member, uint64_t round) {
   return (slot_head *)(b->map + LINE + ((size_t)member * 2 + (size_t)(round & 1)) * b->slot_bytes);
 }
@@ -111,8 +120,8 @@ static tpurt_status attach(int fd, int nranks, size_t rec_bytes, int rank, const
   b->nranks = nranks;
   b->rank = rank;
   b->rec_bytes = rec_bytes;
-  b->slot_bytes = LINE + up64(rec_bytes);
-  b->map_bytes = LINE + (size_t)nranks * 2 * b->slot_bytes;
+  b->slot_bytes = slot_bytes(rec_bytes);
+  b->map_bytes = board_bytes(nranks, rec_bytes);
   struct stat st;
   if (fstat(fd, &st) != 0 || (size_t)st.st_size != b->map_bytes) {
     close(fd);
@@ -149,11 +158,11 @@ tpurt_status tpurt_board_create(int nranks, size_t rec_bytes, char name[TPURT_BO
   if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
     return tpurt__err(TPURT_ERR_IO, "board: getrandom failed: %s", strerror(errno));
   snprintf(name, TPURT_BOARD_NAME_LEN, "tpu_dist-%ld-%016llx", (long)getpid(), (unsigned long long)rnd[0]);
-  char path[TPURT_BOARD_NAME_LEN + sizeof BOARD_DIR];
-  snprintf(path, sizeof path, BOARD_DIR "%s", name);
+  board_path path;
+  path_of(path, name);
   int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return tpurt__err(TPURT_ERR_IO, "board: cannot create %s: %s", path, strerror(errno));
-  size_t bytes = LINE + (size_t)nranks * 2 * (LINE + up64(rec_bytes));
+  size_t bytes = board_bytes(nranks, rec_bytes);
   board_header h = {BOARD_MAGIC, rnd[1], (uint32_t)nranks, (uint32_t)rec_bytes};
   /* the file reads as zeros (every round word "nothing posted") but for
    * the header, written before anyone can know the name */
@@ -179,8 +188,8 @@ tpurt_status tpurt_board_open(const char *name, uint64_t token, int nranks, size
   if ((st = check_shape(nranks, rec_bytes, rank))) return st;
   if (!*name || strchr(name, '/') || strlen(name) >= TPURT_BOARD_NAME_LEN)
     return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "board: bad name \"%s\"", name);
-  char path[TPURT_BOARD_NAME_LEN + sizeof BOARD_DIR];
-  snprintf(path, sizeof path, BOARD_DIR "%s", name);
+  board_path path;
+  path_of(path, name);
   int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return tpurt__err(TPURT_ERR_IO, "board: cannot open %s: %s", path, strerror(errno));
   board_header h;
@@ -195,8 +204,8 @@ tpurt_status tpurt_board_open(const char *name, uint64_t token, int nranks, size
 
 tpurt_status tpurt_board_unlink(const char *name) {
   if (!name || !*name || strchr(name, '/')) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "board: bad name");
-  char path[TPURT_BOARD_NAME_LEN + sizeof BOARD_DIR];
-  snprintf(path, sizeof path, BOARD_DIR "%s", name);
+  board_path path;
+  path_of(path, name);
   if (unlink(path) != 0 && errno != ENOENT)
     return tpurt__err(TPURT_ERR_IO, "board: cannot remove %s: %s", path, strerror(errno));
   return TPURT_OK;

@@ -842,18 +842,16 @@ class TpuBackend : public c10d::Backend {
                                         std::move(result), std::move(keep));
   }
 
-  // Exchanges `f` with every rank (a blocking Gloo all_gather) and raises
-  // the same error on all of them when any differs.
+  // Exchanges `f` with every rank (on the board, else a blocking Gloo
+  // all_gather) and raises the same error on all of them when any differs.
   void verify(const Fingerprint& f) {
     if (verify_ == Verify::kOff || getSize() == 1) return;
     std::vector<int64_t> buf(static_cast<size_t>(getSize()) * kFpLen);
     if (board_) {
       tpurt_status s = tpurt_board_exchange(board_.get(), f.v, buf.data(), timeout_.count());
-      if (s == TPURT_ERR_TIMEOUT)
-        C10_THROW_ERROR(DistBackendError,
-                        c10::str(kName, ": ", describe(f.v), " timed out: ", tpurt_last_error()));
       if (s != TPURT_OK)
-        C10_THROW_ERROR(DistBackendError, c10::str(kName, ": ", describe(f.v), ": ", tpurt_last_error()));
+        C10_THROW_ERROR(DistBackendError, c10::str(kName, ": ", describe(f.v),
+                                                   s == TPURT_ERR_TIMEOUT ? " timed out: " : ": ", tpurt_last_error()));
     } else {
       at::Tensor mine = at::from_blob(const_cast<int64_t*>(f.v), {kFpLen}, at::kLong).clone();
       at::Tensor all = at::from_blob(buf.data(), {getSize() * kFpLen}, at::kLong);
