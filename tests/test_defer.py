@@ -379,6 +379,40 @@ def test_linear_bias_fuses_with_the_activation(defer):
     torch.testing.assert_close(got, F.gelu(F.linear(x.cpu(), w.cpu(), b.cpu())))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_copies_that_fuse_only_with_each_other_run_as_copy_kernels(defer, dtype):
+    # attention's head transposes: three copies of views of one tensor share
+    # no computation; each runs as a launch of the copy kernel (as in strict
+    # mode), not as one interpreted program, with strict's bits
+    x = torch.randn(4, 16, 3 * 32, device="tpu").to(dtype)
+    torch_tpu.flush()
+
+    def heads():
+        q, k, v = x.split(32, dim=2)
+        return [t.view(4, 16, 2, 16).transpose(1, 2).contiguous() for t in (q, k, v)]
+
+    torch.tpu.reset_defer_stats()
+    got = [t.cpu() for t in heads()]
+    stats = torch.tpu.defer_stats()
+    assert stats["kernels_launched"] == 3 and stats["fused_kernels"] == 0
+    with torch_tpu.execution_mode("strict"):
+        ref = [t.cpu() for t in heads()]
+    for a, b in zip(got, ref):
+        assert torch.equal(a, b)
+    # a copy that changes the dtype is computed: it stays in the fused program
+    x, other = x.float(), torch.bfloat16
+    torch_tpu.flush()
+    torch.tpu.reset_defer_stats()
+    y, z = x.transpose(1, 2).contiguous(), x.transpose(1, 2).to(other)
+    got = (y.cpu(),)
+    stats = torch.tpu.defer_stats()
+    assert stats["kernels_launched"] == 1 and stats["fused_kernels"] == 1
+    got += (z.cpu(),)
+    xc = x.cpu()
+    assert torch.equal(got[0], xc.transpose(1, 2).contiguous())
+    assert torch.equal(got[1], xc.transpose(1, 2).to(other))
+
+
 def test_ops_of_equal_size_fuse_over_a_common_shape(defer):
     # one element in three shapes ([1], 0-dim, [1, 1, 1]) and [1, 1, 3] next to [3]
     a = torch.tensor([5.0], device="tpu")

@@ -486,6 +486,10 @@ static tpurt_status run_unit(exec_ctx *x, int u) {
   const char *name = site_name(F->name, G->nodes[F->nodes[F->nn - 1]].site);
   if (lone_copy(G, F)) /* a copy that fused with nothing: the copy kernel moves it faster */
     return tpurt__copy_strided_named(x->s, &outs[0], &ins[0], name);
+  if (F->copies) {
+    for (int k = 0; k < F->nout && !st; k++) st = tpurt__copy_strided_named(x->s, &outs[k], &ins[F->copy_src[k]], name);
+    return st;
+  }
   return tpurt__elementwise_named(x->s, &F->prog, outs, ins, F->nin, scal, ns, name);
 }
 

@@ -123,6 +123,8 @@ typedef struct fgroup {
   int pro_node, pro_out; /* a reduction's prologue: its node + 1 (0: none), and the output it reads */
   const char *pro_name;
   int in_red; /* a reduction's epilogue: runs inside the reduction's kernel */
+  int copies; /* copies only: output k is a copy of input copy_src[k], each run by the copy kernel (plan.c) */
+  uint8_t copy_src[TPURT_EW_MAX_IO];
 } fgroup;
 
 typedef struct unit {
