@@ -209,7 +209,9 @@ at::TensorIterator make_pred_iter(const at::Tensor& out, const at::Tensor& self)
   return cfg.build();
 }
 
-at::Tensor wrap(const c10::Scalar& s) { return at::scalar_to_tensor(s); }
+// A Python scalar operand: a wrapped number, which takes part in type promotion below 0-dim tensors
+// (a -3 compared with a 0-dim uint8 tensor is a uint8 253, as on the CPU)
+at::Tensor wrap(const c10::Scalar& s) { return at::native::wrapped_scalar_tensor(s); }
 
 // ------------------------------------------------------------ arithmetic
 
