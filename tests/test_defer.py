@@ -214,6 +214,85 @@ def test_training_loop_reuses_cached_graphs():
     assert stats["cache_hits"] >= 4 and stats["flushes"]["item"] == 8
 
 
+# ------------------------------------------------------ early execution
+
+
+def _early() -> tuple[int, int, int]:
+    s = torch.tpu.defer_stats()
+    return s["early_steps"], s["early_graphs"], s["early_discarded"]
+
+
+class _Step:
+    """A small language-model training step on tpu (embedding, layer norm,
+    linear + GELU + dropout, cross entropy, AdamW): its parameters,
+    optimizer and a persistent counter buffer, all from seed 0."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(torch.nn.Embedding(40, 32), torch.nn.LayerNorm(32), torch.nn.Linear(32, 64),
+                                         torch.nn.GELU(), torch.nn.Dropout(0.1), torch.nn.Linear(64, 40)).to("tpu")
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(1)
+        self.x = torch.randint(0, 40, (8, 16), generator=g).to("tpu")
+        self.y = torch.randint(0, 40, (8, 16), generator=g).to("tpu")
+        self.count = torch.zeros(4, device="tpu")
+
+    def __call__(self, *, double: bool = False, keep: bool = False, bump: bool = False):
+        self.opt.zero_grad(set_to_none=True)
+        h = self.model[:3](self.x)
+        if bump:
+            self.count.add_(1)  # memory from outside the graph, changed mid-step
+        logits = self.model[3:](h)
+        loss = F.cross_entropy(logits.reshape(-1, 40), self.y.reshape(-1))
+        if double:
+            loss = loss * 2
+        loss.backward()
+        self.opt.step()
+        kept = h if keep else None
+        del h, logits  # (kept: a value of the graph the user still holds at its cut)
+        return loss.item(), kept
+
+
+def _run_steps(mode: str, early: str, monkeypatch, variants: list[dict]):
+    monkeypatch.setenv("TORCH_TPU_DEFER_EARLY", early)
+    with torch_tpu.execution_mode(mode):
+        step = _Step()
+        torch.manual_seed(7)
+        out = [step(**v) for v in variants[:2]]
+        # (counted from here: the stream's first graphs may be predicted from an earlier loop's)
+        torch.tpu.reset_defer_stats()
+        out += [step(**v) for v in variants[2:]]
+        torch_tpu.flush()
+        params = [p.detach().cpu() for p in step.model.parameters()]
+        return out, params, step.count.cpu(), _early()
+
+
+@pytest.mark.parametrize("case", ["same", "diverges", "keeps", "outside", "outside, diverges"])
+def test_a_repeating_step_runs_while_the_next_is_recorded(monkeypatch, case):
+    # once two steps ran the same plan, the next step's kernels start as its
+    # ops are recorded; a step that turns out different (an op more, a value
+    # the user keeps) discards the early work and runs whole: results are
+    # bit for bit those of no early execution, and memory from outside the
+    # graph is never changed early (the counter is bumped once a step)
+    last = {"same": {}, "diverges": {"double": True}, "keeps": {"keep": True}, "outside": {"bump": True},
+            "outside, diverges": {"bump": True, "double": True}}[case]
+    first = {"bump": True} if case.startswith("outside") else {}
+    variants = [dict(first) for _ in range(5)] + [last]
+    got, params, count, (steps, graphs, discarded) = _run_steps("defer", "1", monkeypatch, variants)
+    ref, ref_params, ref_count, (ref_steps, ref_graphs, _) = _run_steps("defer", "0", monkeypatch, variants)
+    assert ref_steps == 0 and ref_graphs == 0
+    assert [g[0] for g in got] == [r[0] for r in ref]
+    for a, b in zip(params, ref_params):
+        assert torch.equal(a, b)
+    if case == "keeps":
+        assert torch.equal(got[-1][1].cpu(), ref[-1][1].cpu())
+    assert torch.equal(count, ref_count) and count[0].item() == (6 if first else 0)
+    assert steps > 0 and graphs >= 2
+    assert discarded == (1 if case in ("diverges", "keeps", "outside, diverges") else 0)
+    strict, strict_params, _, _ = _run_steps("strict", "1", monkeypatch, variants)
+    torch.testing.assert_close([g[0] for g in got], [r[0] for r in strict], rtol=1e-5, atol=1e-6)
+
+
 @pytest.fixture
 def segments():
     torch_tpu._C._set_defer_segment_ops(8)

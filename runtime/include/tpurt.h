@@ -370,6 +370,10 @@ typedef struct tpurt_defer_stats {
   uint64_t codegen_launches_interpreted; /* launches the interpreter ran (compile pending or failed,
                                             declined, TORCH_TPU_CODEGEN=0) */
   double codegen_compile_seconds;        /* wall time spent generating, compiling and loading */
+  /* Early execution: a predicted plan's steps run while its graph is recorded. */
+  uint64_t early_steps;     /* steps run before their graph's cut */
+  uint64_t early_graphs;    /* graphs whose cut resumed an early run */
+  uint64_t early_discarded; /* graphs that were not the prediction: early work discarded, run from the start */
 } tpurt_defer_stats;
 TPURT_API void tpurt_defer_get_stats(tpurt_defer_stats *out);
 /* Whether generated elementwise kernels are available: 1 and the compiler

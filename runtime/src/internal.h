@@ -156,6 +156,7 @@ struct tpurt_stream {
   int defer_since_cut;     /* ops recorded since the last program cut (graph/record.c, segments) */
   int defer_prev_interval; /* ops between the last two program cuts */
   int defer_seg_ok;        /* the last two intervals were equal: segments are on */
+  void *dearly;            /* early execution of a predicted plan (graph/execute.c) */
 };
 
 struct tpurt_event {

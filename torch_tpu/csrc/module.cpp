@@ -244,6 +244,9 @@ py::dict defer_stats() {
   d["bytes_materialized"] = s.bytes_materialized;
   d["bytes_never_materialized"] = s.bytes_never_materialized;
   d["values_recomputed"] = s.values_recomputed;
+  d["early_steps"] = s.early_steps;
+  d["early_graphs"] = s.early_graphs;
+  d["early_discarded"] = s.early_discarded;
   d["bytes_recomputed"] = s.bytes_recomputed;
   d["codegen_kernels"] = s.codegen_kernels;
   d["codegen_failures"] = s.codegen_failures;

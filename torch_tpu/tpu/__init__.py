@@ -393,8 +393,11 @@ def defer_stats() -> dict[str, Any]:
     ``bytes_materialized`` / ``bytes_never_materialized`` (tensors created
     while deferring that did / never did take device memory),
     ``values_recomputed`` / ``bytes_recomputed`` (activations recomputed for
-    their late readers instead of kept: see ``TORCH_TPU_DEFER_REMAT``) and
-    ``recent_flushes`` (latest first: reason, user source line, ops, kernels,
+    their late readers instead of kept: see ``TORCH_TPU_DEFER_REMAT``),
+    ``early_steps`` / ``early_graphs`` / ``early_discarded`` (a predicted
+    graph's steps run while it was recorded; graphs whose cut resumed such a
+    run; graphs that were not the prediction, their early work discarded:
+    see ``TORCH_TPU_DEFER_EARLY``) and ``recent_flushes`` (latest first: reason, user source line, ops, kernels,
     cache hit)."""
     return dict(_C._defer_stats())
 

@@ -553,13 +553,12 @@ static void debug_plan(const dgraph *G, const plan *P) {
   }
 }
 
-static tpurt_status run_plan(exec_ctx *x) {
+/* Step i of the plan. */
+static tpurt_status run_step(exec_ctx *x, int i) {
   plan *P = x->P;
   dgraph *G = x->G;
   tpurt_status st = TPURT_OK;
-  int read_at = x->read ? read_position(P, G, x->read->src, x->read->n) : P->nsteps;
-  if (read_at < 0) st = place_read(x);
-  for (int i = 0; i < P->nsteps && !st; i++) {
+  {
     pstep *S = &P->steps[i];
     if (S->kind == S_UNIT) {
       st = run_unit(x, S->a);
@@ -577,12 +576,262 @@ static tpurt_status run_plan(exec_ctx *x) {
       st = tpurt_free(x->rreal[S->a]);
       x->rreal[S->a] = 0;
     }
+  }
+  return st;
+}
+
+/* Steps from..end (the ones before ran early, see below), the host read
+ * placed after the last step that may write what it reads. */
+static tpurt_status run_plan(exec_ctx *x, int from) {
+  plan *P = x->P;
+  tpurt_status st = TPURT_OK;
+  int read_at = x->read ? read_position(P, x->G, x->read->src, x->read->n) : P->nsteps;
+  if (read_at < from) st = place_read(x);
+  for (int i = from; i < P->nsteps && !st; i++) {
+    st = run_step(x, i);
     if (!st && i == read_at) st = place_read(x);
   }
   /* copies a failed run did not release */
   for (int r = 0; r < P->nremat; r++)
     if (x->rreal[r]) tpurt_free(x->rreal[r]);
   return st;
+}
+
+/* ------------------------------------------------------ early execution
+ *
+ * A training loop cuts the same graph every step (loss.item()): recorded
+ * whole, then run, the device idles while the host records (a minGPT step
+ * records for ~6.5 ms of its ~48), where strict eager's kernels start with
+ * the first op. So when the last two graphs of a stream ran the same plan,
+ * the next graph is predicted to be that plan's graph again: as its ops are
+ * recorded and match the predicted ones node for node (kind and
+ * signature), the plan's steps whose nodes are all recorded run at once —
+ * the same steps, in the same order, as at the cut. At the cut the graph's
+ * key decides: the predicted plan's key, and the rest of the steps run (the
+ * host read placed as usual); any other, and the early work is discarded —
+ * the stream drains, the memory the early steps gave the graph's promises
+ * goes back, and the graph runs from its first step with its own plan.
+ * That is correct because early steps never change memory from outside
+ * the graph: a unit that writes any (an optimizer's update of a parameter,
+ * a gradient accumulated into a kept tensor, a running statistic) ends the
+ * early run, and a free of outside memory is postponed to the cut. A
+ * predicted graph that diverges costs the discarded work once; the next
+ * graph is not predicted until two graphs ran the same plan again.
+ * TORCH_TPU_DEFER_EARLY=0 turns it off. */
+
+typedef struct early {
+  const plan *P;   /* the plan the last graph ran */
+  int n, same;     /* its graph's node count; the graph before ran it too */
+  uint8_t *kind;   /* per node of that graph: kind and signature */
+  uint64_t *sig;
+  int *need;       /* per step: nodes recorded before it may run (its units' and every earlier step's) */
+  /* the graph being recorded */
+  dgraph *G;
+  int matched, next, stopped, ran_any, failed;
+  tpurt_devptr *rreal;
+  int *postponed, npostponed; /* steps: frees of outside memory, run at the cut */
+} early;
+
+static int early_enabled(void) {
+  const char *e = getenv("TORCH_TPU_DEFER_EARLY");
+  return !(e && *e == '0');
+}
+
+/* The last node index unit u runs (with the group it takes as its
+ * epilogue, its pair, its reduction's epilogue), -1 if none. */
+static int unit_last_node(const plan *P, int u) {
+  const unit *U = &P->units[u];
+  int m = -1;
+  if (U->kind == U_NODE || U->kind == U_FREE) m = U->idx;
+  if (U->kind == U_GROUP) {
+    const fgroup *F = &P->groups[U->idx];
+    for (int k = 0; k < F->nn; k++) m = F->nodes[k] > m ? F->nodes[k] : m;
+    if (F->pro_node - 1 > m) m = F->pro_node - 1;
+  }
+  if (U->kind == U_CHAIN)
+    for (int k = 0; k < P->chains[U->idx].nn; k++) m = P->chains[U->idx].nodes[k] > m ? P->chains[U->idx].nodes[k] : m;
+  if (U->kind == U_NODE && P->red_epi && P->red_epi[U->idx]) {
+    int e = unit_last_node(P, P->red_epi[U->idx] - 1);
+    m = e > m ? e : m;
+  }
+  if (P->epi && P->epi[u] && u + 1 < P->nunits) {
+    int e = unit_last_node(P, u + 1);
+    m = e > m ? e : m;
+  }
+  if (P->pair && P->pair[u] > 0) {
+    int e = unit_last_node(P, P->pair[u] - 1);
+    m = e > m ? e : m;
+  }
+  return m;
+}
+
+/* Is p memory of s's pending graph (a promise it allocated)? */
+static int in_graph(const tpurt_stream *s, tpurt_devptr p) {
+  if (!tpurt__is_promise(p)) return 0;
+  tpurt__promise *q = tpurt__promise_get(tpurt__promise_id(p));
+  return q && __atomic_load_n(&q->owner, __ATOMIC_ACQUIRE) == s;
+}
+
+/* May unit u (as the graph being recorded has it) write memory from
+ * outside the graph? */
+static int writes_outside(const exec_ctx *x, int u) {
+  const plan *P = x->P;
+  const dgraph *G = x->G;
+  const unit *U = &P->units[u];
+  if (U->kind == U_GROUP) {
+    const fgroup *F = &P->groups[U->idx];
+    for (int k = 0; k < F->nout; k++)
+      if (!in_graph(x->s, G->nodes[F->out[k].node].views[F->out[k].idx].ptr)) return 1;
+  } else if (U->kind == U_NODE || U->kind == U_CHAIN) {
+    for (int k = 0, n = opaque_nacc(P, G, U); k < n; k++) {
+      const acc *A = opaque_acc(P, G, U, k);
+      if (!A->ro && !in_graph(x->s, A->p)) return 1;
+    }
+    if (U->kind == U_NODE && P->red_epi && P->red_epi[U->idx] && writes_outside(x, P->red_epi[U->idx] - 1)) return 1;
+  }
+  if (P->epi && P->epi[u] && u + 1 < P->nunits && writes_outside(x, u + 1)) return 1;
+  if (P->pair && P->pair[u] > 0 && writes_outside(x, P->pair[u] - 1)) return 1;
+  return 0;
+}
+
+/* The early state's graph is over (run or discarded). */
+static void early_reset(early *E) {
+  E->G = NULL;
+  E->matched = E->next = E->stopped = E->ran_any = E->failed = 0;
+  E->npostponed = 0;
+  free(E->rreal);
+  E->rreal = NULL;
+}
+
+/* After graph G ran plan P on s: remember it as the prediction. */
+static void early_learn(tpurt_stream *s, const dgraph *G, const plan *P) {
+  early *E = s->dearly;
+  int on = early_enabled();
+  if (!E) {
+    if (!on || !(E = calloc(1, sizeof *E))) return;
+    s->dearly = E;
+  }
+  if (!on) {
+    E->same = 0;
+    return;
+  }
+  if (E->P == P && E->n == G->n) {
+    E->same = 1;
+    return;
+  }
+  free(E->kind);
+  free(E->sig);
+  free(E->need);
+  free(E->postponed);
+  E->P = NULL;
+  E->same = 0;
+  E->kind = malloc((size_t)(G->n ? G->n : 1));
+  E->sig = malloc(sizeof *E->sig * (size_t)(G->n ? G->n : 1));
+  E->need = malloc(sizeof *E->need * (size_t)(P->nsteps ? P->nsteps : 1));
+  E->postponed = malloc(sizeof *E->postponed * (size_t)(P->nsteps ? P->nsteps : 1));
+  if (!E->kind || !E->sig || !E->need || !E->postponed) return;
+  for (int i = 0; i < G->n; i++) E->kind[i] = G->nodes[i].kind, E->sig[i] = G->nodes[i].sig;
+  int need = 0;
+  for (int i = 0; i < P->nsteps; i++) {
+    if (P->steps[i].kind == S_UNIT) {
+      int m = unit_last_node(P, P->steps[i].a) + 1;
+      need = m > need ? m : need;
+    }
+    E->need[i] = need;
+  }
+  E->P = P;
+  E->n = G->n;
+}
+
+/* Node G->n - 1 was just recorded on s (caller holds s->dmu): run the
+ * predicted plan's steps it completes. */
+void tpurt__early_recorded(tpurt_stream *s, dgraph *G) {
+  early *E = s->dearly;
+  if (!E || !E->same || !E->P) return;
+  if (E->G != G) {
+    if (E->G) early_reset(E); /* (a graph that was never cut through the engine) */
+    E->G = G;
+  }
+  if (E->stopped) return;
+  int i = G->n - 1;
+  if (i != E->matched || i >= E->n || G->nodes[i].kind != E->kind[i] || G->nodes[i].sig != E->sig[i]) {
+    E->stopped = 1;
+    return;
+  }
+  E->matched = i + 1;
+  const plan *P = E->P;
+  if (E->next >= P->nsteps || E->need[E->next] > E->matched) return;
+  if (P->nremat && !E->rreal && !(E->rreal = calloc((size_t)P->nremat, sizeof(tpurt_devptr)))) {
+    E->stopped = 1;
+    return;
+  }
+  for (int l = 0; l < G->np; l++) tpurt__promise_get(G->promises[l])->local = l;
+  exec_ctx x = {s, G, (plan *)P, E->rreal, NULL};
+  tpurt__defer_bypass++;
+  uint64_t corr = tpurt__trace_corr;
+  tpurt__trace_corr = 0;
+  tpurt__trace_ctx = corr;
+  while (E->next < P->nsteps && E->need[E->next] <= E->matched) {
+    const pstep *S = &P->steps[E->next];
+    int l = S->kind == S_ALLOC || S->kind == S_RELEASE ? S->a : S->kind == S_RALLOC ? P->remat[S->a].l : -1;
+    if (l >= G->np) break; /* its promise is not allocated yet: a later op's */
+    if (S->kind == S_UNIT) {
+      const unit *U = &P->units[S->a];
+      if (U->kind == U_FREE && !in_graph(s, G->nodes[U->idx].freed)) {
+        E->postponed[E->npostponed++] = E->next++;
+        continue;
+      }
+      if (writes_outside(&x, S->a)) {
+        E->stopped = 1;
+        break;
+      }
+    }
+    if (run_step(&x, E->next) != TPURT_OK) { /* discarded at the cut; the run from the start reports it */
+      E->stopped = E->ran_any = E->failed = 1;
+      break;
+    }
+    E->ran_any = 1;
+    E->next++;
+  }
+  tpurt__trace_corr = corr;
+  tpurt__trace_ctx = 0;
+  tpurt__trace_members(NULL, 0);
+  tpurt__defer_bypass--;
+}
+
+/* At the cut of G: resume the early run (1: x runs from *from, the
+ * postponed frees done), or discard it (0). */
+static int early_take(tpurt_stream *s, dgraph *G, const plan *P, exec_ctx *x, int *from) {
+  early *E = s->dearly;
+  *from = 0;
+  if (!E || E->G != G) return 0;
+  if (!E->ran_any) {
+    early_reset(E);
+    return 0;
+  }
+  if (P == E->P && E->next > 0 && !E->failed) {
+    x->rreal = E->rreal;
+    E->rreal = NULL;
+    for (int k = 0; k < E->npostponed; k++) run_step(x, E->postponed[k]);
+    *from = E->next;
+    tpurt__defer_count_early((uint64_t)E->next, 1, 0);
+    early_reset(E);
+    return 1;
+  }
+  /* another graph: the early kernels finish, then their memory goes back */
+  tpurt__stream_wait_seq(s, tpurt__stream_enqueued(s));
+  for (int r = 0; r < E->P->nremat && E->rreal; r++)
+    if (E->rreal[r]) tpurt_free(E->rreal[r]);
+  for (int l = 0; l < G->np; l++) {
+    tpurt__promise *q = tpurt__promise_get(G->promises[l]);
+    if (atomic_load(&q->real) && !q->real_freed) tpurt__promise_free_real(q);
+    atomic_store(&q->real, 0);
+    q->real_freed = 0;
+  }
+  tpurt__defer_count_early((uint64_t)E->next, 0, 1);
+  E->same = 0;
+  early_reset(E);
+  return 0;
 }
 
 /* The key is computed with the promises' local indices set (local_of); a
@@ -619,8 +868,11 @@ tpurt_status tpurt__graph_execute(tpurt_stream *s, dgraph *G, tpurt__host_read *
     }
   }
   uint64_t mat = 0, never = 0, rbytes = 0;
+  exec_ctx x = {s, G, P, NULL, read};
+  int from = 0;
+  int resumed = !known && early_take(s, G, P, &x, &from);
   if (P) {
-    exec_ctx x = {s, G, P, P->nremat ? calloc((size_t)P->nremat, sizeof(tpurt_devptr)) : NULL, read};
+    if (!resumed && P->nremat) x.rreal = calloc((size_t)P->nremat, sizeof(tpurt_devptr));
     if (!hit) debug_plan(G, P);
     uint64_t corr = tpurt__trace_corr; /* launches of the plan carry their ops' ids, not the flushing op's */
     tpurt__trace_corr = 0;
@@ -628,7 +880,8 @@ tpurt_status tpurt__graph_execute(tpurt_stream *s, dgraph *G, tpurt__host_read *
     if (P->nremat && !x.rreal)
       st = tpurt__err(TPURT_ERR_OUT_OF_MEMORY, "deferred graph: out of host memory");
     else
-      st = run_plan(&x);
+      st = run_plan(&x, from);
+    if (!st && !known) early_learn(s, G, P);
     tpurt__trace_corr = corr;
     tpurt__trace_ctx = 0;
     tpurt__trace_members(NULL, 0);

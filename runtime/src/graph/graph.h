@@ -288,6 +288,11 @@ typedef struct tpurt__graph_ran {
 } tpurt__graph_ran;
 TPURT_INTERNAL tpurt_status tpurt__graph_execute(tpurt_stream *s, dgraph *G, tpurt__host_read *read,
                                                  const plan *known, tpurt__graph_ran *ran);
+/* Early execution of a predicted plan while its graph is recorded
+ * (execute.c): node G->n - 1 was just recorded on s (caller holds s->dmu). */
+TPURT_INTERNAL void tpurt__early_recorded(tpurt_stream *s, dgraph *G);
+/* Its counters in the stats (record.c). */
+TPURT_INTERNAL void tpurt__defer_count_early(uint64_t steps, int resumed, int discarded);
 /* Plans in the cache. */
 TPURT_INTERNAL uint64_t tpurt__plan_cache_size(void);
 

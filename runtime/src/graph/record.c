@@ -441,6 +441,14 @@ static int find_period(const dgraph *G) {
   return found;
 }
 
+void tpurt__defer_count_early(uint64_t steps, int resumed, int discarded) {
+  pthread_mutex_lock(&g_stat_mu);
+  g_stats.early_steps += steps;
+  g_stats.early_graphs += (uint64_t)(resumed != 0);
+  g_stats.early_discarded += (uint64_t)(discarded != 0);
+  pthread_mutex_unlock(&g_stat_mu);
+}
+
 static void count_recorded(void) {
   pthread_mutex_lock(&g_stat_mu);
   g_stats.ops_recorded++;
@@ -478,6 +486,7 @@ static tpurt_status record_end(tpurt_stream *s, dgraph *g, dnode *d, int was_emp
   int n = note_op(g, d);
   int since_cut = s->defer_since_cut < INT_MAX ? ++s->defer_since_cut : INT_MAX;
   int seg_ok = s->defer_seg_ok, loop = s->defer_loop_len;
+  if (s->dearly && !atomic_load_explicit(&g_seg_ops, memory_order_relaxed)) tpurt__early_recorded(s, g);
   pthread_mutex_unlock(&s->dmu);
   count_recorded();
   return after_record(s, n, since_cut, seg_ok, loop);
@@ -688,6 +697,7 @@ int tpurt__defer_record_free(tpurt_stream *s, tpurt_devptr p) {
   /* a promise is dead from here: under the lock, so a run of this graph
    * (its plan key, its settling) sees it either way consistently */
   if (tpurt__is_promise(p)) tpurt__promise_get(tpurt__promise_id(p))->live = 0;
+  if (s->dearly && !atomic_load_explicit(&g_seg_ops, memory_order_relaxed)) tpurt__early_recorded(s, g);
   pthread_mutex_unlock(&s->dmu);
   return 1;
 }
@@ -720,6 +730,7 @@ tpurt_status tpurt__promise_new(int dev, size_t size, tpurt_stream *s, tpurt_dev
       }
     }
     if (g->np < g->capp) {
+      q->local = g->np; /* (early execution runs steps of the graph before its cut) */
       g->promises[g->np++] = id;
       ok = 1;
       mark_pending(s, g, was_empty);
@@ -921,6 +932,11 @@ tpurt_status tpurt__defer_flush_device(int dev, tpurt_flush_reason reason) {
 }
 
 tpurt_status tpurt__defer_flush_for_read(tpurt_flush_reason reason, tpurt__host_read *r) {
+  /* the read's own range checks noted its source: it is no recorded launch,
+   * and the notes would otherwise go to the next one (which then seemed to
+   * write the value read: the loss of the step before) */
+  t_nnotes = 0;
+  t_notes_overflow = 0;
   r->placed = 0;
   t_read = r;
   tpurt_status st = tpurt__defer_flush_device(r->s->dev, reason);

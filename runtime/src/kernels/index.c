@@ -115,8 +115,8 @@ tpurt_status tpurt_index_select(tpurt_stream *s, const tpurt_view *out, const tp
   tpurt_status st;
   if (!out || !self || !index) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: NULL view", op);
   if ((st = stream_for(&s, out))) return st;
-  if ((st = kc_check(s->dev, out, op, "out")) || (st = kc_check(s->dev, self, op, "self")) ||
-      (st = kc_check(s->dev, index, op, "index")))
+  if ((st = kc_check(s->dev, out, op, "out")) || (st = kc_check_in(s->dev, self, op, "self")) ||
+      (st = kc_check_in(s->dev, index, op, "index")))
     return st;
   if (!kc_is_index_dtype(index->dtype) || index->ndim > 1)
     return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: index must be a 0-D or 1-D int64/int32 view", op);
@@ -225,8 +225,8 @@ tpurt_status tpurt_gather(tpurt_stream *s, const tpurt_view *out, const tpurt_vi
   tpurt_status st;
   if (!out || !self || !index) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: NULL view", op);
   if ((st = stream_for(&s, out))) return st;
-  if ((st = kc_check(s->dev, out, op, "out")) || (st = kc_check(s->dev, self, op, "self")) ||
-      (st = kc_check(s->dev, index, op, "index")))
+  if ((st = kc_check(s->dev, out, op, "out")) || (st = kc_check_in(s->dev, self, op, "self")) ||
+      (st = kc_check_in(s->dev, index, op, "index")))
     return st;
   if (!same_shape(out, index) || out->dtype != self->dtype)
     return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: out must have index's shape and self's dtype", op);
@@ -429,8 +429,8 @@ tpurt_status tpurt_scatter(tpurt_stream *s, const tpurt_view *self, int dim, con
   if (!self || !index) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: NULL view", name);
   if ((unsigned)op > TPURT_SCATTER_AMIN) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: bad reduction", name);
   if ((st = stream_for(&s, self))) return st;
-  if ((st = kc_check(s->dev, self, name, "self")) || (st = kc_check(s->dev, index, name, "index")) ||
-      (src && (st = kc_check(s->dev, src, name, "src"))))
+  if ((st = kc_check(s->dev, self, name, "self")) || (st = kc_check_in(s->dev, index, name, "index")) ||
+      (src && (st = kc_check_in(s->dev, src, name, "src"))))
     return st;
   if (src && src->dtype != self->dtype)
     return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: src and self must have the same dtype", name);
@@ -631,8 +631,8 @@ tpurt_status tpurt_index_add(tpurt_stream *s, const tpurt_view *self, int dim, c
   tpurt_status st;
   if (!self || !index || !src) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: NULL view", op);
   if ((st = stream_for(&s, self))) return st;
-  if ((st = kc_check(s->dev, self, op, "self")) || (st = kc_check(s->dev, index, op, "index")) ||
-      (st = kc_check(s->dev, src, op, "src")))
+  if ((st = kc_check(s->dev, self, op, "self")) || (st = kc_check_in(s->dev, index, op, "index")) ||
+      (st = kc_check_in(s->dev, src, op, "src")))
     return st;
   if (!kc_is_index_dtype(index->dtype) || index->ndim > 1)
     return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: index must be a 0-D or 1-D int64/int32 view", op);

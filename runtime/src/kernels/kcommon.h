@@ -26,6 +26,16 @@ static inline tpurt_status kc_check(int dev, const tpurt_view *v, const char *op
   return st ? st : tpurt__check_view_range(dev, v, buf);
 }
 
+/* kc_check of a view the kernel only reads: DeferAndFuse notes it
+ * read-only (a launch's unmarked views count as written, which keeps
+ * values from being recomputed across it and ends an early run, graph/execute.c). */
+static inline tpurt_status kc_check_in(int dev, const tpurt_view *v, const char *op, const char *what) {
+  tpurt__defer_note_reads(1);
+  tpurt_status st = kc_check(dev, v, op, what);
+  tpurt__defer_note_reads(0);
+  return st;
+}
+
 static inline int kc_is_index_dtype(tpurt_dtype d) { return d == TPURT_I64 || d == TPURT_I32; }
 static inline int kc_is_float(tpurt_dtype d) {
   return d == TPURT_F32 || d == TPURT_F64 || d == TPURT_F16 || d == TPURT_BF16;

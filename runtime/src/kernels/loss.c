@@ -167,8 +167,8 @@ static tpurt_status nll_common(tpurt_stream **s, const char *op, const tpurt_vie
   if (!main || !target) return tpurt__err(TPURT_ERR_INVALID_ARGUMENT, "%s: NULL view", op);
   if ((st = tpurt__resolve_stream(s, tpurt_devptr_device(main->ptr)))) return st;
   int dev = (*s)->dev;
-  if ((st = kc_check(dev, main, op, "input")) || (st = kc_check(dev, target, op, "target")) ||
-      (weight && (st = kc_check(dev, weight, op, "weight"))) || (tw && (st = kc_check(dev, tw, op, "total_weight"))))
+  if ((st = kc_check(dev, main, op, "input")) || (st = kc_check_in(dev, target, op, "target")) ||
+      (weight && (st = kc_check_in(dev, weight, op, "weight"))) || (tw && (st = kc_check(dev, tw, op, "total_weight"))))
     return st;
   if (main->ndim != 3 || target->ndim != 2 || main->sizes[0] != target->sizes[0] ||
       main->sizes[2] != target->sizes[1] || !kc_is_index_dtype(target->dtype) || !kc_is_float(main->dtype))

@@ -458,13 +458,14 @@ tpurt_status tpurt_layer_norm_backward(tpurt_stream *s, const tpurt_view *dx, co
   if ((st = tpurt__resolve_stream(&s, tpurt_devptr_device(x->ptr)))) return st;
   int dev = s->dev;
   p.rms = rms;
-  if ((st = get_mat(dev, x, x, norm_ndim, &p.x, nm, "input")) ||
-      (st = get_mat(dev, dy, x, norm_ndim, &p.dy, nm, "grad_output")) ||
-      (st = get_mat(dev, dx, x, norm_ndim, &p.dx, nm, "grad_input")))
-    return st;
-  if ((st = get_vec(dev, w, p.cols, &p.w, nm, "weight")) || (st = get_vec(dev, dw, p.cols, &p.dw, nm, "grad_weight")) ||
-      (st = get_vec(dev, db, p.cols, &p.db, nm, "grad_bias")) ||
-      (st = get_vec(dev, mean, p.rows, &p.mean, nm, "mean")) || (st = get_vec(dev, rstd, p.rows, &p.rstd, nm, "rstd")))
+  tpurt__defer_note_reads(1); /* the inputs are only read */
+  if (!(st = get_mat(dev, x, x, norm_ndim, &p.x, nm, "input")) &&
+      !(st = get_mat(dev, dy, x, norm_ndim, &p.dy, nm, "grad_output")) &&
+      !(st = get_vec(dev, w, p.cols, &p.w, nm, "weight")) && !(st = get_vec(dev, mean, p.rows, &p.mean, nm, "mean")))
+    st = get_vec(dev, rstd, p.rows, &p.rstd, nm, "rstd");
+  tpurt__defer_note_reads(0);
+  if (st || (st = get_mat(dev, dx, x, norm_ndim, &p.dx, nm, "grad_input")) ||
+      (st = get_vec(dev, dw, p.cols, &p.dw, nm, "grad_weight")) || (st = get_vec(dev, db, p.cols, &p.db, nm, "grad_bias")))
     return st;
   if (p.cols == 0) return TPURT_OK;
   if (p.rows == 0) {
