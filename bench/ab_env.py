@@ -1,6 +1,6 @@
 """Paired in-process A/B of a runtime setting on DeferAndFuse training steps.
 
-``python -m bench.ab_env VAR A B [--workloads mingpt llama resnet] [--repeats 21] [--batch N]``
+``python -m bench.ab_env VAR A B [--workloads mingpt llama resnet] [--repeats 21] [--batch N] [--untimed N]``
 
 Two DeferAndFuse runners of each workload (bench/models.py) train side by
 side in one process; before each sample the environment variable VAR is
@@ -10,7 +10,10 @@ TORCH_TPU_DEFER_PROLOGUE, TORCH_TPU_DEFER_REDUCE_EPILOGUE, TORCH_TPU_DEFER_REMAT
 TORCH_TPU_DEFER_PAIRS,
 TORCH_TPU_DEFER_CHAINS)
 or when it records an op (TORCH_TPU_DEFER_COPIES) then give each runner its
-own cached plans. Samples alternate in order every repeat (bench.common
+own cached plans. A setting that acts from what the graphs before did
+(TORCH_TPU_DEFER_EARLY: a graph is predicted after two graphs ran the same
+plan) needs ``--untimed 2``: that many steps run untimed after the variable
+is set, before each sample. Samples alternate in order every repeat (bench.common
 time_steps: 3 steps and a synchronize); printed: the median step time of
 each and the median and quartiles of the paired ratios time(A) / time(B)
 (above 1: B is faster). On these shared hosts the paired ratio holds still
@@ -29,7 +32,7 @@ from bench.defer import WORKLOADS, Runner
 
 
 def ab(var: str, values: tuple[str, str], name: str, repeats: int, batch: int | None = None,
-       warmup: int = 4) -> dict:
+       warmup: int = 4, untimed: int = 0) -> dict:
     """{"ms": (median A, median B), "ratio": (q1, median, q3) of A / B}."""
     base, batches, loss_fn = models.make(name, batch)
     runners = [Runner("tpu", "defer", base, batches, loss_fn) for _ in values]
@@ -44,6 +47,8 @@ def ab(var: str, values: tuple[str, str], name: str, repeats: int, batch: int | 
         for i in range(repeats):
             for k in ((0, 1) if i % 2 == 0 else (1, 0)):
                 os.environ[var] = values[k]
+                for _ in range(untimed):
+                    runners[k].step()
                 settle()
                 t[k].append(time_steps(runners[k].step, "tpu"))
     finally:
@@ -66,9 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     p.add_argument("--repeats", type=int, default=21, help="samples per configuration (paired)")
     p.add_argument("--batch", type=int, default=None, help="batch size (default: the workload's)")
+    p.add_argument("--untimed", type=int, default=0,
+                   help="steps run untimed after the variable is set, before each sample (default 0)")
     args = p.parse_args(argv)
     for name in args.workloads:
-        r = ab(args.var, (args.a, args.b), name, args.repeats, args.batch)
+        r = ab(args.var, (args.a, args.b), name, args.repeats, args.batch, untimed=args.untimed)
         (ma, mb), (q1, med, q3) = r["ms"], r["ratio"]
         print(f"{name}: {args.var}={args.a} {ma:.1f} ms, ={args.b} {mb:.1f} ms; paired "
               f"time({args.a}) / time({args.b}) {med:.3f} [{q1:.3f}, {q3:.3f}]", flush=True)

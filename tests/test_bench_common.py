@@ -98,6 +98,24 @@ def test_ab_env_pairs_two_settings_and_restores_the_environment(monkeypatch):
     assert all(ms > 0 for ms in r["ms"]) and r["ratio"][0] <= r["ratio"][1] <= r["ratio"][2]
 
 
+def test_ab_env_untimed_steps_run_under_the_sample_setting(monkeypatch):
+    # --untimed N: N steps of the sample's runner under its value before each timed sample (a setting
+    # that acts from the graphs before: early execution predicts after two graphs ran the same plan)
+    from bench import ab_env
+    seen = []
+    real = ab_env.Runner.step
+
+    def spy(self):
+        seen.append(__import__("os").environ["TORCH_TPU_DEFER_EARLY"])
+        return real(self)
+
+    monkeypatch.setattr(ab_env.Runner, "step", spy)
+    monkeypatch.setattr(ab_env, "time_steps", lambda step, device: (step(), 1.0)[1])
+    ab_env.ab("TORCH_TPU_DEFER_EARLY", ("1", "0"), "mingpt", repeats=2, batch=2, warmup=1, untimed=2)
+    # warm-up (one step each), then per sample 2 untimed steps and the timed one, order alternating
+    assert seen == ["1", "0"] + ["1"] * 3 + ["0"] * 3 + ["0"] * 3 + ["1"] * 3
+
+
 def test_fusion_bench_measures_each_pattern_with_its_fusion_off_and_on(monkeypatch):
     # every pattern launches fewer kernels with its fusion on, keeps at least
     # as many bytes out of memory, and the settings come back as they were

@@ -625,8 +625,8 @@ typedef struct early {
   uint8_t *kind;   /* per node of that graph: kind and signature */
   uint64_t *sig;
   int *need;       /* per step: nodes recorded before it may run (its units' and every earlier step's) */
-  /* the graph being recorded */
-  dgraph *G;
+  /* the graph being recorded (its id; 0: none) */
+  uint64_t gid;
   int matched, next, stopped, ran_any, failed;
   tpurt_devptr *rreal;
   int *postponed, npostponed; /* steps: frees of outside memory, run at the cut */
@@ -696,7 +696,7 @@ static int writes_outside(const exec_ctx *x, int u) {
 
 /* The early state's graph is over (run or discarded). */
 static void early_reset(early *E) {
-  E->G = NULL;
+  E->gid = 0;
   E->matched = E->next = E->stopped = E->ran_any = E->failed = 0;
   E->npostponed = 0;
   free(E->rreal);
@@ -748,9 +748,12 @@ static void early_learn(tpurt_stream *s, const dgraph *G, const plan *P) {
 void tpurt__early_recorded(tpurt_stream *s, dgraph *G) {
   early *E = s->dearly;
   if (!E || !E->same || !E->P) return;
-  if (E->G != G) {
-    if (E->G) early_reset(E); /* (a graph that was never cut through the engine) */
-    E->G = G;
+  if (E->gid != G->id) {
+    if (E->gid) { /* a graph that ended without running here: its early work is not taken */
+      tpurt__stream_wait_seq(s, tpurt__stream_enqueued(s));
+      early_reset(E);
+    }
+    E->gid = G->id;
   }
   if (E->stopped) return;
   int i = G->n - 1;
@@ -804,7 +807,7 @@ void tpurt__early_recorded(tpurt_stream *s, dgraph *G) {
 static int early_take(tpurt_stream *s, dgraph *G, const plan *P, exec_ctx *x, int *from) {
   early *E = s->dearly;
   *from = 0;
-  if (!E || E->G != G) return 0;
+  if (!E || !G->id || E->gid != G->id) return 0;
   if (!E->ran_any) {
     early_reset(E);
     return 0;
@@ -870,7 +873,7 @@ tpurt_status tpurt__graph_execute(tpurt_stream *s, dgraph *G, tpurt__host_read *
   uint64_t mat = 0, never = 0, rbytes = 0;
   exec_ctx x = {s, G, P, NULL, read};
   int from = 0;
-  int resumed = !known && early_take(s, G, P, &x, &from);
+  int resumed = early_take(s, G, P, &x, &from);
   if (P) {
     if (!resumed && P->nremat) x.rreal = calloc((size_t)P->nremat, sizeof(tpurt_devptr));
     if (!hit) debug_plan(G, P);

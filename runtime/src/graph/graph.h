@@ -77,6 +77,7 @@ typedef struct dgraph {
   uint32_t *promises; /* allocated while recording, in order */
   int np, capp;
   bump mem;
+  uint64_t id; /* graphs of the process, numbered from 1 (early execution tells them apart by it) */
 } dgraph;
 
 /* ---------------------------------------------------------------- hashing */

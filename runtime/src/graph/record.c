@@ -283,8 +283,14 @@ static tpurt_status k_free_bump(void *a, char *err, size_t errlen) {
   return TPURT_OK;
 }
 
+static _Atomic uint64_t g_graph_ids;
+
 static dgraph *graph_of(tpurt_stream *s) {
-  if (!s->dgraph) __atomic_store_n(&s->dgraph, calloc(1, sizeof(dgraph)), __ATOMIC_SEQ_CST);
+  if (!s->dgraph) {
+    dgraph *g = calloc(1, sizeof(dgraph));
+    if (g) g->id = atomic_fetch_add(&g_graph_ids, 1) + 1;
+    __atomic_store_n(&s->dgraph, g, __ATOMIC_SEQ_CST);
+  }
   return s->dgraph;
 }
 static int graph_empty(const dgraph *g) { return !g || (g->n == 0 && g->np == 0); }
