@@ -233,17 +233,20 @@ class _Step:
                                          torch.nn.GELU(), torch.nn.Dropout(0.1), torch.nn.Linear(64, 40)).to("tpu")
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
         g = torch.Generator().manual_seed(1)
-        self.x = torch.randint(0, 40, (8, 16), generator=g).to("tpu")
-        self.y = torch.randint(0, 40, (8, 16), generator=g).to("tpu")
+        self.x = torch.randint(0, 40, (8, 16), generator=g)
+        self.y = torch.randint(0, 40, (8, 16), generator=g)
         self.count = torch.zeros(4, device="tpu")
 
     def __call__(self, *, double: bool = False, keep: bool = False, bump: bool = False):
+        # the batch comes first, as in a training loop: the step's graph has begun when zero_grad
+        # drops the last gradients (recorded frees of memory from outside the graph)
+        x, y = self.x.to("tpu"), self.y.to("tpu")
         self.opt.zero_grad(set_to_none=True)
-        h = self.model[:3](self.x)
+        h = self.model[:3](x)
         if bump:
             self.count.add_(1)  # memory from outside the graph, changed mid-step
         logits = self.model[3:](h)
-        loss = F.cross_entropy(logits.reshape(-1, 40), self.y.reshape(-1))
+        loss = F.cross_entropy(logits.reshape(-1, 40), y.reshape(-1))
         if double:
             loss = loss * 2
         loss.backward()

@@ -225,6 +225,8 @@ static inline tpurt_devptr tpurt__devptr_make(int dev, uint64_t off) {
 static inline uint64_t tpurt__devptr_offset(tpurt_devptr p) { return p & TPURT_DEVPTR_OFFMASK; }
 /* Backing storage of a device address; only for code running on a worker. */
 TPURT_INTERNAL void *tpurt__host_view(tpurt_devptr p);
+/* Bytes of the allocation that starts at p (a promise's size), 0 if none does. */
+TPURT_INTERNAL uint64_t tpurt__alloc_bytes(tpurt_devptr p);
 /* Checks that [p, p+n) lies in device dev's address space with backing.
  * Sets last error and returns INVALID_ARGUMENT otherwise. */
 TPURT_INTERNAL tpurt_status tpurt__check_dev_range(int dev, tpurt_devptr p, int64_t lo, int64_t hi,

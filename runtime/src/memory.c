@@ -776,6 +776,22 @@ tpurt_status tpurt_memory_reset_accumulated(int dev) {
   return TPURT_OK;
 }
 
+uint64_t tpurt__alloc_bytes(tpurt_devptr p) {
+  if (tpurt__is_promise(p)) {
+    tpurt__promise *q = tpurt__promise_get(tpurt__promise_id(p));
+    return q && q->used ? q->size : 0;
+  }
+  int dev = tpurt_devptr_device(p);
+  if (dev < 0) return 0;
+  devmem *m = get_mem(dev);
+  if (!m) return 0;
+  pthread_mutex_lock(&m->mu);
+  blk *b = ht_find(m, tpurt__devptr_offset(p), 0);
+  uint64_t n = b && b->allocated ? b->size : 0;
+  pthread_mutex_unlock(&m->mu);
+  return n;
+}
+
 tpurt_status tpurt_memory_get_info(int dev, size_t *free_bytes, size_t *total_bytes) {
   tpurt_status st = tpurt__check_device(dev);
   if (st) return st;

@@ -614,7 +614,9 @@ static tpurt_status run_plan(exec_ctx *x, int from) {
  * That is correct because early steps never change memory from outside
  * the graph: a unit that writes any (an optimizer's update of a parameter,
  * a gradient accumulated into a kept tensor, a running statistic) ends the
- * early run, and a free of outside memory is postponed to the cut. A
+ * early run, and a free of outside memory that an earlier op of the graph
+ * reads is postponed to the cut (zero_grad's frees of the last gradients,
+ * which nothing before reads, run early). A
  * predicted graph that diverges costs the discarded work once; the next
  * graph is not predicted until two graphs ran the same plan again.
  * TORCH_TPU_DEFER_EARLY=0 turns it off. */
@@ -630,6 +632,7 @@ typedef struct early {
   int matched, next, stopped, ran_any, failed;
   tpurt_devptr *rreal;
   int *postponed, npostponed; /* steps: frees of outside memory, run at the cut */
+  int *freed, nfreed;         /* free markers of outside memory run early (their nodes keep the address for the key) */
 } early;
 
 static int early_enabled(void) {
@@ -694,11 +697,41 @@ static int writes_outside(const exec_ctx *x, int u) {
   return 0;
 }
 
+/* Does a node of G before node `before` touch bytes [lo, hi)? */
+static int touched_before(const dgraph *G, int before, uint64_t lo, uint64_t hi) {
+  for (int j = 0; j < before; j++) {
+    const dnode *d = &G->nodes[j];
+    if (d->kind == N_EW) {
+      for (int v = 0; v < d->nout + d->nin; v++) {
+        uint64_t a, b;
+        view_range(&d->views[v], &a, &b);
+        if (a < hi && lo < b) return 1;
+      }
+    } else if (d->kind != N_FREE) {
+      for (int k = 0; k < d->nacc; k++) {
+        uint64_t a = d->acc[k].p + (uint64_t)d->acc[k].lo, b = d->acc[k].p + (uint64_t)d->acc[k].hi;
+        if (a < hi && lo < b) return 1;
+      }
+    }
+  }
+  return 0;
+}
+
+/* Can the free of outside memory in unit u run early? Only when no op of
+ * the graph before it touches that memory: a graph run again from its start
+ * after a discard then never reads it (the marker itself runs once: it
+ * clears its address). Otherwise it waits for the cut (a higher peak). */
+static int free_runs_early(const dgraph *G, const unit *U) {
+  tpurt_devptr p = G->nodes[U->idx].freed;
+  uint64_t n = tpurt__alloc_bytes(p);
+  return n && !touched_before(G, U->idx, p, p + n);
+}
+
 /* The early state's graph is over (run or discarded). */
 static void early_reset(early *E) {
   E->gid = 0;
   E->matched = E->next = E->stopped = E->ran_any = E->failed = 0;
-  E->npostponed = 0;
+  E->npostponed = E->nfreed = 0;
   free(E->rreal);
   E->rreal = NULL;
 }
@@ -723,13 +756,15 @@ static void early_learn(tpurt_stream *s, const dgraph *G, const plan *P) {
   free(E->sig);
   free(E->need);
   free(E->postponed);
+  free(E->freed);
   E->P = NULL;
   E->same = 0;
   E->kind = malloc((size_t)(G->n ? G->n : 1));
   E->sig = malloc(sizeof *E->sig * (size_t)(G->n ? G->n : 1));
   E->need = malloc(sizeof *E->need * (size_t)(P->nsteps ? P->nsteps : 1));
   E->postponed = malloc(sizeof *E->postponed * (size_t)(P->nsteps ? P->nsteps : 1));
-  if (!E->kind || !E->sig || !E->need || !E->postponed) return;
+  E->freed = malloc(sizeof *E->freed * (size_t)(P->nsteps ? P->nsteps : 1));
+  if (!E->kind || !E->sig || !E->need || !E->postponed || !E->freed) return;
   for (int i = 0; i < G->n; i++) E->kind[i] = G->nodes[i].kind, E->sig[i] = G->nodes[i].sig;
   int need = 0;
   for (int i = 0; i < P->nsteps; i++) {
@@ -780,8 +815,22 @@ void tpurt__early_recorded(tpurt_stream *s, dgraph *G) {
     if (l >= G->np) break; /* its promise is not allocated yet: a later op's */
     if (S->kind == S_UNIT) {
       const unit *U = &P->units[S->a];
-      if (U->kind == U_FREE && !in_graph(s, G->nodes[U->idx].freed)) {
-        E->postponed[E->npostponed++] = E->next++;
+      tpurt_devptr fp = U->kind == U_FREE ? G->nodes[U->idx].freed : 0;
+      if (fp && !in_graph(s, fp)) {
+        if (free_runs_early(G, U) && tpurt__is_promise(fp)) {
+          /* a tensor of an earlier graph: its memory now, its id at the cut (an id
+           * given back now could name a promise recorded later in this graph) */
+          tpurt__promise_free_real(tpurt__promise_get(tpurt__promise_id(fp)));
+          E->postponed[E->npostponed++] = E->next;
+        } else if (free_runs_early(G, U)) {
+          /* the marker clears its address when it runs; the key at the cut still needs it */
+          if (run_step(&x, E->next) == TPURT_OK) E->freed[E->nfreed++] = U->idx;
+          G->nodes[U->idx].freed = fp;
+          E->ran_any = 1;
+        } else {
+          E->postponed[E->npostponed++] = E->next;
+        }
+        E->next++;
         continue;
       }
       if (writes_outside(&x, S->a)) {
@@ -808,6 +857,7 @@ static int early_take(tpurt_stream *s, dgraph *G, const plan *P, exec_ctx *x, in
   early *E = s->dearly;
   *from = 0;
   if (!E || !G->id || E->gid != G->id) return 0;
+  for (int k = 0; k < E->nfreed; k++) G->nodes[E->freed[k]].freed = 0; /* done: not again, in any run */
   if (!E->ran_any) {
     early_reset(E);
     return 0;
