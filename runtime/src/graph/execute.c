@@ -604,8 +604,9 @@ static tpurt_status run_plan(exec_ctx *x, int from) {
  * records for ~6.5 ms of its ~48), where strict eager's kernels start with
  * the first op. So when the last two graphs of a stream ran the same plan,
  * the next graph is predicted to be that plan's graph again: as its ops are
- * recorded and match the predicted ones node for node (kind and
- * signature), the plan's steps whose nodes are all recorded run at once —
+ * recorded and match the predicted ones node for node (node_hash: the
+ * same program, views and notes, on the same promises of the graph), the
+ * plan's steps whose nodes are all recorded run at once —
  * the same steps, in the same order, as at the cut. At the cut the graph's
  * key decides: the predicted plan's key, and the rest of the steps run (the
  * host read placed as usual); any other, and the early work is discarded —
@@ -621,11 +622,48 @@ static tpurt_status run_plan(exec_ctx *x, int from) {
  * graph is not predicted until two graphs ran the same plan again.
  * TORCH_TPU_DEFER_EARLY=0 turns it off. */
 
+/* A node's structure as far as running a plan's units on it depends on it:
+ * kind, kernel and argument size, program, views (dtype, sizes, strides)
+ * and memory notes, each address as a promise of the graph (local index and
+ * offset) or as memory from outside (not its address: a plan's early steps
+ * only read that). Two nodes with equal hashes take the same units. */
+static uint64_t node_hash(const dnode *d) {
+  uint64_t h = mix(d->kind, d->sig);
+#define HADDR(P) \
+  do { int _l = local_of(P); h = mix(h, _l >= 0 ? 0xA0 + (uint64_t)_l : 0xE0); if (_l >= 0) h = mix(h, (P) & TPURT_PROMISE_OFFMASK); } while (0)
+  if (d->kind == N_EW) {
+    h = mix(h, (uint64_t)d->compute | ((uint64_t)d->ninst << 8) | ((uint64_t)d->nout << 24) | ((uint64_t)d->nin << 32) |
+                   ((uint64_t)d->nscal << 40));
+    for (int k = 0; k < d->ninst; k++) {
+      const tpurt_ew_inst *I = &d->inst[k];
+      h = mix(h, (uint64_t)I->op | ((uint64_t)I->dst << 16) | ((uint64_t)I->src[0] << 24) | ((uint64_t)I->src[1] << 32) |
+                     ((uint64_t)I->src[2] << 40));
+      for (int q = 0; q < 4; q++) h = mixd(h, I->p[q]);
+    }
+    for (int k = 0; k < d->nout; k++) h = mix(h, d->out_reg[k]);
+    for (int v = 0; v < d->nout + d->nin; v++) {
+      const tpurt_view *w = &d->views[v];
+      HADDR(w->ptr);
+      h = mix(h, (uint64_t)w->dtype | ((uint64_t)w->ndim << 8));
+      for (int k = 0; k < w->ndim; k++) h = mix(mix(h, (uint64_t)w->sizes[k]), (uint64_t)w->strides[k]);
+    }
+  } else if (d->kind == N_FREE) {
+    HADDR(d->freed);
+  } else {
+    h = mix(mix(mix(h, (uint64_t)(uintptr_t)d->fn), d->args_size), (uint64_t)d->nacc);
+    for (int a = 0; a < d->nacc; a++) {
+      HADDR(d->acc[a].p);
+      h = mix(mix(mix(h, (uint64_t)d->acc[a].lo), (uint64_t)d->acc[a].hi), (uint64_t)d->acc[a].ro);
+    }
+  }
+#undef HADDR
+  return h;
+}
+
 typedef struct early {
   const plan *P;   /* the plan the last graph ran */
   int n, same;     /* its graph's node count; the graph before ran it too */
-  uint8_t *kind;   /* per node of that graph: kind and signature */
-  uint64_t *sig;
+  uint64_t *sig;   /* per node of that graph: its node_hash */
   int *need;       /* per step: nodes recorded before it may run (its units' and every earlier step's) */
   /* the graph being recorded (its id; 0: none) */
   uint64_t gid;
@@ -752,20 +790,18 @@ static void early_learn(tpurt_stream *s, const dgraph *G, const plan *P) {
     E->same = 1;
     return;
   }
-  free(E->kind);
   free(E->sig);
   free(E->need);
   free(E->postponed);
   free(E->freed);
   E->P = NULL;
   E->same = 0;
-  E->kind = malloc((size_t)(G->n ? G->n : 1));
   E->sig = malloc(sizeof *E->sig * (size_t)(G->n ? G->n : 1));
   E->need = malloc(sizeof *E->need * (size_t)(P->nsteps ? P->nsteps : 1));
   E->postponed = malloc(sizeof *E->postponed * (size_t)(P->nsteps ? P->nsteps : 1));
   E->freed = malloc(sizeof *E->freed * (size_t)(P->nsteps ? P->nsteps : 1));
-  if (!E->kind || !E->sig || !E->need || !E->postponed || !E->freed) return;
-  for (int i = 0; i < G->n; i++) E->kind[i] = G->nodes[i].kind, E->sig[i] = G->nodes[i].sig;
+  if (!E->sig || !E->need || !E->postponed || !E->freed) return;
+  for (int i = 0; i < G->n; i++) E->sig[i] = node_hash(&G->nodes[i]);
   int need = 0;
   for (int i = 0; i < P->nsteps; i++) {
     if (P->steps[i].kind == S_UNIT) {
@@ -792,7 +828,7 @@ void tpurt__early_recorded(tpurt_stream *s, dgraph *G) {
   }
   if (E->stopped) return;
   int i = G->n - 1;
-  if (i != E->matched || i >= E->n || G->nodes[i].kind != E->kind[i] || G->nodes[i].sig != E->sig[i]) {
+  if (i != E->matched || i >= E->n || node_hash(&G->nodes[i]) != E->sig[i]) {
     E->stopped = 1;
     return;
   }
