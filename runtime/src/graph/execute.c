@@ -557,27 +557,26 @@ static void debug_plan(const dgraph *G, const plan *P) {
 static tpurt_status run_step(exec_ctx *x, int i) {
   plan *P = x->P;
   dgraph *G = x->G;
-  tpurt_status st = TPURT_OK;
-  {
-    pstep *S = &P->steps[i];
-    if (S->kind == S_UNIT) {
-      st = run_unit(x, S->a);
-    } else if (S->kind == S_ALLOC) {
-      tpurt__promise *q = tpurt__promise_get(G->promises[S->a]);
-      tpurt_devptr r = 0;
-      st = tpurt_malloc(q->dev, q->size, x->s, &r);
-      if (!st) atomic_store_explicit(&q->real, r, memory_order_release);
-    } else if (S->kind == S_RELEASE) {
-      st = tpurt__promise_free_real(tpurt__promise_get(G->promises[S->a]));
-    } else if (S->kind == S_RALLOC) {
-      tpurt__promise *q = tpurt__promise_get(G->promises[P->remat[S->a].l]);
-      st = tpurt_malloc(q->dev, q->size, x->s, &x->rreal[S->a]);
-    } else if (S->kind == S_RRELEASE) {
-      st = tpurt_free(x->rreal[S->a]);
-      x->rreal[S->a] = 0;
-    }
+  pstep *S = &P->steps[i];
+  if (S->kind == S_UNIT) return run_unit(x, S->a);
+  if (S->kind == S_ALLOC) {
+    tpurt__promise *q = tpurt__promise_get(G->promises[S->a]);
+    tpurt_devptr r = 0;
+    tpurt_status st = tpurt_malloc(q->dev, q->size, x->s, &r);
+    if (!st) atomic_store_explicit(&q->real, r, memory_order_release);
+    return st;
   }
-  return st;
+  if (S->kind == S_RELEASE) return tpurt__promise_free_real(tpurt__promise_get(G->promises[S->a]));
+  if (S->kind == S_RALLOC) {
+    tpurt__promise *q = tpurt__promise_get(G->promises[P->remat[S->a].l]);
+    return tpurt_malloc(q->dev, q->size, x->s, &x->rreal[S->a]);
+  }
+  if (S->kind == S_RRELEASE) {
+    tpurt_status st = tpurt_free(x->rreal[S->a]);
+    x->rreal[S->a] = 0;
+    return st;
+  }
+  return TPURT_OK;
 }
 
 /* Steps from..end (the ones before ran early, see below), the host read
@@ -765,6 +764,13 @@ static int free_runs_early(const dgraph *G, const unit *U) {
   return n && !touched_before(G, U->idx, p, p + n);
 }
 
+/* Waits for the early kernels, then gives back the recomputed copies' memory. */
+static void early_drain(tpurt_stream *s, early *E) {
+  tpurt__stream_wait_seq(s, tpurt__stream_enqueued(s));
+  for (int r = 0; r < E->P->nremat && E->rreal; r++)
+    if (E->rreal[r]) tpurt_free(E->rreal[r]);
+}
+
 /* The early state's graph is over (run or discarded). */
 static void early_reset(early *E) {
   E->gid = 0;
@@ -821,7 +827,7 @@ void tpurt__early_recorded(tpurt_stream *s, dgraph *G) {
   if (!E || !E->same || !E->P) return;
   if (E->gid != G->id) {
     if (E->gid) { /* a graph that ended without running here: its early work is not taken */
-      tpurt__stream_wait_seq(s, tpurt__stream_enqueued(s));
+      early_drain(s, E);
       early_reset(E);
     }
     E->gid = G->id;
@@ -853,12 +859,13 @@ void tpurt__early_recorded(tpurt_stream *s, dgraph *G) {
       const unit *U = &P->units[S->a];
       tpurt_devptr fp = U->kind == U_FREE ? G->nodes[U->idx].freed : 0;
       if (fp && !in_graph(s, fp)) {
-        if (free_runs_early(G, U) && tpurt__is_promise(fp)) {
+        int now = free_runs_early(G, U);
+        if (now && tpurt__is_promise(fp)) {
           /* a tensor of an earlier graph: its memory now, its id at the cut (an id
            * given back now could name a promise recorded later in this graph) */
           tpurt__promise_free_real(tpurt__promise_get(tpurt__promise_id(fp)));
           E->postponed[E->npostponed++] = E->next;
-        } else if (free_runs_early(G, U)) {
+        } else if (now) {
           /* the marker clears its address when it runs; the key at the cut still needs it */
           if (run_step(&x, E->next) == TPURT_OK) E->freed[E->nfreed++] = U->idx;
           G->nodes[U->idx].freed = fp;
@@ -908,9 +915,7 @@ static int early_take(tpurt_stream *s, dgraph *G, const plan *P, exec_ctx *x, in
     return 1;
   }
   /* another graph: the early kernels finish, then their memory goes back */
-  tpurt__stream_wait_seq(s, tpurt__stream_enqueued(s));
-  for (int r = 0; r < E->P->nremat && E->rreal; r++)
-    if (E->rreal[r]) tpurt_free(E->rreal[r]);
+  early_drain(s, E);
   for (int l = 0; l < G->np; l++) {
     tpurt__promise *q = tpurt__promise_get(G->promises[l]);
     if (atomic_load(&q->real) && !q->real_freed) tpurt__promise_free_real(q);

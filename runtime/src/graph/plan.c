@@ -68,8 +68,6 @@ const char *tpurt__intern(const char *s) {
   return e ? e->s : "fused";
 }
 
-/* A kernel's name from its member nodes: "fused(a,b,...)" (the member's
- * own name for one), interned; members that no longer fit are left out. */
 /* Copies that fused with each other and nothing else (attention's three
  * head transposes: every output a load of an input of its own dtype, no
  * output overlapping an input) run as one copy-kernel launch each: the
@@ -99,6 +97,8 @@ static int copies_only(const dgraph *G, fgroup *F) {
   return 1;
 }
 
+/* A kernel's name from its member nodes: "fused(a,b,...)" (the member's
+ * own name for one), interned; members that no longer fit are left out. */
 static const char *fused_name(const dgraph *G, const int *nodes, int n) {
   char name[160];
   const int cap = (int)sizeof name;
