@@ -95,14 +95,16 @@ def _peak(mode: str, base: torch.nn.Module, batches, loss_fn, warmup: int = 2, s
 class _OptimizerStep:
     """One AdamW step (foreach, the default) over a copy of `base`'s
     parameters on tpu with fixed gradients, in strict mode or deferred
-    (cut right after the step), with or without foreach chains."""
+    (cut right after the step), with or without foreach chains, or compiled
+    (``torch.compile(opt.step, backend="tpu")``, called from strict mode)."""
 
-    def __init__(self, base: torch.nn.Module, mode: str, chains: bool = True) -> None:
+    def __init__(self, base: torch.nn.Module, mode: str, chains: bool = True, compiled: bool = False) -> None:
         g = torch.Generator().manual_seed(0)
         self.params = [p.detach().to("tpu").requires_grad_() for p in base.parameters()]
         for p in self.params:
             p.grad = torch.randn(p.shape, generator=g).to("tpu")
         self.opt = torch.optim.AdamW(self.params, lr=1e-3)
+        self.step = torch.compile(self.opt.step, backend="tpu") if compiled else self.opt.step
         self.mode, self.chains = mode, chains
 
     def __call__(self) -> None:
@@ -110,7 +112,7 @@ class _OptimizerStep:
         os.environ["TORCH_TPU_DEFER_CHAINS"] = "1" if self.chains else "0"
         try:
             with torch_tpu.execution_mode(self.mode):
-                self.opt.step()
+                self.step()
                 torch_tpu.flush()
             torch.tpu.synchronize()
         finally:
@@ -123,23 +125,29 @@ class _OptimizerStep:
 def optimizer_steps(repeats: int, workloads=WORKLOADS) -> tuple[dict, str]:
     """The AdamW step alone (mul, lerp, mul, addcmul, sqrt, div, add,
     addcdiv over every parameter): strict mode, defer with the launches run
-    one by one, and defer with them run as one pass (a foreach chain)."""
+    one by one, defer with them run as one pass (a foreach chain), and the
+    step compiled with torch.compile(backend="tpu") (state on the device,
+    updates in place, replayed)."""
     results, rows = {}, []
     for name in workloads:
         base, _, _ = models.make(name)
         configs = {"strict": _OptimizerStep(base, "strict"), "defer, one by one": _OptimizerStep(base, "defer", False),
-                   "defer, chain": _OptimizerStep(base, "defer")}
+                   "defer, chain": _OptimizerStep(base, "defer"),
+                   "compiled": _OptimizerStep(base, "strict", compiled=True)}
+        for c in configs.values():  # compiles the compiled step outside the timed samples
+            c()
         med = interleaved(configs, repeats, inner=5)
         params = sum(p.numel() for p in base.parameters())
         ntensors = len(list(base.parameters()))
         results[name] = {"params": params, "tensors": ntensors, "step_s": med}
         rows.append([f"{name} ({params / 1e6:.2f}M params, {ntensors} tensors)",
                      *(f"{med[k] * 1e3:.2f}" for k in configs),
-                     f"{med['defer, one by one'] / med['defer, chain']:.2f}×", f"{med['strict'] / med['defer, chain']:.2f}×"])
+                     f"{med['defer, one by one'] / med['defer, chain']:.2f}×", f"{med['strict'] / med['defer, chain']:.2f}×",
+                     f"{med['strict'] / med['compiled']:.2f}×"])
         configs.clear()
         gc.collect()
-    table = markdown_table(["AdamW step", "strict ms", "defer one by one ms", "defer chain ms",
-                            "chain speed / one by one", "chain speed / strict"], rows)
+    table = markdown_table(["AdamW step", "strict ms", "defer one by one ms", "defer chain ms", "compiled ms",
+                            "chain speed / one by one", "chain speed / strict", "compiled speed / strict"], rows)
     return results, table
 
 

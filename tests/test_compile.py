@@ -181,6 +181,48 @@ def test_compiled_optimizer_step_and_eager_optimizer_after_compiled_model():
     assert ref_losses  # the AdamW run of _train (eager optimizer after a compiled model) is in the first test
 
 
+@pytest.mark.parametrize("cls,kw", [(torch.optim.AdamW, {}), (torch.optim.Adam, dict(weight_decay=0.1, amsgrad=True))],
+                         ids=["AdamW", "Adam-amsgrad"])
+def test_compiled_optimizer_step_keeps_state_on_device_runs_in_place_and_replays(cls, kw):
+    """torch.compile(opt.step) over tpu parameters: the state is created on the
+    device (capturable, as Dynamo does for CUDA parameters), the updates of
+    parameters and state run in place (no copy back per tensor), the foreach
+    lerp's weight fills are folded away, the graph replays, and every value
+    equals the eager step of a capturable optimizer bit for bit."""
+    from torch_tpu import profiler
+
+    torch._dynamo.reset()
+    compiler.reset_compile_stats()
+    torch.manual_seed(0)
+    base = [torch.randn(5, 3), torch.randn(7), torch.randn(2, 4)]
+    grads = [[torch.randn_like(b) for b in base] for _ in range(5)]
+    ref, got = ([b.to("tpu").requires_grad_() for b in base] for _ in range(2))
+    ref_opt, opt = cls(ref, lr=1e-2, capturable=True, **kw), cls(got, lr=1e-2, **kw)
+    step = torch.compile(opt.step, backend="tpu")
+    for i, g in enumerate(grads):
+        for ps in (ref, got):
+            for p, gg in zip(ps, g):
+                p.grad = gg.to("tpu")
+        ref_opt.step()
+        if i < len(grads) - 1:
+            step()
+        else:
+            torch.tpu.synchronize()
+            with profiler.profile() as prof:
+                step()
+                torch.tpu.synchronize()
+    for a, b in zip(ref, got):
+        assert torch.equal(a.detach().cpu(), b.detach().cpu())
+        for k, v in ref_opt.state[a].items():
+            w = opt.state[b][k]
+            assert w.device.type == "tpu" and torch.equal(v.cpu(), w.cpu()), k
+    assert opt.param_groups[0]["capturable"] is True
+    st = compiler.compile_stats()
+    assert st["replays"] >= 1 and st["inputs_updated_in_place"] >= 3 and not st["replay_off"], st
+    names = {k.base_name for k in prof.kernels}
+    assert not names & {"copy_d2d", "copy", "fill", "div", "mul", "add"}, names  # one op per tensor: none
+
+
 def test_dynamic_shapes_bound_the_graph_count():
     emb = torch.nn.Embedding(50, 16).to("tpu")
     lin = torch.nn.Linear(16, 50).to("tpu")
@@ -323,6 +365,50 @@ def test_input_updates_run_in_place_only_where_the_old_value_is_dead():
         torch.testing.assert_close(got.cpu(), ref)
         assert torch.equal(cache.cpu(), ref_cache)
         assert compiler.compile_stats()["inputs_updated_in_place"] == in_place, fn.__name__
+
+
+def test_input_update_chains_run_in_place_whole_or_not_at_all():
+    def chain(p, g):  # p.mul_(0.5).add_(g): both links in place, no copy back
+        p.mul_(0.5).add_(g)
+        return p.sum()
+
+    def foreach_chain(p, q, g):  # a foreach chain over two inputs
+        torch._foreach_mul_([p, q], 0.5)
+        torch._foreach_add_([p, q], [g, g])
+        return p.sum() + q.sum()
+
+    def value_kept(p, g):  # y = 2p is returned: only the copy into p runs in place, y keeps its memory
+        y = p * 2
+        p.copy_(y + g)
+        return y
+
+    def old_value_read(p, g):  # p's old value is read after y = 2p: y is not computed into p
+        y = p * 2
+        z = p + 1
+        p.copy_(y + z)
+        return z
+
+    def through_a_view(p, g):  # a view of p taken before the update and read after it
+        v = p[0]
+        p.mul_(2).add_(g)
+        return v * 3
+
+    torch.manual_seed(0)
+    for fn, in_place, nin in ((chain, 2, 1), (foreach_chain, 2, 2), (value_kept, 1, 1), (old_value_read, 1, 1),
+                              (through_a_view, None, 1)):
+        compiler.reset_compile_stats()
+        torch._dynamo.reset()
+        start, g = [torch.randn(3, 4) for _ in range(nin)], torch.randn(3, 4)
+        ref_in = [t.clone() for t in start]
+        ref = fn(*ref_in, g)
+        dev_in = [t.to("tpu") for t in start]
+        with torch.no_grad():
+            got = torch.compile(fn, backend="tpu")(*dev_in, g.to("tpu"))
+        torch.testing.assert_close(got.cpu(), ref)
+        for a, b in zip(dev_in, ref_in):
+            assert torch.equal(a.cpu(), b), fn.__name__
+        if in_place is not None:
+            assert compiler.compile_stats()["inputs_updated_in_place"] == in_place, fn.__name__
 
 
 @pytest.mark.parametrize("mode", ["strict", "defer"])

@@ -527,3 +527,30 @@ def test_autocast_policy(dtype):
     assert y_out.dtype == torch.float32
     ref = torch.mm(a.cpu().to(dtype), b.cpu().to(dtype))
     close(y, ref)
+
+
+@pytest.mark.parametrize("name", ["add", "sub", "mul", "div", "maximum", "pow"])
+def test_foreach_list_of_one_element_tensors_runs_as_one_launch(name):
+    """A List overload whose second list holds 0-dim tensors on the device (a
+    capturable optimizer's per-parameter bias corrections): PyTorch's
+    broadcasting results, from one multi-tensor launch instead of an op per
+    tensor; with a 0-dim member in the first list the per-tensor path runs
+    and still broadcasts."""
+    from torch_tpu import profiler
+
+    fn, fn_ = getattr(torch, f"_foreach_{name}"), getattr(torch, f"_foreach_{name}_")
+    a = lists(torch.float32, 1, shapes=((3, 4), (1000,), (5, 1, 2)), positive=True)
+    s = [torch.tensor(v) for v in (0.5, 2.0, 1.25)]
+    check_lists(fn(to_dev(a), to_dev(s)), fn(a, s))
+    d, sd, c = to_dev(a), to_dev(s), [t.clone() for t in a]
+    torch.tpu.synchronize()
+    with profiler.profile() as prof:
+        fn_(d, sd)
+        torch.tpu.synchronize()
+    fn_(c, s)
+    check_lists(d, c)
+    ran = [k.base_name for k in prof.kernels if k.base_name != "free_recorded_graph"]  # defer: the graph's end
+    assert len(ran) == 1 and ran[0].startswith("foreach_"), ran
+    mixed = lists(torch.float32, 2, shapes=((3, 4), ()), positive=True)
+    check_lists(fn(to_dev(mixed), to_dev(s[:2])), fn(mixed, s[:2]))
+    assert_no_own_fallback()

@@ -48,6 +48,19 @@ recording (``replay_off`` in ``compile_stats()`` says why); a call whose
 inputs do not fit the template records. ``TORCH_TPU_COMPILE_REPLAY=0``
 turns replay off.
 
+In-place updates of inputs: functionalization writes an update of a graph
+input (a parameter, an optimizer's state, a KV cache, a buffer) as out-of-
+place ops and a copy_ back at the end. Before lowering, a chain of ops that
+have in-place variants, each taking the previous one's value as its first
+operand and ending in the copy_ back, runs in place on the input when no op
+reads an operand's old value after it (``inputs_updated_in_place``); a
+foreach op goes in place when every tensor of its first list qualifies.
+A compiled optimizer step (``torch.compile(opt.step, backend="tpu")``) over
+tpu parameters creates its state on the device (``capturable``, as Dynamo
+does for CUDA parameters), so its graph has no host values and replays;
+its foreach ops then update parameters and state in place and run as the
+runtime's foreach chains.
+
 Dynamic shapes: ``dynamic=True`` / ``torch._dynamo.mark_dynamic`` give one
 graph with symbolic sizes for all sizes of a dimension; its operators take
 the sizes of each call, and the runtime keeps one cached plan per distinct
@@ -226,9 +239,164 @@ def _reinplace(gm: torch.fx.GraphModule) -> int:
         val.target = table[val.target]
         gm.graph.erase_node(node)
         done += 1
-    if done:
+    folded = _fold_constant_factors(gm)
+    done += _reinplace_chains(gm)
+    if done or folded:
         gm.graph.lint()  # the caller regenerates the code
     return done
+
+
+def _fold_constant_factors(gm: torch.fx.GraphModule) -> int:
+    """``_foreach_addcmul(s, [full_like(x, c), ...], t)`` -> ``_foreach_add(s,
+    t, alpha=c)``: the decomposition of a foreach lerp (an optimizer's
+    moving average) fills a tensor of the weight for every parameter and
+    multiplies by it. With value 1 the two compute the same product of the
+    same float factors, so the same bits, without the fills (a launch per
+    parameter, which also cut the step's foreach chain in pieces). Returns
+    the number of ops folded."""
+    aten = torch.ops.aten
+    done = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten._foreach_addcmul.Scalar:
+            continue
+        args = list(node.args) + [node.kwargs.get("value", 1)][len(node.args) - 3:]
+        if len(args) != 4 or set(node.kwargs) - {"value"} or args[3] != 1:
+            continue
+        s, t1, t2 = args[0], args[1], args[2]
+        for fills, other in ((t1, t2), (t2, t1)):
+            if not isinstance(fills, (list, tuple)) or not fills:
+                continue
+            ok = all(isinstance(f, torch.fx.Node) and f.target is aten.full_like.default and len(f.args) == 2
+                     and set(f.users) == {node} and f.kwargs.get("dtype") is None
+                     and _same_layout(f.meta.get("val"), o.meta.get("val") if isinstance(o, torch.fx.Node) else None)
+                     for f, o in zip(fills, other))
+            if not ok or len({f.args[1] for f in fills}) != 1 or not isinstance(fills[0].args[1], (int, float)):
+                continue
+            c = fills[0].args[1]
+            node.target = aten._foreach_add.List
+            node.args, node.kwargs = (s, other), {"alpha": c}
+            for f in fills:
+                gm.graph.erase_node(f)
+            done += 1
+            break
+    return done
+
+
+def _inplace_variant(target: Any) -> Any:
+    """aten.op.overload -> aten.op_.overload (self written in place), or None."""
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten":
+        return None
+    name = target._schema.name.split("::")[-1]
+    if name.endswith("_"):
+        return None
+    packet = getattr(torch.ops.aten, name + "_", None)
+    ov = getattr(packet, target._overloadname, None) if packet is not None else None
+    if ov is None or not ov._schema.arguments:
+        return None
+    first = ov._schema.arguments[0].alias_info
+    return ov if first is not None and first.is_write else None
+
+
+def _same_layout(a: Any, b: Any) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+            and a.stride() == b.stride() and a.dtype == b.dtype and a.device == b.device)
+
+
+def _reinplace_chains(gm: torch.fx.GraphModule) -> int:
+    """Functionalization writes every in-place update of an input as
+    out-of-place ops and a copy_ back at the end: a compiled optimizer step
+    computed each parameter's and state's new value into fresh memory (and
+    a foreach op per list for each), then copied it back — a copy per
+    tensor per state, and the foreach chains cut at the copies. Where an
+    input's final value comes from a chain of ops that each have an in-place
+    variant writing their first operand (``_foreach_mul`` ->
+    ``_foreach_mul_``, ``mul`` -> ``mul_``), each taking the previous
+    link's value as that operand, and nothing reads a link's operand after
+    the link, the chain runs in place on the input and the copy_ goes.
+    A foreach op goes in place only when every entry of its first list is
+    such a link of its own input. Returns the number of ops made in place."""
+    import operator
+
+    aten = torch.ops.aten
+    nodes = list(gm.graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    copies: dict[torch.fx.Node, torch.fx.Node | None] = {}
+    for n in nodes:
+        if n.op == "call_function" and n.target is aten.copy_.default and not n.users:
+            p, v = n.args[0], n.args[1]
+            if isinstance(p, torch.fx.Node) and p.op == "placeholder" and isinstance(v, torch.fx.Node):
+                copies[p] = None if p in copies else n  # two copies back into one input: left alone
+    # links[F][i] = (input, operand, value): entry i of F (None: a one-tensor op) updates `input`
+    links: dict[torch.fx.Node, dict[Any, tuple[torch.fx.Node, Any, torch.fx.Node]]] = {}
+    chains: list[list[torch.fx.Node]] = []
+    for p, cp in copies.items():
+        if cp is None:
+            continue
+        v, chain = cp.args[1], []
+        while v is not p:
+            if not isinstance(v, torch.fx.Node) or v.op != "call_function":
+                break
+            if v.target is operator.getitem:
+                f, i = v.args[0], v.args[1]
+                lst = f.args[0] if isinstance(f, torch.fx.Node) and f.args else None
+                if not isinstance(lst, (list, tuple)) or not isinstance(i, int) or not 0 <= i < len(lst):
+                    break
+                s = lst[i]
+            else:
+                f, i = v, None
+                s = f.args[0] if f.args else None
+                if isinstance(s, (list, tuple)):
+                    break
+            if _inplace_variant(f.target) is None or not isinstance(s, torch.fx.Node):
+                break
+            chain.append((f, i, s, v))
+            v = s
+        else:
+            for f, i, s, v in chain:
+                links.setdefault(f, {})[i] = (p, s, v)
+            chains.append([f for f, _, _, _ in chain])
+
+    def ok(f: torch.fx.Node) -> bool:
+        ent = links[f]
+        lst = f.args[0]
+        if isinstance(lst, (list, tuple)):
+            if set(ent) != set(range(len(lst))) or len({e[0] for e in ent.values()}) != len(lst):
+                return False
+        elif set(ent) != {None}:
+            return False
+        rest = [a for a in f.args[1:]] + list(f.kwargs.values())
+        flat = [x for a in rest for x in (a if isinstance(a, (list, tuple)) else [a])]
+        for p, s, v in ent.values():
+            if not _same_layout(s.meta.get("val"), v.meta.get("val")) or s in flat:
+                return False
+            for u in s.users:
+                if u is f or (u.target is aten.copy_.default and u.args[0] is s and u is copies.get(p)):
+                    continue
+                if order[u] > order[f] or _returns_alias(u):
+                    return False  # the operand's old value is read after the link, or through a view
+        return True
+
+    # An input's chain goes in place whole or not at all: with a link left
+    # out, the copy_ back stays and would overwrite the values of the links
+    # before it, which their readers may still need.
+    chosen = {f for f in links if ok(f)}
+    changed = True
+    while changed:
+        changed = False
+        for chain in chains:
+            if not all(f in chosen for f in chain) and any(f in chosen for f in chain):
+                chosen.difference_update(chain)
+                changed = True
+    for f in sorted(chosen, key=order.__getitem__):
+        f.target = _inplace_variant(f.target)
+        for p, s, v in links[f].values():
+            v.replace_all_uses_with(p)
+            if v is not f:
+                gm.graph.erase_node(v)
+    for p, cp in copies.items():
+        if cp is not None and cp.args[1] is p:
+            gm.graph.erase_node(cp)
+    return len(chosen)
 
 
 class _Compiled:
@@ -582,10 +750,39 @@ def _install_fake_grouped_mm() -> None:
             return _create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype)
 
 
+def _install_capturable_optimizers() -> None:
+    """A compiled optimizer step over tpu parameters keeps its state on the
+    device, as Dynamo does for CUDA and XPU parameters: Dynamo traces the
+    step as capturable (its step counts and bias corrections as device
+    tensors) but sets the optimizer's own ``capturable`` only for those two
+    devices, so the first compiled step created CPU step counts on tpu
+    parameters and every call handed the graph host values that change
+    (per-tensor divisions by a CPU scalar, and a graph that could not be
+    replayed). Groups whose parameters are all on tpu and whose state is
+    not yet created get ``capturable=True`` too."""
+    from torch._dynamo.variables.optimizer import OptimizerVariable
+
+    original = OptimizerVariable._set_capturable
+    if getattr(original, "_tpu", False):
+        return
+
+    def _set_capturable(self: Any, tx: Any) -> None:
+        for group in self.value.param_groups:
+            params = group.get("params", [])
+            if ("capturable" in group and params and all(p.device.type == "tpu" for p in params)
+                    and all(p not in self.value.state for p in params)):
+                group["capturable"] = True
+        original(self, tx)
+
+    _set_capturable._tpu = True  # type: ignore[attr-defined]
+    OptimizerVariable._set_capturable = _set_capturable
+
+
 def _install_dynamo() -> None:
     """Called once torch._dynamo is imported: registers the backend name and
     the device interface (after Dynamo's own registrations, which would
-    otherwise replace it), and the fake _grouped_mm of tpu operands."""
+    otherwise replace it), the fake _grouped_mm of tpu operands and
+    capturable compiled optimizers on tpu."""
     from torch._dynamo import device_interface as di
     from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
 
@@ -597,6 +794,7 @@ def _install_dynamo() -> None:
     for i in range(torch.tpu.device_count()):
         di.register_interface_for_device(f"tpu:{i}", iface)
     _install_fake_grouped_mm()
+    _install_capturable_optimizers()
 
 
 def _install_inductor(module: Any) -> None:

@@ -6,6 +6,8 @@
  *                                            operands and result, DEFAULT precision)
  *     KERNEL softmax: SHAPE ROWS,D          (f32, along the last dim)
  *     KERNEL layernorm: SHAPE ROWS,D        (f32, over the last dim, no affine)
+ *     KERNEL sum:     SHAPE ROWS,D,DIM      (f32 sum of a ROWS x D matrix over dim 0 (columns: a bias
+ *                                            gradient) or 1 (rows))
  *     KERNEL ew:      SHAPE OP:ROWS,D       (f32 elementwise op by name: unary, binary,
  *                                            activation backward or ternary)
  *     KERNEL conv:    SHAPE N,C,HW,CO,K,S,PASS[,bf16] (f32 — or bf16 — 2-D convolution of N images C x HW x HW
@@ -60,6 +62,8 @@ typedef struct {
   tpurt_status (*gemm)(tpurt_stream *, const tpurt_view *, const tpurt_view *, const tpurt_view *, double, double,
                        tpurt_precision);
   tpurt_status (*softmax)(tpurt_stream *, const tpurt_view *, const tpurt_view *, int, int);
+  tpurt_status (*reduce)(tpurt_stream *, tpurt_reduce_op, const tpurt_view *, const tpurt_view *, const tpurt_view *,
+                         double);
   tpurt_status (*layer_norm)(tpurt_stream *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
                              const tpurt_view *, const tpurt_view *, const tpurt_view *, int, double, int);
   tpurt_status (*conv[3])(tpurt_stream *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
@@ -124,6 +128,7 @@ static void load(build *b, const char *path) {
   *(void **)&b->h2d = sym(b, "tpurt_memcpy_h2d");
   *(void **)&b->gemm = sym(b, "tpurt_gemm");
   *(void **)&b->softmax = sym(b, "tpurt_softmax");
+  *(void **)&b->reduce = sym(b, "tpurt_reduce");
   *(void **)&b->layer_norm = sym(b, "tpurt_layer_norm");
   *(void **)&b->elementwise = sym(b, "tpurt_elementwise");
   *(void **)&b->group_norm = sym(b, "tpurt_group_norm");
@@ -161,11 +166,11 @@ static tpurt_view view4(tpurt_devptr p, int64_t n, int64_t c, int64_t h, int64_t
   return v;
 }
 
-enum { K_GEMM, K_SOFTMAX, K_LAYERNORM, K_EW, K_CONV, K_GROUPNORM, K_BATCHNORM };
+enum { K_GEMM, K_SOFTMAX, K_LAYERNORM, K_EW, K_CONV, K_GROUPNORM, K_BATCHNORM, K_SUM };
 typedef struct {
   int kind, nset, bf16; /* gemm: bf16 operands and result */
   int64_t M, N, K, nb; /* softmax, layernorm, ew: M rows of K */
-  int64_t cv[7];       /* conv: N, C, HW, CO, K, S, pass; group / batch norm: N, C, S, G (1), pass */
+  int64_t cv[7];       /* conv: N, C, HW, CO, K, S, pass; group / batch norm: N, C, S, G (1), pass; sum: dim */
   tpurt_ew_program prog; /* ew: load inputs, the op, out of its register */
   int nin;
   tpurt_devptr a[MAX_ROTATE], b[MAX_ROTATE], c[MAX_ROTATE];
@@ -262,6 +267,10 @@ static void setup(build *b, work *w) {
       w->vb[i] = view3(w->b[i], 1, w->M, w->K);
       w->va[i] = view3(w->a[i], 1, w->M, w->K);
       w->vc[i] = view3(w->c[i], 1, w->M, w->K);
+      if (w->kind == K_SUM) { /* the result: a broadcast view, stride 0 along the reduced dim */
+        w->vc[i].strides[w->cv[0] ? 2 : 1] = 0;
+        w->vc[i].strides[w->cv[0] ? 1 : 2] = 1;
+      }
     }
   }
 }
@@ -301,6 +310,8 @@ static void run(build *b, const work *w, int q) {
     ck(b, b->elementwise(b->s, &w->prog, &w->vc[i], in, w->nin, NULL, 0));
   } else if (w->kind == K_SOFTMAX)
     ck(b, b->softmax(b->s, &w->vc[i], &w->va[i], 2, 0));
+  else if (w->kind == K_SUM)
+    ck(b, b->reduce(b->s, TPURT_RED_SUM, &w->vc[i], NULL, &w->va[i], 0.0));
   else
     ck(b, b->layer_norm(b->s, &w->vc[i], NULL, NULL, &w->va[i], NULL, NULL, 1, 1e-5, 0));
 }
@@ -349,6 +360,7 @@ static void usage(void) {
   fprintf(stderr,
           "usage: tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so gemm M,N,K[,batch[,bf16]]...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so softmax|layernorm ROWS,D...\n"
+          "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so sum ROWS,D,DIM...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so ew OP:ROWS,D...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so conv N,C,HW,CO,K,S,PASS[,bf16]...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so groupnorm N,C,S,G,PASS[,bf16]...\n"
@@ -359,6 +371,7 @@ static void usage(void) {
           "channels, K x K kernel, stride S, padding K / 2; PASS 0 forward, 1 input gradient, 2 weight gradient.\n"
           "groupnorm: N samples of C channels of S elements in G groups; PASS 0 forward, 1 backward.\n"
           "batchnorm: training batch norm of N samples of C channels of S elements; PASS 0 forward, 1 backward.\n"
+          "sum: f32 sum of a ROWS x D matrix over DIM 0 (one result per column) or 1 (per row).\n"
           "--rotate N: calls\n"
           "cycle over N operand sets (N sets beyond the caches: operands come from memory).\n");
   exit(2);
@@ -384,13 +397,14 @@ int main(int argc, char **argv) {
              : !strcmp(kname, "conv")      ? K_CONV
              : !strcmp(kname, "groupnorm") ? K_GROUPNORM
              : !strcmp(kname, "batchnorm") ? K_BATCHNORM
+             : !strcmp(kname, "sum")       ? K_SUM
                                            : -1;
   if (kind < 0) usage();
   int gemm = kind == K_GEMM || kind == K_CONV; /* rates in GFLOP/s */
   build bld[2];
   load(&bld[0], argv[i]);
   load(&bld[1], argv[i + 1]);
-  int elems = kind == K_EW || kind == K_GROUPNORM || kind == K_BATCHNORM; /* rates in million elements/s */
+  int elems = kind == K_EW || kind == K_GROUPNORM || kind == K_BATCHNORM || kind == K_SUM; /* million elements/s */
   printf("old %s\nnew %s\n%s, %d paired repeats, %d operand set(s) (rates: %s)\n", argv[i], argv[i + 1], kname,
          repeats, nset, gemm ? "GFLOP/s" : elems ? "million elements/s" : "million rows/s");
   for (int a = i + 3; a < argc; a++) {
@@ -430,6 +444,8 @@ int main(int argc, char **argv) {
       g[3] = 1;
       if (got < 4 || g[0] <= 0 || g[1] <= 0 || g[2] <= 0 || g[4] < 0 || g[4] > 1) usage();
       m = g[0] * g[1] * g[2], n = 1;
+    } else if (kind == K_SUM) { /* rates: million elements/s */
+      if (sscanf(dims, "%lld,%lld,%lld", &m, &n, &g[0]) != 3 || m <= 0 || n <= 0 || g[0] < 0 || g[0] > 1) usage();
     } else {
       char dt[8] = "";
       int got = sscanf(dims, "%lld,%lld,%lld,%lld,%7s", &m, &n, &k, &nb, dt);

@@ -66,6 +66,25 @@ bool can_fast(std::initializer_list<TensorList> lists, bool mixed_dtypes = false
   return true;
 }
 
+// `other` of a List overload as the multi-tensor kernel takes it: as it is
+// when the lists fit (can_fast); a list of one-element tensors against
+// tensors with dims (a capturable optimizer's per-parameter bias corrections,
+// kept on the device) spread over each tensor's shape with zero strides, so
+// the list still runs as one launch instead of an op per tensor. Empty when
+// neither applies: the per-tensor reference path runs.
+std::vector<Tensor> fast_other(TensorList self, TensorList other) {
+  if (can_fast({self, other})) return other.vec();
+  if (other.size() != self.size()) return {};
+  std::vector<Tensor> v;
+  v.reserve(other.size());
+  for (size_t i = 0; i < other.size(); i++) {
+    if (!other[i].defined() || !self[i].defined() || other[i].dim() != 0 || self[i].dim() == 0) return {};
+    v.push_back(other[i].expand(self[i].sizes()));
+  }
+  if (!can_fast({self, v})) return {};
+  return v;
+}
+
 bool fast_scalar(const c10::Scalar& s) { return !s.isComplex(); }
 bool fast_scalars(ScalarList s) {
   for (const auto& x : s)
@@ -172,17 +191,19 @@ TPU_FOREACH_UNARY(fe_sign, TPURT_FE_SIGN, foreach_tensor_sign_slow)
 #define TPU_FOREACH_BINARY(NAME, OP, SLOW_LIST, SLOW_SCALAR, SLOW_SCALARLIST)          \
   void NAME##_list_(TensorList self, TensorList other) {                                \
     at::native::check_foreach_api_restrictions(self, other);                            \
-    if (!can_fast({self, other})) return at::native::SLOW_LIST##_(self, other);         \
+    auto ob = fast_other(self, other);                                                  \
+    if (ob.empty()) return at::native::SLOW_LIST##_(self, other);                       \
     Operands o;                                                                         \
-    o.out = self, o.a = self, o.b = other;                                              \
+    o.out = self, o.a = self, o.b = ob;                                                 \
     launch(OP, o);                                                                      \
   }                                                                                     \
   std::vector<Tensor> NAME##_list(TensorList self, TensorList other) {                  \
     at::native::check_foreach_api_restrictions(self, other);                            \
-    if (!can_fast({self, other})) return at::native::SLOW_LIST(self, other);            \
+    auto ob = fast_other(self, other);                                                  \
+    if (ob.empty()) return at::native::SLOW_LIST(self, other);                          \
     auto out = like(self);                                                              \
     Operands o;                                                                         \
-    o.out = out, o.a = self, o.b = other;                                               \
+    o.out = out, o.a = self, o.b = ob;                                                  \
     launch(OP, o);                                                                      \
     return out;                                                                         \
   }                                                                                     \
@@ -246,18 +267,19 @@ std::vector<Tensor> fe_rpow(const c10::Scalar& base, TensorList exponent) {
 #define TPU_FOREACH_ADDSUB(NAME, SIGN, SLOW_LIST, SLOW_SCALAR, SLOW_SCALARLIST)                    \
   void NAME##_list_(TensorList self, TensorList other, const c10::Scalar& alpha) {                  \
     at::native::check_foreach_api_restrictions(self, other);                                        \
-    if (!can_fast({self, other}) || !fast_scalar(alpha))                                            \
-      return at::native::SLOW_LIST##_(self, other, alpha);                                          \
+    auto ob = fast_other(self, other);                                                              \
+    if (ob.empty() || !fast_scalar(alpha)) return at::native::SLOW_LIST##_(self, other, alpha);     \
     Operands o;                                                                                     \
-    o.out = self, o.a = self, o.b = other, o.alpha = SIGN * alpha.toDouble();                       \
+    o.out = self, o.a = self, o.b = ob, o.alpha = SIGN * alpha.toDouble();                          \
     launch(TPURT_FE_ADD, o);                                                                        \
   }                                                                                                 \
   std::vector<Tensor> NAME##_list(TensorList self, TensorList other, const c10::Scalar& alpha) {    \
     at::native::check_foreach_api_restrictions(self, other);                                        \
-    if (!can_fast({self, other}) || !fast_scalar(alpha)) return at::native::SLOW_LIST(self, other, alpha); \
+    auto ob = fast_other(self, other);                                                              \
+    if (ob.empty() || !fast_scalar(alpha)) return at::native::SLOW_LIST(self, other, alpha);        \
     auto out = like(self);                                                                          \
     Operands o;                                                                                     \
-    o.out = out, o.a = self, o.b = other, o.alpha = SIGN * alpha.toDouble();                        \
+    o.out = out, o.a = self, o.b = ob, o.alpha = SIGN * alpha.toDouble();                           \
     launch(TPURT_FE_ADD, o);                                                                        \
     return out;                                                                                     \
   }                                                                                                 \
