@@ -860,9 +860,9 @@ static int64_t walk_geometry(const rplan *p, int nth, int64_t *P, int64_t *W, in
   if (*W > 8 * CB) *W = 8 * CB;
   *nblk = (L + *W - 1) / *W;
   int64_t items = p->nout / L * *nblk;
-  if (items < nth && p->nred >= 512) {
+  if (items < nth && p->nred >= 4096) {
     int64_t want = (nth + items - 1) / items * 2;
-    *P = p->nred / 256 < want ? p->nred / 256 : want;
+    *P = p->nred / 1024 < want ? p->nred / 1024 : want;
     if (*P < 1) *P = 1;
   }
   return items;
