@@ -42,6 +42,60 @@ static inline uint64_t mixd(uint64_t h, double d) {
   return mix(h, u);
 }
 
+/* Names an address for a node's hash: a promise of the graph by its local
+ * index and offset; memory from outside by the caller's `outside` (lo: the
+ * low end of the range that starts there, in the order node_fold meets
+ * them — the same order graph_key's first pass collects them in). */
+typedef struct addr_namer {
+  uint64_t (*outside)(struct addr_namer *n, uint64_t h, uint64_t lo);
+} addr_namer;
+
+static uint64_t name_addr(addr_namer *n, uint64_t h, tpurt_devptr p, uint64_t lo) {
+  int l = local_of(p);
+  if (l >= 0) return mix(mix(h, 0xA0 + (uint64_t)l), p & TPURT_PROMISE_OFFMASK);
+  return n->outside(n, h, lo);
+}
+
+/* Node d folded into h: kind, kernel and argument size (and a foreach or
+ * product launch's own signature), program, views (dtype, sizes, strides,
+ * the view's place in its range) and memory notes, every address named by
+ * n. The plan cache's key (graph_key) and early execution's node matching
+ * (node_hash) both hash nodes this way. */
+static uint64_t node_fold(uint64_t h, const dnode *d, addr_namer *n) {
+  h = mix(mix(h, d->kind), d->sig);
+  if (d->kind == N_EW) {
+    h = mix(h, (uint64_t)d->compute | ((uint64_t)d->ninst << 8) | ((uint64_t)d->nout << 24) | ((uint64_t)d->nin << 32) |
+                   ((uint64_t)d->nscal << 40));
+    for (int k = 0; k < d->ninst; k++) {
+      const tpurt_ew_inst *I = &d->inst[k];
+      h = mix(h, (uint64_t)I->op | ((uint64_t)I->dst << 16) | ((uint64_t)I->src[0] << 24) | ((uint64_t)I->src[1] << 32) |
+                     ((uint64_t)I->src[2] << 40));
+      for (int q = 0; q < 4; q++) h = mixd(h, I->p[q]);
+    }
+    for (int k = 0; k < d->nout; k++) h = mix(h, d->out_reg[k]);
+    for (int v = 0; v < d->nout + d->nin; v++) {
+      const tpurt_view *w = &d->views[v];
+      uint64_t lo, hi;
+      view_range(w, &lo, &hi);
+      h = name_addr(n, h, w->ptr, lo);
+      if (local_of(w->ptr) < 0) h = mix(h, w->ptr - lo);
+      h = mix(h, (uint64_t)w->dtype | ((uint64_t)w->ndim << 8));
+      for (int k = 0; k < w->ndim; k++) h = mix(mix(h, (uint64_t)w->sizes[k]), (uint64_t)w->strides[k]);
+    }
+  } else if (d->kind == N_FREE) {
+    h = name_addr(n, h, d->freed, d->freed);
+  } else {
+    h = mix(mix(mix(h, (uint64_t)(uintptr_t)d->fn), d->args_size), (uint64_t)d->nacc);
+    if (tpurt__fe_chainable(d->fn)) h = mix(h, tpurt__fe_signature(d->args));
+    if (d->fn == tpurt__gemm_fn()) h = mix(h, tpurt__gemm_signature(d->args));
+    for (int a = 0; a < d->nacc; a++) {
+      h = name_addr(n, h, d->acc[a].p, d->acc[a].p + (uint64_t)d->acc[a].lo);
+      h = mix(mix(mix(h, (uint64_t)d->acc[a].lo), (uint64_t)d->acc[a].hi), (uint64_t)d->acc[a].ro);
+    }
+  }
+  return h;
+}
+
 /* Structural key of a graph. Promises of the graph are named by their
  * local index; other memory by the cluster of overlapping ranges it falls
  * in (numbered by first appearance) and its offset in the cluster. */
@@ -53,6 +107,29 @@ typedef struct xr {
 static int xr_cmp(const void *a, const void *b) {
   const xr *x = a, *y = b;
   return x->lo < y->lo ? -1 : x->lo > y->lo ? 1 : 0;
+}
+
+/* graph_key's names of outside memory: the cluster of the range and the
+ * offset in it, ranges taken in order of appearance (the raw address where
+ * the clusters could not be built: still correct, only less shared). */
+typedef struct cluster_namer {
+  addr_namer n;
+  const xr *X;
+  const int *canon, *byorder;
+  const uint64_t *cstart;
+  int nx, next;
+} cluster_namer;
+
+static uint64_t cluster_name(addr_namer *n, uint64_t h, uint64_t lo) {
+  cluster_namer *c = (cluster_namer *)n;
+  if (c->X && c->canon && c->byorder && c->cstart && c->next < c->nx) {
+    const xr *r = &c->X[c->byorder[c->next]];
+    h = mix(mix(h, 0xE0 + (uint64_t)c->canon[r->cluster]), lo - c->cstart[r->cluster]);
+  } else {
+    h = mix(h, lo);
+  }
+  c->next++;
+  return h;
 }
 
 static void graph_key(dgraph *G, uint64_t *k1, uint64_t *k2) {
@@ -125,73 +202,11 @@ static void graph_key(dgraph *G, uint64_t *k1, uint64_t *k2) {
     }
   }
   uint64_t h = 0x7470755f64656665ull, h2 = 0x1234567;
-  int xo = 0; /* external range counter, in order of appearance */
-#define HX(LOW)                                                                        \
-  do {                                                                                 \
-    if (X && canon && byorder && cstart && xo < nx) {                                  \
-      xr *r = &X[byorder[xo]];                                                         \
-      h = mix(h, 0xE0 + (uint64_t)canon[r->cluster]);                                  \
-      h = mix(h, (LOW) - cstart[r->cluster]);                                          \
-    } else {                                                                           \
-      h = mix(h, (LOW)); /* could not build clusters: raw address (still correct) */  \
-    }                                                                                  \
-    xo++;                                                                              \
-  } while (0)
-#define HP(PTR, LOW)                                                        \
-  do {                                                                      \
-    int _l = local_of(PTR);                                                 \
-    if (_l >= 0) {                                                          \
-      h = mix(h, 0xA0 + (uint64_t)_l);                                      \
-      h = mix(h, (PTR) & TPURT_PROMISE_OFFMASK);                            \
-    } else {                                                                \
-      HX(LOW);                                                              \
-    }                                                                       \
-  } while (0)
+  cluster_namer cn = {{cluster_name}, X, canon, byorder, cstart, nx, 0};
   for (int i = 0; i < G->n; i++) {
-    dnode *d = &G->nodes[i];
-    h = mix(h, d->kind);
-    if (d->kind == N_EW) {
-      h = mix(h, (uint64_t)d->compute);
-      h = mix(h, (uint64_t)d->ninst | ((uint64_t)d->nout << 16) | ((uint64_t)d->nin << 24) |
-                     ((uint64_t)d->nscal << 32));
-      for (int k = 0; k < d->ninst; k++) {
-        const tpurt_ew_inst *I = &d->inst[k];
-        h = mix(h, (uint64_t)I->op | ((uint64_t)I->dst << 16) | ((uint64_t)I->src[0] << 24) |
-                       ((uint64_t)I->src[1] << 32) | ((uint64_t)I->src[2] << 40));
-        for (int q = 0; q < 4; q++) h = mixd(h, I->p[q]);
-      }
-      for (int k = 0; k < d->nout; k++) h = mix(h, d->out_reg[k]);
-      for (int v = 0; v < d->nout + d->nin; v++) {
-        const tpurt_view *w = &d->views[v];
-        uint64_t lo, hi;
-        view_range(w, &lo, &hi);
-        HP(w->ptr, lo);
-        if (local_of(w->ptr) < 0) h = mix(h, w->ptr - lo);
-        h = mix(h, (uint64_t)w->dtype | ((uint64_t)w->ndim << 8));
-        for (int k = 0; k < w->ndim; k++) {
-          h = mix(h, (uint64_t)w->sizes[k]);
-          h = mix(h, (uint64_t)w->strides[k]);
-        }
-      }
-    } else if (d->kind == N_FREE) {
-      HP(d->freed, d->freed);
-    } else {
-      h = mix(h, (uint64_t)(uintptr_t)d->fn);
-      h = mix(h, d->args_size);
-      h = mix(h, (uint64_t)d->nacc);
-      if (tpurt__fe_chainable(d->fn)) h = mix(h, tpurt__fe_signature(d->args));
-      if (d->fn == tpurt__gemm_fn()) h = mix(h, tpurt__gemm_signature(d->args));
-      for (int a = 0; a < d->nacc; a++) {
-        HP(d->acc[a].p, d->acc[a].p + (uint64_t)d->acc[a].lo);
-        h = mix(h, (uint64_t)d->acc[a].lo);
-        h = mix(h, (uint64_t)d->acc[a].hi);
-        h = mix(h, (uint64_t)d->acc[a].ro);
-      }
-    }
+    h = node_fold(h, &G->nodes[i], &cn.n);
     h2 = mix(h2, h);
   }
-#undef HP
-#undef HX
   for (int l = 0; l < G->np; l++) {
     tpurt__promise *q = tpurt__promise_get(G->promises[l]);
     h = mix(h, q->size);
@@ -311,13 +326,6 @@ static tpurt_status group_operands(const exec_ctx *x, int u, const fgroup *F, tp
     *ns += d->nscal;
   }
   return TPURT_OK;
-}
-
-/* Is group F a copy recorded as a program (copy.c, copy_compute) alone? */
-static int lone_copy(const dgraph *G, const fgroup *F) {
-  const dnode *d = &G->nodes[F->nodes[0]];
-  return F->nn == 1 && F->nin == 1 && F->nout == 1 && F->prog.ninst == 1 && F->prog.inst[0].op == TPURT_EW_LOAD &&
-         d->name && strcmp(d->name, "copy") == 0;
 }
 
 /* Group F's launch as unit gu runs it, serialized (*ew, malloc'd, *ewn bytes). */
@@ -484,9 +492,7 @@ static tpurt_status run_unit(exec_ctx *x, int u) {
   tpurt_status st = group_operands(x, u, F, outs, ins, scal, &ns);
   if (st) return st;
   const char *name = site_name(F->name, G->nodes[F->nodes[F->nn - 1]].site);
-  if (lone_copy(G, F)) /* a copy that fused with nothing: the copy kernel moves it faster */
-    return tpurt__copy_strided_named(x->s, &outs[0], &ins[0], name);
-  if (F->copies) {
+  if (F->copies) { /* copies only (plan.c copies_only): the copy kernel moves them faster */
     for (int k = 0; k < F->nout && !st; k++) st = tpurt__copy_strided_named(x->s, &outs[k], &ins[F->copy_src[k]], name);
     return st;
   }
@@ -621,42 +627,19 @@ static tpurt_status run_plan(exec_ctx *x, int from) {
  * graph is not predicted until two graphs ran the same plan again.
  * TORCH_TPU_DEFER_EARLY=0 turns it off. */
 
-/* A node's structure as far as running a plan's units on it depends on it:
- * kind, kernel and argument size, program, views (dtype, sizes, strides)
- * and memory notes, each address as a promise of the graph (local index and
- * offset) or as memory from outside (not its address: a plan's early steps
- * only read that). Two nodes with equal hashes take the same units. */
+/* A node's structure as far as running a plan's units on it depends on it
+ * (node_fold), memory from outside named only as such (not its address: a
+ * plan's early steps only read that). Two nodes with equal hashes take the
+ * same units. */
+static uint64_t outside_any(addr_namer *n, uint64_t h, uint64_t lo) {
+  (void)n;
+  (void)lo;
+  return mix(h, 0xE0);
+}
+
 static uint64_t node_hash(const dnode *d) {
-  uint64_t h = mix(d->kind, d->sig);
-#define HADDR(P) \
-  do { int _l = local_of(P); h = mix(h, _l >= 0 ? 0xA0 + (uint64_t)_l : 0xE0); if (_l >= 0) h = mix(h, (P) & TPURT_PROMISE_OFFMASK); } while (0)
-  if (d->kind == N_EW) {
-    h = mix(h, (uint64_t)d->compute | ((uint64_t)d->ninst << 8) | ((uint64_t)d->nout << 24) | ((uint64_t)d->nin << 32) |
-                   ((uint64_t)d->nscal << 40));
-    for (int k = 0; k < d->ninst; k++) {
-      const tpurt_ew_inst *I = &d->inst[k];
-      h = mix(h, (uint64_t)I->op | ((uint64_t)I->dst << 16) | ((uint64_t)I->src[0] << 24) | ((uint64_t)I->src[1] << 32) |
-                     ((uint64_t)I->src[2] << 40));
-      for (int q = 0; q < 4; q++) h = mixd(h, I->p[q]);
-    }
-    for (int k = 0; k < d->nout; k++) h = mix(h, d->out_reg[k]);
-    for (int v = 0; v < d->nout + d->nin; v++) {
-      const tpurt_view *w = &d->views[v];
-      HADDR(w->ptr);
-      h = mix(h, (uint64_t)w->dtype | ((uint64_t)w->ndim << 8));
-      for (int k = 0; k < w->ndim; k++) h = mix(mix(h, (uint64_t)w->sizes[k]), (uint64_t)w->strides[k]);
-    }
-  } else if (d->kind == N_FREE) {
-    HADDR(d->freed);
-  } else {
-    h = mix(mix(mix(h, (uint64_t)(uintptr_t)d->fn), d->args_size), (uint64_t)d->nacc);
-    for (int a = 0; a < d->nacc; a++) {
-      HADDR(d->acc[a].p);
-      h = mix(mix(mix(h, (uint64_t)d->acc[a].lo), (uint64_t)d->acc[a].hi), (uint64_t)d->acc[a].ro);
-    }
-  }
-#undef HADDR
-  return h;
+  addr_namer n = {outside_any};
+  return node_fold(0, d, &n);
 }
 
 typedef struct early {

@@ -72,10 +72,20 @@ const char *tpurt__intern(const char *s) {
  * head transposes: every output a load of an input of its own dtype, no
  * output overlapping an input) run as one copy-kernel launch each: the
  * copy kernel moves them faster than the interpreter moves them together
- * (3.5x in a minGPT step), bit for bit as strict mode does. Sets
- * F->copies and F->copy_src. */
+ * (3.5x in a minGPT step), bit for bit as strict mode does. So does a copy
+ * that fused with nothing (recorded as a program by copy.c, any dtypes
+ * and overlap: the copy kernel is what strict mode ran). Sets F->copies
+ * and F->copy_src. */
 static int copies_only(const dgraph *G, fgroup *F) {
-  if (F->nout < 2 || F->pro_node) return 0;
+  if (F->pro_node) return 0;
+  const dnode *d = &G->nodes[F->nodes[0]];
+  if (F->nn == 1 && F->nin == 1 && F->nout == 1 && F->prog.ninst == 1 && F->prog.inst[0].op == TPURT_EW_LOAD &&
+      d->name && strcmp(d->name, "copy") == 0) {
+    F->copy_src[0] = 0;
+    F->copies = 1;
+    return 1;
+  }
+  if (F->nout < 2) return 0;
   for (int i = 0; i < F->prog.ninst; i++)
     if (F->prog.inst[i].op != TPURT_EW_LOAD) return 0;
   for (int k = 0; k < F->nout; k++) {
