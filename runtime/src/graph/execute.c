@@ -660,8 +660,19 @@ static int early_enabled(void) {
   return !(e && *e == '0');
 }
 
-/* The last node index unit u runs (with the group it takes as its
- * epilogue, its pair, its reduction's epilogue), -1 if none. */
+/* The units that run inside unit u's launch: its reduction's epilogue
+ * group (red_epi), the epilogue unit after it (epi), its concurrent pair
+ * (pair). Writes them to p; returns how many. */
+static int partners(const plan *P, int u, int p[3]) {
+  const unit *U = &P->units[u];
+  int n = 0;
+  if (U->kind == U_NODE && P->red_epi && P->red_epi[U->idx]) p[n++] = P->red_epi[U->idx] - 1;
+  if (P->epi && P->epi[u] && u + 1 < P->nunits) p[n++] = u + 1;
+  if (P->pair && P->pair[u] > 0) p[n++] = P->pair[u] - 1;
+  return n;
+}
+
+/* The last node index unit u runs (with its partners), -1 if none. */
 static int unit_last_node(const plan *P, int u) {
   const unit *U = &P->units[u];
   int m = -1;
@@ -673,16 +684,9 @@ static int unit_last_node(const plan *P, int u) {
   }
   if (U->kind == U_CHAIN)
     for (int k = 0; k < P->chains[U->idx].nn; k++) m = P->chains[U->idx].nodes[k] > m ? P->chains[U->idx].nodes[k] : m;
-  if (U->kind == U_NODE && P->red_epi && P->red_epi[U->idx]) {
-    int e = unit_last_node(P, P->red_epi[U->idx] - 1);
-    m = e > m ? e : m;
-  }
-  if (P->epi && P->epi[u] && u + 1 < P->nunits) {
-    int e = unit_last_node(P, u + 1);
-    m = e > m ? e : m;
-  }
-  if (P->pair && P->pair[u] > 0) {
-    int e = unit_last_node(P, P->pair[u] - 1);
+  int p[3];
+  for (int k = 0, n = partners(P, u, p); k < n; k++) {
+    int e = unit_last_node(P, p[k]);
     m = e > m ? e : m;
   }
   return m;
@@ -710,10 +714,10 @@ static int writes_outside(const exec_ctx *x, int u) {
       const acc *A = opaque_acc(P, G, U, k);
       if (!A->ro && !in_graph(x->s, A->p)) return 1;
     }
-    if (U->kind == U_NODE && P->red_epi && P->red_epi[U->idx] && writes_outside(x, P->red_epi[U->idx] - 1)) return 1;
   }
-  if (P->epi && P->epi[u] && u + 1 < P->nunits && writes_outside(x, u + 1)) return 1;
-  if (P->pair && P->pair[u] > 0 && writes_outside(x, P->pair[u] - 1)) return 1;
+  int p[3];
+  for (int k = 0, n = partners(P, u, p); k < n; k++)
+    if (writes_outside(x, p[k])) return 1;
   return 0;
 }
 
