@@ -181,20 +181,22 @@ def test_compiled_optimizer_step_and_eager_optimizer_after_compiled_model():
     assert ref_losses  # the AdamW run of _train (eager optimizer after a compiled model) is in the first test
 
 
-@pytest.mark.parametrize("cls,kw", [(torch.optim.AdamW, {}), (torch.optim.Adam, dict(weight_decay=0.1, amsgrad=True))],
-                         ids=["AdamW", "Adam-amsgrad"])
-def test_compiled_optimizer_step_keeps_state_on_device_runs_in_place_and_replays(cls, kw):
+@pytest.mark.parametrize("cls,kw,dtype", [(torch.optim.AdamW, {}, torch.float32),
+                                          (torch.optim.Adam, dict(weight_decay=0.1, amsgrad=True), torch.float32),
+                                          (torch.optim.AdamW, {}, torch.bfloat16)],
+                         ids=["AdamW", "Adam-amsgrad", "AdamW-bf16"])
+def test_compiled_optimizer_step_keeps_state_on_device_runs_in_place_and_replays(cls, kw, dtype):
     """torch.compile(opt.step) over tpu parameters: the state is created on the
     device (capturable, as Dynamo does for CUDA parameters), the updates of
     parameters and state run in place (no copy back per tensor), the foreach
-    lerp's weight fills are folded away, the graph replays, and every value
-    equals the eager step of a capturable optimizer bit for bit."""
+    lerp's weight fills are folded away (f32), the graph replays, and every
+    value equals the eager step of a capturable optimizer bit for bit (f32)."""
     from torch_tpu import profiler
 
     torch._dynamo.reset()
     compiler.reset_compile_stats()
     torch.manual_seed(0)
-    base = [torch.randn(5, 3), torch.randn(7), torch.randn(2, 4)]
+    base = [torch.randn(5, 3).to(dtype), torch.randn(7).to(dtype), torch.randn(2, 4).to(dtype)]
     grads = [[torch.randn_like(b) for b in base] for _ in range(5)]
     ref, got = ([b.to("tpu").requires_grad_() for b in base] for _ in range(2))
     ref_opt, opt = cls(ref, lr=1e-2, capturable=True, **kw), cls(got, lr=1e-2, **kw)
@@ -211,16 +213,22 @@ def test_compiled_optimizer_step_keeps_state_on_device_runs_in_place_and_replays
             with profiler.profile() as prof:
                 step()
                 torch.tpu.synchronize()
+    # bf16: AOTAutograd's decomposition of the foreach lerp rounds the difference to bf16 where the eager kernel
+    # keeps it in f32, so the two agree to bf16's precision, not bit for bit
+    same = torch.equal if dtype == torch.float32 else (
+        lambda x, y: torch.allclose(x.float(), y.float(), rtol=2e-2, atol=1e-2))
     for a, b in zip(ref, got):
-        assert torch.equal(a.detach().cpu(), b.detach().cpu())
+        assert same(a.detach().cpu(), b.detach().cpu())
         for k, v in ref_opt.state[a].items():
             w = opt.state[b][k]
-            assert w.device.type == "tpu" and torch.equal(v.cpu(), w.cpu()), k
+            assert w.device.type == "tpu" and same(v.cpu(), w.cpu()), k
     assert opt.param_groups[0]["capturable"] is True
     st = compiler.compile_stats()
     assert st["replays"] >= 1 and st["inputs_updated_in_place"] >= 3 and not st["replay_off"], st
     names = {k.base_name for k in prof.kernels}
-    assert not names & {"copy_d2d", "copy", "fill", "div", "mul", "add"}, names  # one op per tensor: none
+    # no op per tensor; bf16 keeps the lerp's weight fills and divides by the f32 bias corrections per tensor
+    per_tensor = {"copy_d2d", "copy", "mul", "add"} | ({"fill", "div"} if dtype == torch.float32 else set())
+    assert not names & per_tensor, names
 
 
 def test_dynamic_shapes_bound_the_graph_count():
@@ -409,6 +417,25 @@ def test_input_update_chains_run_in_place_whole_or_not_at_all():
             assert torch.equal(a.cpu(), b), fn.__name__
         if in_place is not None:
             assert compiler.compile_stats()["inputs_updated_in_place"] == in_place, fn.__name__
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_addcmul_by_filled_tensors_folds_only_where_the_bits_stay(dtype):
+    """_foreach_addcmul(s, [full_like(x, w)], t) becomes _foreach_add(s, t,
+    alpha=w) in f32 (the same float product); a half-precision fill holds w
+    rounded to its dtype, so there the fills stay: eager's bits either way."""
+    def f(s, t):
+        w = [torch.full_like(x, 0.1) for x in t]
+        return torch._foreach_addcmul(s, w, t)
+
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    s = [torch.randn(64, generator=g).to(dtype).to("tpu") for _ in range(3)]
+    t = [torch.randn(64, generator=g).to(dtype).to("tpu") for _ in range(3)]
+    with torch.no_grad():
+        got = torch.compile(f, backend="tpu")(s, t)
+    for a, b in zip(got, f(s, t)):
+        assert torch.equal(a.cpu(), b.cpu())
 
 
 @pytest.mark.parametrize("mode", ["strict", "defer"])
