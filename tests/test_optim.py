@@ -553,4 +553,14 @@ def test_foreach_list_of_one_element_tensors_runs_as_one_launch(name):
     assert len(ran) == 1 and ran[0].startswith("foreach_"), ran
     mixed = lists(torch.float32, 2, shapes=((3, 4), ()), positive=True)
     check_lists(fn(to_dev(mixed), to_dev(s[:2])), fn(mixed, s[:2]))
+    # bf16 tensors, f32 0-dim tensors (a bf16 model's bias corrections): bf16 results, one launch
+    h = [t.to(torch.bfloat16) for t in a]
+    hd = to_dev(h)
+    torch.tpu.synchronize()
+    with profiler.profile() as prof:
+        out = fn(hd, sd)
+        torch.tpu.synchronize()
+    check_lists(out, fn(h, s))
+    ran = [k.base_name for k in prof.kernels if k.base_name != "free_recorded_graph"]
+    assert len(ran) == 1 and ran[0].startswith("foreach_"), ran
     assert_no_own_fallback()

@@ -72,16 +72,21 @@ bool can_fast(std::initializer_list<TensorList> lists, bool mixed_dtypes = false
 // kept on the device) spread over each tensor's shape with zero strides, so
 // the list still runs as one launch instead of an op per tensor. Empty when
 // neither applies: the per-tensor reference path runs.
+// The 0-dim tensors may have another floating dtype than the list (f32 bias
+// corrections of bf16 parameters): a 0-dim operand does not promote within
+// its category, so the result keeps the list's dtype and the kernel computes
+// in f32 (f64 for an f64 list), as PyTorch's per-tensor path does.
 std::vector<Tensor> fast_other(TensorList self, TensorList other) {
   if (can_fast({self, other})) return other.vec();
-  if (other.size() != self.size()) return {};
+  if (other.size() != self.size() || !can_fast({self})) return {};
   std::vector<Tensor> v;
   v.reserve(other.size());
   for (size_t i = 0; i < other.size(); i++) {
-    if (!other[i].defined() || !self[i].defined() || other[i].dim() != 0 || self[i].dim() == 0) return {};
+    if (!other[i].defined() || other[i].dim() != 0 || self[i].dim() == 0 || !fast_dtype(other[i].scalar_type()))
+      return {};
     v.push_back(other[i].expand(self[i].sizes()));
   }
-  if (!can_fast({self, v})) return {};
+  if (!can_fast({self, v}, /*mixed_dtypes=*/true)) return {};
   return v;
 }
 
