@@ -198,13 +198,6 @@ def _unsupported(gm: torch.fx.GraphModule) -> tuple[str, str] | None:
     return None
 
 
-def _inplace_table() -> dict[Any, Any]:
-    aten = torch.ops.aten
-    return {aten.index_copy.default: aten.index_copy_.default, aten.index_put.default: aten.index_put_.default,
-            aten.scatter.src: aten.scatter_.src, aten.scatter.value: aten.scatter_.value,
-            aten.scatter_add.default: aten.scatter_add_.default}
-
-
 def _returns_alias(node: torch.fx.Node) -> bool:
     t = node.target
     if not isinstance(t, torch._ops.OpOverload):
@@ -214,33 +207,13 @@ def _returns_alias(node: torch.fx.Node) -> bool:
 
 def _reinplace(gm: torch.fx.GraphModule) -> int:
     """Functionalization turns an in-place update of a graph input (a KV
-    cache's index_copy_) into an out-of-place copy of the whole input plus a
-    copy_ back at the end. Where nothing reads the input's old value after
-    the update, this puts the in-place operator back and drops the copy_:
-    O(update) instead of O(input) work per call. Returns the number of
-    updates made in place."""
-    table = _inplace_table()
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    done = 0
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not torch.ops.aten.copy_.default or node.users:
-            continue
-        inp, val = node.args[0], node.args[1]
-        if not (isinstance(inp, torch.fx.Node) and inp.op == "placeholder" and isinstance(val, torch.fx.Node)):
-            continue
-        if val.target not in table or not val.args or val.args[0] is not inp or val.kwargs:
-            continue
-        a, b = inp.meta.get("val"), val.meta.get("val")
-        if a is None or b is None or a.shape != b.shape or a.stride() != b.stride() or a.dtype != b.dtype:
-            continue
-        others = [u for u in inp.users if u is not val and u is not node]
-        if any(order[u] > order[val] or _returns_alias(u) for u in others):
-            continue  # the old value is read after the update, or through a view
-        val.target = table[val.target]
-        gm.graph.erase_node(node)
-        done += 1
+    cache's index_copy_, an optimizer's update of its parameters and state)
+    into out-of-place ops plus a copy_ back at the end. Where nothing reads
+    the input's old value after the update, the in-place operators come back
+    and the copy_ goes (_reinplace_chains): O(update) instead of O(input)
+    work per call. Returns the number of ops made in place."""
     folded = _fold_constant_factors(gm)
-    done += _reinplace_chains(gm)
+    done = _reinplace_chains(gm)
     if done or folded:
         gm.graph.lint()  # the caller regenerates the code
     return done
@@ -261,10 +234,10 @@ def _fold_constant_factors(gm: torch.fx.GraphModule) -> int:
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not aten._foreach_addcmul.Scalar:
             continue
-        args = list(node.args) + [node.kwargs.get("value", 1)][len(node.args) - 3:]
-        if len(args) != 4 or set(node.kwargs) - {"value"} or args[3] != 1:
+        value = node.args[3] if len(node.args) > 3 else node.kwargs.get("value", 1)
+        if len(node.args) < 3 or set(node.kwargs) - {"value"} or value != 1:
             continue
-        s, t1, t2 = args[0], args[1], args[2]
+        s, t1, t2 = node.args[:3]
         for fills, other in ((t1, t2), (t2, t1)):
             if not isinstance(fills, (list, tuple)) or not fills:
                 continue
