@@ -42,10 +42,29 @@ static inline uint64_t mixd(uint64_t h, double d) {
   return mix(h, u);
 }
 
+/* The memory ranges node d names, in order: a program's views, a free's
+ * address (one byte), a kernel's notes. Range k as its address and the
+ * bytes [lo, hi) it spans. */
+static int node_nranges(const dnode *d) { return d->kind == N_EW ? d->nout + d->nin : d->kind == N_FREE ? 1 : d->nacc; }
+
+static tpurt_devptr node_range(const dnode *d, int k, uint64_t *lo, uint64_t *hi) {
+  if (d->kind == N_EW) {
+    view_range(&d->views[k], lo, hi);
+    return d->views[k].ptr;
+  }
+  if (d->kind == N_FREE) {
+    *lo = d->freed;
+    *hi = d->freed + 1;
+    return d->freed;
+  }
+  *lo = d->acc[k].p + (uint64_t)d->acc[k].lo;
+  *hi = d->acc[k].p + (uint64_t)d->acc[k].hi;
+  return d->acc[k].p;
+}
+
 /* Names an address for a node's hash: a promise of the graph by its local
  * index and offset; memory from outside by the caller's `outside` (lo: the
- * low end of the range that starts there, in the order node_fold meets
- * them — the same order graph_key's first pass collects them in). */
+ * low end of the range that starts there, node_range's). */
 typedef struct addr_namer {
   uint64_t (*outside)(struct addr_namer *n, uint64_t h, uint64_t lo);
 } addr_namer;
@@ -73,24 +92,23 @@ static uint64_t node_fold(uint64_t h, const dnode *d, addr_namer *n) {
       for (int q = 0; q < 4; q++) h = mixd(h, I->p[q]);
     }
     for (int k = 0; k < d->nout; k++) h = mix(h, d->out_reg[k]);
-    for (int v = 0; v < d->nout + d->nin; v++) {
-      const tpurt_view *w = &d->views[v];
-      uint64_t lo, hi;
-      view_range(w, &lo, &hi);
-      h = name_addr(n, h, w->ptr, lo);
-      if (local_of(w->ptr) < 0) h = mix(h, w->ptr - lo);
-      h = mix(h, (uint64_t)w->dtype | ((uint64_t)w->ndim << 8));
-      for (int k = 0; k < w->ndim; k++) h = mix(mix(h, (uint64_t)w->sizes[k]), (uint64_t)w->strides[k]);
-    }
-  } else if (d->kind == N_FREE) {
-    h = name_addr(n, h, d->freed, d->freed);
-  } else {
+  } else if (d->kind != N_FREE) {
     h = mix(mix(mix(h, (uint64_t)(uintptr_t)d->fn), d->args_size), (uint64_t)d->nacc);
     if (tpurt__fe_chainable(d->fn)) h = mix(h, tpurt__fe_signature(d->args));
     if (d->fn == tpurt__gemm_fn()) h = mix(h, tpurt__gemm_signature(d->args));
-    for (int a = 0; a < d->nacc; a++) {
-      h = name_addr(n, h, d->acc[a].p, d->acc[a].p + (uint64_t)d->acc[a].lo);
-      h = mix(mix(mix(h, (uint64_t)d->acc[a].lo), (uint64_t)d->acc[a].hi), (uint64_t)d->acc[a].ro);
+  }
+  /* the ranges in node_range's order: graph_key's first pass collects the outside ones in it */
+  for (int k = 0, nr = node_nranges(d); k < nr; k++) {
+    uint64_t lo, hi;
+    tpurt_devptr p = node_range(d, k, &lo, &hi);
+    h = name_addr(n, h, p, lo);
+    if (d->kind == N_EW) {
+      const tpurt_view *w = &d->views[k];
+      if (local_of(p) < 0) h = mix(h, p - lo);
+      h = mix(h, (uint64_t)w->dtype | ((uint64_t)w->ndim << 8));
+      for (int q = 0; q < w->ndim; q++) h = mix(mix(h, (uint64_t)w->sizes[q]), (uint64_t)w->strides[q]);
+    } else if (d->kind != N_FREE) {
+      h = mix(mix(mix(h, (uint64_t)d->acc[k].lo), (uint64_t)d->acc[k].hi), (uint64_t)d->acc[k].ro);
     }
   }
   return h;
@@ -154,22 +172,11 @@ static void graph_key(dgraph *G, uint64_t *k1, uint64_t *k2) {
       nx++;                                                   \
     }                                                         \
   } while (0)
-  for (int i = 0; i < G->n; i++) {
-    dnode *d = &G->nodes[i];
-    if (d->kind == N_EW) {
-      for (int v = 0; v < d->nout + d->nin; v++)
-        if (local_of(d->views[v].ptr) < 0) {
-          uint64_t lo, hi;
-          view_range(&d->views[v], &lo, &hi);
-          ADD_X(lo, hi);
-        }
-    } else if (d->kind == N_FREE) {
-      if (local_of(d->freed) < 0) ADD_X(d->freed, d->freed + 1);
-    } else {
-      for (int a = 0; a < d->nacc; a++)
-        if (local_of(d->acc[a].p) < 0) ADD_X(d->acc[a].p + (uint64_t)d->acc[a].lo, d->acc[a].p + (uint64_t)d->acc[a].hi);
+  for (int i = 0; i < G->n; i++)
+    for (int k = 0, n = node_nranges(&G->nodes[i]); k < n; k++) {
+      uint64_t lo, hi;
+      if (local_of(node_range(&G->nodes[i], k, &lo, &hi)) < 0) ADD_X(lo, hi);
     }
-  }
 #undef ADD_X
   int *canon = NULL;
   uint64_t *cstart = NULL;
@@ -725,17 +732,10 @@ static int writes_outside(const exec_ctx *x, int u) {
 static int touched_before(const dgraph *G, int before, uint64_t lo, uint64_t hi) {
   for (int j = 0; j < before; j++) {
     const dnode *d = &G->nodes[j];
-    if (d->kind == N_EW) {
-      for (int v = 0; v < d->nout + d->nin; v++) {
-        uint64_t a, b;
-        view_range(&d->views[v], &a, &b);
-        if (a < hi && lo < b) return 1;
-      }
-    } else if (d->kind != N_FREE) {
-      for (int k = 0; k < d->nacc; k++) {
-        uint64_t a = d->acc[k].p + (uint64_t)d->acc[k].lo, b = d->acc[k].p + (uint64_t)d->acc[k].hi;
-        if (a < hi && lo < b) return 1;
-      }
+    for (int k = 0, n = d->kind == N_FREE ? 0 : node_nranges(d); k < n; k++) {
+      uint64_t a, b;
+      node_range(d, k, &a, &b);
+      if (a < hi && lo < b) return 1;
     }
   }
   return 0;
