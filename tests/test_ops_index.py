@@ -459,6 +459,28 @@ def test_sort(dtype, descending):
     same(torch.argsort(d, dim=-1, stable=True), torch.argsort(x, dim=-1, stable=True))
 
 
+def test_sort_results_keep_the_inputs_layout_as_on_cpu():
+    # sort's results are dense in the input's layout (PyTorch's meta function): a reshape of the
+    # results of a transposed input copies, so writing into it leaves the results alone — on tpu too
+    x = rnd((5, 3, 7, 32)).to(torch.bfloat16).transpose(1, 3)
+    v, i = torch.sort(x.to(DT), dim=3)
+    cv, ci = torch.sort(x, dim=3)
+    assert v.stride() == cv.stride() and i.stride() == ci.stride() == (672, 1, 32, 224)
+    same(i, ci)
+    r, cr = i.reshape(16, 42, 5), ci.reshape(16, 42, 5)
+    r[[0, 3]] = 7
+    cr[[0, 3]] = 7
+    same(i, ci)
+    same(r, cr)
+    assert torch.argsort(x.to(DT), dim=1).stride() == torch.argsort(x, dim=1).stride()
+    # an out tensor of the right size keeps its own strides; an empty one takes the input's layout
+    v, i = torch.empty(5, 32, 7, 3, device=DT, dtype=torch.bfloat16), torch.empty(0, dtype=torch.long, device=DT)
+    torch.sort(x.to(DT), dim=3, out=(v, i))
+    assert v.is_contiguous() and i.stride() == ci.stride()
+    same(v, cv)
+    same(i, ci)
+
+
 def test_sort_out_and_inplace_alias():
     x = rnd((3, 9))
     v, i = torch.empty(0, device=DT), torch.empty(0, dtype=torch.long, device=DT)

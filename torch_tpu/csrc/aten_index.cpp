@@ -9,6 +9,7 @@
 #include <ATen/WrapDimUtilsMulti.h>
 #include <ATen/core/DistributionsHelper.h>
 #include <ATen/MemoryOverlap.h>
+#include <ATen/TensorUtils.h>
 #include <ATen/native/IndexingUtils.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/unfold_native.h>
@@ -32,6 +33,12 @@ at::Tensor on_device(const at::Tensor& idx, const at::Tensor& self) {
 
 void resize_out(at::Tensor& out, c10::IntArrayRef sizes, const char* op) {
   at::native::resize_output(out, sizes);
+}
+
+// An out tensor that must be resized takes the given strides, as PyTorch's structured kernels restride
+// theirs (one of the right size keeps its own).
+void resize_out_strided(at::Tensor& out, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+  if (at::native::resize_output(out, sizes)) out.as_strided_(sizes, strides);
 }
 
 // ===================================================================== index_select
@@ -816,8 +823,11 @@ std::tuple<at::Tensor&, at::Tensor&> sort_values_stable(const at::Tensor& self, 
   c10::DeviceGuard g(self.device());
   TORCH_CHECK(!self.is_complex(), "sort(): input tensor must be of non-complex type");
   dim = at::maybe_wrap_dim(dim, self.dim());
-  resize_out(values, self.sizes(), "sort");
-  resize_out(indices, self.sizes(), "sort");
+  // dense in the input's layout, as sort's meta function has it (a transposed input's results are
+  // transposed too: a reshape of them copies on tpu where it copies on the CPU)
+  std::vector<int64_t> strides = at::infer_dense_strides(self.sizes(), self.strides());
+  resize_out_strided(values, self.sizes(), strides);
+  resize_out_strided(indices, self.sizes(), strides);
   TORCH_CHECK(values.scalar_type() == self.scalar_type(), "sort(): values dtype must match self");
   TORCH_CHECK(indices.scalar_type() == at::kLong, "sort(): indices must be int64");
   if (self.numel() == 0) return {values, indices};
