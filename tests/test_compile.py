@@ -226,8 +226,8 @@ def test_compiled_optimizer_step_keeps_state_on_device_runs_in_place_and_replays
     st = compiler.compile_stats()
     assert st["replays"] >= 1 and st["inputs_updated_in_place"] >= 3 and not st["replay_off"], st
     names = {k.base_name for k in prof.kernels}
-    # no op per tensor (bf16 keeps the lerp's weight fills: see the fold's test)
-    per_tensor = {"copy_d2d", "copy", "mul", "add", "div"} | ({"fill"} if dtype == torch.float32 else set())
+    # no op per tensor (the lerp's weight fills folded in bf16 too: see the fold's test)
+    per_tensor = {"copy_d2d", "copy", "mul", "add", "div", "fill"}
     assert not names & per_tensor, names
 
 
@@ -422,8 +422,9 @@ def test_input_update_chains_run_in_place_whole_or_not_at_all():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_addcmul_by_filled_tensors_folds_only_where_the_bits_stay(dtype):
     """_foreach_addcmul(s, [full_like(x, w)], t) becomes _foreach_add(s, t,
-    alpha=w) in f32 (the same float product); a half-precision fill holds w
-    rounded to its dtype, so there the fills stay: eager's bits either way."""
+    alpha=w) (the same float product, without a fill per tensor); a
+    half-precision fill holds w rounded to its dtype, and so does alpha then:
+    eager's bits in every dtype."""
     def f(s, t):
         w = [torch.full_like(x, 0.1) for x in t]
         return torch._foreach_addcmul(s, w, t)
@@ -432,8 +433,10 @@ def test_addcmul_by_filled_tensors_folds_only_where_the_bits_stay(dtype):
     g = torch.Generator().manual_seed(0)
     s = [torch.randn(64, generator=g).to(dtype).to("tpu") for _ in range(3)]
     t = [torch.randn(64, generator=g).to(dtype).to("tpu") for _ in range(3)]
+    compiler.reset_compile_stats()
     with torch.no_grad():
         got = torch.compile(f, backend="tpu")(s, t)
+    assert compiler.compile_stats()["nodes_lowered"] == 4  # the add and its 3 getitems; unfolded: 3 fills more
     for a, b in zip(got, f(s, t)):
         assert torch.equal(a.cpu(), b.cpu())
 

@@ -225,10 +225,10 @@ def _fold_constant_factors(gm: torch.fx.GraphModule) -> int:
     moving average) fills a tensor of the weight for every parameter and
     multiplies by it. With value 1 the two compute the same product of the
     same float factors, so the same bits, without the fills (a launch per
-    parameter, which also cut the step's foreach chain in pieces). In f32
-    and f64 only: a half-precision fill holds the weight rounded to its own
-    dtype, where the kernel's alpha is rounded to f32. Returns the number of
-    ops folded."""
+    parameter, which also cut the step's foreach chain in pieces). A
+    half-precision fill holds the weight rounded to its own dtype: alpha is
+    that rounded value (exact in f32, where the kernels compute). Returns the
+    number of ops folded."""
     aten = torch.ops.aten
     done = 0
     for node in list(gm.graph.nodes):
@@ -241,15 +241,20 @@ def _fold_constant_factors(gm: torch.fx.GraphModule) -> int:
         for fills, other in ((t1, t2), (t2, t1)):
             if not isinstance(fills, (list, tuple)) or not fills:
                 continue
-            # f32 / f64 only: a half-precision fill rounds the weight to its dtype, the kernel's alpha to f32
             ok = all(isinstance(f, torch.fx.Node) and f.target is aten.full_like.default and len(f.args) == 2
                      and set(f.users) == {node} and f.kwargs.get("dtype") is None
                      and _same_layout(f.meta.get("val"), o.meta.get("val") if isinstance(o, torch.fx.Node) else None)
-                     and f.meta["val"].dtype in (torch.float32, torch.float64)
+                     and f.meta["val"].dtype.is_floating_point and not f.meta["val"].dtype.is_complex
                      for f, o in zip(fills, other))
             if not ok or len({f.args[1] for f in fills}) != 1 or not isinstance(fills[0].args[1], (int, float)):
                 continue
-            c = fills[0].args[1]
+            dtypes = {f.meta["val"].dtype for f in fills}
+            if len(dtypes) != 1:
+                continue
+            dtype = dtypes.pop()
+            # the weight as the fills hold it (rounded to a half-precision dtype; exact in f32 and f64)
+            c = fills[0].args[1] if dtype in (torch.float32, torch.float64) else \
+                torch.tensor(float(fills[0].args[1]), dtype=dtype).item()
             node.target = aten._foreach_add.List
             node.args, node.kwargs = (s, other), {"alpha": c}
             for f in fills:
