@@ -540,6 +540,34 @@ def test_replayed_outputs_are_fresh_and_memory_comes_back():
     assert torch.tpu.memory_allocated() == base
 
 
+def test_replayed_outputs_that_alias_share_a_version_counter_as_recorded_ones():
+    # a forward graph returns its result and, for the backward, an alias of it (exp's backward reads
+    # its result): on a replayed call too, an in-place change of the result fails the backward's
+    # check of its saved value (before: no error, and the backward read the changed values)
+    f = torch.compile(lambda x: torch.exp(x * 0.5), backend="tpu")
+    torch_tpu.compiler.reset_compile_stats()
+    for _ in range(3):
+        x = torch.randn(8, device="tpu", requires_grad=True)
+        y = f(x)
+        y.sum().backward()
+        assert torch.allclose(x.grad.cpu(), 0.5 * torch.exp(x.detach().cpu() * 0.5), atol=1e-6)
+    x = torch.randn(8, device="tpu", requires_grad=True)
+    y = f(x)
+    assert torch_tpu.compiler.compile_stats()["replays"] >= 1
+    y.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    # outputs over one block of graph memory: a change through one is seen through the other
+    g = torch.compile(lambda x: (lambda y: (y, y.view(2, 4)))(x * 2), backend="tpu")
+    x = torch.randn(8, device="tpu")
+    for _ in range(4):
+        a, b = g(x)
+        v = b._version
+        a.add_(1)
+        assert b._version != v
+    assert torch_tpu.compiler.compile_stats()["replays"] >= 2
+
+
 def test_graphs_whose_recordings_change_are_never_replayed():
     # dropout draws new random offsets every call: the recordings differ,
     # so the graph keeps recording, and its masks stay strict mode's

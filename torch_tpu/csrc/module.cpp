@@ -592,7 +592,10 @@ py::tuple hostops_read() {
 // the graph allocates (fresh at each replay), an input itself, a view of an
 // input's memory, a small host tensor whose value was the same on both
 // recorded calls, None. Tensors without memory (no elements) are kept by
-// metadata only, and such an output is made anew.
+// metadata only, and such an output is made anew. Outputs over one block of
+// graph memory share one version counter (a forward graph's result and the
+// alias of it saved for its backward: an in-place change of the result
+// still fails the backward's check as on a recorded call).
 enum MetaKind { K_TPU, K_HOST, K_NONE, K_INPUT, K_INPUT_VIEW, K_EMPTY };
 constexpr int64_t kHostValueMax = 64;  // elements of a host tensor kept by value
 
@@ -679,6 +682,7 @@ class Replay : public std::enable_shared_from_this<Replay> {
                             c10::DataPtr(vp, vp, device_allocator()->raw_deleter(), device), device_allocator(), false);
     }
     py::list res;
+    std::vector<at::Tensor> block_first(outs.size());  // the first output over each block of graph memory
     for (const TensorMeta& m : out_meta_) {
       if (m.kind == K_NONE) {
         res.append(py::none());
@@ -695,6 +699,14 @@ class Replay : public std::enable_shared_from_this<Replay> {
                                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                                           caffe2::TypeMeta::fromScalarType(m.dtype));
         t.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes, m.strides, m.offset);
+        // outputs over one block alias each other as on a recorded call (a result and the alias of it
+        // saved for the backward): one version counter, so an in-place change of one is seen through
+        // the others (the backward's check of its saved values)
+        at::Tensor& first = block_first[static_cast<size_t>(m.block)];
+        if (first.defined())
+          t.unsafeGetTensorImpl()->set_version_counter(first.unsafeGetTensorImpl()->version_counter());
+        else
+          first = t;
         res.append(t);
       }
     }
