@@ -41,9 +41,10 @@ call's inputs before it runs — tpu tensors by memory block, small host
 tensors by value, None — and its outputs after: fresh memory, an input, a
 view of an input, a host value, None. Inputs the graph lets go of inside (a
 backward graph's saved values) are freed by the replay at the recorded
-point, once the call's list holds their last references. Graphs whose
-recordings differ between calls (a random generator's offsets, host data
-copied in, a free of memory from outside) are never replayed and keep
+point, once the call's list holds their last references. Random draws
+from the default generator replay with the blocks a replay reserves from it
+(eager mode's numbers). Graphs whose recordings differ between calls (host
+data copied in, a free of memory from outside) are never replayed and keep
 recording (``replay_off`` in ``compile_stats()`` says why); a call whose
 inputs do not fit the template records. ``TORCH_TPU_COMPILE_REPLAY=0``
 turns replay off.

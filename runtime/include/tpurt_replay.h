@@ -32,16 +32,24 @@ extern "C" {
 
 typedef struct tpurt_replay tpurt_replay;
 
+/* The device's default generator around a recorded call: its seed, and its
+ * offset before (from) and after (to) the call — the Philox blocks the
+ * call's random draws reserved (NULL: none). */
+typedef struct tpurt_replay_rng {
+  uint64_t seed, from, to;
+} tpurt_replay_rng;
+
 /* A template of the current stream of dev's pending graph. *r is NULL and
  * why (whylen bytes) says why when the graph cannot be one; an error status
  * only for bad arguments or no host memory. */
 TPURT_API tpurt_status tpurt_replay_capture(int dev, const tpurt_devptr *in, const uint64_t *in_bytes, int nin,
-                                            const tpurt_devptr *out, int nout, tpurt_replay **r, char *why,
-                                            size_t whylen);
-/* 1 if the pending graph equals template r relocated onto inputs in and
- * outputs out (r is then verified), else 0 with the first difference in why. */
+                                            const tpurt_devptr *out, int nout, const tpurt_replay_rng *rng,
+                                            tpurt_replay **r, char *why, size_t whylen);
+/* 1 if the pending graph equals template r relocated onto inputs in,
+ * outputs out and the draws rng reserved (r is then verified), else 0 with
+ * the first difference in why. */
 TPURT_API int tpurt_replay_matches(tpurt_replay *r, const tpurt_devptr *in, int nin, const tpurt_devptr *out,
-                                   int nout, char *why, size_t whylen);
+                                   int nout, const tpurt_replay_rng *rng, char *why, size_t whylen);
 TPURT_API int tpurt_replay_verified(const tpurt_replay *r);
 /* 1 if the graph frees input range k (the recorded call dropped its last
  * reference inside): a replay frees it at the same point, so the caller
@@ -49,12 +57,15 @@ TPURT_API int tpurt_replay_verified(const tpurt_replay *r);
 TPURT_API int tpurt_replay_input_freed(const tpurt_replay *r, int k);
 /* Runs verified template r on inputs in (stream-ordered, asynchronous like
  * any launch); out[k] gets output k's memory (tpurt_malloc'd: the caller
- * frees it with tpurt_free). *refused = 1 and nothing runs when r is not
- * verified, the inputs overlap otherwise than at capture, or the stream has
- * pending work: the caller records the call instead (with an error status
- * only when out of deferred buffer ids). */
+ * frees it with tpurt_free). A template whose call drew random numbers
+ * reserves as many blocks from gen (the default generator, its lock held
+ * by the caller) and draws with them. *refused = 1 and nothing runs when r
+ * is not verified, the inputs overlap otherwise than at capture, the stream
+ * has pending work, or gen is NULL for a template that draws: the caller
+ * records the call instead (with an error status only when out of deferred
+ * buffer ids). */
 TPURT_API tpurt_status tpurt_replay_run(tpurt_replay *r, const tpurt_devptr *in, int nin, tpurt_devptr *out,
-                                        int *refused);
+                                        tpurt_generator *gen, int *refused);
 TPURT_API void tpurt_replay_destroy(tpurt_replay *r);
 
 #ifdef __cplusplus

@@ -71,7 +71,7 @@ static void test_capture_verify_replay(void) {
   tpurt_devptr y1 = call(a[0], b[0], 0.5, 0, NULL);
   tpurt_devptr in1[2] = {a[0], b[0]};
   tpurt_replay *r = NULL;
-  CHECK_OK(tpurt_replay_capture(0, in1, bytes, 2, &y1, 1, &r, why, sizeof why));
+  CHECK_OK(tpurt_replay_capture(0, in1, bytes, 2, &y1, 1, NULL, &r, why, sizeof why));
   CHECK(r != NULL);
   CHECK(!tpurt_replay_verified(r));
   CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_STRICT)); /* the cut */
@@ -80,21 +80,21 @@ static void test_capture_verify_replay(void) {
   tpurt_devptr out = 0;
   int refused = 0;
   tpurt_devptr in3[2] = {a[2], b[2]};
-  CHECK_OK(tpurt_replay_run(r, in3, 2, &out, &refused));
+  CHECK_OK(tpurt_replay_run(r, in3, 2, &out, NULL, &refused));
   CHECK_EQ(refused, 1);
 
   /* call 2 on other buffers verifies it */
   CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_DEFER));
   tpurt_devptr y2 = call(a[1], b[1], 0.5, 0, NULL);
   tpurt_devptr in2[2] = {a[1], b[1]};
-  CHECK_EQ(tpurt_replay_matches(r, in2, 2, &y2, 1, why, sizeof why), 1);
+  CHECK_EQ(tpurt_replay_matches(r, in2, 2, &y2, 1, NULL, why, sizeof why), 1);
   CHECK(tpurt_replay_verified(r));
   CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_STRICT));
 
   /* replay on the third pair: strict mode's bits, fresh memory */
   tpurt_defer_stats st0, st1;
   tpurt_defer_get_stats(&st0);
-  CHECK_OK(tpurt_replay_run(r, in3, 2, &out, &refused));
+  CHECK_OK(tpurt_replay_run(r, in3, 2, &out, NULL, &refused));
   CHECK_EQ(refused, 0);
   CHECK(out != 0 && out != y1 && out != y2);
   tpurt_defer_get_stats(&st1);
@@ -109,7 +109,7 @@ static void test_capture_verify_replay(void) {
 
   /* a second replay on the first pair, while the first output lives */
   tpurt_devptr out2 = 0;
-  CHECK_OK(tpurt_replay_run(r, in1, 2, &out2, &refused));
+  CHECK_OK(tpurt_replay_run(r, in1, 2, &out2, NULL, &refused));
   CHECK_EQ(refused, 0);
   CHECK(out2 != out);
   read_back(out2, got);
@@ -119,7 +119,7 @@ static void test_capture_verify_replay(void) {
   /* overlapping inputs: refused, nothing runs */
   tpurt_devptr ov[2] = {a[2], a[2] + 64};
   tpurt_devptr none = 0;
-  CHECK_OK(tpurt_replay_run(r, ov, 2, &none, &refused));
+  CHECK_OK(tpurt_replay_run(r, ov, 2, &none, NULL, &refused));
   CHECK_EQ(refused, 1);
   CHECK_EQ(none, 0);
 
@@ -148,7 +148,7 @@ static void test_refusals(void) {
   /* a value other than the outputs still held */
   CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_DEFER));
   tpurt_devptr mid = 0, y = call(a, b, 1.0, 1, &mid);
-  CHECK_OK(tpurt_replay_capture(0, in, bytes, 2, &y, 1, &r, why, sizeof why));
+  CHECK_OK(tpurt_replay_capture(0, in, bytes, 2, &y, 1, NULL, &r, why, sizeof why));
   CHECK(r == NULL);
   CHECK(strstr(why, "still held") != NULL);
   CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_STRICT));
@@ -159,7 +159,7 @@ static void test_refusals(void) {
   CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_DEFER));
   CHECK_OK(tpurt_memcpy_h2d(S, c, h, N * 4, 0));
   y = call(a, b, 1.0, 0, NULL);
-  CHECK_OK(tpurt_replay_capture(0, in, bytes, 2, &y, 1, &r, why, sizeof why));
+  CHECK_OK(tpurt_replay_capture(0, in, bytes, 2, &y, 1, NULL, &r, why, sizeof why));
   CHECK(r == NULL);
   CHECK(strstr(why, "host data") != NULL);
   CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_STRICT));
@@ -168,7 +168,7 @@ static void test_refusals(void) {
   /* an output that is an input */
   CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_DEFER));
   y = call(a, b, 1.0, 0, NULL);
-  CHECK_OK(tpurt_replay_capture(0, in, bytes, 2, &a, 1, &r, why, sizeof why));
+  CHECK_OK(tpurt_replay_capture(0, in, bytes, 2, &a, 1, NULL, &r, why, sizeof why));
   CHECK(r == NULL);
   CHECK(strstr(why, "not a value the graph computes") != NULL);
   CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_STRICT));
@@ -178,7 +178,7 @@ static void test_refusals(void) {
   tpurt_devptr sh[2] = {a, a + 16};
   CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_DEFER));
   y = call(a, b, 1.0, 0, NULL);
-  CHECK_OK(tpurt_replay_capture(0, sh, bytes, 2, &y, 1, &r, why, sizeof why));
+  CHECK_OK(tpurt_replay_capture(0, sh, bytes, 2, &y, 1, NULL, &r, why, sizeof why));
   CHECK(r == NULL);
   CHECK(strstr(why, "share memory") != NULL);
   CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_STRICT));
@@ -187,13 +187,13 @@ static void test_refusals(void) {
   /* a recording with another launch scalar does not verify */
   CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_DEFER));
   y = call(a, b, 1.0, 0, NULL);
-  CHECK_OK(tpurt_replay_capture(0, in, bytes, 2, &y, 1, &r, why, sizeof why));
+  CHECK_OK(tpurt_replay_capture(0, in, bytes, 2, &y, 1, NULL, &r, why, sizeof why));
   CHECK(r != NULL);
   CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_STRICT));
   CHECK_OK(tpurt_free(y));
   CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_DEFER));
   y = call(a, b, 2.0, 0, NULL);
-  CHECK_EQ(tpurt_replay_matches(r, in, 2, &y, 1, why, sizeof why), 0);
+  CHECK_EQ(tpurt_replay_matches(r, in, 2, &y, 1, NULL, why, sizeof why), 0);
   CHECK(strstr(why, "scalars") != NULL);
   CHECK(!tpurt_replay_verified(r));
   CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_STRICT));
@@ -280,9 +280,9 @@ static void test_replay_launches(void) {
     y[k] = call_steps(a[k], b[k]);
     tpurt_devptr in[2] = {a[k], b[k]};
     if (k == 0)
-      CHECK_OK(tpurt_replay_capture(0, in, bytes, 2, &y[0], 1, &r, why, sizeof why));
+      CHECK_OK(tpurt_replay_capture(0, in, bytes, 2, &y[0], 1, NULL, &r, why, sizeof why));
     else
-      CHECK_EQ(tpurt_replay_matches(r, in, 2, &y[1], 1, why, sizeof why), 1);
+      CHECK_EQ(tpurt_replay_matches(r, in, 2, &y[1], 1, NULL, why, sizeof why), 1);
     CHECK(r != NULL);
     CHECK_OK(tpurt_set_exec_mode(TPURT_MODE_STRICT));
   }
@@ -294,7 +294,7 @@ static void test_replay_launches(void) {
   /* in order, each traced under its own name and number */
   atomic_store(&C.n, 0);
   CHECK_OK(tpurt_trace_start(1 << 14));
-  CHECK_OK(tpurt_replay_run(r, in3, 2, &out, &refused));
+  CHECK_OK(tpurt_replay_run(r, in3, 2, &out, NULL, &refused));
   CHECK_EQ(refused, 0);
   CHECK_OK(tpurt_stream_synchronize(S));
   tpurt_trace_stop();
@@ -327,7 +327,7 @@ static void test_replay_launches(void) {
   int seen = -1;
   seen_args sa = {&seen};
   atomic_store(&C.n, 0);
-  CHECK_OK(tpurt_replay_run(r, in3, 2, &out, &refused));
+  CHECK_OK(tpurt_replay_run(r, in3, 2, &out, NULL, &refused));
   CHECK_EQ(refused, 0);
   CHECK_OK(tpurt_event_record(e, S));
   CHECK_OK(tpurt_stream_wait_event(s2, e));
@@ -343,7 +343,7 @@ static void test_replay_launches(void) {
    * launches after it still run, as they do outside a replay */
   atomic_store(&C.n, 0);
   C.fail = 29;
-  CHECK_OK(tpurt_replay_run(r, in3, 2, &out, &refused));
+  CHECK_OK(tpurt_replay_run(r, in3, 2, &out, NULL, &refused));
   CHECK_EQ(refused, 0);
   CHECK_ST(tpurt_stream_synchronize(S), TPURT_ERR_INDEX);
   CHECK(strstr(tpurt_last_error(), "step29: index 9 is out of bounds") != NULL);
@@ -355,7 +355,7 @@ static void test_replay_launches(void) {
   /* under launch blocking (no batches) the same */
   tpurt_set_launch_blocking(1);
   atomic_store(&C.n, 0);
-  CHECK_OK(tpurt_replay_run(r, in3, 2, &out, &refused));
+  CHECK_OK(tpurt_replay_run(r, in3, 2, &out, NULL, &refused));
   CHECK_EQ(refused, 0);
   CHECK_OK(tpurt_stream_synchronize(S));
   check_steps_in_order();

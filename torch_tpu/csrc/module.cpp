@@ -618,6 +618,10 @@ class Replay : public std::enable_shared_from_this<Replay> {
   static std::shared_ptr<Replay> inputs(const py::list& inputs) {
     auto r = std::make_shared<Replay>();
     r->bad_ = r->describe_inputs(inputs);
+    if (r->dev_ >= 0) {  // the default generator before the call (its draws: from here to after it)
+      tpurt_generator g = generator_now(r->dev_);
+      r->rng_ = {g.seed, g.offset, g.offset};
+    }
     return r;
   }
 
@@ -628,8 +632,9 @@ class Replay : public std::enable_shared_from_this<Replay> {
     if (!bad.empty()) return py::make_tuple(py::none(), bad);
     char why[256];
     tpurt_replay* t = nullptr;
+    rng_.to = generator_now(dev_).offset;
     check(tpurt_replay_capture(dev_, bases_.data(), bytes_.data(), static_cast<int>(bases_.size()), outs_.data(),
-                               static_cast<int>(outs_.size()), &t, why, sizeof why),
+                               static_cast<int>(outs_.size()), &rng_, &t, why, sizeof why),
           "compiled graph capture");
     if (!t) return py::make_tuple(py::none(), std::string(why));
     r_ = t;
@@ -644,8 +649,10 @@ class Replay : public std::enable_shared_from_this<Replay> {
     if (bad.empty()) bad = outputs_of(probe, outputs, &outs);
     if (!bad.empty()) return py::make_tuple(false, bad);
     char why[256];
+    tpurt_replay_rng rng = probe.rng_;
+    rng.to = generator_now(dev_).offset;
     int ok = tpurt_replay_matches(r_, probe.bases_.data(), static_cast<int>(probe.bases_.size()), outs.data(),
-                                  static_cast<int>(outs.size()), why, sizeof why);
+                                  static_cast<int>(outs.size()), &rng, why, sizeof why);
     return py::make_tuple(static_cast<bool>(ok), std::string(ok ? "" : why));
   }
 
@@ -664,7 +671,11 @@ class Replay : public std::enable_shared_from_this<Replay> {
     {
       CompiledCallScope scope;
       py::gil_scoped_release nogil;
-      st = tpurt_replay_run(r_, bases.data(), static_cast<int>(bases.size()), outs.data(), &refused);
+      // the call's random draws come from the default generator, as a recorded call's
+      const at::Generator& gen = default_generator(static_cast<c10::DeviceIndex>(dev_));
+      std::lock_guard<std::mutex> lock(const_cast<at::Generator&>(gen).mutex());
+      st = tpurt_replay_run(r_, bases.data(), static_cast<int>(bases.size()), outs.data(), generator_state(gen),
+                            &refused);
     }
     if (refused && !st) return py::none();
     check(st, "compiled graph");  // (nothing ran: out of promise ids)
@@ -861,6 +872,13 @@ class Replay : public std::enable_shared_from_this<Replay> {
 
   static void keep_memory(void*) {}
 
+  // The default generator of device dev now (seed and offset).
+  static tpurt_generator generator_now(int dev) {
+    const at::Generator& gen = default_generator(static_cast<c10::DeviceIndex>(dev));
+    std::lock_guard<std::mutex> lock(const_cast<at::Generator&>(gen).mutex());
+    return *generator_state(gen);
+  }
+
   // This call's input blocks (inputs as at capture: metadata, sharing, host
   // values); "" or why not.
   std::string bind(const py::list& inputs, std::vector<tpurt_devptr>* bases) const {
@@ -939,6 +957,7 @@ class Replay : public std::enable_shared_from_this<Replay> {
   std::vector<tpurt_devptr> outs_;  // the capture's distinct graph memory among the outputs
   std::vector<uint64_t> out_bytes_;
   std::vector<TensorMeta> out_meta_;
+  tpurt_replay_rng rng_{0, 0, 0};  // the default generator around the described call
 };
 
 }  // namespace

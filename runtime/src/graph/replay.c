@@ -24,9 +24,22 @@
  * normally recorded call (other input addresses) equals the template
  * relocated onto that call node for node and byte for byte
  * (tpurt_replay_matches): a word the guess got wrong, a launch scalar that
- * changes between calls (a random generator's offset), a different op
- * sequence — any difference keeps the template unverified, and the caller
- * records as before.
+ * changes between calls, a different op sequence — any difference keeps the
+ * template unverified, and the caller records as before.
+ *
+ * Random draws: a call that draws from the device's default generator
+ * (dropout: an elementwise program's TPURT_EW_UNIFORM, whose seed and
+ * offset halves are launch scalars; the random kernels and attention's
+ * dropout: a seed word followed by an offset word in their arguments)
+ * reserves its blocks when it records. The caller names the generator's
+ * seed and offsets before and after the call (tpurt_replay_rng); the draws'
+ * seeds equal to that seed and offsets in that range are kept relative to
+ * the call's first block, and a replay reserves the call's blocks from the
+ * generator and patches the draws with them and with the generator's seed —
+ * the numbers a recorded call draws (verified like the addresses: the
+ * second call's draws, relocated onto its own range, must match; a word
+ * taken for a draw that is none changes the recording, and the graph is not
+ * replayed).
  *
  * Refused at capture: host->device copies (their data is staged per call),
  * frees of memory from outside the graph, reads of another graph's pending
@@ -40,10 +53,13 @@
 #include "graph.h"
 #include "tpurt_replay.h"
 
-enum { R_PROMISE = 0, R_INPUT = 1 };
+/* R_RNG / R_SEED: a draw's offset / seed as two doubles (an elementwise
+ * program's launch scalars); R_RNG64 / R_SEED64: as 8-byte words (kernel
+ * arguments) */
+enum { R_PROMISE = 0, R_INPUT = 1, R_RNG = 2, R_SEED = 3, R_RNG64 = 4, R_SEED64 = 5 };
 
 typedef struct rpatch {
-  uint64_t off; /* byte offset of an 8-byte address in the block */
+  uint64_t off; /* byte offset of an 8-byte address in the block (R_RNG, R_SEED: of two doubles, low half first) */
   uint32_t idx; /* promise local index or input index */
   uint8_t kind;
 } rpatch;
@@ -72,6 +88,7 @@ struct tpurt_replay {
   int nout;
   int *out_local;
   const plan *P; /* the plan the first replay ran */
+  uint64_t rng_blocks; /* Philox blocks a call reserves from the generator */
   int verified;
 };
 
@@ -127,6 +144,23 @@ static int input_of(const cap *c, uint64_t a) {
   return -1;
 }
 
+/* Notes patch p; 0 when out of host memory (c->bad says so). */
+static int add_patch(cap *c, rpatch p) {
+  tpurt_replay *r = c->r;
+  if ((size_t)r->npatch == c->cap_patch) {
+    size_t nc = c->cap_patch ? 2 * c->cap_patch : 256;
+    rpatch *np = realloc(r->patch, nc * sizeof *np);
+    if (!np) {
+      c->bad = "out of host memory";
+      return 0;
+    }
+    r->patch = np;
+    c->cap_patch = nc;
+  }
+  r->patch[r->npatch++] = p;
+  return 1;
+}
+
 /* Rewrites the address at block offset off relative to what it points into
  * and notes the patch; other words stay. */
 static void relocatable(cap *c, size_t off) {
@@ -151,18 +185,55 @@ static void relocatable(cap *c, size_t off) {
   } else {
     return; /* not an input's: kept (or not an address at all) */
   }
-  if ((size_t)r->npatch == c->cap_patch) {
-    size_t nc = c->cap_patch ? 2 * c->cap_patch : 256;
-    rpatch *np = realloc(r->patch, nc * sizeof *np);
-    if (!np) {
-      c->bad = "out of host memory";
+  if (add_patch(c, p)) memcpy(r->block + off, &w, 8);
+}
+
+/* The two doubles at block offset off as one 64-bit value (low half first), and back. */
+static uint64_t halves_get(const unsigned char *b, size_t off) {
+  double d[2];
+  memcpy(d, b + off, sizeof d);
+  return (uint64_t)d[0] | (uint64_t)d[1] << 32;
+}
+static void halves_set(unsigned char *b, size_t off, uint64_t v) {
+  const double d[2] = {(double)(uint32_t)v, (double)(uint32_t)(v >> 32)};
+  memcpy(b + off, d, sizeof d);
+}
+
+/* The draws of an elementwise node (template node t) from the generator
+ * rng describes: their seeds and offsets become patches, the offsets kept
+ * relative to the call's first block. */
+static void rng_patches(cap *c, const tnode *t, const tpurt_replay_rng *rng) {
+  const dnode *d = &t->d;
+  for (int k = 0; k < d->ninst; k++) {
+    const tpurt_ew_inst *I = (const tpurt_ew_inst *)(const void *)(c->r->block + t->o_inst) + k;
+    int si = (int)I->p[0];
+    if (I->op != TPURT_EW_UNIFORM || si < 0 || si + 4 > d->nscal) continue;
+    size_t o = t->o_scal + (size_t)si * sizeof(double);
+    uint64_t seed = halves_get(c->r->block, o), off = halves_get(c->r->block, o + 2 * sizeof(double));
+    if (seed != rng->seed || off < rng->from || off >= rng->to) continue; /* another generator's: kept */
+    if (!add_patch(c, (rpatch){.off = o, .kind = R_SEED}) ||
+        !add_patch(c, (rpatch){.off = o + 2 * sizeof(double), .kind = R_RNG}))
       return;
-    }
-    r->patch = np;
-    c->cap_patch = nc;
+    halves_set(c->r->block, o + 2 * sizeof(double), off - rng->from);
   }
-  r->patch[r->npatch++] = p;
-  memcpy(r->block + off, &w, 8);
+}
+
+/* The draws in an opaque node's arguments (template node t): a word equal
+ * to the generator's seed followed by one in its offset range. */
+static void rng_patches_args(cap *c, const tnode *t, const tpurt_replay_rng *rng) {
+  unsigned char *a = c->r->block + t->o_args;
+  for (size_t o = 0; o + 16 <= t->d.args_size; o += 8) {
+    uint64_t seed, off;
+    memcpy(&seed, a + o, 8);
+    memcpy(&off, a + o + 8, 8);
+    if (seed != rng->seed || off < rng->from || off >= rng->to) continue;
+    if (!add_patch(c, (rpatch){.off = t->o_args + o, .kind = R_SEED64}) ||
+        !add_patch(c, (rpatch){.off = t->o_args + o + 8, .kind = R_RNG64}))
+      return;
+    off -= rng->from;
+    memcpy(a + o + 8, &off, 8);
+    o += 8;
+  }
 }
 
 static size_t payload_size(const dnode *d) {
@@ -204,7 +275,8 @@ static int sort_inputs(const uint64_t *lo, const uint64_t *hi, int n, int *order
 }
 
 tpurt_status tpurt_replay_capture(int dev, const tpurt_devptr *in, const uint64_t *in_bytes, int nin,
-                                  const tpurt_devptr *out, int nout, tpurt_replay **res, char *w, size_t wl) {
+                                  const tpurt_devptr *out, int nout, const tpurt_replay_rng *rng, tpurt_replay **res,
+                                  char *w, size_t wl) {
   *res = NULL;
   if (w && wl) w[0] = 0;
   tpurt_stream *s = tpurt_stream_current(dev);
@@ -265,11 +337,13 @@ tpurt_status tpurt_replay_capture(int dev, const tpurt_devptr *in, const uint64_
         t->o_views = put(r, &at, d->views, (size_t)(d->nout + d->nin) * sizeof(tpurt_view));
         t->o_scal = put(r, &at, d->scal, (size_t)d->nscal * sizeof(double));
         for (int v = 0; v < d->nout + d->nin; v++) relocatable(&c, t->o_views + v * sizeof(tpurt_view));
+        if (rng && rng->to > rng->from) rng_patches(&c, t, rng);
       } else if (d->kind == N_OPAQUE) {
         t->o_args = put(r, &at, d->args, d->args_size);
         t->o_acc = put(r, &at, d->acc, (size_t)d->nacc * sizeof(acc));
         for (size_t o = 0; o + 8 <= d->args_size; o += 8) relocatable(&c, t->o_args + o);
         for (int a = 0; a < d->nacc; a++) relocatable(&c, t->o_acc + a * sizeof(acc));
+        if (rng && rng->to > rng->from) rng_patches_args(&c, t, rng);
       } else if (d->kind == N_FREE) {
         t->o_freed = put(r, &at, &d->freed, 8);
         relocatable(&c, t->o_freed);
@@ -279,6 +353,7 @@ tpurt_status tpurt_replay_capture(int dev, const tpurt_devptr *in, const uint64_
     r->n = G->n;
     r->nops = G->nops;
     r->np = G->np;
+    r->rng_blocks = rng && rng->to > rng->from ? rng->to - rng->from : 0;
     for (int l = 0; l < G->np && !c.bad; l++) {
       const tpurt__promise *q = tpurt__promise_get(G->promises[l]);
       r->psize[l] = q->size;
@@ -316,15 +391,29 @@ tpurt_status tpurt_replay_capture(int dev, const tpurt_devptr *in, const uint64_
 
 /* ------------------------------------------------------------ relocation */
 
-/* The template's block with promise local l at paddr[l] and input k at
- * in[k], into dst (block_size bytes). */
-static void relocate(const tpurt_replay *r, unsigned char *dst, const tpurt_devptr *paddr, const tpurt_devptr *in) {
+/* The template's block with promise local l at paddr[l], input k at in[k]
+ * and the draws from the call's first block `first` of a generator seeded
+ * with seed, into dst (block_size bytes). */
+static void relocate(const tpurt_replay *r, unsigned char *dst, const tpurt_devptr *paddr, const tpurt_devptr *in,
+                     uint64_t seed, uint64_t first) {
   memcpy(dst, r->block, r->block_size);
   for (int i = 0; i < r->npatch; i++) {
     const rpatch *p = &r->patch[i];
+    if (p->kind == R_SEED) {
+      halves_set(dst, p->off, seed);
+      continue;
+    }
+    if (p->kind == R_RNG) {
+      halves_set(dst, p->off, first + halves_get(dst, p->off));
+      continue;
+    }
+    if (p->kind == R_SEED64) {
+      memcpy(dst + p->off, &seed, 8);
+      continue;
+    }
     uint64_t w;
     memcpy(&w, dst + p->off, 8);
-    w += p->kind == R_PROMISE ? paddr[p->idx] : in[p->idx];
+    w += p->kind == R_RNG64 ? first : p->kind == R_PROMISE ? paddr[p->idx] : in[p->idx];
     memcpy(dst + p->off, &w, 8);
   }
 }
@@ -395,9 +484,11 @@ static int inputs_apart(const tpurt_replay *r, const tpurt_devptr *in, int *orde
 }
 
 int tpurt_replay_matches(tpurt_replay *r, const tpurt_devptr *in, int nin, const tpurt_devptr *out, int nout,
-                         char *w, size_t wl) {
+                         const tpurt_replay_rng *rng, char *w, size_t wl) {
   if (w && wl) w[0] = 0;
   if (nin != r->nin || nout != r->nout) return why(w, wl, "another number of inputs or outputs"), 0;
+  uint64_t drawn = rng && rng->to > rng->from ? rng->to - rng->from : 0;
+  if (drawn != r->rng_blocks) return why(w, wl, "another number of random draws"), 0;
   tpurt_stream *s = tpurt_stream_current(r->dev);
   const char *bad = NULL;
   int at = -1;
@@ -419,7 +510,7 @@ int tpurt_replay_matches(tpurt_replay *r, const tpurt_devptr *in, int nin, const
   for (int k = 0; !bad && k < nout; k++)
     if (out[k] != paddr[r->out_local[k]]) bad = "other outputs";
   if (!bad) {
-    relocate(r, b, paddr, in);
+    relocate(r, b, paddr, in, rng ? rng->seed : 0, rng ? rng->from : 0);
     for (int i = 0; i < r->n && !bad; i++) {
       dnode y;
       node_over(r, i, b, &y);
@@ -451,9 +542,10 @@ static void drop_promises(const tpurt_devptr *paddr, int n) {
   for (int l = 0; l < n; l++) tpurt__promise_free(paddr[l]);
 }
 
-tpurt_status tpurt_replay_run(tpurt_replay *r, const tpurt_devptr *in, int nin, tpurt_devptr *out, int *refused) {
+tpurt_status tpurt_replay_run(tpurt_replay *r, const tpurt_devptr *in, int nin, tpurt_devptr *out,
+                              tpurt_generator *gen, int *refused) {
   *refused = 1;
-  if (!r->verified || nin != r->nin) return TPURT_OK;
+  if (!r->verified || nin != r->nin || (r->rng_blocks && !gen)) return TPURT_OK;
   tpurt_stream *s = tpurt_stream_current(r->dev);
   int order_s[64];
   uint64_t lo_s[64], hi_s[64];
@@ -506,7 +598,9 @@ tpurt_status tpurt_replay_run(tpurt_replay *r, const tpurt_devptr *in, int nin, 
   G->np = G->capp = r->np;
   G->n = G->cap = r->n;
   G->nops = r->nops;
-  relocate(r, b, paddr, in);
+  /* the call's draws: reserved now, as a recorded call reserves them */
+  uint64_t first = r->rng_blocks ? tpurt_generator_reserve(gen, r->rng_blocks) : 0;
+  relocate(r, b, paddr, in, gen ? gen->seed : 0, first);
   for (int i = 0; i < r->n; i++) node_over(r, i, b, &G->nodes[i]);
   const plan *used = NULL;
   /* the graph's launches reach the worker as a few batches (stream.c) */
