@@ -206,8 +206,11 @@ static void rng_patches(cap *c, const tnode *t, const tpurt_replay_rng *rng) {
   const dnode *d = &t->d;
   for (int k = 0; k < d->ninst; k++) {
     const tpurt_ew_inst *I = (const tpurt_ew_inst *)(const void *)(c->r->block + t->o_inst) + k;
-    int si = (int)I->p[0];
+    int si = (int)I->p[0], seen = 0;
     if (I->op != TPURT_EW_UNIFORM || si < 0 || si + 4 > d->nscal) continue;
+    for (int j = 0; j < k; j++) /* scalars two draws share are patched once */
+      seen |= I[j - k].op == TPURT_EW_UNIFORM && (int)I[j - k].p[0] == si;
+    if (seen) continue;
     size_t o = t->o_scal + (size_t)si * sizeof(double);
     uint64_t seed = halves_get(c->r->block, o), off = halves_get(c->r->block, o + 2 * sizeof(double));
     if (seed != rng->seed || off < rng->from || off >= rng->to) continue; /* another generator's: kept */
