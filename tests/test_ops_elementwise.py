@@ -938,3 +938,35 @@ def test_unsupported_dtypes_raise_like_cpu(case):
     dtype_name = str(cpu.value).split("not implemented for ")[1][:8]
     assert "not implemented for " + dtype_name in str(tpu.value), (str(cpu.value), str(tpu.value))
     assert torch.gcd(torch.tensor([4], device="tpu"), torch.tensor([6], device="tpu")).item() == 2  # usable afterwards
+
+
+@pytest.mark.parametrize("src", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("dst", [torch.int8, torch.uint8, torch.int16, torch.uint16, torch.int32, torch.uint32,
+                                 torch.int64], ids=str)
+def test_float_to_integer_casts_out_of_range_as_on_the_cpu(src, dst):
+    # NaN, infinities and values outside the target's range convert as PyTorch's CPU backend does on x86:
+    # 8- to 32-bit targets but uint8 through int32 (INT32_MIN, then its low bits: 1e10 -> int16 is 0),
+    # int64 and uint8 through int64 (fuzz seed 97446: inf -> int32 gave 0 instead of INT32_MIN)
+    vals = [5e9 + 3, -5e9 - 3, 2.5e9, -2.5e9, 4.1e9, float("inf"), float("-inf"), float("nan"), 300.7, -300.7,
+            65537.0, 2 ** 31 - 128.0, 70000.5, -1.0]
+    x = torch.tensor(vals * 9, dtype=src)  # long enough for the vector rows
+    want = x.to(dst)
+    d = x.to("tpu")
+    check(d.to(dst), want)
+    out = torch.empty(x.shape, dtype=dst, device="tpu")
+    out.copy_(d)
+    check(out, want)
+    if not (src == torch.float16 and dst == torch.uint32):
+        # (the CPU converts float16 -> uint32 through int64, the other sources through int32: a cast inside an
+        # elementwise program computes in f32 and converts as from float32)
+        check((d * 1).to(dst), (x * 1).to(dst))  # a cast inside an elementwise program
+
+
+def test_log_sigmoid_result_is_contiguous_as_on_the_cpu():
+    # the CPU backend's kernel allocates a contiguous result whatever the input's layout, so a view of the
+    # result's memory (as_strided) reads the same elements on both (fuzz seed 97583)
+    x = torch.randn(3, 7).t()
+    want, got = F.logsigmoid(x), F.logsigmoid(x.to("tpu"))
+    assert got.stride() == want.stride() == (3, 1)
+    check(got.as_strided((3, 3), (1, 4), 2), want.as_strided((3, 3), (1, 4), 2))
+    check(got, want)

@@ -291,7 +291,7 @@ COPY_ROW(row_copy16, u128)
   }
 #define CV_CAST_F(v) ((float)(v))
 #define CV_CAST_D(v) ((double)(v))
-#define CV_F2I32(v) ((int32_t)(uint32_t)(uint64_t)tpurt__f2i64((double)(v)))
+#define CV_F2I32(v) (tpurt__f2i32((double)(v)))
 #define CV_F2I64(v) (tpurt__f2i64((double)(v)))
 CONV_ROW(row_f32_bf16, float, uint16_t, tpurt__f32_to_bf16)
 CONV_ROW(row_bf16_f32, uint16_t, float, tpurt__bf16_to_f32)
@@ -307,6 +307,10 @@ CONV_ROW(row_f32_i32, float, int32_t, CV_F2I32)
 CONV_ROW(row_f32_i64, float, int64_t, CV_F2I64)
 CONV_ROW(row_f64_i32, double, int32_t, CV_F2I32)
 CONV_ROW(row_f64_i64, double, int64_t, CV_F2I64)
+/* float16 -> uint32 goes through int64 on PyTorch's CPU backend (NaN and -inf -> 0), unlike the other float
+ * sources (dtype.c) */
+#define CV_H2U32(v) ((uint32_t)(uint64_t)tpurt__f2i64((double)tpurt__f16_to_f32(v)))
+CONV_ROW(row_f16_u32, uint16_t, uint32_t, CV_H2U32)
 
 typedef struct {
   tpurt_dtype ddt, sdt;
@@ -327,6 +331,7 @@ static row_fn pick_row(tpurt_dtype ddt, tpurt_dtype sdt) {
     }
   }
 #define P(S, D) (sdt == TPURT_##S && ddt == TPURT_##D)
+  if (P(F16, U32)) return row_f16_u32;
   if (P(F32, BF16)) return row_f32_bf16;
   if (P(BF16, F32)) return row_bf16_f32;
   if (P(F32, F16)) return row_f32_f16;

@@ -3,14 +3,19 @@
  * conversion (load any dtype into an intermediate, store into any dtype)
  * that implements PyTorch's casting rules for every pair of dtypes.
  *
- * Float -> integer conversion is defined for every input (no C UB):
+ * Float -> integer conversion is defined for every input (no C UB), as
+ * PyTorch's CPU backend converts on x86 (its casts compile to cvttsd2si):
  *   - the value is truncated toward zero;
- *   - NaN and values outside [-2^63, 2^63) convert to INT64_MIN (what x86's
- *     cvttsd2si produces, so what PyTorch's CPU backend gives on x86: a NaN
- *     cast to an index is out of range, not index 0), except that unsigned
- *     64-bit targets accept [2^63, 2^64) and take NaN to 0;
- *   - narrower integer targets then take the low bits (two's complement
- *     wrap), like static_cast<int64_t> followed by a narrowing cast.
+ *   - int64 and uint8 targets: NaN and values outside [-2^63, 2^63) give
+ *     INT64_MIN (a NaN cast to an index is out of range, not index 0), and
+ *     uint8 takes the low bits; uint64 targets accept [2^63, 2^64) too and
+ *     take NaN to 0;
+ *   - int8, int16, int32 and uint16 targets: NaN and values outside
+ *     [-2^31, 2^31) give INT32_MIN, and the 8- and 16-bit targets take its
+ *     low bits (so 1e10 -> int16 is 0, not 1e10's low 16 bits);
+ *   - uint32: [2^31, 2^32) as unsigned values, anything else as int32 above
+ *     (NaN -> 2^31, inf -> 0); from float16, the copy kernel goes through
+ *     int64 as the CPU backend does there (copy.c).
  * Integer -> half/bfloat16 goes through float (as c10::Half/BFloat16 do);
  * double -> half/bfloat16 also goes through float.
  */

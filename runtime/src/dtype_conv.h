@@ -18,6 +18,16 @@ int64_t tpurt__f2i64(double d) {
   return INT64_MIN;
 }
 
+int32_t tpurt__f2i32(double d) {
+  if (d >= -2147483648.0 && d < 2147483648.0) return (int32_t)d;
+  return INT32_MIN;
+}
+
+uint32_t tpurt__f2u32(double d) {
+  if (d >= 2147483648.0) return (uint32_t)tpurt__f2i32(d - 2147483648.0) ^ 0x80000000u;
+  return (uint32_t)tpurt__f2i32(d);
+}
+
 uint64_t tpurt__f2u64(double d) {
   if (d != d) return 0;
   if (d >= 9223372036854775808.0 && d < 18446744073709551616.0) return (uint64_t)d;
@@ -58,6 +68,10 @@ static inline uint64_t val_bits(tpurt__val v, int unsigned_target) {
   if (v.cls == 1) return v.u;
   return unsigned_target ? tpurt__f2u64(v.re) : (uint64_t)tpurt__f2i64(v.re);
 }
+/* value -> int32 bits, for the 8- to 32-bit targets but uint8 */
+static inline uint32_t val_bits32(tpurt__val v) {
+  return v.cls == 2 ? (uint32_t)tpurt__f2i32(v.re) : (uint32_t)val_bits(v, 0);
+}
 static inline float val_f32(tpurt__val v) {
   if (v.cls == 0) return (float)v.i;
   if (v.cls == 1) return (float)v.u;
@@ -83,12 +97,12 @@ void tpurt__store(tpurt_dtype dt, void *p, tpurt__val v) {
       break;
     }
     case TPURT_U8: ST(uint8_t, val_bits(v, 0)); break;
-    case TPURT_I8: ST(int8_t, (int8_t)(uint8_t)val_bits(v, 0)); break;
-    case TPURT_I16: ST(int16_t, (int16_t)(uint16_t)val_bits(v, 0)); break;
-    case TPURT_I32: ST(int32_t, (int32_t)(uint32_t)val_bits(v, 0)); break;
+    case TPURT_I8: ST(int8_t, (int8_t)(uint8_t)val_bits32(v)); break;
+    case TPURT_I16: ST(int16_t, (int16_t)(uint16_t)val_bits32(v)); break;
+    case TPURT_I32: ST(int32_t, (int32_t)val_bits32(v)); break;
     case TPURT_I64: ST(int64_t, (int64_t)val_bits(v, 0)); break;
-    case TPURT_U16: ST(uint16_t, val_bits(v, 0)); break;
-    case TPURT_U32: ST(uint32_t, val_bits(v, 0)); break;
+    case TPURT_U16: ST(uint16_t, val_bits32(v)); break;
+    case TPURT_U32: ST(uint32_t, v.cls == 2 ? tpurt__f2u32(v.re) : (uint32_t)val_bits(v, 0)); break;
     case TPURT_U64: ST(uint64_t, val_bits(v, 1)); break;
     case TPURT_F16: ST(uint16_t, tpurt__f32_to_f16(val_f32(v))); break;
     case TPURT_BF16: ST(uint16_t, tpurt__f32_to_bf16(val_f32(v))); break;

@@ -325,6 +325,8 @@ TPURT_INTERNAL tpurt__val tpurt__load(tpurt_dtype dt, const void *p);
 TPURT_INTERNAL void tpurt__store(tpurt_dtype dt, void *p, tpurt__val v);
 TPURT_INTERNAL tpurt__val tpurt__scalar_val(tpurt_scalar s);
 TPURT_INTERNAL int64_t tpurt__f2i64(double d);
+TPURT_INTERNAL int32_t tpurt__f2i32(double d);
+TPURT_INTERNAL uint32_t tpurt__f2u32(double d);
 TPURT_INTERNAL uint64_t tpurt__f2u64(double d);
 
 static inline uint32_t tpurt__f32_bits(float f) {

@@ -487,18 +487,24 @@ typedef double _Complex c128_t;
   X(DT, TPURT_C64, c64_t, CONVF(v))                                  \
   X(DT, TPURT_C128, c128_t, CONVF(v))
 
-/* float -> integer as the copy kernel does it (truncation, NaN and out of range -> INT64_MIN, wrap) */
+/* float -> integer as the copy kernel does it (dtype.c: truncation; NaN and out of range -> INT64_MIN for the
+ * 64-bit and uint8 targets, INT32_MIN for the others, then the low bits); TOI##_32 / TOI##_U32: the int32 and
+ * uint32 conversions of the 8- to 32-bit targets */
 #define F2I(v) tpurt__f2i64((double)(v))
+#define F2I_32(v) ((uint32_t)tpurt__f2i32((double)(v)))
+#define F2I_U32(v) tpurt__f2u32((double)(v))
 #define ID_I(v) (v)
+#define ID_I_32(v) ((uint32_t)(v))
+#define ID_I_U32(v) ((uint32_t)(v))
 #define EW_STORE_REAL(X, CT, TOI)                                    \
   X(CT, TPURT_BOOL, uint8_t, v != 0)                                 \
   X(CT, TPURT_U8, uint8_t, (uint8_t)TOI(v))                          \
-  X(CT, TPURT_I8, int8_t, (int8_t)(uint8_t)TOI(v))                   \
-  X(CT, TPURT_I16, int16_t, (int16_t)(uint16_t)TOI(v))               \
-  X(CT, TPURT_I32, int32_t, (int32_t)(uint32_t)TOI(v))               \
+  X(CT, TPURT_I8, int8_t, (int8_t)(uint8_t)TOI##_32(v))              \
+  X(CT, TPURT_I16, int16_t, (int16_t)(uint16_t)TOI##_32(v))          \
+  X(CT, TPURT_I32, int32_t, (int32_t)TOI##_32(v))                    \
   X(CT, TPURT_I64, int64_t, TOI(v))                                  \
-  X(CT, TPURT_U16, uint16_t, (uint16_t)TOI(v))                       \
-  X(CT, TPURT_U32, uint32_t, (uint32_t)TOI(v))                       \
+  X(CT, TPURT_U16, uint16_t, (uint16_t)TOI##_32(v))                  \
+  X(CT, TPURT_U32, uint32_t, TOI##_U32(v))                           \
   X(CT, TPURT_U64, uint64_t, (uint64_t)TOI(v))                       \
   X(CT, TPURT_F16, uint16_t, tpurt__f32_to_f16((float)v))            \
   X(CT, TPURT_BF16, uint16_t, tpurt__f32_to_bf16((float)v))          \
@@ -510,12 +516,12 @@ typedef double _Complex c128_t;
 #define EW_STORE_CPLX(X, CT, RE)                                     \
   X(CT, TPURT_BOOL, uint8_t, v != 0)                                 \
   X(CT, TPURT_U8, uint8_t, (uint8_t)F2I(RE(v)))                      \
-  X(CT, TPURT_I8, int8_t, (int8_t)(uint8_t)F2I(RE(v)))               \
-  X(CT, TPURT_I16, int16_t, (int16_t)(uint16_t)F2I(RE(v)))           \
-  X(CT, TPURT_I32, int32_t, (int32_t)(uint32_t)F2I(RE(v)))           \
+  X(CT, TPURT_I8, int8_t, (int8_t)(uint8_t)F2I_32(RE(v)))            \
+  X(CT, TPURT_I16, int16_t, (int16_t)(uint16_t)F2I_32(RE(v)))        \
+  X(CT, TPURT_I32, int32_t, (int32_t)F2I_32(RE(v)))                  \
   X(CT, TPURT_I64, int64_t, F2I(RE(v)))                              \
-  X(CT, TPURT_U16, uint16_t, (uint16_t)F2I(RE(v)))                   \
-  X(CT, TPURT_U32, uint32_t, (uint32_t)F2I(RE(v)))                   \
+  X(CT, TPURT_U16, uint16_t, (uint16_t)F2I_32(RE(v)))                \
+  X(CT, TPURT_U32, uint32_t, F2I_U32(RE(v)))                         \
   X(CT, TPURT_U64, uint64_t, (uint64_t)F2I(RE(v)))                   \
   X(CT, TPURT_F16, uint16_t, tpurt__f32_to_f16((float)RE(v)))        \
   X(CT, TPURT_BF16, uint16_t, tpurt__f32_to_bf16((float)RE(v)))      \
