@@ -962,11 +962,19 @@ def test_float_to_integer_casts_out_of_range_as_on_the_cpu(src, dst):
         check((d * 1).to(dst), (x * 1).to(dst))  # a cast inside an elementwise program
 
 
-def test_log_sigmoid_result_is_contiguous_as_on_the_cpu():
-    # the CPU backend's kernel allocates a contiguous result whatever the input's layout, so a view of the
-    # result's memory (as_strided) reads the same elements on both (fuzz seed 97583)
+def test_log_sigmoid_and_masked_fill_results_are_contiguous_as_on_the_cpu():
+    # the CPU backend allocates these results contiguous whatever the input's layout, so a view of the
+    # result's memory (as_strided) reads the same elements on both (fuzz seed 97583) and a view the CPU
+    # allows works (seed 99852)
     x = torch.randn(3, 7).t()
     want, got = F.logsigmoid(x), F.logsigmoid(x.to("tpu"))
     assert got.stride() == want.stride() == (3, 1)
     check(got.as_strided((3, 3), (1, 4), 2), want.as_strided((3, 3), (1, 4), 2))
     check(got, want)
+    x = torch.randn(8, 4, dtype=torch.float64).t()
+    mask = torch.tensor([[True], [False], [True], [False]])
+    want, got = x.masked_fill(mask, 0.001), x.to("tpu").masked_fill(mask.to("tpu"), 0.001)
+    assert got.stride() == want.stride() == (8, 1)
+    check(got.view(16, 2), want.view(16, 2))
+    check(x.to("tpu").masked_fill(mask.to("tpu"), torch.tensor(2.0, dtype=torch.float64, device="tpu")).view(16, 2),
+          x.masked_fill(mask, torch.tensor(2.0, dtype=torch.float64)).view(16, 2))
