@@ -258,7 +258,8 @@ static void specials(void) {
   dev_cast(TPURT_BF16, bn, TPURT_F32, fo, 2, 0);
   CHECK(isnan(fo[0]));
   CHECK(fo[1] == 1.0078125f);
-  /* float -> int: truncation, NaN and out of range -> INT64_MIN then narrowed */
+  /* float -> int: truncation; NaN and out of range -> INT64_MIN for int64 (and uint8: its low bits), INT32_MIN
+   * for the 8- to 32-bit targets (then their low bits), as PyTorch's CPU backend converts on x86 */
   float fi[] = {NAN, 1e30f, -3.9f, 3.9f, -INFINITY};
   int64_t io[5];
   int32_t i32o[5];
@@ -269,15 +270,24 @@ static void specials(void) {
   CHECK_EQ(io[3], 3);
   CHECK(io[4] == INT64_MIN);
   dev_cast(TPURT_F32, fi, TPURT_I32, i32o, 5, 0);
-  CHECK_EQ(i32o[0], 0);
+  CHECK_EQ(i32o[0], INT32_MIN);
+  CHECK_EQ(i32o[1], INT32_MIN);
   CHECK_EQ(i32o[2], -3);
+  CHECK_EQ(i32o[4], INT32_MIN);
+  int16_t i16o[5];
+  dev_cast(TPURT_F32, fi, TPURT_I16, i16o, 5, 0);
+  CHECK_EQ(i16o[1], 0); /* INT32_MIN's low bits, not 1e30's */
+  CHECK_EQ(i16o[2], -3);
   double di[] = {3e9, 1.5e19, -1.0, NAN};
   int32_t o32[4];
   uint64_t o64[4];
   uint8_t o8[4];
   unsigned char ob[4];
   dev_cast(TPURT_F64, di, TPURT_I32, o32, 4, 0);
-  CHECK_EQ(o32[0], (int32_t)(uint32_t)3000000000u);
+  CHECK_EQ(o32[0], INT32_MIN);
+  uint32_t u32[4];
+  dev_cast(TPURT_F64, di, TPURT_U32, u32, 4, 0);
+  CHECK(u32[0] == 3000000000u && u32[1] == 0 && u32[2] == UINT32_MAX && u32[3] == 0x80000000u);
   dev_cast(TPURT_F64, di, TPURT_U64, o64, 4, 0);
   CHECK(o64[1] == 15000000000000000000ull);
   CHECK(o64[2] == UINT64_MAX);
