@@ -824,7 +824,7 @@ std::tuple<at::Tensor&, at::Tensor&> sort_values_stable(const at::Tensor& self, 
   TORCH_CHECK(!self.is_complex(), "sort(): input tensor must be of non-complex type");
   dim = at::maybe_wrap_dim(dim, self.dim());
   // dense in the input's layout, as sort's meta function has it (a transposed input's results are
-  // transposed too: a reshape of them copies on tpu where it copies on the CPU)
+  // transposed too: a reshape of them copies on tpu as it does on the CPU)
   std::vector<int64_t> strides = at::infer_dense_strides(self.sizes(), self.strides());
   resize_out_strided(values, self.sizes(), strides);
   resize_out_strided(indices, self.sizes(), strides);
