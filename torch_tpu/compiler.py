@@ -245,17 +245,15 @@ def _fold_constant_factors(gm: torch.fx.GraphModule) -> int:
             ok = all(isinstance(f, torch.fx.Node) and f.target is aten.full_like.default and len(f.args) == 2
                      and set(f.users) == {node} and f.kwargs.get("dtype") is None
                      and _same_layout(f.meta.get("val"), o.meta.get("val") if isinstance(o, torch.fx.Node) else None)
-                     and f.meta["val"].dtype.is_floating_point and not f.meta["val"].dtype.is_complex
+                     and f.meta["val"].dtype.is_floating_point
                      for f, o in zip(fills, other))
             if not ok or len({f.args[1] for f in fills}) != 1 or not isinstance(fills[0].args[1], (int, float)):
                 continue
             dtypes = {f.meta["val"].dtype for f in fills}
             if len(dtypes) != 1:
                 continue
-            dtype = dtypes.pop()
-            # the weight as the fills hold it (rounded to a half-precision dtype; exact in f32 and f64)
-            c = fills[0].args[1] if dtype in (torch.float32, torch.float64) else \
-                torch.tensor(float(fills[0].args[1]), dtype=dtype).item()
+            # the weight as the fills hold it (rounded to their dtype; the kernels round alpha to f32 anyway)
+            c = torch.tensor(float(fills[0].args[1]), dtype=dtypes.pop()).item()
             node.target = aten._foreach_add.List
             node.args, node.kwargs = (s, other), {"alpha": c}
             for f in fills:
