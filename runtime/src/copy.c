@@ -638,6 +638,8 @@ static void coalesce(const tpurt_view *v0, const tpurt_view *v1, nd_shape *sh) {
  * converts src's dtype to dst's with the bits this copy gives (dtype.c's
  * conversions: the program's loads and stores make the same casts), or
  * TPURT_NUM_DTYPES where it would not: complex and uint64 (other rules);
+ * float16 -> uint32 (through int64 here, row_f16_u32; a program's store
+ * of a float value to uint32 takes float32's rule: NaN and -inf differ);
  * copies within half, bfloat16 or bool, which move bytes here and values
  * there (a NaN's payload, a bool byte other than 0 or 1 could change). In
  * DeferAndFuse such a copy is recorded as that program, so that it fuses
@@ -649,7 +651,7 @@ static tpurt_dtype copy_compute(tpurt_dtype d, tpurt_dtype s) {
 #define OTHER(t) ((t) == TPURT_C64 || (t) == TPURT_C128 || (t) == TPURT_U64 || (unsigned)(t) >= TPURT_NUM_DTYPES)
 #define BYTES(t) ((t) == TPURT_F16 || (t) == TPURT_BF16 || (t) == TPURT_BOOL)
 #define FLT(t) ((t) == TPURT_F16 || (t) == TPURT_BF16 || (t) == TPURT_F32 || (t) == TPURT_F64)
-  if (OTHER(d) || OTHER(s) || (d == s && BYTES(d))) return TPURT_NUM_DTYPES;
+  if (OTHER(d) || OTHER(s) || (d == s && BYTES(d)) || (s == TPURT_F16 && d == TPURT_U32)) return TPURT_NUM_DTYPES;
   if (d == TPURT_F64 || s == TPURT_F64) return TPURT_F64;
   if (FLT(d) || FLT(s)) return TPURT_F32;
   return TPURT_I64;
