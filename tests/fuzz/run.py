@@ -351,9 +351,41 @@ def _copy(t: torch.Tensor) -> torch.Tensor:
 def _cpu_like(t: torch.Tensor) -> torch.Tensor:
     """A CPU copy of t with t's layout (strides, offset, overlap: an expanded input stays expanded,
     which decides what PyTorch's compile accepts; seed 40580: copy_ of an expanded tensor into itself)."""
-    d = t.detach()
-    n = d.untyped_storage().nbytes() // d.element_size()
-    return torch.as_strided(d, (n,), (1,), 0).cpu().as_strided(d.shape, d.stride(), d.storage_offset())
+    return _cpu_copies([t])[0]
+
+
+def _cpu_copies(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """CPU copies of ts with their layouts (_cpu_like) and how they alias: tensors that share memory
+    share the copies', and a view of another of ts (or of one base) stays a view of its copy (inputs
+    that alias take another path through PyTorch's compile, seed 100864: an x and x.t() of which one
+    is changed)."""
+    memory: dict[int, torch.UntypedStorage] = {}
+    made: dict[int, torch.Tensor] = {}  # id of a tensor (of ts, or a base of one) -> its copy
+
+    def over_memory(d: torch.Tensor) -> torch.Tensor:
+        key = d.untyped_storage().data_ptr()
+        m = memory.get(key) if key else None
+        if m is None:
+            n = d.untyped_storage().nbytes() // d.element_size()
+            m = torch.as_strided(d, (n,), (1,), 0).cpu().untyped_storage()
+            if key:
+                memory[key] = m
+        return torch.empty(0, dtype=d.dtype).set_(m, d.storage_offset(), d.shape, d.stride())
+
+    def copy(t: torch.Tensor) -> torch.Tensor:
+        d = t.detach()
+        if id(t) not in made:
+            b = t._base
+            if b is None or b.dtype != t.dtype:
+                made[id(t)] = over_memory(d)
+            else:
+                made[id(t)] = copy(b).as_strided(d.shape, d.stride(), d.storage_offset())
+        return made[id(t)]
+
+    for t in ts:  # the tensors that are no views first: a view of one of them views its copy
+        if t._base is None:
+            copy(t)
+    return [copy(t) for t in ts]
 
 
 def _refused_by_pytorch(exc: Exception, program: dict[str, Any], stmts: list[dict[str, Any]],
@@ -368,7 +400,7 @@ def _refused_by_pytorch(exc: Exception, program: dict[str, Any], stmts: list[dic
     ctx = Ctx("cpu", "HIGHEST", {}, generating=True)
     # a non-leaf input stays a non-leaf (a clone of a leaf): an in-place op on it is legal, where on a
     # leaf that requires grad PyTorch refuses it with another error (seed 10400)
-    cpu = [_cpu_like(t).requires_grad_(t.requires_grad) for t in ins]
+    cpu = [c.requires_grad_(t.requires_grad) for t, c in zip(ins, _cpu_copies(ins))]
     cpu = [c.clone() if t.requires_grad and not t.is_leaf else c for t, c in zip(ins, cpu)]
     try:
         torch.compile(_segment_fn(ctx, stmts, in_ids, out_ids), backend="aot_eager", dynamic=False)(*cpu)

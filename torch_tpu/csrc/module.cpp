@@ -607,6 +607,7 @@ struct TensorMeta {
   int block;      // K_TPU: its memory block (inputs) or distinct graph memory (outputs); K_INPUT_VIEW: input block
   int input;      // K_INPUT, K_INPUT_VIEW: the input it is / views
   at::Tensor value;  // K_HOST
+  int view_of = -1;  // K_TPU outputs: a view of output view_of (>= 0), of hidden base -2 - view_of (< -1), or none
 };
 
 class Replay : public std::enable_shared_from_this<Replay> {
@@ -680,9 +681,9 @@ class Replay : public std::enable_shared_from_this<Replay> {
     if (refused && !st) return py::none();
     check(st, "compiled graph");  // (nothing ran: out of promise ids)
     // the replay freed that memory (at its point in the graph): the tensors
-    // still naming it must not free it again
+    // still naming it must not free it again (last_references checked the deleter is the allocator's)
     for (c10::StorageImpl* si : given)
-      si->mutable_data_ptr().compare_exchange_deleter(device_allocator()->raw_deleter(), &keep_memory);
+      (void)si->mutable_data_ptr().compare_exchange_deleter(device_allocator()->raw_deleter(), &keep_memory);
     check(st, "compiled graph");
     c10::Device device(kTpu, static_cast<c10::DeviceIndex>(dev_));
     std::vector<c10::Storage> storages;
@@ -692,8 +693,35 @@ class Replay : public std::enable_shared_from_this<Replay> {
       storages.emplace_back(c10::Storage::use_byte_size_t(), out_bytes_[k],
                             c10::DataPtr(vp, vp, device_allocator()->raw_deleter(), device), device_allocator(), false);
     }
-    py::list res;
     std::vector<at::Tensor> block_first(outs.size());  // the first output over each block of graph memory
+    auto unviewed = [&](const TensorMeta& m) {
+      auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storages[m.block]),
+                                                        c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                        caffe2::TypeMeta::fromScalarType(m.dtype));
+      t.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes, m.strides, m.offset);
+      // outputs over one block alias each other as on a recorded call (a result and the alias of it
+      // saved for the backward): one version counter, so an in-place change of one is seen through
+      // the others (the backward's check of its saved values)
+      at::Tensor& first = block_first[static_cast<size_t>(m.block)];
+      if (first.defined())
+        t.unsafeGetTensorImpl()->set_version_counter(first.unsafeGetTensorImpl()->version_counter());
+      else
+        first = t;
+      return t;
+    };
+    // views as on the recorded call: of another output, or of a base the call did not return
+    std::vector<at::Tensor> tpu(out_meta_.size()), hidden(hidden_.size());
+    for (size_t k = 0; k < out_meta_.size(); ++k)
+      if (out_meta_[k].kind == K_TPU && out_meta_[k].view_of == -1) tpu[k] = unviewed(out_meta_[k]);
+    for (size_t h = 0; h < hidden_.size(); ++h) hidden[h] = unviewed(hidden_[h]);
+    for (size_t k = 0; k < out_meta_.size(); ++k) {
+      const TensorMeta& m = out_meta_[k];
+      if (m.kind != K_TPU || m.view_of == -1) continue;
+      const at::Tensor& base = m.view_of >= 0 ? tpu[static_cast<size_t>(m.view_of)] : hidden[static_cast<size_t>(-2 - m.view_of)];
+      tpu[k] = base.as_strided(m.sizes, m.strides, m.offset);
+    }
+    py::list res;
+    size_t k = 0;
     for (const TensorMeta& m : out_meta_) {
       if (m.kind == K_NONE) {
         res.append(py::none());
@@ -706,20 +734,9 @@ class Replay : public std::enable_shared_from_this<Replay> {
       } else if (m.kind == K_EMPTY) {
         res.append(at::empty_strided(m.sizes, m.strides, at::TensorOptions().dtype(m.dtype).device(device)));
       } else {
-        auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storages[m.block]),
-                                                          c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                                          caffe2::TypeMeta::fromScalarType(m.dtype));
-        t.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes, m.strides, m.offset);
-        // outputs over one block alias each other as on a recorded call (a result and the alias of it
-        // saved for the backward): one version counter, so an in-place change of one is seen through
-        // the others (the backward's check of its saved values)
-        at::Tensor& first = block_first[static_cast<size_t>(m.block)];
-        if (first.defined())
-          t.unsafeGetTensorImpl()->set_version_counter(first.unsafeGetTensorImpl()->version_counter());
-        else
-          first = t;
-        res.append(t);
+        res.append(tpu[k]);
       }
+      ++k;
     }
     return res;
   }
@@ -727,7 +744,7 @@ class Replay : public std::enable_shared_from_this<Replay> {
   bool verified() const { return r_ && tpurt_replay_verified(r_); }
 
  private:
-  static TensorMeta meta_of(MetaKind kind, const at::Tensor& t, int block, int input = -1) {
+  static TensorMeta meta_of(MetaKind kind, const at::TensorBase& t, int block, int input = -1) {
     return {kind, t.scalar_type(), t.sizes().vec(), t.strides().vec(), t.storage_offset(), block, input, {}};
   }
 
@@ -817,7 +834,32 @@ class Replay : public std::enable_shared_from_this<Replay> {
       out_meta_.push_back(std::move(m));
     }
     if (dev_ < 0) return "no tensor on the chip";
+    std::vector<c10::TensorImpl*> hidden;
+    for (size_t i = 0; i < out_meta_.size(); ++i)
+      if (out_meta_[i].kind == K_TPU) out_meta_[i].view_of = view_of(outputs, i, &hidden, &hidden_);
     return "";
+  }
+
+  // Which tensor output i (a K_TPU output of the recorded call) is a view of, as a recorded call's
+  // outputs are (eager's x, x.t(); Dynamo treats inputs that are views of one base as aliases): another
+  // output (its index), a base that is not an output (-2 - its index in seen, whose metadata
+  // *metas gets when new), or none (-1: not a view, or a view of another dtype, rebuilt unviewed).
+  int view_of(const py::list& outputs, size_t i, std::vector<c10::TensorImpl*>* seen,
+              std::vector<TensorMeta>* metas) const {
+    const at::Tensor& t = THPVariable_Unpack(outputs[i].ptr());
+    if (!t.is_view()) return -1;
+    const at::TensorBase& base = t._base();
+    if (base.scalar_type() != t.scalar_type() || base.storage().data_ptr().get() != t.storage().data_ptr().get())
+      return -1;
+    for (size_t j = 0; j < out_meta_.size(); ++j)
+      if (j != i && out_meta_[j].kind == K_TPU && THPVariable_Unpack(outputs[j].ptr()).unsafeGetTensorImpl() == base.unsafeGetTensorImpl())
+        return static_cast<int>(j);
+    c10::TensorImpl* b = base.unsafeGetTensorImpl();
+    auto it = std::find(seen->begin(), seen->end(), b);
+    if (it != seen->end()) return -2 - static_cast<int>(it - seen->begin());
+    seen->push_back(b);
+    if (metas) metas->push_back(meta_of(K_TPU, base, out_meta_[i].block));
+    return -2 - static_cast<int>(seen->size() - 1);
   }
 
   // Does probe describe inputs like the template's? "" or why not.
@@ -944,6 +986,10 @@ class Replay : public std::enable_shared_from_this<Replay> {
       }
       (*outs)[m.block] = base_of(t);
     }
+    std::vector<c10::TensorImpl*> hidden;
+    for (size_t k = 0; k < out_meta_.size(); ++k)
+      if (out_meta_[k].kind == K_TPU && view_of(outputs, k, &hidden, nullptr) != out_meta_[k].view_of)
+        return "outputs that view others differently";
     return "";
   }
 
@@ -957,6 +1003,7 @@ class Replay : public std::enable_shared_from_this<Replay> {
   std::vector<tpurt_devptr> outs_;  // the capture's distinct graph memory among the outputs
   std::vector<uint64_t> out_bytes_;
   std::vector<TensorMeta> out_meta_;
+  std::vector<TensorMeta> hidden_;  // the bases of outputs that view a tensor the call did not return
   tpurt_replay_rng rng_{0, 0, 0};  // the default generator around the described call
 };
 
