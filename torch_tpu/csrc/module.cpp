@@ -672,11 +672,14 @@ class Replay : public std::enable_shared_from_this<Replay> {
     {
       CompiledCallScope scope;
       py::gil_scoped_release nogil;
-      // the call's random draws come from the default generator, as a recorded call's
-      const at::Generator& gen = default_generator(static_cast<c10::DeviceIndex>(dev_));
-      std::lock_guard<std::mutex> lock(const_cast<at::Generator&>(gen).mutex());
-      st = tpurt_replay_run(r_, bases.data(), static_cast<int>(bases.size()), outs.data(), generator_state(gen),
-                            &refused);
+      if (rng_.to != rng_.from) {  // the call's random draws come from the default generator, as a recorded call's
+        const at::Generator& gen = default_generator(static_cast<c10::DeviceIndex>(dev_));
+        std::lock_guard<std::mutex> lock(const_cast<at::Generator&>(gen).mutex());
+        st = tpurt_replay_run(r_, bases.data(), static_cast<int>(bases.size()), outs.data(), generator_state(gen),
+                              &refused);
+      } else {
+        st = tpurt_replay_run(r_, bases.data(), static_cast<int>(bases.size()), outs.data(), nullptr, &refused);
+      }
     }
     if (refused && !st) return py::none();
     check(st, "compiled graph");  // (nothing ran: out of promise ids)
