@@ -49,6 +49,9 @@ def ab(var: str, values: tuple[str, str], name: str, repeats: int, batch: int | 
                 os.environ[var] = values[k]
                 for _ in range(untimed):
                     runners[k].step()
+                # the untimed steps' tails (a deferred step's loss.item() may return before its
+                # backward pass ran) finish outside the sample
+                torch.tpu.synchronize()
                 settle()
                 t[k].append(time_steps(runners[k].step, "tpu"))
     finally:
