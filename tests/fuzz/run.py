@@ -361,6 +361,7 @@ def _cpu_copies(ts: list[torch.Tensor]) -> list[torch.Tensor]:
     is changed)."""
     memory: dict[int, torch.UntypedStorage] = {}
     made: dict[int, torch.Tensor] = {}  # id of a tensor (of ts, or a base of one) -> its copy
+    alive: list[torch.Tensor] = []      # those tensors (their ids stay theirs meanwhile)
 
     def over_memory(d: torch.Tensor) -> torch.Tensor:
         key = d.untyped_storage().data_ptr()
@@ -375,6 +376,7 @@ def _cpu_copies(ts: list[torch.Tensor]) -> list[torch.Tensor]:
     def copy(t: torch.Tensor) -> torch.Tensor:
         d = t.detach()
         if id(t) not in made:
+            alive.append(t)
             b = t._base
             if b is None or b.dtype != t.dtype:
                 made[id(t)] = over_memory(d)
