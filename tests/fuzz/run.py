@@ -348,17 +348,12 @@ def _copy(t: torch.Tensor) -> torch.Tensor:
     return c.clone() if t.requires_grad and not t.is_leaf else c
 
 
-def _cpu_like(t: torch.Tensor) -> torch.Tensor:
-    """A CPU copy of t with t's layout (strides, offset, overlap: an expanded input stays expanded,
-    which decides what PyTorch's compile accepts; seed 40580: copy_ of an expanded tensor into itself)."""
-    return _cpu_copies([t])[0]
-
-
 def _cpu_copies(ts: list[torch.Tensor]) -> list[torch.Tensor]:
-    """CPU copies of ts with their layouts (_cpu_like) and how they alias: tensors that share memory
-    share the copies', and a view of another of ts (or of one base) stays a view of its copy (inputs
-    that alias take another path through PyTorch's compile, seed 100864: an x and x.t() of which one
-    is changed)."""
+    """CPU copies of ts with their layouts (strides, offset, overlap: an expanded input stays expanded,
+    which decides what PyTorch's compile accepts; seed 40580: copy_ of an expanded tensor into itself)
+    and how they alias: tensors that share memory share the copies', and a view of another of ts (or
+    of one base) stays a view of its copy (inputs that alias take another path through PyTorch's
+    compile, seed 100864: an x and x.t() of which one is changed)."""
     memory: dict[int, torch.UntypedStorage] = {}
     made: dict[int, torch.Tensor] = {}  # id of a tensor (of ts, or a base of one) -> its copy
     alive: list[torch.Tensor] = []      # those tensors (their ids stay theirs meanwhile)

@@ -672,14 +672,15 @@ class Replay : public std::enable_shared_from_this<Replay> {
     {
       CompiledCallScope scope;
       py::gil_scoped_release nogil;
-      if (rng_.to != rng_.from) {  // the call's random draws come from the default generator, as a recorded call's
-        const at::Generator& gen = default_generator(static_cast<c10::DeviceIndex>(dev_));
-        std::lock_guard<std::mutex> lock(const_cast<at::Generator&>(gen).mutex());
-        st = tpurt_replay_run(r_, bases.data(), static_cast<int>(bases.size()), outs.data(), generator_state(gen),
-                              &refused);
-      } else {
-        st = tpurt_replay_run(r_, bases.data(), static_cast<int>(bases.size()), outs.data(), nullptr, &refused);
+      // the call's random draws (if it has any) come from the default generator, as a recorded call's
+      std::unique_lock<std::mutex> lock;
+      tpurt_generator* gen = nullptr;
+      if (rng_.to != rng_.from) {
+        const at::Generator& g = default_generator(static_cast<c10::DeviceIndex>(dev_));
+        lock = std::unique_lock<std::mutex>(const_cast<at::Generator&>(g).mutex());
+        gen = generator_state(g);
       }
+      st = tpurt_replay_run(r_, bases.data(), static_cast<int>(bases.size()), outs.data(), gen, &refused);
     }
     if (refused && !st) return py::none();
     check(st, "compiled graph");  // (nothing ran: out of promise ids)
@@ -724,8 +725,8 @@ class Replay : public std::enable_shared_from_this<Replay> {
       tpu[k] = base.as_strided(m.sizes, m.strides, m.offset);
     }
     py::list res;
-    size_t k = 0;
-    for (const TensorMeta& m : out_meta_) {
+    for (size_t k = 0; k < out_meta_.size(); ++k) {
+      const TensorMeta& m = out_meta_[k];
       if (m.kind == K_NONE) {
         res.append(py::none());
       } else if (m.kind == K_HOST) {
@@ -739,7 +740,6 @@ class Replay : public std::enable_shared_from_this<Replay> {
       } else {
         res.append(tpu[k]);
       }
-      ++k;
     }
     return res;
   }
