@@ -103,6 +103,12 @@ def step_kernels(repeats: int, inner: int = 20) -> tuple[dict, str]:
         "sqrt (1024×512)": both(lambda a: torch.sqrt(a.abs()), h),
         "sum over rows (1024×512 → 512)": both(lambda a: a.sum(0), h),
     }
+    return cpu_vs_tpu(ops, repeats, inner, "kernel")
+
+
+def cpu_vs_tpu(ops: dict, repeats: int, inner: int, title: str) -> tuple[dict, str]:
+    """ops: name -> (CPU callable, tpu callable), interleaved; a tpu sample
+    is `inner` calls and one synchronize."""
     configs, finish = {}, {}
     for name, (c_fn, t_fn) in ops.items():
         configs[f"cpu {name}"] = c_fn
@@ -114,4 +120,32 @@ def step_kernels(repeats: int, inner: int = 20) -> tuple[dict, str]:
         tc, tt = times[f"cpu {name}"], times[f"tpu {name}"]
         results[name] = {"cpu_s": tc, "tpu_s": tt}
         rows.append([name, f"{tc * 1e6:.0f}", f"{tt * 1e6:.0f}", f"{tc / tt:.2f}×"])
-    return results, markdown_table(["kernel", "CPU µs", "tpu µs", "tpu speed / CPU"], rows)
+    return results, markdown_table([title, "CPU µs", "tpu µs", "tpu speed / CPU"], rows)
+
+
+def random_sampling(repeats: int, sizes: tuple[int, ...] = (1 << 18, 1 << 22)) -> tuple[dict, str]:
+    """Random sampling on tpu vs CPU at a small step's size (256K) and a
+    large one (4M): torch.rand / randn (f32, bf16), in-place uniform_ /
+    normal_ / bernoulli_ (f32 and bool), randint, dropout, and a
+    ``nn.Linear(2048, 2048)`` built on the device (its init draws
+    uniform_). A sample is 5 calls back to back, then one synchronize."""
+    ops: dict = {}
+    for n in sizes:
+        k = f"{n // 1024}K" if n < 1 << 20 else f"{n >> 20}M"
+        bufs = {d: (torch.empty(n, device=d), torch.empty(n, dtype=torch.bool, device=d)) for d in ("cpu", "tpu")}
+
+        def mk(fn, n=n, bufs=bufs):
+            return tuple((lambda dev=dev: fn(dev, n, *bufs[dev])) for dev in ("cpu", "tpu"))
+
+        ops[f"rand {k}"] = mk(lambda d, n, x, b: torch.rand(n, device=d))
+        ops[f"randn {k}"] = mk(lambda d, n, x, b: torch.randn(n, device=d))
+        ops[f"randn bf16 {k}"] = mk(lambda d, n, x, b: torch.randn(n, device=d, dtype=torch.bfloat16))
+        ops[f"uniform_ {k}"] = mk(lambda d, n, x, b: x.uniform_(-1, 1))
+        ops[f"normal_ {k}"] = mk(lambda d, n, x, b: x.normal_(0, 0.02))
+        ops[f"bernoulli_(0.3) {k}"] = mk(lambda d, n, x, b: x.bernoulli_(0.3))
+        ops[f"bernoulli_ bool {k}"] = mk(lambda d, n, x, b: b.bernoulli_(0.5))
+        ops[f"randint {k}"] = mk(lambda d, n, x, b: torch.randint(0, 50000, (n,), device=d))
+        ops[f"dropout(0.1) {k}"] = mk(lambda d, n, x, b: F.dropout(x, 0.1))
+    ops["nn.Linear(2048, 2048) on the device"] = tuple((lambda d=d: torch.nn.Linear(2048, 2048, device=d))
+                                                       for d in ("cpu", "tpu"))
+    return cpu_vs_tpu(ops, repeats, 5, "sampling (float32 unless named)")

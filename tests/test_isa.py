@@ -3,8 +3,8 @@ every level the host can run gives bf16 matmuls, autocast linears (forward
 and backward) and bf16 convolutions within the precision contract of a
 float64 reference; each level runs the engine library compiled for it (the
 x86-64 level variants: lib/libtpurt.so, lib/glibc-hwcaps/x86-64-v3|v4/),
-and the elementwise, reduction and normalization kernels give the same
-bits in every variant; the chosen paths show in get_device_properties and
+and the elementwise, reduction, normalization and random sampling kernels
+give the same bits in every variant; the chosen paths show in get_device_properties and
 ``torch-tpu doctor``; a level the host lacks is a clear error."""
 from __future__ import annotations
 
@@ -107,7 +107,9 @@ t = x.to("tpu")
 for y in [t.exp(), t.tanh(), t.sigmoid(), F.gelu(t), F.gelu(t, approximate="tanh"), F.silu(t), t.erf(), t.abs().log(),
           t.abs().sqrt(), t.softmax(-1), t.log_softmax(0), F.layer_norm(t, (129,), w.to("tpu"), b.to("tpu")),
           t.sum(0), t.sum(1), t.mean(), t.var(1), t.amax(0), t.cumsum(1), t.bfloat16(), t.half(), (t * 2 + 1) / 3,
-          F.dropout(t, 0.3, training=True)]:
+          F.dropout(t, 0.3, training=True), torch.randn(1001, device="tpu"),
+          torch.randn(1001, device="tpu", dtype=torch.float64), torch.rand(1001, device="tpu", dtype=torch.float64),
+          torch.empty(1001, device="tpu").log_normal_(0.1, 0.5), torch.empty(1001, device="tpu").bernoulli_(0.3)]:
     h.update(y.cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
 print(h.hexdigest())
 """
