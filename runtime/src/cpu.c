@@ -146,11 +146,11 @@ static void detect(void) {
       if (!strcmp(e, k_level_names[i])) want = i;
     if (want < 0) {
       g_forced_bad = 1;
-      snprintf(g_force_msg, sizeof g_force_msg, "TORCH_TPU_ISA=%s: unknown level (expected scalar, avx2, avx512 or amx)",
+      snprintf(g_force_msg, sizeof g_force_msg, "TORCH_TPU_ISA=%.64s: unknown level (expected scalar, avx2, avx512 or amx)",
                e);
     } else if (want > host) {
       g_forced_bad = 1;
-      snprintf(g_force_msg, sizeof g_force_msg, "TORCH_TPU_ISA=%s: this CPU (%s) cannot run it: %s", e, c->model,
+      snprintf(g_force_msg, sizeof g_force_msg, "TORCH_TPU_ISA=%.20s: this CPU (%.48s) cannot run it: %.120s", e, c->model,
                want == TPURT__ISA_AMX ? (c->amx_tile && c->amx_bf16 ? c->amx_note : "no AMX-BF16 tiles")
                : want == TPURT__ISA_AVX512 ? "no AVX-512 F/BW/VL/DQ"
                                            : "no AVX2 + FMA");
