@@ -868,7 +868,11 @@ TPURT_API tpurt_status tpurt_binomial(tpurt_stream *s, const tpurt_view *out, co
 /* Random permutation of 0..n-1 into 1-D out (Fisher-Yates, block i for step i). */
 TPURT_API tpurt_status tpurt_randperm(tpurt_stream *s, const tpurt_view *out, uint64_t seed, uint64_t offset);
 /* out [rows, nsample] int64 drawn from the rows of probs [rows, cats]
- * (non-negative weights). Row r uses blocks [offset + r * nsample, ...). */
+ * (non-negative weights). Row r uses blocks [offset + r * nsample, ...),
+ * one a draw (words 0, 1: a 53-bit uniform u); a draw picks the first
+ * category whose cumulative weight exceeds u times the remaining total
+ * (O(log cats) a draw: a binary search, or a tree of sums without
+ * replacement). */
 TPURT_API tpurt_status tpurt_multinomial(tpurt_stream *s, const tpurt_view *out, const tpurt_view *probs,
                                          int64_t nsample, int replacement, uint64_t seed, uint64_t offset);
 

@@ -5,7 +5,9 @@
  * views), normals and
  * log-normals within a few double ulps of a long-double Box-Muller (the
  * f32 ones equal to it rounded), at sizes that leave partial blocks,
- * partial batches and several parallel chunks. */
+ * partial batches and several parallel chunks; multinomial with
+ * replacement against a linear scan, without replacement by the exact
+ * frequencies of ordered pairs. */
 #include <stdint.h>
 
 #include "check.h"
@@ -142,6 +144,84 @@ static void check_ints(tpurt_dtype dt, int64_t from, uint64_t range, int64_t n, 
   free(h);
 }
 
+/* multinomial draws of rows x cats weights (every third weight 0) */
+static int64_t *mn_draw(const double *wts, int64_t rows, int64_t cats, int64_t ns, int repl) {
+  tpurt_devptr dp = check_up(S, wts, (size_t)(rows * cats) * 8), dout = check_up(S, NULL, (size_t)(rows * ns) * 8);
+  int64_t ps[2] = {rows, cats}, os[2] = {rows, ns};
+  tpurt_view pv = check_view(dp, TPURT_F64, 2, ps), ov = check_view(dout, TPURT_I64, 2, os);
+  CHECK_OK(tpurt_multinomial(S, &ov, &pv, ns, repl, SEED, OFFSET));
+  int64_t *h = malloc((size_t)(rows * ns) * 8);
+  check_down(S, h, dout, (size_t)(rows * ns) * 8);
+  CHECK_OK(tpurt_free(dp));
+  CHECK_OK(tpurt_free(dout));
+  return h;
+}
+
+/* with replacement: the pick of a linear scan of the cumulative weights
+ * (block offset + r * ns + k, words 0 and 1 as a 53-bit uniform); without:
+ * distinct categories of positive weight, and the ordered pairs of 2 draws
+ * from 5 categories at their exact frequencies w_i / W * w_j / (W - w_i) */
+static void test_multinomial(void) {
+  int64_t rows = 3, cats = 3001, ns = 700;
+  double *wts = malloc((size_t)(rows * cats) * 8);
+  for (int64_t i = 0; i < rows * cats; i++) wts[i] = i % 3 == 1 ? 0.0 : (double)(1 + (i * 7919) % 101);
+  int64_t *h = mn_draw(wts, rows, cats, ns, 1), bad = 0;
+  for (int64_t r = 0; r < rows; r++) {
+    const double *w = wts + r * cats;
+    double tot = 0;
+    for (int64_t j = 0; j < cats; j++) tot += w[j];
+    for (int64_t k = 0; k < ns; k++) {
+      uint64_t b = (uint64_t)(r * ns + k);
+      double u = u53(word(b, 0), word(b, 1)) * tot, acc = 0;
+      int64_t pick = -1;
+      for (int64_t j = 0; j < cats; j++) {
+        if (w[j] <= 0) continue;
+        acc += w[j];
+        pick = j;
+        if (u < acc) break;
+      }
+      bad += h[r * ns + k] != pick;
+    }
+  }
+  CHECK_EQ(bad, 0);
+  free(h);
+  /* without replacement: 2,000 of the 3,001 (2,000 with a weight) */
+  h = mn_draw(wts, rows, cats, 2000, 0);
+  char *seen = calloc((size_t)cats, 1);
+  for (int64_t r = 0; r < rows; r++) {
+    memset(seen, 0, (size_t)cats);
+    for (int64_t k = 0; k < 2000; k++) {
+      int64_t j = h[r * 2000 + k];
+      bad += j < 0 || j >= cats || seen[j] || wts[r * cats + j] <= 0;
+      if (j >= 0 && j < cats) seen[j] = 1;
+    }
+  }
+  CHECK_EQ(bad, 0);
+  free(seen);
+  free(h);
+  free(wts);
+  /* ordered pairs */
+  const double w5[5] = {1, 0, 2, 3, 4};
+  int64_t n = 40000;
+  double *many = malloc((size_t)n * 5 * 8);
+  for (int64_t r = 0; r < n; r++) memcpy(many + r * 5, w5, sizeof w5);
+  h = mn_draw(many, n, 5, 2, 0);
+  int64_t cnt[5][5] = {{0}};
+  for (int64_t r = 0; r < n; r++) cnt[h[2 * r]][h[2 * r + 1]]++;
+  for (int i = 0; i < 5; i++)
+    for (int j = 0; j < 5; j++) {
+      double p = i == j || w5[i] == 0 || w5[j] == 0 ? 0 : w5[i] / 10 * w5[j] / (10 - w5[i]);
+      double sd = sqrt(n * p * (1 - p)) + 1e-9;
+      if (!(fabs((double)cnt[i][j] - n * p) <= 5 * sd)) {
+        fprintf(stderr, "pair (%d, %d): %lld draws, expected %.1f\n", i, j, (long long)cnt[i][j], n * p);
+        bad++;
+      }
+    }
+  CHECK_EQ(bad, 0);
+  free(h);
+  free(many);
+}
+
 int main(void) {
   CHECK_OK(tpurt_stream_default(0, &S));
   /* 1, 4k + 3, a partial batch, several batches and parallel chunks */
@@ -175,5 +255,6 @@ int main(void) {
       check_exact(TPURT_BOOL, TPURT_RNG_BERNOULLI, 0.5, 0, n, 1);
     }
   }
+  test_multinomial();
   TEST_MAIN_END();
 }

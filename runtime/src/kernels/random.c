@@ -508,17 +508,64 @@ typedef struct {
   kc_err err;
 } mn_ctx;
 
+/* The first index whose cumulative weight exceeds u: with replacement, a
+ * binary search of the row's cumulative sums (summed in index order: the
+ * pick a linear scan would make, in O(log C)). */
+static int64_t mn_search(const double *cdf, int64_t C, double u) {
+  int64_t lo = 0, hi = C - 1;
+  if (!(u < cdf[C - 1])) { /* u rounded up to the total: the last category with a weight */
+    while (hi > 0 && cdf[hi] == cdf[hi - 1]) hi--;
+    return hi;
+  }
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo) / 2;
+    if (u < cdf[mid])
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
+}
+
+/* Without replacement: a tree of sums (leaves P..P+C-1 the weights, node i
+ * the sum of 2i and 2i+1) that a draw descends in O(log C) and a pick
+ * leaves by zeroing its leaf and re-adding its ancestors (sums recomputed,
+ * never subtracted: no drift). The descent never enters a zero subtree, so
+ * a pick always has a positive weight. A linear scan per draw made n draws
+ * from C categories O(n C): 2,000 of 50,000 took 47 ms (CPU torch 1.6). */
+static int64_t mn_tree_pick(double *t, int64_t P, double u) {
+  int64_t i = 1;
+  while (i < P) {
+    double l = t[2 * i], r = t[2 * i + 1];
+    if ((u < l && l > 0) || !(r > 0)) {
+      i = 2 * i;
+    } else {
+      u -= l;
+      i = 2 * i + 1;
+    }
+  }
+  return i - P;
+}
+static void mn_tree_remove(double *t, int64_t P, int64_t j) {
+  int64_t i = P + j;
+  t[i] = 0;
+  for (i /= 2; i >= 1; i /= 2) t[i] = t[2 * i] + t[2 * i + 1];
+}
+
 static void mn_chunk(void *c, int64_t b, int64_t e) {
   mn_ctx *x = c;
   mn_args *a = x->a;
-  int64_t C = a->probs.sizes[1];
+  int64_t C = a->probs.sizes[1], P = 1;
+  while (P < C) P *= 2;
   tpurt_dtype pt = a->probs.dtype;
   int pes = (int)tpurt_dtype_size(pt);
-  double *w = malloc((size_t)C * sizeof *w);
+  /* with replacement: the cumulative sums [C]; without: the tree [2P] */
+  double *w = malloc((size_t)(a->replacement ? C : 2 * P) * sizeof *w);
   if (!w) {
     kc_err_index(&x->err, "out of host memory");
     return;
   }
+  double *leaf = a->replacement ? w : w + P;
   for (int64_t r = b; r < e; r++) {
     double tot = 0;
     int64_t nz = 0;
@@ -529,8 +576,8 @@ static void mn_chunk(void *c, int64_t b, int64_t e) {
         free(w);
         return;
       }
-      w[j] = v;
       tot += v;
+      leaf[j] = a->replacement ? tot : v;
       nz += v > 0;
     }
     if (!(tot > 0)) {
@@ -543,29 +590,23 @@ static void mn_chunk(void *c, int64_t b, int64_t e) {
       free(w);
       return;
     }
+    if (!a->replacement) {
+      for (int64_t j = C; j < P; j++) leaf[j] = 0;
+      for (int64_t i = P - 1; i >= 1; i--) w[i] = w[2 * i] + w[2 * i + 1];
+    }
     uint32_t words[4 * RNG_BATCH];
     for (int64_t k = 0; k < a->nsample; k++) {
       if (k % RNG_BATCH == 0) draw_batch(a->seed, a->offset + (uint64_t)(r * a->nsample + k), a->nsample - k, words);
       const uint32_t *q = words + 4 * (k % RNG_BATCH);
-      double u = u01d(((uint64_t)q[0] << 32) | q[1]) * tot;
-      int64_t pick = -1;
-      double acc = 0;
-      for (int64_t j = 0; j < C; j++) {
-        if (w[j] <= 0) continue;
-        acc += w[j];
-        pick = j;
-        if (u < acc) break;
+      double u = u01d(((uint64_t)q[0] << 32) | q[1]);
+      int64_t pick;
+      if (a->replacement) {
+        pick = mn_search(w, C, u * tot);
+      } else {
+        pick = mn_tree_pick(w, P, u * w[1]);
+        mn_tree_remove(w, P, pick);
       }
-      int64_t *o = (int64_t *)(x->o + (r * a->out.strides[0] + k * a->out.strides[1]) * 8);
-      *o = pick;
-      if (!a->replacement) {
-        tot -= w[pick];
-        w[pick] = 0;
-        if (tot <= 0) { /* rounding: recompute */
-          tot = 0;
-          for (int64_t j = 0; j < C; j++) tot += w[j];
-        }
-      }
+      *(int64_t *)(x->o + (r * a->out.strides[0] + k * a->out.strides[1]) * 8) = pick;
     }
   }
   free(w);
