@@ -185,6 +185,12 @@ static void test_multinomial(void) {
   }
   CHECK_EQ(bad, 0);
   free(h);
+  /* one draw without replacement is the draw with replacement */
+  int64_t *one = mn_draw(wts, rows, cats, 1, 0), *one_r = mn_draw(wts, rows, cats, 1, 1);
+  for (int64_t r = 0; r < rows; r++) bad += one[r] != one_r[r] || wts[r * cats + one[r]] <= 0;
+  CHECK_EQ(bad, 0);
+  free(one);
+  free(one_r);
   /* without replacement: 2,000 of the 3,001 (2,000 with a weight) */
   h = mn_draw(wts, rows, cats, 2000, 0);
   char *seen = calloc((size_t)cats, 1);

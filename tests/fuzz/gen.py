@@ -113,7 +113,9 @@ class Builder:
             if alias is not None and not view:
                 st["alias"] = alias
             grp = self.vars[ins[0]].grp if view else (self.vars[alias].grp if alias is not None else vid)
-            self.vars[vid] = Var(out, exact, grp, overlap or (view and self.vars[ins[0]].overlap))
+            # ... and keeps its overlap (a write through it then depends on the order of the writes)
+            src = ins[0] if view else alias
+            self.vars[vid] = Var(out, exact, grp, overlap or (src is not None and self.vars[src].overlap))
             self.stmts.append(st)
             return vid
         self.stmts.append(st)

@@ -559,27 +559,42 @@ static void mn_chunk(void *c, int64_t b, int64_t e) {
   while (P < C) P *= 2;
   tpurt_dtype pt = a->probs.dtype;
   int pes = (int)tpurt_dtype_size(pt);
-  /* with replacement: the cumulative sums [C]; without: the tree [2P] */
-  double *w = malloc((size_t)(a->replacement ? C : 2 * P) * sizeof *w);
+  /* with replacement or a single draw: the cumulative sums [C]; else the
+   * tree [2P] (its build cost more than the one search of torch.multinomial(
+   * probs, 1), an LLM's sampling, whose default is without replacement) */
+  int cdf = a->replacement || a->nsample == 1;
+  double *w = malloc((size_t)(cdf ? C : 2 * P) * sizeof *w);
   if (!w) {
     kc_err_index(&x->err, "out of host memory");
     return;
   }
-  double *leaf = a->replacement ? w : w + P;
+  double *leaf = cdf ? w : w + P;
   for (int64_t r = b; r < e; r++) {
-    double tot = 0;
-    int64_t nz = 0;
+    /* the row's weights as doubles (a typed loop for contiguous float
+     * rows), checked, then summed in index order */
+    const char *row = x->p + r * a->probs.strides[0] * pes;
+    if (a->probs.strides[1] == 1 && pt == TPURT_F32)
+      for (int64_t j = 0; j < C; j++) leaf[j] = ((const float *)row)[j];
+    else if (a->probs.strides[1] == 1 && pt == TPURT_F64)
+      memcpy(leaf, row, (size_t)C * 8);
+    else
+      for (int64_t j = 0; j < C; j++) leaf[j] = kc_ld(pt, row + j * a->probs.strides[1] * pes);
+    int64_t nz = 0, bad = 0;
     for (int64_t j = 0; j < C; j++) {
-      double v = kc_ld(pt, x->p + (r * a->probs.strides[0] + j * a->probs.strides[1]) * pes);
-      if (!(v >= 0) || isinf(v)) {
-        kc_err_index(&x->err, "probability tensor contains either `inf`, `nan` or element < 0");
-        free(w);
-        return;
-      }
-      tot += v;
-      leaf[j] = a->replacement ? tot : v;
+      double v = leaf[j];
+      bad += !(v >= 0) | (v == INFINITY);
       nz += v > 0;
     }
+    if (bad) {
+      kc_err_index(&x->err, "probability tensor contains either `inf`, `nan` or element < 0");
+      free(w);
+      return;
+    }
+    double tot = 0;
+    if (cdf)
+      for (int64_t j = 0; j < C; j++) leaf[j] = tot += leaf[j];
+    else
+      for (int64_t j = 0; j < C; j++) tot += leaf[j];
     if (!(tot > 0)) {
       kc_err_index(&x->err, "invalid multinomial distribution (sum of probabilities <= 0)");
       free(w);
@@ -590,7 +605,7 @@ static void mn_chunk(void *c, int64_t b, int64_t e) {
       free(w);
       return;
     }
-    if (!a->replacement) {
+    if (!cdf) {
       for (int64_t j = C; j < P; j++) leaf[j] = 0;
       for (int64_t i = P - 1; i >= 1; i--) w[i] = w[2 * i] + w[2 * i + 1];
     }
@@ -600,7 +615,7 @@ static void mn_chunk(void *c, int64_t b, int64_t e) {
       const uint32_t *q = words + 4 * (k % RNG_BATCH);
       double u = u01d(((uint64_t)q[0] << 32) | q[1]);
       int64_t pick;
-      if (a->replacement) {
+      if (cdf) {
         pick = mn_search(w, C, u * tot);
       } else {
         pick = mn_tree_pick(w, P, u * w[1]);
