@@ -126,8 +126,10 @@ def cpu_vs_tpu(ops: dict, repeats: int, inner: int, title: str) -> tuple[dict, s
 def random_sampling(repeats: int, sizes: tuple[int, ...] = (1 << 18, 1 << 22)) -> tuple[dict, str]:
     """Random sampling on tpu vs CPU at a small step's size (256K) and a
     large one (4M): torch.rand / randn (f32, bf16), in-place uniform_ /
-    normal_ / bernoulli_ (f32 and bool), randint, dropout, and a
-    ``nn.Linear(2048, 2048)`` built on the device (its init draws
+    normal_ / bernoulli_ (f32 and bool), randint, dropout, multinomial (an
+    LLM's one draw from 32,000 categories, 1,000 draws with replacement,
+    2,000 of 50,000 without), and a ``nn.Linear(2048, 2048)`` built on the
+    device (its init draws
     uniform_). A sample is 5 calls back to back, then one synchronize."""
     ops: dict = {}
     for n in sizes:
@@ -146,6 +148,12 @@ def random_sampling(repeats: int, sizes: tuple[int, ...] = (1 << 18, 1 << 22)) -
         ops[f"bernoulli_ bool {k}"] = mk(lambda d, n, x, b: b.bernoulli_(0.5))
         ops[f"randint {k}"] = mk(lambda d, n, x, b: torch.randint(0, 50000, (n,), device=d))
         ops[f"dropout(0.1) {k}"] = mk(lambda d, n, x, b: F.dropout(x, 0.1))
+    for rows, cats, draws, repl in ((1, 32000, 1, False), (1, 32000, 1000, True), (1, 50000, 2000, False)):
+        probs = torch.rand(rows, cats, generator=torch.Generator().manual_seed(0)).softmax(-1)
+        pair = {"cpu": probs, "tpu": probs.to("tpu")}
+        ops[f"multinomial {rows}×{cats}, {draws} draw{'s' * (draws > 1)}{', replacement' * repl}"] = tuple(
+            (lambda d=d, draws=draws, repl=repl, pair=pair: torch.multinomial(pair[d], draws, replacement=repl))
+            for d in ("cpu", "tpu"))
     ops["nn.Linear(2048, 2048) on the device"] = tuple((lambda d=d: torch.nn.Linear(2048, 2048, device=d))
                                                        for d in ("cpu", "tpu"))
     return cpu_vs_tpu(ops, repeats, 5, "sampling (float32 unless named)")
