@@ -157,3 +157,22 @@ def random_sampling(repeats: int, sizes: tuple[int, ...] = (1 << 18, 1 << 22)) -
     ops["nn.Linear(2048, 2048) on the device"] = tuple((lambda d=d: torch.nn.Linear(2048, 2048, device=d))
                                                        for d in ("cpu", "tpu"))
     return cpu_vs_tpu(ops, repeats, 5, "sampling (float32 unless named)")
+
+
+def order_statistics(repeats: int) -> tuple[dict, str]:
+    """Sorting and selection vs CPU: a 1M-float line and 1024 rows of 1024
+    sorted, topk of 100 from the line and of 10 from each row, the line's
+    1000th value and median."""
+    g = torch.Generator().manual_seed(0)
+    line, rows = torch.randn(1 << 20, generator=g), torch.randn(1024, 1024, generator=g)
+    dev = {"cpu": (line, rows), "tpu": (line.to("tpu"), rows.to("tpu"))}
+    fns = {
+        "sort 1M": lambda x, r: torch.sort(x),
+        "sort 1024 rows of 1024": lambda x, r: torch.sort(r, dim=1),
+        "topk 100 of 1M": lambda x, r: torch.topk(x, 100),
+        "topk 10 of each 1024-row": lambda x, r: torch.topk(r, 10, dim=1),
+        "kthvalue 1000 of 1M": lambda x, r: torch.kthvalue(x, 1000),
+        "median of 1M": lambda x, r: torch.median(x),
+    }
+    ops = {name: tuple((lambda f=f, d=d: f(*dev[d])) for d in ("cpu", "tpu")) for name, f in fns.items()}
+    return cpu_vs_tpu(ops, repeats, 1, "op (float32)")

@@ -1,7 +1,8 @@
 /* test_index.c — indexing, sort, random and loss kernels against simple
  * host references: index_select / gather / scatter (reductions, include_self),
  * index / index_put (accumulate with duplicates), nonzero, tril, pad, sort
- * (stable, NaN last), Philox determinism, nll_loss; out-of-range indices fail
+ * (stable, NaN last), topk and kthvalue / nanmedian against a full sort
+ * (ties, NaNs), Philox determinism, nll_loss; out-of-range indices fail
  * with TPURT_ERR_INDEX at the sync and the stream keeps working. */
 #include <stdint.h>
 
@@ -196,6 +197,76 @@ static void test_sort_tril_pad(void) {
   tpurt_free(di);
 }
 
+/* reference order: ascending with NaN last (descending: NaN first), equal
+ * values by position */
+static const float *g_ref;
+static int g_desc;
+static int ref_cmp(const void *pa, const void *pb) {
+  int64_t a = *(const int64_t *)pa, b = *(const int64_t *)pb;
+  float x = g_ref[a], y = g_ref[b];
+  int nx = isnan(x), ny = isnan(y), c;
+  if (nx || ny)
+    c = nx - ny;
+  else
+    c = (x > y) - (x < y);
+  if (g_desc) c = -c;
+  return c ? c : (a > b) - (a < b);
+}
+
+/* topk (k small enough that the kernel selects instead of sorting) and the
+ * k-th smallest against a full sort of the same order, on values with
+ * ties and NaNs */
+static void test_topk_select(void) {
+  enum { N = 5003 };
+  static float x[N];
+  static int64_t order[N];
+  for (int i = 0; i < N; i++) x[i] = i % 97 == 5 ? NAN : (float)((i * 7919) % 211);
+  g_ref = x;
+  int64_t nn[1] = {N}, rows[2] = {1, N};
+  tpurt_devptr dx = check_up(S, x, sizeof x), dv = check_up(S, NULL, sizeof x), di = check_up(S, NULL, N * 8);
+  tpurt_view vx = check_view(dx, TPURT_F32, 1, nn);
+  static const int64_t ks[] = {1, 2, 50, N / 4};
+  float v[N];
+  int64_t ix[N];
+  for (int desc = 0; desc <= 1; desc++) {
+    g_desc = desc;
+    for (int64_t i = 0; i < N; i++) order[i] = i;
+    qsort(order, N, sizeof *order, ref_cmp);
+    for (size_t q = 0; q < sizeof ks / sizeof *ks; q++) {
+      int64_t k = ks[q], kk[1] = {k};
+      tpurt_view vv = check_view(dv, TPURT_F32, 1, kk), vi = check_view(di, TPURT_I64, 1, kk);
+      CHECK_OK(tpurt_topk(S, &vv, &vi, &vx, k, 0, desc, 1));
+      check_down(S, v, dv, (size_t)k * 4);
+      check_down(S, ix, di, (size_t)k * 8);
+      int64_t bad = 0;
+      for (int64_t i = 0; i < k; i++) bad += ix[i] != order[i] || memcmp(&v[i], &x[order[i]], 4) != 0;
+      if (bad) fprintf(stderr, "topk k=%lld largest=%d: %lld wrong\n", (long long)k, desc, (long long)bad);
+      CHECK_EQ(bad, 0);
+    }
+  }
+  g_desc = 0;
+  for (int64_t i = 0; i < N; i++) order[i] = i;
+  qsort(order, N, sizeof *order, ref_cmp);
+  tpurt_view vr = check_view(dx, TPURT_F32, 2, rows);
+  int64_t one[2] = {1, 1};
+  tpurt_view v1 = check_view(dv, TPURT_F32, 2, one), i1 = check_view(di, TPURT_I64, 2, one);
+  static const int64_t kth[] = {0, 1, 17, N / 2, N - 60, N - 1};
+  for (size_t q = 0; q < sizeof kth / sizeof *kth; q++) {
+    CHECK_OK(tpurt_select_rows(S, &v1, &i1, &vr, TPURT_SELECT_KTH, kth[q]));
+    check_down(S, v, dv, 4);
+    check_down(S, ix, di, 8);
+    CHECK_EQ(ix[0], order[kth[q]]);
+  }
+  CHECK_OK(tpurt_select_rows(S, &v1, &i1, &vr, TPURT_SELECT_NANMEDIAN, 0));
+  check_down(S, ix, di, 8);
+  int64_t nans = 0;
+  for (int i = 0; i < N; i++) nans += isnan(x[i]);
+  CHECK_EQ(ix[0], order[(N - nans - 1) / 2]);
+  CHECK_OK(tpurt_free(dx));
+  CHECK_OK(tpurt_free(dv));
+  CHECK_OK(tpurt_free(di));
+}
+
 static void test_random_and_loss(void) {
   int64_t n = 1000;
   tpurt_devptr d1, d2;
@@ -255,6 +326,7 @@ int main(void) {
   test_advanced();
   test_sort_tril_pad();
   test_random_and_loss();
+  test_topk_select();
   CHECK_OK(tpurt_device_synchronize(0));
   TEST_MAIN_END();
 }

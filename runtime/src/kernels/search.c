@@ -5,6 +5,7 @@
  * reductions with their backward.
  */
 #include "kcommon.h"
+#include "kselect.h"
 
 static tpurt_status stream_for(tpurt_stream **s, const tpurt_view *v) {
   return tpurt__resolve_stream(s, tpurt_devptr_device(v->ptr));
@@ -342,6 +343,12 @@ static int vi_cmp(const void *pa, const void *pb) {
   return (a->i > b->i) - (a->i < b->i);
 }
 
+/* kthvalue and the medians select (kselect.h) under vi_cmp's order
+ * instead of sorting the row (1M floats: ~190 ms sorted, ~11-20 ms
+ * selected); mode sorts */
+#define VI_LT(a, b) (vi_cmp(&(a), &(b)) < 0)
+DEF_KSELECT(vi_select, vi, VI_LT)
+
 typedef struct {
   tpurt_view values, indices, in;
   tpurt_select_kind kind;
@@ -351,6 +358,7 @@ typedef struct {
 typedef struct {
   sel_args *a;
   char *vals, *idx, *in;
+  kc_err err;
 } sel_ctx;
 
 static void sel_chunk(void *c, int64_t r0, int64_t r1) {
@@ -360,35 +368,51 @@ static void sel_chunk(void *c, int64_t r0, int64_t r1) {
   tpurt_dtype dt = a->in.dtype;
   int isint = !kc_is_float(dt);
   vi *buf = malloc((size_t)n * sizeof(vi));
-  if (!buf) return;
+  if (!buf) {
+    kc_err_index(&x->err, "out of host memory");
+    return;
+  }
   for (int64_t r = r0; r < r1; r++) {
     int64_t nnan = 0;
-    for (int64_t j = 0; j < n; j++) {
-      const char *p = at2(x->in, &a->in, r, j);
-      buf[j].v = isint ? (double)kc_ldi(dt, p) : kc_ld(dt, p);
-      buf[j].i = j;
-      nnan += isnan(buf[j].v);
+    if (dt == TPURT_F32 && a->in.strides[1] == 1) {
+      const float *p = (const float *)at2(x->in, &a->in, r, 0);
+      for (int64_t j = 0; j < n; j++) {
+        buf[j].v = p[j];
+        buf[j].i = j;
+        nnan += p[j] != p[j];
+      }
+    } else {
+      for (int64_t j = 0; j < n; j++) {
+        const char *p = at2(x->in, &a->in, r, j);
+        buf[j].v = isint ? (double)kc_ldi(dt, p) : kc_ld(dt, p);
+        buf[j].i = j;
+        nnan += isnan(buf[j].v);
+      }
     }
-    qsort(buf, (size_t)n, sizeof(vi), vi_cmp);
     int64_t pos = 0;
     switch (a->kind) {
       case TPURT_SELECT_KTH: pos = a->k; break;
       case TPURT_SELECT_MEDIAN: pos = nnan ? n - nnan : (n - 1) / 2; break;
       case TPURT_SELECT_NANMEDIAN: pos = n - nnan > 0 ? (n - nnan - 1) / 2 : 0; break;
-      case TPURT_SELECT_MODE: {
-        int64_t best = 0, run = 0;
-        for (int64_t j = 0; j < n; j++) {
-          run++;
-          int last = j == n - 1 || !(buf[j].v == buf[j + 1].v || (isnan(buf[j].v) && isnan(buf[j + 1].v)));
-          if (last) {
-            if (run > best) {
-              best = run;
-              pos = j;
-            }
-            run = 0;
+      case TPURT_SELECT_MODE: break;
+    }
+    if (a->kind != TPURT_SELECT_MODE && pos < 1024 && pos < n / 4) {
+      vi_select_first(buf, n, pos + 1); /* a bounded heap (kselect.h), as topk */
+    } else if (a->kind != TPURT_SELECT_MODE) {
+      vi_select(buf, n, pos);
+    } else {
+      qsort(buf, (size_t)n, sizeof(vi), vi_cmp);
+      int64_t best = 0, run = 0;
+      for (int64_t j = 0; j < n; j++) {
+        run++;
+        int last = j == n - 1 || !(buf[j].v == buf[j + 1].v || (isnan(buf[j].v) && isnan(buf[j + 1].v)));
+        if (last) {
+          if (run > best) {
+            best = run;
+            pos = j;
           }
+          run = 0;
         }
-        break;
       }
     }
     char *vp = (char *)at2(x->vals, &a->values, r, 0);
@@ -399,14 +423,17 @@ static void sel_chunk(void *c, int64_t r0, int64_t r1) {
 }
 
 static tpurt_status k_select(void *p, char *err, size_t errlen) {
-  (void)err;
-  (void)errlen;
   sel_args *a = p;
-  sel_ctx x = {a, tpurt__host_view(a->values.ptr), a->indices.ndim ? tpurt__host_view(a->indices.ptr) : NULL,
-               tpurt__host_view(a->in.ptr)};
+  sel_ctx x;
+  memset(&x, 0, sizeof x);
+  x.a = a;
+  x.vals = tpurt__host_view(a->values.ptr);
+  x.idx = a->indices.ndim ? tpurt__host_view(a->indices.ptr) : NULL;
+  x.in = tpurt__host_view(a->in.ptr);
+  atomic_init(&x.err.set, 0);
   int64_t n = a->in.sizes[1] + 1;
   tpurt_parallel_for(a->in.sizes[0], n >= 1024 ? 1 : 1024 / n + 1, sel_chunk, &x);
-  return TPURT_OK;
+  return kc_err_finish(&x.err, TPURT_ERR_OUT_OF_MEMORY, err, errlen);
 }
 
 tpurt_status tpurt_select_rows(tpurt_stream *s, const tpurt_view *values, const tpurt_view *indices,
