@@ -568,6 +568,28 @@ def test_replayed_outputs_that_alias_share_a_version_counter_as_recorded_ones():
     assert torch_tpu.compiler.compile_stats()["replays"] >= 2
 
 
+def test_update_through_a_detached_view_of_an_input():
+    # functionalization writes it as detach + copy + copy_ back into the input; the
+    # in-place rewrite of such chains must not turn the view op detach into detach_
+    # (which fails on an input that is itself a view, and rewrites metadata, not values)
+    def f(x):
+        v = x.detach()
+        v.copy_(torch.maximum(v, v.flip(-1)))
+        return v * 2
+
+    results = {}
+    for dev, backend in (("cpu", "aot_eager"), ("tpu", "tpu")):
+        torch._dynamo.reset()
+        g = torch.compile(f, backend=backend, dynamic=False)
+        base = torch.arange(84, dtype=torch.int64).reshape(4, 7, 3).clone().to(dev)
+        x = base.transpose(-1, -2)
+        for _ in range(3):  # recorded, verified, replayed
+            y = g(x)
+        assert x._base is base and not x.requires_grad
+        results[dev] = (y.cpu(), base.cpu())
+    torch.testing.assert_close(results["tpu"], results["cpu"], rtol=0, atol=0)
+
+
 def test_replayed_outputs_are_views_where_recorded_ones_are():
     # a graph that returns y and a view of it, or two views of a result it does not return: replayed
     # calls return views like the recorded ones (before: tensors over the same memory with no base, so

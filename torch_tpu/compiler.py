@@ -264,8 +264,13 @@ def _fold_constant_factors(gm: torch.fx.GraphModule) -> int:
 
 
 def _inplace_variant(target: Any) -> Any:
-    """aten.op.overload -> aten.op_.overload (self written in place), or None."""
+    """aten.op.overload -> aten.op_.overload (self written in place), or None.
+    None for a view op too: its ``_`` variant (detach_, t_, squeeze_, ...)
+    rewrites the tensor's metadata, not its values (a detach() of an input
+    made detach_() failed on an input that is a view, fuzz seed 144860)."""
     if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten":
+        return None
+    if any(r.alias_info is not None for r in target._schema.returns):
         return None
     name = target._schema.name.split("::")[-1]
     if name.endswith("_"):
