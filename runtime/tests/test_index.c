@@ -213,19 +213,20 @@ static int ref_cmp(const void *pa, const void *pb) {
   return c ? c : (a > b) - (a < b);
 }
 
-/* topk (k small enough that the kernel selects instead of sorting) and the
- * k-th smallest against a full sort of the same order, on values with
- * ties and NaNs */
+/* topk (a bounded heap, a selection, the whole sort: a radix sort at this
+ * length) and the k-th smallest against qsort of the same order, on values
+ * with ties (-0.0 equal to 0.0) and NaNs */
 static void test_topk_select(void) {
   enum { N = 5003 };
   static float x[N];
   static int64_t order[N];
   for (int i = 0; i < N; i++) x[i] = i % 97 == 5 ? NAN : (float)((i * 7919) % 211);
+  for (int i = 0; i < N; i += 89) x[i] = i % 2 ? -0.0f : 0.0f; /* equal keys for the sort */
   g_ref = x;
   int64_t nn[1] = {N}, rows[2] = {1, N};
   tpurt_devptr dx = check_up(S, x, sizeof x), dv = check_up(S, NULL, sizeof x), di = check_up(S, NULL, N * 8);
   tpurt_view vx = check_view(dx, TPURT_F32, 1, nn);
-  static const int64_t ks[] = {1, 2, 50, N / 4};
+  static const int64_t ks[] = {1, 2, 50, N / 4, N - 1, N}; /* heap, heap, heap, select, sort, sort */
   float v[N];
   int64_t ix[N];
   for (int desc = 0; desc <= 1; desc++) {

@@ -3,8 +3,10 @@
  * run-length pass of unique over sorted data.
  *
  * Each line (all positions but dim) is loaded into a (key, index) buffer,
- * merge-sorted (stable) and written back; lines are spread over the pool.
- * Float keys order NaN above +inf (PyTorch's convention).
+ * sorted stably — by an LSD radix sort from 512 elements on, else merge-
+ * sorted — and written back; lines are spread over the pool. topk of a few
+ * entries selects them instead (kselect.h). Float keys order NaN above +inf
+ * (PyTorch's convention).
  */
 #include "kcommon.h"
 #include "kselect.h"
@@ -95,6 +97,110 @@ static int64_t line_off(const tpurt_view *v, const tpurt_view *shape, int dim, i
   return off * (int64_t)tpurt_dtype_size(v->dtype);
 }
 
+/* ------------------------------------------------------------ radix sort
+ *
+ * Long lines of a whole sort go through an LSD radix sort of order-
+ * preserving unsigned keys (8-bit digits, a pass skipped where every key has
+ * the same digit) with the positions carried along: stable, so equal keys
+ * keep their order as in the merge sort — the same result — in O(n) passes
+ * instead of O(n log n) comparisons (1M floats: ~125 ms merged). Keys: a
+ * float's bits made monotonic (sign flipped, negatives inverted), -0.0 as
+ * +0.0 and every NaN as the largest key (the merge sort's equalities and
+ * NaN last); an integer with its sign bit flipped; descending: every key
+ * inverted (NaN first, equal keys still in order). */
+#define RADIX_MIN 512
+
+static uint32_t key_f32(float f) {
+  uint32_t u;
+  if (f != f) return UINT32_MAX;
+  if (f == 0) f = 0; /* -0.0 sorts as +0.0 */
+  memcpy(&u, &f, 4);
+  return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+static uint64_t key_f64(double f) {
+  uint64_t u;
+  if (f != f) return UINT64_MAX;
+  if (f == 0) f = 0;
+  memcpy(&u, &f, 8);
+  return u & 0x8000000000000000ull ? ~u : u | 0x8000000000000000ull;
+}
+
+/* sorts (k, ix) by k, stable, using (k2, ix2) as scratch; returns the
+ * position array that holds the result */
+#define DEF_RADIX(NAME, K, BYTES)                                                      \
+  static uint32_t *NAME(K *k, uint32_t *ix, K *k2, uint32_t *ix2, int64_t n) {         \
+    static _Thread_local uint32_t cnt[BYTES][256];                                      \
+    memset(cnt, 0, sizeof cnt);                                                         \
+    for (int64_t i = 0; i < n; i++)                                                     \
+      for (int d = 0; d < BYTES; d++) cnt[d][(k[i] >> (8 * d)) & 255]++;                \
+    for (int d = 0; d < BYTES; d++) {                                                   \
+      if (cnt[d][(k[0] >> (8 * d)) & 255] == (uint32_t)n) continue; /* one digit */     \
+      uint32_t off[256], sum = 0;                                                       \
+      for (int v = 0; v < 256; v++) {                                                   \
+        off[v] = sum;                                                                   \
+        sum += cnt[d][v];                                                               \
+      }                                                                                 \
+      for (int64_t i = 0; i < n; i++) {                                                 \
+        uint32_t p = off[(k[i] >> (8 * d)) & 255]++;                                    \
+        k2[p] = k[i];                                                                   \
+        ix2[p] = ix[i];                                                                 \
+      }                                                                                 \
+      K *tk = k;                                                                        \
+      k = k2;                                                                           \
+      k2 = tk;                                                                          \
+      uint32_t *ti = ix;                                                                \
+      ix = ix2;                                                                         \
+      ix2 = ti;                                                                         \
+    }                                                                                   \
+    return ix;                                                                          \
+  }
+DEF_RADIX(radix32, uint32_t, 4)
+DEF_RADIX(radix64, uint64_t, 8)
+
+/* The line's order by radix sort into the returned positions (buf and tmp:
+ * 16 n bytes each); 0 if the dtype has no key here. */
+static uint32_t *radix_line(tpurt_dtype dt, const char *ip, int64_t is, int64_t n, int desc, void *buf, void *tmp) {
+  uint32_t inv32 = desc ? UINT32_MAX : 0;
+  uint64_t inv64 = desc ? UINT64_MAX : 0;
+  int wide = dt == TPURT_F64 || dt == TPURT_I64;
+  uint32_t *ix = (uint32_t *)((char *)buf + (size_t)n * 8), *ix2 = (uint32_t *)((char *)tmp + (size_t)n * 8);
+  for (int64_t i = 0; i < n; i++) ix[i] = (uint32_t)i;
+  if (wide) {
+    uint64_t *k = buf;
+    for (int64_t i = 0; i < n; i++) {
+      const char *p = ip + i * is;
+      if (dt == TPURT_F64) {
+        double f;
+        memcpy(&f, p, 8);
+        k[i] = key_f64(f) ^ inv64;
+      } else {
+        int64_t v;
+        memcpy(&v, p, 8);
+        k[i] = ((uint64_t)v ^ 0x8000000000000000ull) ^ inv64;
+      }
+    }
+    return radix64(k, ix, tmp, ix2, n);
+  }
+  uint32_t *k = buf;
+  for (int64_t i = 0; i < n; i++) {
+    const char *p = ip + i * is;
+    uint32_t key;
+    switch (dt) {
+      case TPURT_F32: { float f; memcpy(&f, p, 4); key = key_f32(f); break; }
+      case TPURT_BF16: { uint16_t h; memcpy(&h, p, 2); key = key_f32(tpurt__bf16_to_f32(h)); break; }
+      case TPURT_F16: { uint16_t h; memcpy(&h, p, 2); key = key_f32(tpurt__f16_to_f32(h)); break; }
+      case TPURT_I32: { int32_t v; memcpy(&v, p, 4); key = (uint32_t)v ^ 0x80000000u; break; }
+      case TPURT_I16: { int16_t v; memcpy(&v, p, 2); key = (uint32_t)(int32_t)v ^ 0x80000000u; break; }
+      case TPURT_I8: key = (uint32_t)(int32_t) * (const int8_t *)p ^ 0x80000000u; break;
+      case TPURT_U8: key = *(const uint8_t *)p; break;
+      case TPURT_BOOL: key = *(const uint8_t *)p != 0; break;
+      default: return NULL;
+    }
+    k[i] = key ^ inv32;
+  }
+  return radix32(k, ix, tmp, ix2, n);
+}
+
 static void sort_chunk(void *c, int64_t b, int64_t e) {
   sort_ctx *x = c;
   sort_args *a = x->a;
@@ -117,7 +223,16 @@ static void sort_chunk(void *c, int64_t b, int64_t e) {
     char *xp = a->has_indices ? x->ib + line_off(&a->indices, &a->in, dim, r) : NULL;
     int64_t vs = a->has_values ? a->values.strides[dim] * es : 0;
     int64_t xs = a->has_indices ? a->indices.strides[dim] * 8 : 0;
-    if (x->isint) {
+    uint32_t *order = n >= RADIX_MIN && n <= UINT32_MAX && !TOPK_SELECTS(a->k, n)
+                          ? radix_line(dt, ip, is, n, a->descending, buf, tmp)
+                          : NULL;
+    if (order) {
+      for (int64_t i = 0; i < a->k; i++) {
+        int64_t j = order[i];
+        if (vp) kc_move(vp + i * vs, ip + j * is, es);
+        if (xp) memcpy(xp + i * xs, &j, 8);
+      }
+    } else if (x->isint) {
       ikey *k = buf;
       for (int64_t i = 0; i < n; i++) {
         k[i].k = kc_ldi(dt, ip + i * is);
