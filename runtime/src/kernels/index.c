@@ -834,15 +834,56 @@ typedef struct {
   int64_t chunk;
 } nzc_ctx;
 
+/* 1 if the view is row-major contiguous (size-1 dims aside) */
+static int nz_dense(const tpurt_view *v) {
+  int64_t st = 1;
+  for (int k = v->ndim - 1; k >= 0; k--) {
+    if (v->sizes[k] != 1 && v->strides[k] != st) return 0;
+    st *= v->sizes[k];
+  }
+  return 1;
+}
+
+/* nonzeros of elements [b, e) of a contiguous view of a real dtype, in a
+ * loop per element size the compiler vectorizes (floats: -0.0 is zero,
+ * NaN is not; 16-bit floats by their bits but the sign); -1 for the others */
+static int64_t nz_count_dense(tpurt_dtype dt, const char *base, int64_t b, int64_t e) {
+  int64_t cnt = 0;
+#define NZ_COUNT(T, TEST)                                  \
+  do {                                                     \
+    const T *p = (const T *)base;                          \
+    for (int64_t l = b; l < e; l++) cnt += (TEST) ? 1 : 0; \
+  } while (0)
+  switch (dt) {
+    case TPURT_F32: NZ_COUNT(float, p[l] != 0); break;
+    case TPURT_F64: NZ_COUNT(double, p[l] != 0); break;
+    case TPURT_F16: case TPURT_BF16: NZ_COUNT(uint16_t, (p[l] & 0x7fff) != 0); break;
+    case TPURT_I64: NZ_COUNT(int64_t, p[l] != 0); break;
+    case TPURT_I32: NZ_COUNT(int32_t, p[l] != 0); break;
+    case TPURT_I16: NZ_COUNT(int16_t, p[l] != 0); break;
+    case TPURT_I8: case TPURT_U8: case TPURT_BOOL: NZ_COUNT(uint8_t, p[l] != 0); break;
+    default: return -1;
+  }
+#undef NZ_COUNT
+  return cnt;
+}
+
 static int64_t nz_range(const tpurt_view *v, const char *base, int64_t b, int64_t e, int64_t *out_rows,
                         int64_t row_stride, int64_t col_stride) {
-  int nd = v->ndim;
+  int nd = v->ndim, dense = nz_dense(v);
+  if (dense && !out_rows) {
+    int64_t c = nz_count_dense(v->dtype, base, b, e);
+    if (c >= 0) return c;
+  }
   int64_t coord[TPURT_MAX_DIMS];
   kc_unravel(b, nd, v->sizes, coord);
   int64_t es = (int64_t)tpurt_dtype_size(v->dtype), cnt = 0;
   for (int64_t l = b; l < e; l++) {
     int64_t off = 0;
-    for (int k = 0; k < nd; k++) off += coord[k] * v->strides[k];
+    if (dense)
+      off = l;
+    else
+      for (int k = 0; k < nd; k++) off += coord[k] * v->strides[k];
     if (is_nz(v->dtype, base + off * es)) {
       if (out_rows)
         for (int k = 0; k < nd; k++) out_rows[cnt * row_stride + k * col_stride] = coord[k];
