@@ -834,16 +834,6 @@ typedef struct {
   int64_t chunk;
 } nzc_ctx;
 
-/* 1 if the view is row-major contiguous (size-1 dims aside) */
-static int nz_dense(const tpurt_view *v) {
-  int64_t st = 1;
-  for (int k = v->ndim - 1; k >= 0; k--) {
-    if (v->sizes[k] != 1 && v->strides[k] != st) return 0;
-    st *= v->sizes[k];
-  }
-  return 1;
-}
-
 /* nonzeros of elements [b, e) of a contiguous view of a real dtype, in a
  * loop per element size the compiler vectorizes (floats: -0.0 is zero,
  * NaN is not; 16-bit floats by their bits but the sign); -1 for the others */
@@ -870,7 +860,7 @@ static int64_t nz_count_dense(tpurt_dtype dt, const char *base, int64_t b, int64
 
 static int64_t nz_range(const tpurt_view *v, const char *base, int64_t b, int64_t e, int64_t *out_rows,
                         int64_t row_stride, int64_t col_stride) {
-  int nd = v->ndim, dense = nz_dense(v);
+  int nd = v->ndim, dense = kc_dense(v);
   if (dense && !out_rows) {
     int64_t c = nz_count_dense(v->dtype, base, b, e);
     if (c >= 0) return c;

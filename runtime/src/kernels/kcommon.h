@@ -17,6 +17,25 @@
 #define KC_MAXOPS 16
 
 static inline int64_t kc_numel(const tpurt_view *v) { return tpurt__view_numel(v); }
+/* element offset of the l-th element (row-major) of view v */
+static inline int64_t kc_lin_off(const tpurt_view *v, int64_t l) {
+  int64_t off = 0;
+  for (int k = v->ndim - 1; k >= 0; k--) {
+    int64_t i = l % v->sizes[k];
+    l /= v->sizes[k];
+    off += i * v->strides[k];
+  }
+  return off;
+}
+/* 1 if view v is row-major contiguous (size-1 dims aside): element l at offset l */
+static inline int kc_dense(const tpurt_view *v) {
+  int64_t st = 1;
+  for (int k = v->ndim - 1; k >= 0; k--) {
+    if (v->sizes[k] != 1 && v->strides[k] != st) return 0;
+    st *= v->sizes[k];
+  }
+  return 1;
+}
 
 /* Validates a view and that its whole extent lies in dev's memory. */
 static inline tpurt_status kc_check(int dev, const tpurt_view *v, const char *op, const char *what) {

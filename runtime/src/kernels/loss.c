@@ -9,30 +9,13 @@
 
 #define LBLK 4096
 
-static inline int64_t lin_off(const tpurt_view *v, int64_t l) {
-  int64_t off = 0;
-  for (int k = v->ndim - 1; k >= 0; k--) {
-    int64_t i = l % v->sizes[k];
-    l /= v->sizes[k];
-    off += i * v->strides[k];
-  }
-  return off;
-}
-static int is_dense(const tpurt_view *v) {
-  int64_t st = 1;
-  for (int k = v->ndim - 1; k >= 0; k--) {
-    if (v->sizes[k] != 1 && v->strides[k] != st) return 0;
-    st *= v->sizes[k];
-  }
-  return 1;
-}
 static inline double ld_at(const tpurt_view *v, const char *base, int64_t l, int dense) {
   int64_t es = (int64_t)tpurt_dtype_size(v->dtype);
-  return kc_ld(v->dtype, base + (dense ? l : lin_off(v, l)) * es);
+  return kc_ld(v->dtype, base + (dense ? l : kc_lin_off(v, l)) * es);
 }
 static inline void st_at(const tpurt_view *v, char *base, int64_t l, int dense, double x) {
   int64_t es = (int64_t)tpurt_dtype_size(v->dtype);
-  kc_st(v->dtype, base + (dense ? l : lin_off(v, l)) * es, x);
+  kc_st(v->dtype, base + (dense ? l : kc_lin_off(v, l)) * es, x);
 }
 
 /* ------------------------------------------------------------ nll_loss */
@@ -329,11 +312,11 @@ static tpurt_status k_pl(void *p, char *err, size_t errlen) {
   x.y = tpurt__host_view(a->target.ptr);
   x.w = a->has_w ? tpurt__host_view(a->weight.ptr) : NULL;
   x.g = a->backward ? tpurt__host_view(a->gout.ptr) : NULL;
-  x.dense_o = is_dense(&a->out);
-  x.dense_x = is_dense(&a->input);
-  x.dense_y = is_dense(&a->target);
-  x.dense_w = a->has_w && is_dense(&a->weight);
-  x.dense_g = a->backward && is_dense(&a->gout);
+  x.dense_o = kc_dense(&a->out);
+  x.dense_x = kc_dense(&a->input);
+  x.dense_y = kc_dense(&a->target);
+  x.dense_w = a->has_w && kc_dense(&a->weight);
+  x.dense_g = a->backward && kc_dense(&a->gout);
   x.n = kc_numel(&a->input);
   atomic_init(&x.err.set, 0);
   int64_t nblk = (x.n + LBLK - 1) / LBLK;

@@ -58,25 +58,7 @@ typedef struct {
   int wide;
 } rng_ctx;
 
-/* offset of linear element l in view v (elements) */
-static inline int64_t lin_off(const tpurt_view *v, int64_t l) {
-  int64_t off = 0;
-  for (int k = v->ndim - 1; k >= 0; k--) {
-    int64_t i = l % v->sizes[k];
-    l /= v->sizes[k];
-    off += i * v->strides[k];
-  }
-  return off;
-}
 
-static int is_dense(const tpurt_view *v) {
-  int64_t st = 1;
-  for (int k = v->ndim - 1; k >= 0; k--) {
-    if (v->sizes[k] != 1 && v->strides[k] != st) return 0;
-    st *= v->sizes[k];
-  }
-  return 1;
-}
 
 /* ---------------------------------------------- Box-Muller, vectorizable
  *
@@ -211,7 +193,7 @@ static void store_values(const rng_args *a, char *o, int dense, int64_t i0, cons
     for (int64_t j = 0; j < cnt; j++) d[j] = (uint8_t)(int64_t)v[j];
   } else {
     for (int64_t j = 0; j < cnt; j++) {
-      char *q = o + (dense ? i0 + j : lin_off(&a->out, i0 + j)) * es;
+      char *q = o + (dense ? i0 + j : kc_lin_off(&a->out, i0 + j)) * es;
       if (dt == TPURT_F32) {
         float f = (float)v[j];
         if (clamp && f >= hi) f = below;
@@ -251,7 +233,7 @@ static void store_ints(const rng_args *a, char *o, int dense, int64_t i0, const 
     for (int64_t j = 0; j < cnt; j++) d[j] = (int32_t)iv[j];
   } else {
     for (int64_t j = 0; j < cnt; j++) {
-      char *q = o + (dense ? i0 + j : lin_off(&a->out, i0 + j)) * es;
+      char *q = o + (dense ? i0 + j : kc_lin_off(&a->out, i0 + j)) * es;
       if (kc_is_float(dt))
         kc_st(dt, q, (double)iv[j]);
       else
@@ -282,7 +264,7 @@ static void rng_chunk(void *c, int64_t b, int64_t e) {
   int es = (int)tpurt_dtype_size(dt);
   int wide = x->wide, per = wide ? 2 : 4;
   int64_t n = kc_numel(&a->out);
-  int dense = is_dense(&a->out);
+  int dense = kc_dense(&a->out);
   uint32_t words[4 * RNG_BATCH];
   double vals[4 * RNG_BATCH];
   int64_t *ints = (int64_t *)vals;
@@ -305,7 +287,7 @@ static void rng_chunk(void *c, int64_t b, int64_t e) {
       int64_t i = i0 + k;
       const uint32_t *w = words + 4 * (k / per);
       int slot = (int)(k % per);
-      char *o = x->o + (dense ? i : lin_off(&a->out, i)) * es;
+      char *o = x->o + (dense ? i : kc_lin_off(&a->out, i)) * es;
       if (a->kind == TPURT_RNG_RANDOM) {
         uint64_t r = wide ? (((uint64_t)w[2 * slot] << 32) | w[2 * slot + 1]) : w[slot];
         uint64_t q = a->range ? r % a->range : r;
@@ -318,7 +300,7 @@ static void rng_chunk(void *c, int64_t b, int64_t e) {
       }
       double v;
       if (a->tensor_p) {
-        double p = kc_ld(a->p.dtype, x->pp + lin_off(&a->p, i) * (int64_t)tpurt_dtype_size(a->p.dtype));
+        double p = kc_ld(a->p.dtype, x->pp + kc_lin_off(&a->p, i) * (int64_t)tpurt_dtype_size(a->p.dtype));
         v = (double)u01f(w[slot]) < p ? 1.0 : 0.0;
       } else {
         v = draw_value(a, wide, w, slot);
@@ -778,9 +760,9 @@ static void dist_chunk(void *c, int64_t b, int64_t e) {
   for (int64_t i = b; i < e; i++) {
     estream s;
     es_init(&s, x->seed, x->offset + (uint64_t)i, x->binomial ? 0x62696e6fu : 0x706f6973u);
-    double va = kc_ld(x->a.dtype, d->pa + lin_off(&x->a, i) * aes), v;
+    double va = kc_ld(x->a.dtype, d->pa + kc_lin_off(&x->a, i) * aes), v;
     if (x->binomial) {
-      v = sample_binomial(va, kc_ld(x->b.dtype, d->pb + lin_off(&x->b, i) * bes), &s);
+      v = sample_binomial(va, kc_ld(x->b.dtype, d->pb + kc_lin_off(&x->b, i) * bes), &s);
     } else {
       if (!(va >= 0)) {
         kc_err_index(&d->err, "invalid Poisson rate, expected rate to be non-negative");
@@ -788,7 +770,7 @@ static void dist_chunk(void *c, int64_t b, int64_t e) {
       }
       v = sample_poisson(va, &s);
     }
-    kc_st(x->out.dtype, d->o + lin_off(&x->out, i) * oes, v);
+    kc_st(x->out.dtype, d->o + kc_lin_off(&x->out, i) * oes, v);
   }
 }
 
