@@ -4,7 +4,7 @@ device   host<->device copy bandwidth vs memcpy, empty-op round trip
 elementwise  large add/mul/gelu vs CPU and vs the machine's STREAM triad; softmax, norms,
          gelu, tanh, erf, log, sqrt, column sum at a small training step's sizes vs CPU; random
          sampling (rand, randn, uniform_, normal_, bernoulli_, randint, dropout, multinomial, a
-         Linear built on the device) vs CPU; sort, topk, kthvalue, median vs CPU
+         Linear built on the device) vs CPU; sort, unique, topk, kthvalue, median vs CPU
 defer    DeferAndFuse vs strict eager vs CPU eager on minGPT / Llama / ResNet train steps (defer also
          with 64-op pipelined segments, TORCH_TPU_DEFER_SEGMENT_OPS), and their AdamW step alone
          (strict, defer with foreach launches one by one, defer with one chain)

@@ -160,19 +160,23 @@ def random_sampling(repeats: int, sizes: tuple[int, ...] = (1 << 18, 1 << 22)) -
 
 
 def order_statistics(repeats: int) -> tuple[dict, str]:
-    """Sorting and selection vs CPU: a 1M-float line and 1024 rows of 1024
-    sorted, topk of 100 from the line and of 10 from each row, the line's
-    1000th value and median."""
+    """Sorting and selection vs CPU: a 1M-float line, 1024 rows of 1024 and
+    one row of 32,000 logits (a language model's top-p sampling) sorted,
+    the unique values of 1M ints, topk of 100 from the line and of 10 from
+    each row, the line's 1000th value and median."""
     g = torch.Generator().manual_seed(0)
     line, rows = torch.randn(1 << 20, generator=g), torch.randn(1024, 1024, generator=g)
-    dev = {"cpu": (line, rows), "tpu": (line.to("tpu"), rows.to("tpu"))}
+    logits, ints = torch.randn(1, 32000, generator=g), torch.randint(0, 50000, (1 << 20,), generator=g)
+    dev = {d: tuple(t.to(d) for t in (line, rows, logits, ints)) for d in ("cpu", "tpu")}
     fns = {
-        "sort 1M": lambda x, r: torch.sort(x),
-        "sort 1024 rows of 1024": lambda x, r: torch.sort(r, dim=1),
-        "topk 100 of 1M": lambda x, r: torch.topk(x, 100),
-        "topk 10 of each 1024-row": lambda x, r: torch.topk(r, 10, dim=1),
-        "kthvalue 1000 of 1M": lambda x, r: torch.kthvalue(x, 1000),
-        "median of 1M": lambda x, r: torch.median(x),
+        "sort 1M": lambda x, r, lg, i: torch.sort(x),
+        "sort 1024 rows of 1024": lambda x, r, lg, i: torch.sort(r, dim=1),
+        "sort 1 × 32,000 descending": lambda x, r, lg, i: torch.sort(lg, descending=True),
+        "unique of 1M ints (sorted, counts)": lambda x, r, lg, i: torch.unique(i, return_counts=True),
+        "topk 100 of 1M": lambda x, r, lg, i: torch.topk(x, 100),
+        "topk 10 of each 1024-row": lambda x, r, lg, i: torch.topk(r, 10, dim=1),
+        "kthvalue 1000 of 1M": lambda x, r, lg, i: torch.kthvalue(x, 1000),
+        "median of 1M": lambda x, r, lg, i: torch.median(x),
     }
     ops = {name: tuple((lambda f=f, d=d: f(*dev[d])) for d in ("cpu", "tpu")) for name, f in fns.items()}
     return cpu_vs_tpu(ops, repeats, 1, "op (float32)")
