@@ -58,8 +58,6 @@ typedef struct {
   int wide;
 } rng_ctx;
 
-
-
 /* ---------------------------------------------- Box-Muller, vectorizable
  *
  * The normals' logarithm and sine / cosine are computed here, in plain
@@ -188,7 +186,10 @@ static void store_values(const rng_args *a, char *o, int dense, int64_t i0, cons
       for (int64_t j = 0; j < cnt; j++) d[j] = tpurt__f32_to_bf16((float)v[j]);
     else
       for (int64_t j = 0; j < cnt; j++) d[j] = tpurt__f32_to_f16((float)v[j]);
-  } else if (dense && (dt == TPURT_BOOL || dt == TPURT_U8)) { /* bernoulli's 0 / 1 */
+  } else if (dense && dt == TPURT_BOOL) {
+    uint8_t *d = (uint8_t *)o + i0;
+    for (int64_t j = 0; j < cnt; j++) d[j] = (int64_t)v[j] != 0;
+  } else if (dense && dt == TPURT_U8) {
     uint8_t *d = (uint8_t *)o + i0;
     for (int64_t j = 0; j < cnt; j++) d[j] = (uint8_t)(int64_t)v[j];
   } else {
@@ -207,11 +208,19 @@ static void store_values(const rng_args *a, char *o, int dense, int64_t i0, cons
   }
 }
 
-/* random_ / randint with a 32-bit draw (range in [1, 2^32]): from + word %
- * range, the remainder through a double quotient (exact inputs; a quotient
- * rounded up to the next integer gives a remainder below 0, fixed once),
- * so that the loop vectorizes. */
-static void random_ints(const rng_args *a, const uint32_t *w, int64_t n, int64_t *iv) {
+/* random_ / randint: from + draw % range. A 32-bit draw (range in [1,
+ * 2^32]) takes the remainder through a double quotient (exact inputs; a
+ * quotient rounded up to the next integer gives a remainder below 0, fixed
+ * once), so that the loop vectorizes; a 64-bit draw (word pairs; range 0:
+ * all 2^64) divides. */
+static void random_ints(const rng_args *a, int wide, const uint32_t *w, int64_t n, int64_t *iv) {
+  if (wide) {
+    for (int64_t j = 0; j < n; j++) {
+      uint64_t r = ((uint64_t)w[2 * j] << 32) | w[2 * j + 1];
+      iv[j] = (int64_t)((uint64_t)a->from + (a->range ? r % a->range : r));
+    }
+    return;
+  }
   int64_t range = (int64_t)a->range, from = a->from;
   double dr = (double)range;
   for (int64_t j = 0; j < n; j++) {
@@ -260,56 +269,34 @@ static inline double draw_value(const rng_args *a, int wide, const uint32_t *w, 
 static void rng_chunk(void *c, int64_t b, int64_t e) {
   rng_ctx *x = c;
   rng_args *a = x->a;
-  tpurt_dtype dt = a->out.dtype;
-  int es = (int)tpurt_dtype_size(dt);
   int wide = x->wide, per = wide ? 2 : 4;
   int64_t n = kc_numel(&a->out);
   int dense = kc_dense(&a->out);
   uint32_t words[4 * RNG_BATCH];
   double vals[4 * RNG_BATCH];
   int64_t *ints = (int64_t *)vals;
-  int narrow_ints = a->kind == TPURT_RNG_RANDOM && !wide;
   /* chunk units are blocks, drawn RNG_BATCH at a time */
   for (int64_t b0 = b; b0 < e; b0 += RNG_BATCH) {
     int64_t nb = e - b0 < RNG_BATCH ? e - b0 : RNG_BATCH;
     draw_batch(a->seed, a->offset + (uint64_t)b0, nb, words);
     int64_t i0 = b0 * per, cnt = nb * per < n - i0 ? nb * per : n - i0;
-    if (narrow_ints) {
-      random_ints(a, words, cnt, ints);
+    if (a->kind == TPURT_RNG_RANDOM) {
+      random_ints(a, wide, words, cnt, ints);
       store_ints(a, x->o, dense, i0, ints, cnt);
       continue;
     }
-    if (batch_values(a, wide, words, nb, vals)) {
-      store_values(a, x->o, dense, i0, vals, cnt);
-      continue;
-    }
-    for (int64_t k = 0; k < cnt; k++) {
-      int64_t i = i0 + k;
-      const uint32_t *w = words + 4 * (k / per);
-      int slot = (int)(k % per);
-      char *o = x->o + (dense ? i : kc_lin_off(&a->out, i)) * es;
-      if (a->kind == TPURT_RNG_RANDOM) {
-        uint64_t r = wide ? (((uint64_t)w[2 * slot] << 32) | w[2 * slot + 1]) : w[slot];
-        uint64_t q = a->range ? r % a->range : r;
-        int64_t iv = (int64_t)((uint64_t)a->from + q);
-        if (kc_is_float(dt))
-          kc_st(dt, o, (double)iv);
-        else
-          kc_sti(dt, o, iv);
-        continue;
+    if (!batch_values(a, wide, words, nb, vals))
+      for (int64_t k = 0; k < cnt; k++) {
+        const uint32_t *w = words + 4 * (k / per);
+        int slot = (int)(k % per);
+        if (a->tensor_p) {
+          const char *pp = x->pp + kc_lin_off(&a->p, i0 + k) * (int64_t)tpurt_dtype_size(a->p.dtype);
+          vals[k] = (double)u01f(w[slot]) < kc_ld(a->p.dtype, pp) ? 1.0 : 0.0;
+        } else {
+          vals[k] = draw_value(a, wide, w, slot);
+        }
       }
-      double v;
-      if (a->tensor_p) {
-        double p = kc_ld(a->p.dtype, x->pp + kc_lin_off(&a->p, i) * (int64_t)tpurt_dtype_size(a->p.dtype));
-        v = (double)u01f(w[slot]) < p ? 1.0 : 0.0;
-      } else {
-        v = draw_value(a, wide, w, slot);
-      }
-      if (kc_is_float(dt))
-        kc_st(dt, o, v);
-      else
-        kc_sti(dt, o, (int64_t)v);
-    }
+    store_values(a, x->o, dense, i0, vals, cnt);
   }
 }
 

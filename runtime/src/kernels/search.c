@@ -390,17 +390,7 @@ static void sel_chunk(void *c, int64_t r0, int64_t r1) {
       }
     }
     int64_t pos = 0;
-    switch (a->kind) {
-      case TPURT_SELECT_KTH: pos = a->k; break;
-      case TPURT_SELECT_MEDIAN: pos = nnan ? n - nnan : (n - 1) / 2; break;
-      case TPURT_SELECT_NANMEDIAN: pos = n - nnan > 0 ? (n - nnan - 1) / 2 : 0; break;
-      case TPURT_SELECT_MODE: break;
-    }
-    if (a->kind != TPURT_SELECT_MODE && pos < 1024 && pos < n / 4) {
-      vi_select_first(buf, n, pos + 1); /* a bounded heap (kselect.h), as topk */
-    } else if (a->kind != TPURT_SELECT_MODE) {
-      vi_select(buf, n, pos);
-    } else {
+    if (a->kind == TPURT_SELECT_MODE) {
       qsort(buf, (size_t)n, sizeof(vi), vi_cmp);
       int64_t best = 0, run = 0;
       for (int64_t j = 0; j < n; j++) {
@@ -414,6 +404,14 @@ static void sel_chunk(void *c, int64_t r0, int64_t r1) {
           run = 0;
         }
       }
+    } else {
+      pos = a->kind == TPURT_SELECT_KTH      ? a->k
+            : a->kind == TPURT_SELECT_MEDIAN ? (nnan ? n - nnan : (n - 1) / 2)
+                                             : (n - nnan > 0 ? (n - nnan - 1) / 2 : 0); /* nanmedian */
+      if (KSELECT_BY_HEAP(pos + 1, n))
+        vi_select_first(buf, n, pos + 1);
+      else
+        vi_select(buf, n, pos);
     }
     char *vp = (char *)at2(x->vals, &a->values, r, 0);
     if (isint) kc_sti(a->values.dtype, vp, (int64_t)buf[pos].v); else kc_st(a->values.dtype, vp, buf[pos].v);

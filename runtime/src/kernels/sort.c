@@ -65,12 +65,33 @@ DEF_KSELECT(ksel_f_desc, fkey, F_GT_T)
 DEF_KSELECT(ksel_i_asc, ikey, I_LT_T)
 DEF_KSELECT(ksel_i_desc, ikey, I_GT_T)
 #define TOPK_SELECTS(k, n) ((k) > 0 && (k) <= (n) / 4)
-/* ... and for k up to 1024, the bounded heap of kselect.h: a quickselect's
- * partition branches mispredict on every other element, the heap's test
- * against its top is predictable (Zen 5, 2 threads: topk 10 of each of
- * 1024 rows of 1024 29.8 ms sorted, ~5 ms selected, 2.4 ms with the heap;
- * topk 100 of 1M 127 / ~15 / 2.7 ms) */
-#define TOPK_HEAP(k, n) ((k) > 0 && (k) <= 1024 && (k) <= (n) / 4)
+
+/* order_S(k, tmp, n, kk, desc): the kk first of the line's n keys in order
+ * in k[0, kk) — by the bounded heap or a selection (topk), else the whole
+ * line merge-sorted (tmp: scratch) */
+#define DEF_ORDER(S)                                                                    \
+  static void order_##S(S##key *k, S##key *tmp, int64_t n, int64_t kk, int desc) {      \
+    if (KSELECT_BY_HEAP(kk, n)) {                                                       \
+      if (desc)                                                                         \
+        ksel_##S##_desc_first(k, n, kk);                                                \
+      else                                                                              \
+        ksel_##S##_asc_first(k, n, kk);                                                 \
+    } else if (TOPK_SELECTS(kk, n)) {                                                   \
+      if (desc) {                                                                       \
+        ksel_##S##_desc(k, n, kk - 1);                                                  \
+        ksel_##S##_desc_heapsort(k, 0, kk - 1);                                         \
+      } else {                                                                          \
+        ksel_##S##_asc(k, n, kk - 1);                                                   \
+        ksel_##S##_asc_heapsort(k, 0, kk - 1);                                          \
+      }                                                                                 \
+    } else if (desc) {                                                                  \
+      msort_##S##_desc(k, tmp, n);                                                      \
+    } else {                                                                            \
+      msort_##S##_asc(k, tmp, n);                                                       \
+    }                                                                                   \
+  }
+DEF_ORDER(f)
+DEF_ORDER(i)
 
 typedef struct {
   tpurt_view values, indices, in;
@@ -238,24 +259,7 @@ static void sort_chunk(void *c, int64_t b, int64_t e) {
         k[i].k = kc_ldi(dt, ip + i * is);
         k[i].i = i;
       }
-      if (TOPK_HEAP(a->k, n)) {
-        if (a->descending)
-          ksel_i_desc_first(k, n, a->k);
-        else
-          ksel_i_asc_first(k, n, a->k);
-      } else if (TOPK_SELECTS(a->k, n)) {
-        if (a->descending) {
-          ksel_i_desc(k, n, a->k - 1);
-          ksel_i_desc_heapsort(k, 0, a->k - 1);
-        } else {
-          ksel_i_asc(k, n, a->k - 1);
-          ksel_i_asc_heapsort(k, 0, a->k - 1);
-        }
-      } else if (a->descending) {
-        msort_i_desc(k, tmp, n);
-      } else {
-        msort_i_asc(k, tmp, n);
-      }
+      order_i(k, tmp, n, a->k, a->descending);
       for (int64_t i = 0; i < a->k; i++) {
         if (vp) kc_move(vp + i * vs, ip + k[i].i * is, es);
         if (xp) memcpy(xp + i * xs, &k[i].i, 8);
@@ -275,24 +279,7 @@ static void sort_chunk(void *c, int64_t b, int64_t e) {
           k[i].i = i;
         }
       }
-      if (TOPK_HEAP(a->k, n)) {
-        if (a->descending)
-          ksel_f_desc_first(k, n, a->k);
-        else
-          ksel_f_asc_first(k, n, a->k);
-      } else if (TOPK_SELECTS(a->k, n)) {
-        if (a->descending) {
-          ksel_f_desc(k, n, a->k - 1);
-          ksel_f_desc_heapsort(k, 0, a->k - 1);
-        } else {
-          ksel_f_asc(k, n, a->k - 1);
-          ksel_f_asc_heapsort(k, 0, a->k - 1);
-        }
-      } else if (a->descending) {
-        msort_f_desc(k, tmp, n);
-      } else {
-        msort_f_asc(k, tmp, n);
-      }
+      order_f(k, tmp, n, a->k, a->descending);
       for (int64_t i = 0; i < a->k; i++) {
         if (vp) kc_move(vp + i * vs, ip + k[i].i * is, es);
         if (xp) memcpy(xp + i * xs, &k[i].i, 8);
