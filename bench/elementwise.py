@@ -129,8 +129,8 @@ def random_sampling(repeats: int, sizes: tuple[int, ...] = (1 << 18, 1 << 22)) -
     normal_ / bernoulli_ (f32 and bool), randint, dropout, multinomial (an
     LLM's one draw from 32,000 categories, 1,000 draws with replacement,
     2,000 of 50,000 without), and a ``nn.Linear(2048, 2048)`` built on the
-    device (its init draws
-    uniform_). A sample is 5 calls back to back, then one synchronize."""
+    device (its init draws uniform_). A sample is 5 calls back to back, then
+    one synchronize."""
     ops: dict = {}
     for n in sizes:
         k = f"{n // 1024}K" if n < 1 << 20 else f"{n >> 20}M"

@@ -199,11 +199,15 @@ def _unsupported(gm: torch.fx.GraphModule) -> tuple[str, str] | None:
     return None
 
 
+def _op_returns_alias(op: torch._ops.OpOverload) -> bool:
+    return any(r.alias_info is not None for r in op._schema.returns)
+
+
 def _returns_alias(node: torch.fx.Node) -> bool:
     t = node.target
     if not isinstance(t, torch._ops.OpOverload):
         return node.op == "call_function"  # getitem of a tuple etc.: conservatively a possible alias
-    return any(r.alias_info is not None for r in t._schema.returns)
+    return _op_returns_alias(t)
 
 
 def _reinplace(gm: torch.fx.GraphModule) -> int:
@@ -270,7 +274,7 @@ def _inplace_variant(target: Any) -> Any:
     made detach_() failed on an input that is a view, fuzz seed 144860)."""
     if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten":
         return None
-    if any(r.alias_info is not None for r in target._schema.returns):
+    if _op_returns_alias(target):
         return None
     name = target._schema.name.split("::")[-1]
     if name.endswith("_"):
