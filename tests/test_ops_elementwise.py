@@ -230,6 +230,10 @@ def test_float_special_semantics():
     # clamp with NaN bounds propagates NaN like the CPU
     check(torch.clamp(da, min=db), torch.clamp(a, min=b))
     check(torch.clamp(da, -1.0, 1.0), torch.clamp(a, -1.0, 1.0))
+    check(torch.clamp(da, max=db), torch.clamp(a, max=b))
+    check(torch.clamp(da, db, db + 1), torch.clamp(a, b, b + 1))
+    check(torch.clamp(da, -1.0, nan), torch.clamp(a, -1.0, nan))
+    check(torch.clamp(da, nan, 1.0), torch.clamp(a, nan, 1.0))
 
 
 # ---------------------------------------------------------------- layouts

@@ -140,6 +140,40 @@ def test_pointwise_loss_grads(reduction):
         close(ad.grad, ac.grad)
 
 
+@pytest.mark.parametrize("n", [1, 31, 1025, 4096 * 3 + 33])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_pointwise_losses_across_block_edges(n, dtype):
+    # the kernel converts 1,024 elements at a time, sums 32 lanes and owns
+    # 4,096-element blocks; sizes on and off those edges, a strided input
+    # (element-by-element loads) and every reduction against the CPU's
+    g = torch.Generator().manual_seed(n)
+    x, y = torch.randn(n, generator=g).to(dtype), torch.randn(2 * n, generator=g).to(dtype)[::2]
+    p = torch.rand(n, generator=g).to(dtype)
+    tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else {}
+    for red in ("none", "mean", "sum"):
+        for fn in (lambda a, b: F.mse_loss(a, b, reduction=red), lambda a, b: F.l1_loss(a, b, reduction=red),
+                   lambda a, b: F.smooth_l1_loss(a, b, reduction=red, beta=0.3),
+                   lambda a, b: F.huber_loss(a, b, reduction=red, delta=0.6),
+                   lambda a, b: F.binary_cross_entropy(p, b.sigmoid(), reduction=red) if a is x else
+                   F.binary_cross_entropy(p.to(DT), b.sigmoid(), reduction=red)):
+            close(fn(x.to(DT), y.to(DT)), fn(x, y), **tol)
+        xc, xd = x.clone().requires_grad_(), x.to(DT).requires_grad_()
+        F.huber_loss(xc, y, reduction=red, delta=0.6).sum().backward()
+        F.huber_loss(xd, y.to(DT), reduction=red, delta=0.6).sum().backward()
+        close(xd.grad, xc.grad, **tol)
+
+
+def test_mse_loss_is_deterministic_and_accumulates_in_double():
+    # a sum of 1M squares: the same bits on every call, and closer to the
+    # float64 value than float32 accumulation would be
+    x = torch.randn(1 << 20, generator=torch.Generator().manual_seed(0))
+    xd = x.to(DT)
+    a, b = F.mse_loss(xd, xd * 0.5, reduction="sum").cpu(), F.mse_loss(xd, xd * 0.5, reduction="sum").cpu()
+    assert torch.equal(a, b)
+    ref = ((x.double() * 0.5) ** 2).sum()
+    assert abs(a.double() - ref) / ref <= 1e-7
+
+
 def test_mse_broadcast_noncontig_out():
     x, y = rnd((5, 4)).t(), rnd((4, 1), seed=2)
     with pytest.warns(UserWarning):

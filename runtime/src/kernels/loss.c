@@ -237,68 +237,137 @@ typedef struct {
   kc_err err;
 } pl_ctx;
 
-static inline double pl_value(int kind, double x, double y, double p, double w) {
-  double d = x - y, ad = fabs(d);
-  switch (kind) {
-    case TPURT_LOSS_MSE: return d * d;
-    case TPURT_LOSS_L1: return ad;
-    case TPURT_LOSS_SMOOTH_L1:
-      if (p == 0) return ad;
-      return ad < p ? 0.5 * d * d / p : ad - 0.5 * p;
-    case TPURT_LOSS_HUBER: return ad <= p ? 0.5 * d * d : p * (ad - 0.5 * p);
-    default: { /* BCE */
-      double lx = log(x), l1x = log1p(-x);
-      if (lx < -100) lx = -100;
-      if (l1x < -100) l1x = -100;
-      return -w * (y * lx + (1 - y) * l1x);
-    }
+/* LBLK elements of a view from linear index l0 into dst (double): typed
+ * loops for dense float32 / float64 / bfloat16, element by element
+ * otherwise */
+static void pl_load(const tpurt_view *v, const char *base, int64_t l0, int n, int dense, double *restrict dst) {
+  if (dense && v->dtype == TPURT_F32) {
+    const float *p = (const float *)base + l0;
+    for (int i = 0; i < n; i++) dst[i] = p[i];
+  } else if (dense && v->dtype == TPURT_F64) {
+    memcpy(dst, (const double *)base + l0, (size_t)n * sizeof(double));
+  } else if (dense && v->dtype == TPURT_BF16) {
+    const uint16_t *p = (const uint16_t *)base + l0;
+    for (int i = 0; i < n; i++) dst[i] = tpurt__bf16_to_f32(p[i]);
+  } else {
+    for (int i = 0; i < n; i++) dst[i] = ld_at(v, base, l0 + i, dense);
   }
 }
-static inline double pl_grad(int kind, double x, double y, double p, double w) {
-  double d = x - y, ad = fabs(d);
-  double sg = d > 0 ? 1 : d < 0 ? -1 : 0;
-  switch (kind) {
-    case TPURT_LOSS_MSE: return 2 * d;
-    case TPURT_LOSS_L1: return sg;
-    case TPURT_LOSS_SMOOTH_L1:
-      if (p == 0) return sg;
-      return ad < p ? d / p : sg;
-    case TPURT_LOSS_HUBER: return ad <= p ? d : p * sg;
-    default: {
-      double den = (1 - x) * x;
-      if (den < 1e-12) den = 1e-12;
-      return w * d / den;
-    }
+static void pl_store(const tpurt_view *v, char *base, int64_t l0, int n, int dense, const double *restrict src) {
+  if (dense && v->dtype == TPURT_F32) {
+    float *p = (float *)base + l0;
+    for (int i = 0; i < n; i++) p[i] = (float)src[i];
+  } else if (dense && v->dtype == TPURT_F64) {
+    memcpy((double *)base + l0, src, (size_t)n * sizeof(double));
+  } else {
+    for (int i = 0; i < n; i++) st_at(v, base, l0 + i, dense, src[i]);
   }
 }
+
+/* the loss of each element (x input, y target, w weight or NULL) into v:
+ * one loop per kind, so that the compiler vectorizes it (a switch per
+ * element kept mse_loss at 0.14x PyTorch CPU's speed) */
+static void pl_values(int kind, const double *restrict x, const double *restrict y, const double *restrict w,
+                      double p, double *restrict v, int n) {
+  switch (kind) {
+    case TPURT_LOSS_MSE:
+      for (int i = 0; i < n; i++) v[i] = (x[i] - y[i]) * (x[i] - y[i]);
+      break;
+    case TPURT_LOSS_L1:
+      for (int i = 0; i < n; i++) v[i] = fabs(x[i] - y[i]);
+      break;
+    case TPURT_LOSS_SMOOTH_L1:
+      if (p == 0) {
+        for (int i = 0; i < n; i++) v[i] = fabs(x[i] - y[i]);
+        break;
+      }
+      for (int i = 0; i < n; i++) {
+        double d = x[i] - y[i], ad = fabs(d);
+        v[i] = ad < p ? 0.5 * d * d / p : ad - 0.5 * p;
+      }
+      break;
+    case TPURT_LOSS_HUBER:
+      for (int i = 0; i < n; i++) {
+        double d = x[i] - y[i], ad = fabs(d);
+        v[i] = ad <= p ? 0.5 * d * d : p * (ad - 0.5 * p);
+      }
+      break;
+    default: /* BCE */
+      for (int i = 0; i < n; i++) {
+        double lx = log(x[i]), l1x = log1p(-x[i]);
+        if (lx < -100) lx = -100;
+        if (l1x < -100) l1x = -100;
+        v[i] = -(w ? w[i] : 1.0) * (y[i] * lx + (1 - y[i]) * l1x);
+      }
+  }
+}
+
+/* the gradient of each element's loss times g[i] * scale into v */
+static void pl_grads(int kind, const double *restrict x, const double *restrict y, const double *restrict w,
+                     const double *restrict g, double p, double scale, double *restrict v, int n) {
+  for (int i = 0; i < n; i++) {
+    double d = x[i] - y[i], ad = fabs(d);
+    double sg = d > 0 ? 1 : (d < 0 ? -1 : 0), r;
+    switch (kind) {
+      case TPURT_LOSS_MSE: r = 2 * d; break;
+      case TPURT_LOSS_L1: r = sg; break;
+      case TPURT_LOSS_SMOOTH_L1: r = p == 0 ? sg : (ad < p ? d / p : sg); break;
+      case TPURT_LOSS_HUBER: r = ad <= p ? d : p * sg; break;
+      default: {
+        double den = (1 - x[i]) * x[i];
+        den = den < 1e-12 ? 1e-12 : den;
+        r = (w ? w[i] : 1.0) * d / den;
+      }
+    }
+    v[i] = r * g[i] * scale;
+  }
+}
+
+#define PL_SUB 1024 /* elements converted to double at a time (40 KiB of stack) */
 
 static void pl_chunk(void *c, int64_t b, int64_t e) {
   pl_ctx *x = c;
   pl_args *a = x->a;
   int bce = a->kind == TPURT_LOSS_BCE;
   double inv_n = a->reduction == 1 ? 1.0 / (double)x->n : 1.0;
+  double xs[PL_SUB], ys[PL_SUB], ws[PL_SUB], gs[PL_SUB], v[PL_SUB];
   for (int64_t blk = b; blk < e; blk++) {
-    int64_t l0 = blk * LBLK, l1 = l0 + LBLK < x->n ? l0 + LBLK : x->n;
-    double s = 0;
-    for (int64_t l = l0; l < l1; l++) {
-      double xi = ld_at(&a->input, x->x, l, x->dense_x), yi = ld_at(&a->target, x->y, l, x->dense_y);
-      double wi = a->has_w ? ld_at(&a->weight, x->w, l, x->dense_w) : 1.0;
-      if (bce && !(xi >= 0 && xi <= 1)) {
-        kc_err_index(&x->err, "all elements of input should be between 0 and 1");
-        return;
+    int64_t end = blk * LBLK + LBLK < x->n ? blk * LBLK + LBLK : x->n;
+    /* 32 lanes (four vector accumulators, not one latency chain), summed
+     * in order: the same sum on every run and thread count */
+    double acc[32] = {0};
+    for (int64_t l0 = blk * LBLK; l0 < end; l0 += PL_SUB) {
+      int n = (int)(end - l0 < PL_SUB ? end - l0 : PL_SUB);
+      pl_load(&a->input, x->x, l0, n, x->dense_x, xs);
+      pl_load(&a->target, x->y, l0, n, x->dense_y, ys);
+      if (a->has_w) pl_load(&a->weight, x->w, l0, n, x->dense_w, ws);
+      if (bce) {
+        int bad = 0;
+        for (int i = 0; i < n; i++) bad |= !(xs[i] >= 0 && xs[i] <= 1);
+        if (bad) {
+          kc_err_index(&x->err, "all elements of input should be between 0 and 1");
+          return;
+        }
       }
-      if (!a->backward) {
-        double v = pl_value(a->kind, xi, yi, a->p, wi);
-        if (a->reduction == 0)
-          st_at(&a->out, x->o, l, x->dense_o, v);
-        else
-          s += v;
-      } else {
-        double g = ld_at(&a->gout, x->g, l, x->dense_g);
-        st_at(&a->out, x->o, l, x->dense_o, pl_grad(a->kind, xi, yi, a->p, wi) * g * inv_n);
+      if (a->backward) {
+        pl_load(&a->gout, x->g, l0, n, x->dense_g, gs);
+        pl_grads(a->kind, xs, ys, a->has_w ? ws : NULL, gs, a->p, inv_n, v, n);
+        pl_store(&a->out, x->o, l0, n, x->dense_o, v);
+        continue;
       }
+      pl_values(a->kind, xs, ys, a->has_w ? ws : NULL, a->p, v, n);
+      if (a->reduction == 0) {
+        pl_store(&a->out, x->o, l0, n, x->dense_o, v);
+        continue;
+      }
+      int i = 0;
+      for (; i + 32 <= n; i += 32)
+        for (int j = 0; j < 32; j++) acc[j] += v[i + j];
+      for (; i < n; i++) acc[i & 31] += v[i];
     }
-    if (x->part) x->part[blk] = s;
+    for (int w = 16; w >= 1; w /= 2)
+      for (int j = 0; j < w; j++) acc[j] += acc[j + w];
+    if (x->part) x->part[blk] = acc[0];
   }
 }
 
