@@ -3,8 +3,9 @@ every level the host can run gives bf16 matmuls, autocast linears (forward
 and backward) and bf16 convolutions within the precision contract of a
 float64 reference; each level runs the engine library compiled for it (the
 x86-64 level variants: lib/libtpurt.so, lib/glibc-hwcaps/x86-64-v3|v4/),
-and the elementwise, reduction, normalization and random sampling kernels
-give the same bits in every variant; the chosen paths show in get_device_properties and
+and the elementwise (the double-evaluated float functions of ew_dmath.h
+included), reduction, normalization and random sampling kernels give the
+same bits in every variant; the chosen paths show in get_device_properties and
 ``torch-tpu doctor``; a level the host lacks is a clear error."""
 from __future__ import annotations
 
@@ -109,7 +110,11 @@ for y in [t.exp(), t.tanh(), t.sigmoid(), F.gelu(t), F.gelu(t, approximate="tanh
           t.sum(0), t.sum(1), t.mean(), t.var(1), t.amax(0), t.cumsum(1), t.bfloat16(), t.half(), (t * 2 + 1) / 3,
           F.dropout(t, 0.3, training=True), torch.randn(1001, device="tpu"),
           torch.randn(1001, device="tpu", dtype=torch.float64), torch.rand(1001, device="tpu", dtype=torch.float64),
-          torch.empty(1001, device="tpu").log_normal_(0.1, 0.5), torch.empty(1001, device="tpu").bernoulli_(0.3)]:
+          torch.empty(1001, device="tpu").log_normal_(0.1, 0.5), torch.empty(1001, device="tpu").bernoulli_(0.3),
+          t.sin(), t.cos(), t.tan(), t.atan(), (t / 9).asin(), (t / 9).acos(), t.sinh(), t.cosh(), t.exp2(),
+          t.expm1(), t.abs().log2(), t.abs().log10(), torch.atan2(t, t.flip(0)), torch.hypot(t, t.flip(0)),
+          t.abs().pow(t.flip(0)), t.pow(3.0), torch.fmod(t, t.flip(0)), torch.remainder(t, 0.7), F.elu(t),
+          (t * 1e5).sin()]:
     h.update(y.cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
 print(h.hexdigest())
 """

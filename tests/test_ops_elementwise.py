@@ -981,3 +981,101 @@ def test_log_sigmoid_and_masked_fill_results_are_contiguous_as_on_the_cpu():
     check(got.view(16, 2), want.view(16, 2))
     check(x.to("tpu").masked_fill(mask.to("tpu"), torch.tensor(2.0, dtype=torch.float64, device="tpu")).view(16, 2),
           x.masked_fill(mask, torch.tensor(2.0, dtype=torch.float64)).view(16, 2))
+
+
+def _float_ulps(got, ref64):
+    # |got - ref| in units of the float32 spacing at ref (subnormal spacing
+    # below the smallest normal)
+    ref32 = ref64.float()
+    spacing = torch.where(ref32.abs() >= torch.finfo(torch.float32).tiny,
+                          (torch.nextafter(ref32.abs(), torch.tensor(float("inf"))) - ref32.abs()).double(),
+                          torch.tensor(2.0 ** -149, dtype=torch.float64))
+    return (got.double() - ref64).abs() / spacing
+
+
+@pytest.mark.parametrize("name", ["sin", "cos", "tan", "atan", "asin", "acos", "sinh", "cosh", "exp2", "expm1",
+                                  "log2", "log10", "elu"])
+def test_double_evaluated_float_functions_round_within_an_ulp(name):
+    # float32 sin / cos / tan / atan / asin / acos / sinh / cosh / exp2 /
+    # expm1 / log2 / log10 are evaluated in double (ew_dmath.h): within one
+    # float ulp of the float64 function everywhere (nearly always the
+    # nearest float), across the reduction switch points, in the tails and
+    # at huge arguments (sin / cos / tan beyond 2^18 go to libm); specials
+    # (signed zeros, infinities, NaN, |x| > 1 for asin / acos) as the CPU's
+    fns = {"elu": F.elu}
+    fn = fns[name] if name in fns else getattr(torch, name)
+    lim = {"asin": 1.0, "acos": 1.0}.get(name, 30.0)
+    x = torch.cat([torch.linspace(-lim, lim, 200001), torch.logspace(-44, 38, 8001), -torch.logspace(-44, 38, 8001),
+                   torch.tensor([0.0, -0.0, 0.1, -0.1, 0.0999999, 0.19891237, 0.41421356, 0.66817864, 1.0, -1.0,
+                                 0.7853982, 1.5707964, 3.1415927, 262143.9, 262144.0, -262144.0, 1e5, 88.7, 89.0,
+                                 -103.9, 127.9, 128.0, -149.0, -150.0, 1.0000001, 0.99999994,
+                                 float("inf"), float("-inf"), float("nan")])])
+    got = fn(x.to("tpu")).cpu()
+    ref = fn(x.double())
+    finite = torch.isfinite(ref) & (ref.abs() <= torch.finfo(torch.float32).max)
+    ulps = _float_ulps(got[finite], ref[finite])
+    assert ulps.max() <= 1.0, (ulps.max(), x[finite][ulps.argmax()], got[finite][ulps.argmax()])
+    rest = ~finite
+    torch.testing.assert_close(got[rest], fn(x[rest]), rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(torch.signbit(got[ref == 0]), torch.signbit(ref[ref == 0]))
+
+
+def test_atan2_hypot_pow_round_within_an_ulp_and_keep_c_specials():
+    g = torch.Generator().manual_seed(5)
+    a = torch.cat([torch.randn(100000, generator=g) * 10, torch.logspace(-40, 38, 1000)])
+    b = torch.cat([torch.randn(100000, generator=g) * 10, -torch.logspace(38, -40, 1000)])
+    sp = torch.tensor([0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 0.5, 3.0, -3.0, float("inf"), float("-inf"), float("nan")])
+    sa, sb = sp.repeat_interleave(len(sp)), sp.repeat(len(sp))
+    for fn in (torch.atan2, torch.hypot, lambda p, q: torch.pow(p.abs(), q / 4)):
+        got, ref = fn(a.to("tpu"), b.to("tpu")).cpu(), fn(a.double(), b.double())
+        ok = torch.isfinite(ref) & (ref.abs() <= torch.finfo(torch.float32).max)
+        ulps = _float_ulps(got[ok], ref[ok])
+        assert ulps.max() <= 1.0, ulps.max()
+        # specials: zeros, infinities and NaN exactly as C's; finite values
+        # within an ulp (atan2(1, 1) is the float nearest pi/4 here, one ulp
+        # above the CPU's)
+        got, want = fn(sa.to("tpu"), sb.to("tpu")).cpu(), fn(sa, sb)
+        exact = ~torch.isfinite(want) | (want == 0)
+        torch.testing.assert_close(got[exact], want[exact], rtol=0, atol=0, equal_nan=True)
+        zero = want == 0  # a NaN's sign is not part of the contract
+        assert torch.equal(torch.signbit(got[zero]), torch.signbit(want[zero]))
+        assert _float_ulps(got[~exact], fn(sa.double(), sb.double())[~exact]).max() <= 1.0
+    # a negative base: integer exponents signed by their parity, others NaN
+    base = torch.tensor([-2.0, -2.0, -2.0, -1.5, -0.5, -3.0, -2.0, -1.0, -1.0])
+    expo = torch.tensor([3.0, 2.0, 0.5, -3.0, 7.0, 16777217.0, 8388609.0, float("inf"), 1e30])
+    torch.testing.assert_close(torch.pow(base.to("tpu"), expo.to("tpu")).cpu(), torch.pow(base, expo),
+                               rtol=2e-7, atol=0, equal_nan=True)
+    assert torch.pow(torch.tensor([2.0, 9.0, 10.0], device="tpu"), torch.tensor([10.0, 0.5, 3.0], device="tpu")
+                     ).cpu().tolist() == [1024.0, 3.0, 1000.0]
+
+
+@pytest.mark.parametrize("name", ["fmod", "remainder", "floor_divide"])
+def test_fmod_remainder_floor_divide_are_exact(name):
+    # float fmod is exact (the quotient's truncation corrected where x / y
+    # rounds up to an integer; libm past 2^28 |y|): the bits of C's fmodf
+    # everywhere, and remainder / floor division built on it equal to the
+    # CPU's wherever the CPU's own x - trunc(x / y) y formula is exact
+    # (x / y finite and below 2^24, y normal)
+    import numpy as np
+    g = torch.Generator().manual_seed(6)
+    a = torch.cat([torch.randn(50000, generator=g) * 100, torch.randn(50000, generator=g) * 1e9,
+                   torch.arange(-50, 50, dtype=torch.float32) * 0.1])
+    b = torch.cat([torch.randn(50000, generator=g), torch.randn(50000, generator=g) * 1e-3,
+                   torch.full((100,), 0.1)])
+    sp = torch.tensor([0.0, -0.0, 1.0, -1.0, 0.7, -4.0, 1e-45, 3e38, float("inf"), float("-inf"), float("nan")])
+    a = torch.cat([a, sp.repeat_interleave(len(sp))])
+    b = torch.cat([b, sp.repeat(len(sp))])
+    fn = {"fmod": torch.fmod, "remainder": torch.remainder,
+          "floor_divide": lambda p, q: torch.div(p, q, rounding_mode="floor")}[name]
+    got = fn(a.to("tpu"), b.to("tpu")).cpu()
+    if name == "fmod":
+        want = torch.from_numpy(np.fmod(a.numpy(), b.numpy()))
+        keep = torch.ones_like(a, dtype=torch.bool)
+    else:
+        want = fn(a, b)
+        keep = ((a / b).abs() < 2.0 ** 24) & (b.abs() >= torch.finfo(torch.float32).tiny)
+    got, want = got[keep], want[keep]
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    ok = ~torch.isnan(want)
+    assert torch.equal(got[ok].view(torch.int32), want[ok].view(torch.int32)), \
+        (a[keep][ok][got[ok] != want[ok]][:5], b[keep][ok][got[ok] != want[ok]][:5])

@@ -99,6 +99,7 @@ static double ew_erfinv(double y) {
 #include "ew_special.h"
 
 #include "vmath.h"
+#include "ew_dmath.h"
 
 /* exp(x) for finite x <= 0 (degree-7 polynomial: relative error ~1.5e-7),
  * 0 where it underflows; callers select their results where x is out of
@@ -232,6 +233,7 @@ static inline float ew_gelu_backward_f(float g, float y) {
 #define EW_TANH(x) ew_tanh_f(x)
 #define EW_LOG(x) ew_log_f(x)
 #define EW_LOG1P(x) ew_log1p_f(x)
+#define EW_EXPM1(x) ew_expm1_f(x)
 #define EW_FAST 1
 #include "ew_real.h"
 #undef EW_T
@@ -241,6 +243,7 @@ static inline float ew_gelu_backward_f(float g, float y) {
 #undef EW_TANH
 #undef EW_LOG
 #undef EW_LOG1P
+#undef EW_EXPM1
 #undef EW_FAST
 
 #define EW_T double
@@ -250,6 +253,7 @@ static inline float ew_gelu_backward_f(float g, float y) {
 #define EW_TANH(x) tanh(x)
 #define EW_LOG(x) log(x)
 #define EW_LOG1P(x) log1p(x)
+#define EW_EXPM1(x) expm1(x)
 #define EW_FAST 0
 #include "ew_real.h"
 #undef EW_T
@@ -259,6 +263,7 @@ static inline float ew_gelu_backward_f(float g, float y) {
 #undef EW_TANH
 #undef EW_LOG
 #undef EW_LOG1P
+#undef EW_EXPM1
 #undef EW_FAST
 
 #define EW_T float _Complex

@@ -5,7 +5,8 @@
  *   EW_FN       name of the generated function
  *   EW_M(f)     libm function of the type (expf / exp)
  *   EW_EXP(x)   exp to use in activations (a vectorizable one for float)
- *   EW_TANH(x), EW_LOG(x), EW_LOG1P(x)  tanh / log / log1p to use
+ *   EW_TANH(x), EW_LOG(x), EW_LOG1P(x), EW_EXPM1(x)  tanh / log / log1p /
+ *               expm1 to use
  *               (vectorizable ones for float)
  *   EW_FAST     1 for the float instantiation (vectorizable gelu / erf paths)
  * Every loop is a plain `for (i) d[i] = f(a[i], b[i], c[i])` over one block;
@@ -18,6 +19,18 @@ static EW_FN_ATTR void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_
   const T p0 = (T)I->p[0], p1 = (T)I->p[1], p2 = (T)I->p[2];
   const T inf = (T)INFINITY;
 #include "ew_loops.h"
+  /* d = fmod(a, b): exact in a vector loop for floats, libm where it does not hold */
+#if EW_FAST
+#define EW_FMOD_INTO_D()                                        \
+  int fix_ = 0;                                                 \
+  for (int i = 0; i < n; i++) d[i] = ew_fmod_f(a[i], b[i]);     \
+  for (int i = 0; i < n; i++) fix_ |= !ew_fmod_ok(a[i], b[i]);  \
+  for (int i = 0; fix_ && i < n; i++)                           \
+    if (!ew_fmod_ok(a[i], b[i])) d[i] = fmodf(a[i], b[i])
+#else
+#define EW_FMOD_INTO_D() \
+  for (int i = 0; i < n; i++) d[i] = fmod(a[i], b[i])
+#endif
   switch (I->op) {
     case TPURT_EW_NEG: U(-x);
     case TPURT_EW_ABS: U(EW_M(fabs)(x));
@@ -26,12 +39,43 @@ static EW_FN_ATTR void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_
     case TPURT_EW_RECIPROCAL: U((T)1 / x);
     case TPURT_EW_SQUARE: U(x * x);
     case TPURT_EW_EXP: U(EW_EXP(x));
+#if EW_FAST
+    case TPURT_EW_EXP2: U(ew_exp2_f(x));
+    case TPURT_EW_EXPM1: U(ew_expm1_f(x));
+#else
     case TPURT_EW_EXP2: U(EW_M(exp2)(x));
     case TPURT_EW_EXPM1: U(EW_M(expm1)(x));
+#endif
     case TPURT_EW_LOG: U(EW_LOG(x));
+#if EW_FAST
+    case TPURT_EW_LOG2: U(ew_log2_f(x));
+    case TPURT_EW_LOG10: U(ew_log10_f(x));
+#else
     case TPURT_EW_LOG2: U(EW_M(log2)(x));
     case TPURT_EW_LOG10: U(EW_M(log10)(x));
+#endif
     case TPURT_EW_LOG1P: U(EW_LOG1P(x));
+#if EW_FAST
+    /* a vector loop, then libm for the elements out of the reduction's range */
+#define EW_TRIG(fv, fl)                          \
+  {                                              \
+    int fix_ = 0;                                \
+    for (int i = 0; i < n; i++) d[i] = fv(a[i]); \
+    for (int i = 0; i < n; i++) fix_ |= !ew_trig_ok(a[i]); \
+    for (int i = 0; fix_ && i < n; i++)          \
+      if (!ew_trig_ok(a[i])) d[i] = fl(a[i]);    \
+  }                                              \
+  break
+    case TPURT_EW_SIN: EW_TRIG(ew_sin_f, sinf);
+    case TPURT_EW_COS: EW_TRIG(ew_cos_f, cosf);
+    case TPURT_EW_TAN: EW_TRIG(ew_tan_f, tanf);
+#undef EW_TRIG
+    case TPURT_EW_ASIN: U(ew_asin_f(x));
+    case TPURT_EW_ACOS: U(ew_acos_f(x));
+    case TPURT_EW_ATAN: U(ew_atan_f(x));
+    case TPURT_EW_SINH: U(ew_sinh_f(x));
+    case TPURT_EW_COSH: U(ew_cosh_f(x));
+#else
     case TPURT_EW_SIN: U(EW_M(sin)(x));
     case TPURT_EW_COS: U(EW_M(cos)(x));
     case TPURT_EW_TAN: U(EW_M(tan)(x));
@@ -40,6 +84,7 @@ static EW_FN_ATTR void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_
     case TPURT_EW_ATAN: U(EW_M(atan)(x));
     case TPURT_EW_SINH: U(EW_M(sinh)(x));
     case TPURT_EW_COSH: U(EW_M(cosh)(x));
+#endif
     case TPURT_EW_TANH: U(EW_TANH(x));
     case TPURT_EW_ASINH: U(EW_M(asinh)(x));
     case TPURT_EW_ACOSH: U(EW_M(acosh)(x));
@@ -94,7 +139,7 @@ static EW_FN_ATTR void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_
     case TPURT_EW_HARDTANH: {
       U(x != x ? x : (x < p0 ? p0 : (x > p1 ? p1 : x)));
     }
-    case TPURT_EW_ELU: U(x <= 0 ? EW_M(expm1)(x * p2) * (p0 * p1) : x * p1);
+    case TPURT_EW_ELU: U(x <= 0 ? EW_EXPM1(x * p2) * (p0 * p1) : x * p1);
     case TPURT_EW_HARDSIGMOID: {
       for (int i = 0; i < n; i++) {
         T t = a[i] + (T)3;
@@ -148,13 +193,14 @@ static EW_FN_ATTR void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_
     case TPURT_EW_DIV: B(x / y);
     case TPURT_EW_DIV_TRUNC: B(EW_M(trunc)(x / y));
     case TPURT_EW_DIV_FLOOR: {
+      EW_FMOD_INTO_D();
       for (int i = 0; i < n; i++) {
         T x = a[i], y = b[i];
         if (y == 0) {
           d[i] = x / y;
           continue;
         }
-        T m = EW_M(fmod)(x, y);
+        T m = d[i];
         T q = (x - m) / y;
         if (m != 0 && ((y < 0) != (m < 0))) q -= (T)1;
         T r;
@@ -169,18 +215,34 @@ static EW_FN_ATTR void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_
       break;
     }
     case TPURT_EW_REMAINDER: {
+      EW_FMOD_INTO_D();
       for (int i = 0; i < n; i++) {
-        T x = a[i], y = b[i];
-        T m = EW_M(fmod)(x, y);
-        if (m != 0 && ((y < 0) != (m < 0))) m += y;
-        d[i] = m;
+        T y = b[i], m = d[i];
+        d[i] = (m != 0) & ((y < 0) != (m < 0)) ? m + y : m;
       }
       break;
     }
-    case TPURT_EW_FMOD: B(EW_M(fmod)(x, y));
+    case TPURT_EW_FMOD: {
+      EW_FMOD_INTO_D();
+      break;
+    }
+#if EW_FAST
+    case TPURT_EW_POW: {
+      int fix_ = 0;
+      for (int i = 0; i < n; i++) d[i] = ew_pow_abs_f(a[i], b[i]);
+      for (int i = 0; i < n; i++) d[i] = ew_pow_sign_f(a[i], b[i], d[i]);
+      for (int i = 0; i < n; i++) fix_ |= !ew_pow_ok(a[i], b[i]);
+      for (int i = 0; fix_ && i < n; i++)
+        if (!ew_pow_ok(a[i], b[i])) d[i] = powf(a[i], b[i]);
+      break;
+    }
+    case TPURT_EW_ATAN2: B(ew_atan2_f(x, y));
+    case TPURT_EW_HYPOT: B(ew_hypot_f(x, y));
+#else
     case TPURT_EW_POW: B(EW_M(pow)(x, y));
     case TPURT_EW_ATAN2: B(EW_M(atan2)(x, y));
     case TPURT_EW_HYPOT: B(EW_M(hypot)(x, y));
+#endif
     case TPURT_EW_COPYSIGN: B(EW_M(copysign)(x, y));
     case TPURT_EW_XLOGY: B(y != y ? y : (x == 0 ? (T)0 : x * EW_LOG(y)));
     case TPURT_EW_MAXIMUM: B((x != x || x >= y) ? x : y);
@@ -381,4 +443,5 @@ static EW_FN_ATTR void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_
 #undef U
 #undef B
 #undef TR
+#undef EW_FMOD_INTO_D
 }
