@@ -4,7 +4,9 @@ device   host<->device copy bandwidth vs memcpy, empty-op round trip
 elementwise  large add/mul/gelu vs CPU and vs the machine's STREAM triad; softmax, norms,
          gelu, tanh, erf, log, sqrt, column sum at a small training step's sizes vs CPU; random
          sampling (rand, randn, uniform_, normal_, bernoulli_, randint, dropout, multinomial, a
-         Linear built on the device) vs CPU; sort, unique, topk, kthvalue, median vs CPU
+         Linear built on the device) vs CPU; sort, unique, topk, kthvalue, median vs CPU; elementary
+         functions (trig, inverse trig, sinh, exp2, expm1, log2/10, pow, atan2, hypot), fmod /
+         remainder / floor division, clamp, elu, mse / huber loss on 1M floats vs CPU
 defer    DeferAndFuse vs strict eager vs CPU eager on minGPT / Llama / ResNet train steps (defer also
          with 64-op pipelined segments, TORCH_TPU_DEFER_SEGMENT_OPS), and their AdamW step alone
          (strict, defer with foreach launches one by one, defer with one chain)
@@ -100,14 +102,16 @@ def main(argv: list[str] | None = None) -> int:
         sk, sk_table = elementwise.step_kernels(args.repeats)
         rs, rs_table = elementwise.random_sampling(args.repeats)
         os_, os_table = elementwise.order_statistics(max(3, args.repeats // 3))
+        mf, mf_table = elementwise.math_functions(args.repeats)
         emit("elementwise", {"machine": common.machine(), **ew, "step_kernels": sk, "random": rs,
-                             "order_statistics": os_},
+                             "order_statistics": os_, "math_functions": mf},
              "Elementwise vs CPU and STREAM triad",
              "Large elementwise ops (out= preallocated for add/mul; gelu allocates):\n\n" + ew_table +
              "\n\nKernels at a small training step's sizes (tpu: back-to-back launches, one synchronize per "
              "sample; includes the host's per-op dispatch):\n\n" + sk_table +
              "\n\nRandom sampling (5 calls, then one synchronize, a sample):\n\n" + rs_table +
-             "\n\nSorting and selection:\n\n" + os_table)
+             "\n\nSorting and selection:\n\n" + os_table +
+             "\n\nElementary functions, fmod family, clamp, pointwise losses:\n\n" + mf_table)
     if "gemm" in args.suites:
         reps = max(3, args.repeats // 3)
         lib, lib_table = gemm.library_choice(reps)

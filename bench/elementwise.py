@@ -180,3 +180,28 @@ def order_statistics(repeats: int) -> tuple[dict, str]:
     }
     ops = {name: tuple((lambda f=f, d=d: f(*dev[d])) for d in ("cpu", "tpu")) for name, f in fns.items()}
     return cpu_vs_tpu(ops, repeats, 1, "op (float32)")
+
+
+def math_functions(repeats: int, n: int = 1 << 20) -> tuple[dict, str]:
+    """Elementary functions, clamp, fmod-family and pointwise losses on 1M
+    float32 elements vs CPU (PyTorch's vectorized kernels): the trig, inverse
+    trig, hyperbolic, exp2 / expm1, log2 / log10, pow, atan2, hypot, fmod,
+    remainder, floor division, clamp, elu, mse_loss and huber_loss. A sample
+    is 3 calls, then one synchronize."""
+    g = torch.Generator().manual_seed(0)
+    x, y, z = torch.randn(n, generator=g), torch.randn(n, generator=g) + 0.1, torch.rand(n, generator=g)
+    dev = {d: (x.to(d), y.to(d), z.to(d)) for d in ("cpu", "tpu")}
+    fns = {
+        "sin": lambda a, b, c: a.sin(), "cos": lambda a, b, c: a.cos(), "tan": lambda a, b, c: a.tan(),
+        "atan": lambda a, b, c: a.atan(), "asin": lambda a, b, c: c.asin(), "sinh": lambda a, b, c: a.sinh(),
+        "exp2": lambda a, b, c: a.exp2(), "expm1": lambda a, b, c: a.expm1(), "log2": lambda a, b, c: c.log2(),
+        "log10": lambda a, b, c: c.log10(), "pow(x, y)": lambda a, b, c: torch.pow(c, b),
+        "pow(x, 2.5)": lambda a, b, c: c.pow(2.5), "atan2": lambda a, b, c: torch.atan2(a, b),
+        "hypot": lambda a, b, c: torch.hypot(a, b), "fmod": lambda a, b, c: torch.fmod(a, b),
+        "remainder": lambda a, b, c: torch.remainder(a, b),
+        "floor divide": lambda a, b, c: torch.div(a, b, rounding_mode="floor"),
+        "clamp(-0.5, 0.5)": lambda a, b, c: a.clamp(-0.5, 0.5), "elu": lambda a, b, c: F.elu(a),
+        "mse_loss": lambda a, b, c: F.mse_loss(a, b), "huber_loss": lambda a, b, c: F.huber_loss(a, b),
+    }
+    ops = {name: tuple((lambda f=f, d=d: f(*dev[d])) for d in ("cpu", "tpu")) for name, f in fns.items()}
+    return cpu_vs_tpu(ops, repeats, 3, "op (1M float32)")
