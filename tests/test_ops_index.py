@@ -585,6 +585,34 @@ def test_bincount(dtype):
     assert torch.equal(torch.bincount(empty.to(DT), minlength=3).cpu(), torch.bincount(empty, minlength=3))
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int32, torch.int64, torch.float32, torch.float64], ids=str)
+def test_index_add_into_a_vector_counts_exactly(dtype):
+    # a 1-D destination (bincount's histogram): integers counted in private
+    # bins per chunk of the index and merged (wrapping like the CPU's
+    # element-by-element adds), floats added in index order (the CPU's
+    # bits); alpha, a strided index, many indices to few bins and to many
+    g = torch.Generator().manual_seed(1)
+    for bins, n in ((7, 100003), (1000, 1 << 20), (50000, 30011)):
+        idx = torch.randint(0, bins, (2 * n,), generator=g)[::2]
+        src = (torch.randint(0, 300, (n,), generator=g) if not dtype.is_floating_point
+               else torch.randn(n, generator=g)).to(dtype)
+        base = torch.zeros(bins, dtype=dtype) + 3
+        alpha = 1 if dtype == torch.uint8 else 2
+        want = base.clone().index_add_(0, idx, src, alpha=alpha)
+        got = base.to(DT).index_add_(0, idx.to(DT), src.to(DT), alpha=alpha).cpu()
+        assert torch.equal(got, want), (bins, n, (got != want).sum())
+    x = torch.randint(0, 1000, (1 << 20,), generator=g)
+    assert torch.equal(torch.bincount(x.to(DT)).cpu(), torch.bincount(x))
+    # out of range: IndexError for a vector, RuntimeError for more dims, as on CPU
+    with pytest.raises(IndexError, match="index out of range in self"):
+        torch.zeros(5, dtype=torch.int64, device=DT).index_add_(0, torch.tensor([1, 9] * 5000, device=DT),
+                                                               torch.ones(10000, dtype=torch.int64, device=DT)).cpu()
+    with pytest.raises(RuntimeError, match="out of bounds for dimension 0") as e:
+        torch.zeros(5, 2, device=DT).index_add_(0, torch.tensor([9], device=DT), torch.ones(1, 2, device=DT)).cpu()
+    assert e.type is RuntimeError
+    assert torch.bincount(torch.tensor([2, 2], device=DT)).cpu().tolist() == [0, 0, 2]  # usable afterwards
+
+
 def test_bincount_bad_input_like_cpu():
     cases = [(lambda d: torch.bincount(torch.tensor([-1, 2], device=d)), RuntimeError, "non-negative"),
              (lambda d: torch.bincount(torch.tensor([[1]], device=d)), RuntimeError, "1-d non-negative"),

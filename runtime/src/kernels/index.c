@@ -504,6 +504,89 @@ static void iadd_groups(iadd_ctx *x, int64_t b, int64_t e) {
   }
 }
 
+/* One-dimensional self (bincount, a histogram by index_add): integer
+ * destinations are counted in private per-chunk bins over the index, then
+ * added bin by bin (exact in any order); floating ones add in index order,
+ * one typed loop (no row iterator an element). Returns 0 when this is not
+ * such a launch, -1 when host memory runs out. */
+typedef struct {
+  iadd_ctx *x;
+  int64_t lim, n, istr, sd, rd, nchunks;
+  int64_t *bins; /* nchunks x lim */
+} iadd1_ctx;
+
+static void iadd1_count(void *c, int64_t b, int64_t e) {
+  iadd1_ctx *y = c;
+  iadd_args *a = y->x->a;
+  tpurt_dtype idt = a->index.dtype, dt = a->self.dtype;
+  for (int64_t ch = b; ch < e; ch++) {
+    int64_t *bins = y->bins + ch * y->lim;
+    memset(bins, 0, (size_t)y->lim * sizeof(int64_t));
+    int64_t j0 = y->n * ch / y->nchunks, j1 = y->n * (ch + 1) / y->nchunks;
+    for (int64_t j = j0; j < j1; j++) {
+      int64_t v = kc_ld_idx(idt, y->x->idx + j * y->istr);
+      if (v == a->skip) continue;
+      bins[v] += kc_ldi(dt, y->x->src + j * y->rd);
+    }
+  }
+}
+
+static void iadd1_merge(void *c, int64_t b, int64_t e) {
+  iadd1_ctx *y = c;
+  iadd_args *a = y->x->a;
+  tpurt_dtype dt = a->self.dtype;
+  int64_t al = (int64_t)a->alpha;
+  for (int64_t v = b; v < e; v++) {
+    uint64_t t = 0;
+    for (int64_t ch = 0; ch < y->nchunks; ch++) t += (uint64_t)y->bins[ch * y->lim + v];
+    char *d = y->x->self + v * y->sd;
+    kc_sti(dt, d, (int64_t)((uint64_t)kc_ldi(dt, d) + (uint64_t)al * t));
+  }
+}
+
+static int iadd_1d(iadd_ctx *x) {
+  iadd_args *a = x->a;
+  if (a->self.ndim != 1 || x->order || x->freq) return 0;
+  tpurt_dtype dt = a->self.dtype, idt = a->index.dtype;
+  int es = (int)tpurt_dtype_size(dt);
+  iadd1_ctx y = {x, a->self.sizes[0], kc_numel(&a->index),
+                 a->index.ndim ? a->index.strides[0] * (int64_t)tpurt_dtype_size(idt) : 0, a->self.strides[0] * es,
+                 a->src.strides[0] * es, 0, NULL};
+  int isint = is_int_dtype(dt) && dt != TPURT_BOOL && dt != TPURT_U64;
+  int nt = tpurt_num_threads();
+  if (isint && y.n >= 8192 && (double)y.lim * 8.0 * nt * 4 <= 64.0 * (1 << 20)) {
+    y.nchunks = (int64_t)nt * 4;
+    if (y.nchunks > y.n / 2048) y.nchunks = y.n / 2048;
+    y.bins = malloc((size_t)(y.nchunks * y.lim) * sizeof(int64_t));
+    if (!y.bins) return -1;
+    tpurt_parallel_for(y.nchunks, 1, iadd1_count, &y);
+    tpurt_parallel_for(y.lim, 16384, iadd1_merge, &y);
+    free(y.bins);
+    return 1;
+  }
+  if (dt != TPURT_F32 && dt != TPURT_F64) return 0;
+  for (int64_t j = 0; j < y.n; j++) {
+    int64_t v = kc_ld_idx(idt, x->idx + j * y.istr);
+    if (v == a->skip) continue;
+    char *d = x->self + v * y.sd;
+    const char *q = x->src + j * y.rd;
+    if (dt == TPURT_F32) {
+      float dv, sv, al = (float)a->alpha;
+      memcpy(&dv, d, 4);
+      memcpy(&sv, q, 4);
+      dv += al * sv;
+      memcpy(d, &dv, 4);
+    } else {
+      double dv, sv;
+      memcpy(&dv, d, 8);
+      memcpy(&sv, q, 8);
+      dv += a->alpha * sv;
+      memcpy(d, &dv, 8);
+    }
+  }
+  return 1;
+}
+
 static int cmp_pair(const void *p, const void *q) {
   const int64_t *x = p, *y = q;
   return x[0] != y[0] ? (x[0] < y[0] ? -1 : 1) : (x[1] < y[1] ? -1 : x[1] > y[1]);
@@ -565,7 +648,13 @@ static tpurt_status k_index_add(void *p, char *err, size_t errlen) {
     int64_t v = kc_ld_idx(idt, idx + j * istr);
     if (v == a->skip) continue;
     if (v < 0 || v >= lim) {
-      snprintf(err, errlen, "index %" PRId64 " is out of bounds for dimension %d with size %" PRId64, v, a->dim, lim);
+      /* the CPU's words and, through the glue, its classes: IndexError
+       * for a vector, RuntimeError otherwise */
+      if (a->self.ndim == 1)
+        snprintf(err, errlen, "index out of range in self (index %" PRId64 ", size %" PRId64 ")", v, lim);
+      else
+        snprintf(err, errlen, "index %" PRId64 " is out of bounds for dimension %d with size %" PRId64, v, a->dim,
+                 lim);
       return TPURT_ERR_INDEX;
     }
   }
@@ -616,11 +705,16 @@ static tpurt_status k_index_add(void *p, char *err, size_t errlen) {
   x->src = tpurt__host_view(a->src.ptr);
   x->idx = (char *)idx;
   int64_t inner = kc_iter_inner(&x->it);
-  tpurt_parallel_for(kc_iter_rows(&x->it), KC_GRAIN / ((n + 1) * inner) + 1, iadd_chunk, x);
+  int done = iadd_1d(x);
+  if (done == 0) tpurt_parallel_for(kc_iter_rows(&x->it), KC_GRAIN / ((n + 1) * inner) + 1, iadd_chunk, x);
   free(x->order);
   free(x->gstart);
   free(x->freq);
   free(x);
+  if (done < 0) {
+    snprintf(err, errlen, "index_add: out of host memory");
+    return TPURT_ERR_OUT_OF_MEMORY;
+  }
   return TPURT_OK;
 }
 
