@@ -994,7 +994,7 @@ def _float_ulps(got, ref64):
 
 
 @pytest.mark.parametrize("name", ["sin", "cos", "tan", "atan", "asin", "acos", "sinh", "cosh", "exp2", "expm1",
-                                  "log2", "log10", "elu"])
+                                  "log2", "log10", "elu", "erfinv"])
 def test_double_evaluated_float_functions_round_within_an_ulp(name):
     # float32 sin / cos / tan / atan / asin / acos / sinh / cosh / exp2 /
     # expm1 / log2 / log10 are evaluated in double (ew_dmath.h): within one
@@ -1004,11 +1004,12 @@ def test_double_evaluated_float_functions_round_within_an_ulp(name):
     # (signed zeros, infinities, NaN, |x| > 1 for asin / acos) as the CPU's
     fns = {"elu": F.elu}
     fn = fns[name] if name in fns else getattr(torch, name)
-    lim = {"asin": 1.0, "acos": 1.0}.get(name, 30.0)
+    lim = {"asin": 1.0, "acos": 1.0, "erfinv": 1.0}.get(name, 30.0)
     x = torch.cat([torch.linspace(-lim, lim, 200001), torch.logspace(-44, 38, 8001), -torch.logspace(-44, 38, 8001),
                    torch.tensor([0.0, -0.0, 0.1, -0.1, 0.0999999, 0.19891237, 0.41421356, 0.66817864, 1.0, -1.0,
                                  0.7853982, 1.5707964, 3.1415927, 262143.9, 262144.0, -262144.0, 1e5, 88.7, 89.0,
-                                 -103.9, 127.9, 128.0, -149.0, -150.0, 1.0000001, 0.99999994,
+                                 -103.9, 127.9, 128.0, -149.0, -150.0, 1.0000001, 0.99999994, -0.99999994,
+                                 0.9966, 0.99662, 0.9999999, -0.5, 1e-7,
                                  float("inf"), float("-inf"), float("nan")])])
     got = fn(x.to("tpu")).cpu()
     ref = fn(x.double())
@@ -1020,13 +1021,13 @@ def test_double_evaluated_float_functions_round_within_an_ulp(name):
     assert torch.equal(torch.signbit(got[ref == 0]), torch.signbit(ref[ref == 0]))
 
 
-def test_atan2_hypot_pow_round_within_an_ulp_and_keep_c_specials():
+def test_atan2_hypot_pow_logaddexp_round_within_an_ulp_and_keep_c_specials():
     g = torch.Generator().manual_seed(5)
     a = torch.cat([torch.randn(100000, generator=g) * 10, torch.logspace(-40, 38, 1000)])
     b = torch.cat([torch.randn(100000, generator=g) * 10, -torch.logspace(38, -40, 1000)])
     sp = torch.tensor([0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 0.5, 3.0, -3.0, float("inf"), float("-inf"), float("nan")])
     sa, sb = sp.repeat_interleave(len(sp)), sp.repeat(len(sp))
-    for fn in (torch.atan2, torch.hypot, lambda p, q: torch.pow(p.abs(), q / 4)):
+    for fn in (torch.atan2, torch.hypot, lambda p, q: torch.pow(p.abs(), q / 4), torch.logaddexp, torch.logaddexp2):
         got, ref = fn(a.to("tpu"), b.to("tpu")).cpu(), fn(a.double(), b.double())
         ok = torch.isfinite(ref) & (ref.abs() <= torch.finfo(torch.float32).max)
         ulps = _float_ulps(got[ok], ref[ok])
@@ -1039,7 +1040,9 @@ def test_atan2_hypot_pow_round_within_an_ulp_and_keep_c_specials():
         torch.testing.assert_close(got[exact], want[exact], rtol=0, atol=0, equal_nan=True)
         zero = want == 0  # a NaN's sign is not part of the contract
         assert torch.equal(torch.signbit(got[zero]), torch.signbit(want[zero]))
-        assert _float_ulps(got[~exact], fn(sa.double(), sb.double())[~exact]).max() <= 1.0
+        ref = fn(sa.double(), sb.double())[~exact]
+        # (float64's own rounding leaves logaddexp2(-1, -1) at -5e-17 instead of 0)
+        assert ((_float_ulps(got[~exact], ref) <= 1.0) | ((got[~exact].double() - ref).abs() <= 1e-12)).all()
     # a negative base: integer exponents signed by their parity, others NaN
     base = torch.tensor([-2.0, -2.0, -2.0, -1.5, -0.5, -3.0, -2.0, -1.0, -1.0])
     expo = torch.tensor([3.0, 2.0, 0.5, -3.0, 7.0, 16777217.0, 8388609.0, float("inf"), 1e30])

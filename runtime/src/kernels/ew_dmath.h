@@ -1,16 +1,22 @@
 /*
  * ew_dmath.h — float32 elementary functions the compiler vectorizes:
  * exp2, expm1, sinh, cosh, log2, log10, sin, cos, tan, atan, atan2, asin,
- * acos, pow, hypot and an exact fmod. Each widens its float arguments to
- * double and evaluates a short polynomial after an exact or near-exact
- * argument reduction, so its result is the float nearest the function's
- * value but for rare near-ties (errors of order 1e-13 relative before the
- * final rounding): tighter than the 1e-6 of ew_exec.h's float
- * approximations, with no table and no branch. glibc's scalar calls they
- * replace ran at 0.05-0.25x PyTorch CPU's vectorized ones.
+ * acos, pow, hypot, logaddexp(2), erfinv and an exact fmod. Each widens
+ * its float arguments to double and evaluates a short polynomial (Taylor,
+ * or a Chebyshev fit) after an exact or near-exact argument reduction, so
+ * its result is the float nearest the function's value but for rare
+ * near-ties (errors of 1e-11 relative or less before the final rounding):
+ * tighter than the 1e-6 of ew_exec.h's float approximations, with no table
+ * and no branch. glibc's scalar calls they replace ran at 0.05-0.25x
+ * PyTorch CPU's vectorized kernels.
  *
- * Only + - * / and sqrt, never a contracted fma (-ffp-contract=off): every
- * build variant (baseline, v3, v4) and generated kernels give the same bits.
+ * Only + - * /, sqrt and explicit fma() (exactly rounded: the instruction
+ * and the baseline build's libm call agree), never a contracted one
+ * (-ffp-contract=off): every build variant (baseline, v3, v4) and the
+ * generated kernels give the same bits. Where a loop mixed float and
+ * double compares, or a float-to-int conversion, gcc kept it scalar: the
+ * selects here compare in one type, and integer parts come from the
+ * rounding constant.
  *
  * Three (sin / cos / tan, pow, fmod) have a range beyond which the
  * reduction is not exact; ew_*_ok says where the formula holds, and the
@@ -298,6 +304,51 @@ static inline float ew_fmod_f(float x, float y) {
   r = wrong ? r + copysign(ay, xd) : r;
   r = r == 0 ? copysign(0.0, xd) : r;
   return (float)r;
+}
+
+/* log(1 + u) for u in [0, 1]: log(v) u / (v - 1) with v = 1 + u (the
+ * quotient corrects v's rounding), u itself where v rounds to 1 */
+static inline double ew_d_log1p01(double u) {
+  double v = 1.0 + u, e, lm = ew_d_logm(v, &e);
+  double r = fma(e, 0.69314718055994530942, lm) * (u / (v - 1.0));
+  return v == 1.0 ? u : r;
+}
+
+/* logaddexp(x, y) = m + log(1 + e^-|x - y|) (base 2 for logaddexp2), m =
+ * max(x, y), in double; NaN as x + y, two equal infinities as themselves */
+static inline float ew_logaddexp_f(float x, float y, int base2) {
+  double m = x >= y ? x : y, t = ew_d_clamp(-fabs((double)x - (double)y), 600.0);
+  t = t != t ? 0.0 : t;
+  double l = base2 ? ew_d_log1p01(ew_d_exp2(t)) * 1.4426950408889634 : ew_d_log1p01(ew_d_exp(t));
+  float r = (float)(m + l);
+  r = (fabsf((float)m) == INFINITY) & (x == y) ? x : r;
+  return (x != x) | (y != y) ? x + y : r;
+}
+
+/* ---- erfinv: x = y p(w), w = -log((1 - y)(1 + y)), p a degree-13
+ * Chebyshev fit in w - 2.5 below w = 5 and in sqrt(w) - 3 above (to
+ * w = 16: the float nearest 1); errors < 3e-11 (the scheme of Giles'
+ * single-precision approximation with more terms) */
+static inline float ew_erfinv_f(float y) {
+  static const double c1[14] = {1.5014093511310715,     0.24664027674226105,    -0.004177318042578073,
+                                -0.0012527078778638292, 0.00021825108169578578, -4.996157075714713e-06,
+                                -3.417409529690375e-06, 4.788011625385882e-07,  1.3782110981667457e-08,
+                                -1.0897168657016768e-08, 8.198350424588279e-10, 1.2861572678730156e-10,
+                                -2.0518409614330562e-11, -2.7960410484332195e-13};
+  static const double c2[14] = {2.832976798731946,      1.00167527650183,       0.009445521900127605,
+                                -0.007643796919676193,  0.005685175424025618,   -0.0035589022134055043,
+                                0.0014838862596585,     -0.0001483567234177763, -0.00028413507380584927,
+                                0.00020443662898473645, -4.3420840144571996e-05, -2.2724223010572067e-05,
+                                1.785566989338426e-05,  -3.817714152402427e-06};
+  double yd = y;
+  double t = fabs(yd) < 1.0 ? (1.0 - yd) * (1.0 + yd) : 1.0, e;
+  double lm = ew_d_logm(t, &e);
+  double w = -fma(e, 0.69314718055994530942, lm);
+  double p1 = ew_dhorner(w - 2.5, c1, 14), p2 = ew_dhorner(sqrt(w) - 3.0, c2, 14);
+  float r = (float)((w < 5.0 ? p1 : p2) * yd);
+  r = fabsf(y) == 1.0f ? y * INFINITY : r;
+  r = fabsf(y) > 1.0f ? NAN : r;
+  return y != y ? y : r;
 }
 
 #endif

@@ -104,7 +104,11 @@ static EW_FN_ATTR void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_
     case TPURT_EW_ERF: U(EW_M(erf)(x));
     case TPURT_EW_ERFC: U(EW_M(erfc)(x));
 #endif
+#if EW_FAST
+    case TPURT_EW_ERFINV: U(ew_erfinv_f(x));
+#else
     case TPURT_EW_ERFINV: U((T)ew_erfinv((double)x));
+#endif
     case TPURT_EW_LGAMMA: U((T)ew_lgamma((double)x));
     case TPURT_EW_DIGAMMA: U((T)ew_digamma((double)x));
     case TPURT_EW_SIGN:
@@ -395,6 +399,10 @@ static EW_FN_ATTR void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_
     case TPURT_EW_IGAMMA: B((T)ews_igamma((double)x, (double)y, 0));
     case TPURT_EW_IGAMMAC: B((T)ews_igamma((double)x, (double)y, 1));
     case TPURT_EW_XLOG1PY: B(y != y ? y : (x == 0 ? (T)0 : x * EW_LOG1P(y)));
+#if EW_FAST
+    case TPURT_EW_LOGADDEXP: B(ew_logaddexp_f(x, y, 0));
+    case TPURT_EW_LOGADDEXP2: B(ew_logaddexp_f(x, y, 1));
+#else
     case TPURT_EW_LOGADDEXP:
     case TPURT_EW_LOGADDEXP2: { /* m + log(1 + e^-|x-y|), in base 2 for LOGADDEXP2 */
       const int base2 = I->op == TPURT_EW_LOGADDEXP2;
@@ -413,6 +421,7 @@ static EW_FN_ATTR void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_
       }
       break;
     }
+#endif
     case TPURT_EW_HEAVISIDE: B(x == 0 ? y : (T)(x > 0));
     case TPURT_EW_NEXTAFTER: {
       int via = (int)I->p[0];
