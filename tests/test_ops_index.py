@@ -66,6 +66,25 @@ def test_index_select_out_of_range():
     same(x.index_select(0, torch.tensor([2], device=DT)), torch.tensor([2.0]))
 
 
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.bfloat16, torch.int16, torch.float32, torch.int32,
+                                   torch.float64, torch.int64, torch.complex64], ids=str)
+def test_index_select_of_single_elements(dtype):
+    # slices of one element (a vector, [n, 1] rows, a strided column) take
+    # a typed loop per element size: every size, int32 and int64 indices,
+    # strided indices, and the first bad index named after a good run
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(5000, 3, generator=g) * 100).to(dtype)
+    idx = torch.randint(0, 5000, (2 * 40001,), generator=g)
+    for src in (x[:, 0].contiguous(), x[:, 1], x[:, :1]):
+        for ix in (idx[::2], idx[::2].int(), idx[:40001]):
+            same(src.to(DT).index_select(0, ix.to(DT)), src.index_select(0, ix))
+    bad = torch.cat([idx[:30000], torch.tensor([5000, 7000])])
+    r = x[:, 0].to(DT).index_select(0, bad.to(DT))
+    with pytest.raises(IndexError, match="index 5000 is out of bounds for dimension 0 with size 5000"):
+        r.cpu()
+    same(x[:, 0].to(DT).index_select(0, idx[:5].to(DT)), x[:, 0].index_select(0, idx[:5]))
+
+
 # --------------------------------------------------------------- gather
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.float16])

@@ -360,7 +360,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_rows(const at::Tensor& x, 
   flags.narrow(0, 0, 1).fill_(true);
   if (n > 1) {
     at::Tensor d = xs.narrow(0, 1, n - 1).ne(xs.narrow(0, 0, n - 1));
-    d = m > 0 ? d.any(1) : at::zeros({n - 1}, flags.options());
+    // one column (unique_consecutive of a flat tensor): the comparison itself
+    d = m == 1 ? d.view({n - 1}) : m > 0 ? d.any(1) : at::zeros({n - 1}, flags.options());
     flags.narrow(0, 1, n - 1).copy_(d);
   }
   at::Tensor group = at::cumsum(flags, 0, at::kLong).sub_(1);

@@ -66,8 +66,32 @@ typedef struct {
   kc_iter it; /* slice walker (out slice, self slice) */
   char *out, *self;
   const char *idx;
+  int one; /* slices of one element, strides multiples of the element size */
   kc_err err;
 } isel_ctx;
+
+/* slices of one element (a vector, or [n, 1] rows): a typed loop per
+ * element size and index type instead of a slice copy an element */
+#define ISEL_ONE(ET, IT)                                                    \
+  do {                                                                      \
+    const IT *ip = (const IT *)x->idx;                                      \
+    int64_t is = istr / (int64_t)sizeof(IT);                                \
+    int64_t os = ostr / (int64_t)sizeof(ET), ss = sstr / (int64_t)sizeof(ET); \
+    ET *op = (ET *)x->out;                                                  \
+    const ET *sp = (const ET *)x->self;                                     \
+    for (int64_t j = b; j < e; j++) {                                       \
+      int64_t v = ip[j * is];                                               \
+      bad |= (uint64_t)v >= (uint64_t)n_dim;                                \
+      op[j * os] = sp[(bad ? 0 : v) * ss];                                  \
+    }                                                                       \
+  } while (0)
+#define ISEL_ONE_ES(IT)                          \
+  switch (es) {                                  \
+    case 1: ISEL_ONE(uint8_t, IT); break;        \
+    case 2: ISEL_ONE(uint16_t, IT); break;       \
+    case 4: ISEL_ONE(uint32_t, IT); break;       \
+    default: ISEL_ONE(uint64_t, IT); break;      \
+  }
 
 static void isel_chunk(void *c, int64_t b, int64_t e) {
   isel_ctx *x = c;
@@ -77,6 +101,15 @@ static void isel_chunk(void *c, int64_t b, int64_t e) {
   int64_t istr = a->index.ndim ? a->index.strides[0] * isz : 0;
   int64_t n_dim = a->self.sizes[a->dim];
   int64_t ostr = a->out.strides[a->dim] * es, sstr = a->self.strides[a->dim] * es;
+  if (x->one && es <= 8 && (es & (es - 1)) == 0) {
+    int bad = 0;
+    if (a->index.dtype == TPURT_I64)
+      ISEL_ONE_ES(int64_t)
+    else
+      ISEL_ONE_ES(int32_t)
+    if (!bad) return;
+    /* find the first bad index for the message below */
+  }
   for (int64_t j = b; j < e; j++) {
     int64_t v = kc_ld_idx(a->index.dtype, x->idx + j * istr);
     if (v < 0 || v >= n_dim) {
@@ -102,6 +135,7 @@ static tpurt_status k_index_select(void *p, char *err, size_t errlen) {
   atomic_init(&x->err.set, 0);
   int64_t n = a->out.sizes[a->dim];
   int64_t slice = kc_numel(&os);
+  x->one = slice == 1;
   tpurt_parallel_for(n, slice >= KC_GRAIN ? 1 : KC_GRAIN / (slice + 1) + 1, isel_chunk, x);
   tpurt_status st = kc_err_finish(&x->err, TPURT_ERR_INDEX, err, errlen);
   free(x);
