@@ -276,6 +276,31 @@ def test_searchsorted_bucketize_isin():
         torch.searchsorted(seq2.to(DT), rnd((3, 2)).to(DT))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int32, torch.bfloat16], ids=str)
+def test_searchsorted_many_values_every_typed_path(dtype):
+    # a 1-D sequence and 10,001 values (units of 4,096 values spread over
+    # the threads), ties, values outside the range, NaN (floats), both sides,
+    # int32 output, a batch of rows, a strided (non-dense) sequence, and an
+    # unsorted sequence answered with the CPU's probes
+    g = torch.Generator().manual_seed(4)
+    seq = torch.sort((torch.randn(3001, generator=g) * 50)).values.to(dtype)
+    v = (torch.randn(10001, generator=g) * 60).to(dtype)
+    v[:100] = seq[:100]
+    if dtype.is_floating_point:
+        v[100] = float("nan")
+    for right in (False, True):
+        for out_int32 in (False, True):
+            close(torch.searchsorted(seq.to(DT), v.to(DT), right=right, out_int32=out_int32),
+                  torch.searchsorted(seq, v, right=right, out_int32=out_int32))
+    rows = torch.sort(torch.randn(3, 700, generator=g) * 10, dim=1).values.to(dtype)
+    vr = (torch.randn(3, 9000, generator=g) * 10).to(dtype)
+    close(torch.searchsorted(rows.to(DT), vr.to(DT)), torch.searchsorted(rows, vr))
+    close(torch.searchsorted(seq[::2].to(DT), v.to(DT)), torch.searchsorted(seq[::2], v))
+    close(torch.bucketize(v.to(DT), seq.to(DT), right=True), torch.bucketize(v, seq, right=True))
+    uns = (torch.randn(257, generator=g) * 20).to(dtype)
+    close(torch.searchsorted(uns.to(DT), v.to(DT)), torch.searchsorted(uns, v))
+
+
 def test_repeat_interleave_count_nonzero():
     r = torch.tensor([2, 0, 3, 1])
     close(torch.repeat_interleave(r.to(DT)), torch.repeat_interleave(r))

@@ -41,13 +41,49 @@ static int ss_go_right(const ss_ctx *x, int64_t sr, int64_t m, int64_t vi, doubl
   return a->right ? !(sv > vd) : !(sv >= vd);
 }
 
-static void ss_chunk(void *c, int64_t r0, int64_t r1) {
+#define SS_KCHUNK 4096 /* values a work unit searches: a 1-D sequence's values spread over the threads */
+
+/* Binary search of one row (dense sequence of type ST, values compared as
+ * CT): the same comparisons as ss_go_right, typed, selects for the bounds */
+#define SS_TYPED(ST, VT, CT)                                                     \
+  do {                                                                           \
+    const ST *sq = (const ST *)at2(x->seq, &a->seq, sr, 0);                      \
+    for (int64_t k = k0; k < k1; k++) {                                          \
+      CT v = (CT)*(const VT *)at2(x->val, &a->values, r, k);                     \
+      int64_t lo = 0, hi = M; /* the probes of the generic loop (and the CPU's): \
+                                 the same answer for an unsorted row */          \
+      while (lo < hi) {                                                          \
+        int64_t mid = lo + (hi - lo) / 2;                                        \
+        CT sv = (CT)sq[mid];                                                     \
+        int go = a->right ? !(sv > v) : !(sv >= v);                              \
+        lo = go ? mid + 1 : lo;                                                  \
+        hi = go ? hi : mid;                                                      \
+      }                                                                          \
+      kc_sti(a->out.dtype, (char *)at2(x->out, &a->out, r, k), lo);              \
+    }                                                                            \
+  } while (0)
+
+static void ss_chunk(void *c, int64_t u0, int64_t u1) {
   ss_ctx *x = c;
   ss_args *a = x->a;
   int64_t K = a->values.sizes[1], M = a->seq.sizes[1];
-  for (int64_t r = r0; r < r1; r++) {
+  int64_t nch = (K + SS_KCHUNK - 1) / SS_KCHUNK;
+  tpurt_dtype sdt = a->seq.dtype, vdt = a->values.dtype;
+  int typed = !a->has_sorter && (M <= 1 || a->seq.strides[1] == 1) && sdt == vdt &&
+              (sdt == TPURT_F32 || sdt == TPURT_F64 || sdt == TPURT_I64 || sdt == TPURT_I32);
+  for (int64_t u = u0; u < u1; u++) {
+    int64_t r = u / nch, k0 = u % nch * SS_KCHUNK, k1 = k0 + SS_KCHUNK < K ? k0 + SS_KCHUNK : K;
     int64_t sr = a->seq.sizes[0] == 1 ? 0 : r;
-    for (int64_t k = 0; k < K; k++) {
+    if (typed) {
+      switch (sdt) {
+        case TPURT_F32: SS_TYPED(float, float, float); break;
+        case TPURT_F64: SS_TYPED(double, double, double); break;
+        case TPURT_I64: SS_TYPED(int64_t, int64_t, int64_t); break;
+        default: SS_TYPED(int32_t, int32_t, int64_t); break;
+      }
+      continue;
+    }
+    for (int64_t k = k0; k < k1; k++) {
       const void *vp = at2(x->val, &a->values, r, k);
       int64_t vi = x->isint ? kc_ldi(a->values.dtype, vp) : 0;
       double vd = x->isint ? 0.0 : kc_ld(a->values.dtype, vp);
@@ -81,8 +117,9 @@ static tpurt_status k_searchsorted(void *p, char *err, size_t errlen) {
   x.srt = a->has_sorter && a->seq.sizes[1] ? tpurt__host_view(a->sorter.ptr) : NULL;
   x.isint = !kc_is_float(a->seq.dtype);
   atomic_init(&x.err.set, 0);
-  int64_t K = a->values.sizes[1] + 1;
-  tpurt_parallel_for(a->values.sizes[0], K >= 2048 ? 1 : 2048 / K + 1, ss_chunk, &x);
+  int64_t K = a->values.sizes[1], nch = (K + SS_KCHUNK - 1) / SS_KCHUNK;
+  int64_t per = nch == 1 ? K + 1 : SS_KCHUNK; /* values a unit */
+  tpurt_parallel_for(a->values.sizes[0] * nch, per >= 2048 ? 1 : 2048 / per + 1, ss_chunk, &x);
   return kc_err_finish(&x.err, TPURT_ERR_INDEX, err, errlen);
 }
 
