@@ -432,6 +432,34 @@ def test_grid_sample_3d(mode, padding_mode):
     check_grads(lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding_mode, align_corners=False), [x, grid])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+def test_grid_sample_forward_rows_over_the_threads(dtype):
+    # one image (its output rows split over the threads), grid points
+    # outside [-1, 1] (taps dropped under zeros padding), a channels-last
+    # input, every mode and padding, 2-D and 3-D
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(1, 5, 16, 20, generator=g).to(dtype)
+    grid = (torch.rand(1, 33, 17, 2, generator=g) * 2.6 - 1.3).to(dtype)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else {}
+    for xx in (x, x.to(memory_format=torch.channels_last)):
+        for mode in ("bilinear", "nearest", "bicubic"):
+            for pad in ("zeros", "border", "reflection"):
+                for align in (False, True):
+                    # bfloat16: against float64 on the same values (the CPU
+                    # computes the sampling coordinates in bfloat16 itself)
+                    ref = (xx.double(), grid.double()) if dtype == torch.bfloat16 else (xx, grid)
+                    want = F.grid_sample(*ref, mode=mode, padding_mode=pad, align_corners=align).to(dtype)
+                    got = F.grid_sample(xx.to("tpu"), grid.to("tpu"), mode=mode, padding_mode=pad, align_corners=align)
+                    torch.testing.assert_close(got.cpu(), want, **tol)
+    x3 = torch.randn(1, 3, 6, 7, 8, generator=g).to(dtype)
+    g3 = (torch.rand(1, 5, 9, 4, 3, generator=g) * 2.4 - 1.2).to(dtype)
+    for mode in ("bilinear", "nearest"):
+        ref = (x3.double(), g3.double()) if dtype == torch.bfloat16 else (x3, g3)
+        want = F.grid_sample(*ref, mode=mode, align_corners=False).to(dtype)
+        torch.testing.assert_close(F.grid_sample(x3.to("tpu"), g3.to("tpu"), mode=mode, align_corners=False).cpu(),
+                                   want, **tol)
+
+
 def test_grid_sample_errors():
     x, g = rand(1, 1, 3, 3), rand(1, 2, 2, 3)
     for dev in ("cpu", "tpu"):

@@ -830,14 +830,40 @@ typedef struct {
   const gs_args *a;
 } gs_ctx;
 
-static void gs_batch(void *c, int64_t b0, int64_t b1) {
-  const gs_args *a = ((gs_ctx *)c)->a;
-  int dims = a->dims;
-  v5 in = mk5(&a->in);
+/* the in-range taps of t as (x, y, z) index triples, z outermost and x
+ * innermost: the order every sum over them follows */
+static int gs_valid(const gs_taps t[3], unsigned char tl[64][3]) {
+  int nt = 0;
+  for (int z = 0; z < t[2].n; z++)
+    for (int y = 0; y < t[1].n; y++)
+      for (int x = 0; x < t[0].n; x++)
+        if (t[2].idx[z] >= 0 && t[1].idx[y] >= 0 && t[0].idx[x] >= 0) {
+          tl[nt][0] = (unsigned char)x, tl[nt][1] = (unsigned char)y, tl[nt][2] = (unsigned char)z;
+          nt++;
+        }
+  return nt;
+}
+
+/* the taps along x, y, z of output position (n, od, oh, ow) from its grid point */
+static void gs_point(const gs_args *a, const char *gb, const int64_t sz[3], int64_t n, int64_t od, int64_t oh,
+                     int64_t ow, gs_taps t[3]) {
   const tpurt_view *gv = &a->grid;
   int64_t ges = (int64_t)tpurt_dtype_size(gv->dtype);
-  const char *gb = tpurt__host_view(gv->ptr);
-  v5 o = mk5(a->bwd ? &a->gout : &a->out);
+  const char *gp = gb + (n * gv->strides[0] + od * gv->strides[1] + oh * gv->strides[2] + ow * gv->strides[3]) * ges;
+  for (int k = 0; k < 3; k++) {
+    if (k < a->dims) gs_make(&t[k], ld(gv->dtype, gp + k * gv->strides[4] * ges), sz[k], a);
+    else t[k].n = 1, t[k].idx[0] = 0, t[k].w[0] = 1, t[k].dw[0] = 0, t[k].mult = 0;
+  }
+}
+
+/* Backward, a batch at a time (grad_input accumulates over its taps) */
+static void gs_batch(void *c, int64_t b0, int64_t b1) {
+  const gs_args *a = ((gs_ctx *)c)->a;
+  unsigned char tl[64][3];
+  int dims = a->dims;
+  v5 in = mk5(&a->in);
+  const char *gb = tpurt__host_view(a->grid.ptr);
+  v5 o = mk5(&a->gout);
   v5 gi = mk5(&a->gin);
   const tpurt_view *ggv = &a->ggrid;
   char *ggb = a->has_ggrid ? tpurt__host_view(ggv->ptr) : NULL;
@@ -845,7 +871,7 @@ static void gs_batch(void *c, int64_t b0, int64_t b1) {
   int64_t C = in.C;
   int64_t sz[3] = {in.W, in.H, in.D}; /* grid component k: x -> W, y -> H, z -> D */
   for (int64_t n = b0; n < b1; n++) {
-    if (a->bwd && a->has_gin)
+    if (a->has_gin)
       for (int64_t c = 0; c < C; c++) {
         char *pl = gi.base + n * gi.sn + c * gi.sc;
         for (int64_t d = 0; d < gi.D; d++)
@@ -855,45 +881,27 @@ static void gs_batch(void *c, int64_t b0, int64_t b1) {
     for (int64_t od = 0; od < o.D; od++)
       for (int64_t oh = 0; oh < o.H; oh++)
         for (int64_t ow = 0; ow < o.W; ow++) {
-          const char *gp = gb + (n * gv->strides[0] + od * gv->strides[1] + oh * gv->strides[2] +
-                                 ow * gv->strides[3]) * ges;
           gs_taps t[3];
-          for (int k = 0; k < 3; k++) {
-            if (k < dims) gs_make(&t[k], ld(gv->dtype, gp + k * gv->strides[4] * ges), sz[k], a);
-            else t[k].n = 1, t[k].idx[0] = 0, t[k].w[0] = 1, t[k].dw[0] = 0, t[k].mult = 0;
-          }
+          gs_point(a, gb, sz, n, od, oh, ow, t);
+          int nt = gs_valid(t, tl);
           double gg[3] = {0, 0, 0};
           for (int64_t c = 0; c < C; c++) {
             const char *pin = in.base + n * in.sn + c * in.sc;
-            double gout = 0;
-            if (a->bwd) gout = ld(o.dt, AT5(o, o.base + n * o.sn + c * o.sc, od, oh, ow));
-            char *pgi = a->bwd && a->has_gin ? gi.base + n * gi.sn + c * gi.sc : NULL;
-            double s = 0;
-            for (int z = 0; z < t[2].n; z++) {
-              if (t[2].idx[z] < 0) continue;
-              for (int y = 0; y < t[1].n; y++) {
-                if (t[1].idx[y] < 0) continue;
-                for (int x = 0; x < t[0].n; x++) {
-                  if (t[0].idx[x] < 0) continue;
-                  double wgt = t[0].w[x] * t[1].w[y] * t[2].w[z];
-                  if (!a->bwd) {
-                    s += wgt * ld(in.dt, AT5(in, pin, t[2].idx[z], t[1].idx[y], t[0].idx[x]));
-                    continue;
-                  }
-                  if (pgi) {
-                    char *q = AT5(gi, pgi, t[2].idx[z], t[1].idx[y], t[0].idx[x]);
-                    st(gi.dt, q, ld(gi.dt, q) + wgt * gout);
-                  }
-                  if (ggb && a->interp != 1) {
-                    double v = ld(in.dt, AT5(in, pin, t[2].idx[z], t[1].idx[y], t[0].idx[x])) * gout;
-                    gg[0] += t[0].dw[x] * t[1].w[y] * t[2].w[z] * v;
-                    gg[1] += t[0].w[x] * t[1].dw[y] * t[2].w[z] * v;
-                    gg[2] += t[0].w[x] * t[1].w[y] * t[2].dw[z] * v;
-                  }
-                }
+            double gout = ld(o.dt, AT5(o, o.base + n * o.sn + c * o.sc, od, oh, ow));
+            char *pgi = a->has_gin ? gi.base + n * gi.sn + c * gi.sc : NULL;
+            for (int k = 0; k < nt; k++) {
+              int x = tl[k][0], y = tl[k][1], z = tl[k][2];
+              if (pgi) {
+                char *q = AT5(gi, pgi, t[2].idx[z], t[1].idx[y], t[0].idx[x]);
+                st(gi.dt, q, ld(gi.dt, q) + t[0].w[x] * t[1].w[y] * t[2].w[z] * gout);
+              }
+              if (ggb && a->interp != 1) {
+                double v = ld(in.dt, AT5(in, pin, t[2].idx[z], t[1].idx[y], t[0].idx[x])) * gout;
+                gg[0] += t[0].dw[x] * t[1].w[y] * t[2].w[z] * v;
+                gg[1] += t[0].w[x] * t[1].dw[y] * t[2].w[z] * v;
+                gg[2] += t[0].w[x] * t[1].w[y] * t[2].dw[z] * v;
               }
             }
-            if (!a->bwd) st(o.dt, AT5(o, o.base + n * o.sn + c * o.sc, od, oh, ow), s);
           }
           if (ggb) {
             char *q = ggb + (n * ggv->strides[0] + od * ggv->strides[1] + oh * ggv->strides[2] +
@@ -904,10 +912,54 @@ static void gs_batch(void *c, int64_t b0, int64_t b1) {
   }
 }
 
+/* Forward: output rows (n, od, oh) split over the threads; each output
+ * position's in-range taps become byte offsets and weights once, then
+ * every channel sums them in tap order with typed loads. */
+static void gs_fwd_rows(void *c, int64_t u0, int64_t u1) {
+  const gs_args *a = ((gs_ctx *)c)->a;
+  v5 in = mk5(&a->in), o = mk5(&a->out);
+  const char *gb = tpurt__host_view(a->grid.ptr);
+  int64_t sz[3] = {in.W, in.H, in.D};
+  int64_t off[64];
+  double wt[64];
+  unsigned char tl[64][3];
+  for (int64_t u = u0; u < u1; u++) {
+    int64_t oh = u % o.H, od = u / o.H % o.D, n = u / (o.H * o.D);
+    for (int64_t ow = 0; ow < o.W; ow++) {
+      gs_taps t[3];
+      gs_point(a, gb, sz, n, od, oh, ow, t);
+      int nt = gs_valid(t, tl);
+      for (int k = 0; k < nt; k++) {
+        int x = tl[k][0], y = tl[k][1], z = tl[k][2];
+        wt[k] = t[0].w[x] * t[1].w[y] * t[2].w[z];
+        off[k] = t[2].idx[z] * in.sd + t[1].idx[y] * in.sh + t[0].idx[x] * in.sw;
+      }
+      const char *pin = in.base + n * in.sn;
+      char *po = AT5(o, o.base + n * o.sn, od, oh, ow);
+      for (int64_t ch = 0; ch < in.C; ch++, pin += in.sc, po += o.sc) {
+        double sum = 0;
+        if (in.dt == TPURT_F32) {
+          for (int k = 0; k < nt; k++) sum += wt[k] * *(const float *)(pin + off[k]);
+          *(float *)po = (float)sum;
+        } else {
+          for (int k = 0; k < nt; k++) sum += wt[k] * ld(in.dt, pin + off[k]);
+          st(o.dt, po, sum);
+        }
+      }
+    }
+  }
+}
+
 static tpurt_status k_grid(void *pa, char *err, size_t errlen) {
   (void)err, (void)errlen;
   gs_args *a = pa;
   gs_ctx c = {a};
+  if (!a->bwd) {
+    int64_t rows = a->out.sizes[0] * a->out.sizes[2] * a->out.sizes[3];
+    int64_t per = a->out.sizes[4] * a->out.sizes[1] + 1;
+    tpurt_parallel_for(rows, per >= 4096 ? 1 : 4096 / per + 1, gs_fwd_rows, &c);
+    return TPURT_OK;
+  }
   /* grad_input accumulates in its own dtype: for reduced precision that
    * would round per tap, so batches stay whole and f32/f64 are exact enough */
   tpurt_parallel_for(a->in.sizes[0], 1, gs_batch, &c);
