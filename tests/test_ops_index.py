@@ -397,7 +397,7 @@ def test_split_chunk_repeat_flip_roll():
     same(d.roll(3), x.roll(3))
 
 
-@pytest.mark.parametrize("diag", [-2, 0, 1, 5])
+@pytest.mark.parametrize("diag", [-2 ** 63, -9, -4, -2, 0, 1, 5, 6, 2 ** 63 - 1])
 def test_tril_triu(diag):
     x = rnd((3, 4, 5))
     d = x.to(DT)
@@ -407,6 +407,12 @@ def test_tril_triu(diag):
     y = d.clone()
     y.tril_(diag)
     same(y, x.tril(diag))
+    y = d.clone()
+    y.triu_(diag)
+    same(y, x.triu(diag))
+    b = (rnd((2, 7, 3)) * 100).to(torch.int16)
+    same(b.to(DT).tril(diag), b.tril(diag))
+    same(b.to(DT)[:, ::2].triu(diag), b[:, ::2].triu(diag))
 
 
 def test_padding_modes():

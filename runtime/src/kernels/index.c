@@ -1143,15 +1143,21 @@ static void tril_chunk(void *c, int64_t b, int64_t e) {
     int64_t row = coord[nd - 2];
     char *op = x->o + oo * es;
     const char *ip = x->i + io * es;
-    (void)M;
-    for (int64_t j = 0; j < N; j++) {
-      int keep = a->upper ? (j - row >= a->diag) : (j - row <= a->diag);
-      if (keep) {
-        if (op != ip) kc_move(op + j * ocs, ip + j * ics, es);
-      } else {
-        memset(op + j * ocs, 0, (size_t)es);
-      }
+    /* the row's kept columns [k0, k1), zeros on either side of them */
+    int64_t dg = a->diag > N ? N : (a->diag < -M - 1 ? -M - 1 : a->diag); /* no overflow below */
+    int64_t lim = row + dg;
+    int64_t k0 = a->upper ? (lim < 0 ? 0 : lim > N ? N : lim) : 0;
+    int64_t k1 = a->upper ? N : (lim + 1 < 0 ? 0 : lim + 1 > N ? N : lim + 1);
+    if (ocs == es && ics == es) {
+      memset(op, 0, (size_t)(k0 * es));
+      if (op != ip && k1 > k0) memmove(op + k0 * es, ip + k0 * es, (size_t)((k1 - k0) * es));
+      memset(op + k1 * es, 0, (size_t)((N - k1) * es));
+      continue;
     }
+    for (int64_t j = 0; j < k0; j++) memset(op + j * ocs, 0, (size_t)es);
+    if (op != ip)
+      for (int64_t j = k0; j < k1; j++) kc_move(op + j * ocs, ip + j * ics, es);
+    for (int64_t j = k1; j < N; j++) memset(op + j * ocs, 0, (size_t)es);
   }
 }
 
