@@ -554,9 +554,14 @@ static void iadd1_count(void *c, int64_t b, int64_t e) {
   iadd_args *a = y->x->a;
   tpurt_dtype idt = a->index.dtype, dt = a->self.dtype;
   for (int64_t ch = b; ch < e; ch++) {
-    int64_t *bins = y->bins + ch * y->lim;
-    memset(bins, 0, (size_t)y->lim * sizeof(int64_t));
+    int64_t *bins = y->bins + ch * (y->lim + 1); /* + a slot the skipped index counts into */
+    memset(bins, 0, (size_t)(y->lim + 1) * sizeof(int64_t));
     int64_t j0 = y->n * ch / y->nchunks, j1 = y->n * (ch + 1) / y->nchunks;
+    if (idt == TPURT_I64 && dt == TPURT_I64 && y->istr == 8 && y->rd == 8) { /* bincount's launch */
+      const int64_t *ix = (const int64_t *)y->x->idx, *sv = (const int64_t *)y->x->src;
+      for (int64_t j = j0; j < j1; j++) bins[ix[j] == a->skip ? y->lim : ix[j]] += sv[j];
+      continue;
+    }
     for (int64_t j = j0; j < j1; j++) {
       int64_t v = kc_ld_idx(idt, y->x->idx + j * y->istr);
       if (v == a->skip) continue;
@@ -572,7 +577,7 @@ static void iadd1_merge(void *c, int64_t b, int64_t e) {
   int64_t al = (int64_t)a->alpha;
   for (int64_t v = b; v < e; v++) {
     uint64_t t = 0;
-    for (int64_t ch = 0; ch < y->nchunks; ch++) t += (uint64_t)y->bins[ch * y->lim + v];
+    for (int64_t ch = 0; ch < y->nchunks; ch++) t += (uint64_t)y->bins[ch * (y->lim + 1) + v];
     char *d = y->x->self + v * y->sd;
     kc_sti(dt, d, (int64_t)((uint64_t)kc_ldi(dt, d) + (uint64_t)al * t));
   }
@@ -591,7 +596,7 @@ static int iadd_1d(iadd_ctx *x) {
   if (isint && y.n >= 8192 && (double)y.lim * 8.0 * nt * 4 <= 64.0 * (1 << 20)) {
     y.nchunks = (int64_t)nt * 4;
     if (y.nchunks > y.n / 2048) y.nchunks = y.n / 2048;
-    y.bins = malloc((size_t)(y.nchunks * y.lim) * sizeof(int64_t));
+    y.bins = malloc((size_t)(y.nchunks * (y.lim + 1)) * sizeof(int64_t));
     if (!y.bins) return -1;
     tpurt_parallel_for(y.nchunks, 1, iadd1_count, &y);
     tpurt_parallel_for(y.lim, 16384, iadd1_merge, &y);
@@ -678,7 +683,14 @@ static tpurt_status k_index_add(void *p, char *err, size_t errlen) {
   const char *idx = tpurt__host_view(a->index.ptr);
   int64_t n = kc_numel(&a->index), lim = a->self.sizes[a->dim];
   int64_t istr = a->index.ndim ? a->index.strides[0] * (int64_t)tpurt_dtype_size(idt) : 0;
-  for (int64_t j = 0; j < n; j++) {
+  int64_t j0 = 0;
+  if (idt == TPURT_I64 && istr == 8) { /* a typed pass finds whether any index is bad */
+    const int64_t *ix = (const int64_t *)idx;
+    int bad = 0;
+    for (int64_t j = 0; j < n; j++) bad |= ((uint64_t)ix[j] >= (uint64_t)lim) & (ix[j] != a->skip);
+    j0 = bad ? 0 : n;
+  }
+  for (int64_t j = j0; j < n; j++) {
     int64_t v = kc_ld_idx(idt, idx + j * istr);
     if (v == a->skip) continue;
     if (v < 0 || v >= lim) {
