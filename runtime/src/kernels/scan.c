@@ -99,11 +99,63 @@ static void scan_lines(void *c, int64_t lb, int64_t le) {
   }
 }
 
+/* cumsum / cumprod of float32 / float64 along a dim whose neighbouring
+ * lines lie next to each other (a column scan of a row-major matrix): up
+ * to SCB lines advance together, one contiguous row of them a step, each
+ * line's running value carried in double exactly as scan_lines carries it
+ * (one line at a time read every element from another cache line) */
+#define SCB 64
+static int scan_by_columns(const splan *p) {
+  const rk_lines *L = &p->L;
+  return (p->op == TPURT_SCAN_CUMSUM || p->op == TPURT_SCAN_CUMPROD) && p->cls != RK_I64 && L->no >= 1 &&
+         L->ost[0][L->no - 1] == 1 && L->ost[1][L->no - 1] == 1 && L->step[0] != 1 &&
+         (p->idt == TPURT_F32 || p->idt == TPURT_F64) && p->odt == p->idt;
+}
+
+static void scan_columns(void *c, int64_t gb, int64_t ge) {
+  sctx *x = c;
+  const splan *p = x->p;
+  const rk_lines *L = &p->L;
+  int64_t W = L->osz[L->no - 1], per = (W + SCB - 1) / SCB;
+  int f32 = p->idt == TPURT_F32, prod = p->op == TPURT_SCAN_CUMPROD;
+  double acc[SCB];
+  for (int64_t g = gb; g < ge; g++) {
+    int64_t l0 = g / per * W + g % per * SCB;
+    int64_t w = W - g % per * SCB < SCB ? W - g % per * SCB : SCB;
+    int64_t off[2];
+    rk_line_offsets(L, l0, 2, off);
+    for (int64_t j = 0; j < w; j++) acc[j] = prod ? 1.0 : 0.0;
+    for (int64_t i = 0; i < L->D; i++) {
+      int64_t io = off[0] + i * L->step[0], oo = off[1] + i * L->step[1];
+      if (f32) {
+        const float *ip = (const float *)x->in + io;
+        float *op = (float *)x->out + oo;
+        if (prod)
+          for (int64_t j = 0; j < w; j++) op[j] = (float)(acc[j] = acc[j] * ip[j]);
+        else
+          for (int64_t j = 0; j < w; j++) op[j] = (float)(acc[j] = acc[j] + ip[j]);
+      } else {
+        const double *ip = (const double *)x->in + io;
+        double *op = (double *)x->out + oo;
+        if (prod)
+          for (int64_t j = 0; j < w; j++) op[j] = acc[j] = acc[j] * ip[j];
+        else
+          for (int64_t j = 0; j < w; j++) op[j] = acc[j] = acc[j] + ip[j];
+      }
+    }
+  }
+}
+
 static tpurt_status k_scan(void *a, char *err, size_t errlen) {
   (void)err;
   (void)errlen;
   const splan *p = a;
   sctx x = {p, rk_hv(p->in), rk_hv(p->out), p->idx ? rk_hv(p->idx) : NULL};
+  if (scan_by_columns(p)) {
+    int64_t W = p->L.osz[p->L.no - 1], groups = p->L.nlines / W * ((W + SCB - 1) / SCB);
+    tpurt_parallel_for(groups, 32768 / (p->L.D * SCB + 1) + 1, scan_columns, &x);
+    return TPURT_OK;
+  }
   tpurt_parallel_for(p->L.nlines, 32768 / (p->L.D + 1) + 1, scan_lines, &x);
   return TPURT_OK;
 }
