@@ -253,6 +253,27 @@ def test_histc_histogram():
     close(hd, hc)
 
 
+def test_histograms_of_many_samples():
+    # unweighted float32 counts over many samples are counted per chunk in
+    # parallel: the same counts as the CPU's, with samples outside the range,
+    # NaN, a 2-D histogramdd and weights (accumulated in sample order)
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(1 << 20, generator=g) * 2
+    close(torch.histc(x.to(DT), 100), torch.histc(x, 100))  # the range of the data
+    x[::1000] = float("nan")
+    for bins, lo, hi in ((7, -1.0, 3.0), (5000, -4.0, 4.0)):
+        close(torch.histc(x.to(DT), bins, lo, hi), torch.histc(x, bins, lo, hi))
+    y = torch.randn(300001, 2, generator=g)
+    ec = [torch.linspace(-2, 2, 9), torch.linspace(-3, 3, 5)]
+    hc, _ = torch.histogramdd(y, bins=ec)
+    hd, _ = torch.histogramdd(y.to(DT), bins=[e.to(DT) for e in ec])
+    close(hd, hc)
+    w = torch.rand(300001, generator=g)
+    hc, _ = torch.histogramdd(y, bins=ec, weight=w)
+    hd, _ = torch.histogramdd(y.to(DT), bins=[e.to(DT) for e in ec], weight=w.to(DT))
+    close(hd, hc, rtol=1e-5, atol=0)  # float sums of ~10,000 weights each, in another order than the CPU's
+
+
 def test_searchsorted_bucketize_isin():
     seq = torch.tensor([1.0, 2.0, 2.0, 5.0, 7.0])
     v = torch.tensor([[0.0, 2.0, 6.0], [7.0, 8.0, 2.5]])

@@ -174,6 +174,8 @@ typedef struct {
   char *e[HIST_MAXD];
   int64_t *bin; /* flat bin of each sample, -1 = skipped */
   int64_t hstr[HIST_MAXD];
+  double lo[HIST_MAXD], hi[HIST_MAXD]; /* each dim's first and last edge */
+  int64_t nbins, nchunks, *counts;      /* unweighted counts: per chunk of samples */
 } hist_ctx;
 
 static inline double edge_at(hist_ctx *x, int d, int64_t i) {
@@ -190,7 +192,7 @@ static void hist_chunk(void *c, int64_t n0, int64_t n1) {
     for (int d = 0; d < a->D; d++) {
       double v = kc_ld(a->input.dtype, at2(x->in, &a->input, n, d));
       int64_t ne = a->edges[d].sizes[0];
-      double lo = edge_at(x, d, 0), hi = edge_at(x, d, ne - 1);
+      double lo = x->lo[d], hi = x->hi[d];
       if (!(v >= lo && v <= hi)) {
         flat = -1;
         break;
@@ -225,6 +227,19 @@ static void hist_chunk(void *c, int64_t n0, int64_t n1) {
   }
 }
 
+/* unweighted counts of the samples of chunks [c0, c1), each chunk into its
+ * own row of nbins */
+static void hist_count(void *c, int64_t c0, int64_t c1) {
+  hist_ctx *x = c;
+  int64_t N = x->a->input.sizes[0];
+  for (int64_t ch = c0; ch < c1; ch++) {
+    int64_t *cnt = x->counts + ch * x->nbins;
+    memset(cnt, 0, (size_t)x->nbins * sizeof(int64_t));
+    for (int64_t n = N * ch / x->nchunks; n < N * (ch + 1) / x->nchunks; n++)
+      if (x->bin[n] >= 0) cnt[x->bin[n]]++;
+  }
+}
+
 static tpurt_status k_histogramdd(void *p, char *err, size_t errlen) {
   (void)err;
   (void)errlen;
@@ -252,10 +267,31 @@ static tpurt_status k_histogramdd(void *p, char *err, size_t errlen) {
   if (N == 0) return TPURT_OK;
   x.bin = malloc((size_t)N * sizeof(int64_t));
   if (!x.bin) return TPURT_ERR_OUT_OF_MEMORY;
+  for (int d = 0; d < a->D; d++) {
+    x.lo[d] = edge_at(&x, d, 0);
+    x.hi[d] = edge_at(&x, d, a->edges[d].sizes[0] - 1);
+  }
   tpurt_parallel_for(N, 1024, hist_chunk, &x);
   /* accumulate in sample order (deterministic) */
   int64_t ws = a->has_weight ? a->weight.strides[0] * (int64_t)tpurt_dtype_size(a->weight.dtype) : 0;
-  if (hd == TPURT_F32 && !a->has_weight) {
+  x.nbins = 1;
+  for (int d = 0; d < a->hist.ndim; d++) x.nbins += (a->hist.sizes[d] - 1) * a->hist.strides[d];
+  x.nchunks = (int64_t)tpurt_num_threads() * 4;
+  if (x.nchunks > N / 4096) x.nchunks = N / 4096;
+  if (hd == TPURT_F32 && !a->has_weight && x.nchunks > 1 && x.nbins * x.nchunks <= (int64_t)1 << 23 &&
+      (x.counts = malloc((size_t)(x.nbins * x.nchunks) * sizeof(int64_t)))) {
+    /* counted per chunk in parallel, then summed: the float adds of 1 in
+     * sample order give the same value (exact up to 2^24, where adding
+     * one more leaves 2^24) */
+    tpurt_parallel_for(x.nchunks, 1, hist_count, &x);
+    float *hf = (float *)h;
+    for (int64_t b = 0; b < x.nbins; b++) {
+      int64_t t = 0;
+      for (int64_t ch = 0; ch < x.nchunks; ch++) t += x.counts[ch * x.nbins + b];
+      if (t) hf[b] += (float)(t > (1 << 24) ? 1 << 24 : t);
+    }
+    free(x.counts);
+  } else if (hd == TPURT_F32 && !a->has_weight) {
     float *hf = (float *)h;
     for (int64_t n = 0; n < N; n++)
       if (x.bin[n] >= 0) hf[x.bin[n]] += 1.0f;
