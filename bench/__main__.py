@@ -6,7 +6,9 @@ elementwise  large add/mul/gelu vs CPU and vs the machine's STREAM triad; softma
          sampling (rand, randn, uniform_, normal_, bernoulli_, randint, dropout, multinomial, a
          Linear built on the device) vs CPU; sort, unique, topk, kthvalue, median vs CPU; elementary
          functions (trig, inverse trig, sinh, exp2, expm1, log2/10, pow, atan2, hypot), fmod /
-         remainder / floor division, clamp, elu, mse / huber loss on 1M floats vs CPU
+         remainder / floor division, clamp, elu, mse / huber loss on 1M floats vs CPU; bincount, histc,
+         unique_consecutive, searchsorted / bucketize / isin, index_select, grid_sample, tril / triu,
+         column cumsum vs CPU
 defer    DeferAndFuse vs strict eager vs CPU eager on minGPT / Llama / ResNet train steps (defer also
          with 64-op pipelined segments, TORCH_TPU_DEFER_SEGMENT_OPS), and their AdamW step alone
          (strict, defer with foreach launches one by one, defer with one chain)
@@ -103,15 +105,17 @@ def main(argv: list[str] | None = None) -> int:
         rs, rs_table = elementwise.random_sampling(args.repeats)
         os_, os_table = elementwise.order_statistics(max(3, args.repeats // 3))
         mf, mf_table = elementwise.math_functions(args.repeats)
+        ix, ix_table = elementwise.indexing_and_scans(max(3, args.repeats // 3))
         emit("elementwise", {"machine": common.machine(), **ew, "step_kernels": sk, "random": rs,
-                             "order_statistics": os_, "math_functions": mf},
+                             "order_statistics": os_, "math_functions": mf, "indexing_and_scans": ix},
              "Elementwise vs CPU and STREAM triad",
              "Large elementwise ops (out= preallocated for add/mul; gelu allocates):\n\n" + ew_table +
              "\n\nKernels at a small training step's sizes (tpu: back-to-back launches, one synchronize per "
              "sample; includes the host's per-op dispatch):\n\n" + sk_table +
              "\n\nRandom sampling (5 calls, then one synchronize, a sample):\n\n" + rs_table +
              "\n\nSorting and selection:\n\n" + os_table +
-             "\n\nElementary functions, fmod family, clamp, pointwise losses:\n\n" + mf_table)
+             "\n\nElementary functions, fmod family, clamp, pointwise losses:\n\n" + mf_table +
+             "\n\nIndexing, search, histograms, scans:\n\n" + ix_table)
     if "gemm" in args.suites:
         reps = max(3, args.repeats // 3)
         lib, lib_table = gemm.library_choice(reps)

@@ -205,3 +205,35 @@ def math_functions(repeats: int, n: int = 1 << 20) -> tuple[dict, str]:
     }
     ops = {name: tuple((lambda f=f, d=d: f(*dev[d])) for d in ("cpu", "tpu")) for name, f in fns.items()}
     return cpu_vs_tpu(ops, repeats, 3, "op (1M float32)")
+
+
+def indexing_and_scans(repeats: int) -> tuple[dict, str]:
+    """Indexing, search, histogram and scan kernels vs CPU: bincount and
+    histc of 1M values, unique_consecutive of 1M ints, searchsorted /
+    bucketize / isin of 1M values, index_select of 512K single elements,
+    grid_sample of an 8 x 32 x 64 x 64 batch, tril / triu and a column
+    cumsum of 1024 x 1024. A sample is 3 calls, then one synchronize."""
+    g = torch.Generator().manual_seed(0)
+    v, A = torch.randn(1 << 20, generator=g), torch.randn(1024, 1024, generator=g)
+    ints = torch.randint(0, 1000, (1 << 20,), generator=g)
+    runs = torch.randint(0, 4, (1 << 20,), generator=g).cumsum(0) // 3
+    idx = torch.randint(0, 1 << 20, (1 << 19,), generator=g)
+    img, grid = torch.randn(8, 32, 64, 64, generator=g), torch.rand(8, 64, 64, 2, generator=g) * 2 - 1
+    bounds = torch.sort(v[:4096]).values
+    dev = {d: {k: t.to(d) for k, t in dict(v=v, A=A, ints=ints, runs=runs, idx=idx, img=img, grid=grid,
+                                             bounds=bounds).items()} for d in ("cpu", "tpu")}
+    fns = {
+        "bincount of 1M ints (1000 bins)": lambda t: torch.bincount(t["ints"]),
+        "histc of 1M floats (100 bins)": lambda t: torch.histc(t["v"], 100, -3, 3),
+        "unique_consecutive of 1M ints": lambda t: torch.unique_consecutive(t["runs"]),
+        "searchsorted 1M into 4096": lambda t: torch.searchsorted(t["bounds"], t["v"]),
+        "bucketize 1M by 4096": lambda t: torch.bucketize(t["v"], t["bounds"]),
+        "isin 1M of 1000 values": lambda t: torch.isin(t["ints"], t["ints"][:1000]),
+        "index_select 512K of a 1M vector": lambda t: t["v"].index_select(0, t["idx"]),
+        "grid_sample 8 x 32 x 64 x 64": lambda t: F.grid_sample(t["img"], t["grid"], align_corners=False),
+        "tril 1024 x 1024": lambda t: torch.tril(t["A"]),
+        "triu 1024 x 1024": lambda t: torch.triu(t["A"], 1),
+        "cumsum of 1024 x 1024 along dim 0": lambda t: t["A"].cumsum(0),
+    }
+    ops = {name: tuple((lambda f=f, d=d: f(dev[d])) for d in ("cpu", "tpu")) for name, f in fns.items()}
+    return cpu_vs_tpu(ops, repeats, 3, "op (float32 unless named)")

@@ -199,6 +199,13 @@ def test_unique_dim_consecutive():
           torch.unique_consecutive(x, dim=0, return_inverse=True, return_counts=True))
     f = torch.tensor([0.5, 0.5, -1.0, 2.0, 2.0])
     close(torch.unique_consecutive(f.to(DT)), torch.unique_consecutive(f))
+    # each combination of the outputs asked for (what is not comes back
+    # empty, as on CPU), over 1M values in runs
+    z = torch.randint(0, 4, (1 << 20,), generator=torch.Generator().manual_seed(2)).cumsum(0) // 3
+    for inv in (False, True):
+        for cnt in (False, True):
+            close(torch.ops.aten.unique_consecutive(z.to(DT), return_inverse=inv, return_counts=cnt),
+                  torch.ops.aten.unique_consecutive(z, return_inverse=inv, return_counts=cnt))
 
 
 # ------------------------------------------------------------ order statistics

@@ -343,7 +343,8 @@ at::Tensor nonzero_static(const at::Tensor& self, c10::SymInt size_s, int64_t fi
 
 // rows x [n, m]: returns (unique rows, inverse [n], counts [k]); sorts the
 // rows lexicographically first unless consecutive.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_rows(const at::Tensor& x, bool consecutive) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_rows(const at::Tensor& x, bool consecutive,
+                                                           bool need_inverse = true) {
   int64_t n = x.size(0), m = x.size(1);
   auto lopt = x.options().dtype(at::kLong);
   at::Tensor perm, xs = x;
@@ -364,14 +365,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_rows(const at::Tensor& x, 
     d = m == 1 ? d.view({n - 1}) : m > 0 ? d.any(1) : at::zeros({n - 1}, flags.options());
     flags.narrow(0, 1, n - 1).copy_(d);
   }
-  at::Tensor group = at::cumsum(flags, 0, at::kLong).sub_(1);
   at::Tensor pos = at::nonzero(flags).reshape({-1});
   int64_t k = pos.size(0);
   at::Tensor uniq = xs.index_select(0, pos);
   at::Tensor inverse;
-  if (consecutive) {
-    inverse = group;
+  if (!need_inverse) {
+    inverse = at::empty({0}, lopt); /* not asked for: no running count of the flags */
+  } else if (consecutive) {
+    inverse = at::cumsum(flags, 0, at::kLong).sub_(1);
   } else {
+    at::Tensor group = at::cumsum(flags, 0, at::kLong).sub_(1);
     inverse = at::empty({n}, lopt);
     c10::List<std::optional<at::Tensor>> l;
     l.push_back(std::optional<at::Tensor>(perm));
@@ -417,8 +420,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_consecutive(const at::Tens
   auto lopt = self.options().dtype(at::kLong);
   at::Tensor flat = self.reshape({-1, 1});
   if (flat.size(0) == 0) return {self.reshape({0}).clone(), at::empty(self.sizes(), lopt), at::empty({0}, lopt)};
-  auto [u, inv, cnt] = unique_rows(flat, true);
-  return {u.reshape({-1}), inv.view(self.sizes()), cnt};
+  auto [u, inv, cnt] = unique_rows(flat, true, return_inverse);
+  // what was not asked for comes back empty, as on CPU
+  return {u.reshape({-1}), return_inverse ? inv.view(self.sizes()) : at::empty({0}, lopt),
+          return_counts ? cnt : at::empty({0}, lopt)};
 }
 
 // sorted distinct values and the inverse map (through _unique2)

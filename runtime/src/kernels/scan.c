@@ -62,7 +62,10 @@ static void scan_lines(void *c, int64_t lb, int64_t le) {
             }
           }
         }
-        for (int64_t i = 0; i < n; i++) rk_store_i(op + (o + i) * p->L.step[1] * oes, p->odt, bi[i]);
+        if (p->odt == TPURT_I64 && p->L.step[1] == 1)
+          memcpy(op + o * oes, bi, (size_t)n * sizeof(int64_t));
+        else
+          for (int64_t i = 0; i < n; i++) rk_store_i(op + (o + i) * p->L.step[1] * oes, p->odt, bi[i]);
         continue;
       }
       rk_load_f64(bd, src, p->idt, p->L.step[0], n);
