@@ -281,6 +281,22 @@ def test_histograms_of_many_samples():
     close(hd, hc, rtol=1e-5, atol=0)  # float sums of ~10,000 weights each, in another order than the CPU's
 
 
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int16, torch.int32, torch.int64, torch.float16,
+                                   torch.bfloat16, torch.float32, torch.float64], ids=str)
+def test_nonzero_of_contiguous_tensors_every_dtype(dtype):
+    # the writing pass over contiguous memory: a typed test an element and
+    # each hit's coordinates from its linear index, for 1-, 2- and 3-D
+    # shapes spanning several 65,536-element chunks; -0.0 counts as zero
+    g = torch.Generator().manual_seed(10)
+    x = torch.randint(-1, 2, (150001,), generator=g).to(dtype)
+    if dtype.is_floating_point:
+        x[::7] = -0.0
+    for shape in ((150001,), (97, 1546), (7, 3, 7142)):
+        t = x[: torch.Size(shape).numel()].reshape(shape)
+        close(torch.nonzero(t.to(DT)), torch.nonzero(t))
+    close(torch.nonzero(x.to(DT)[::2]), torch.nonzero(x[::2]))  # strided: the generic walk
+
+
 def test_searchsorted_bucketize_isin():
     seq = torch.tensor([1.0, 2.0, 2.0, 5.0, 7.0])
     v = torch.tensor([[0.0, 2.0, 6.0], [7.0, 8.0, 2.5]])

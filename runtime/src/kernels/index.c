@@ -974,6 +974,16 @@ typedef struct {
   int64_t chunk;
 } nzc_ctx;
 
+/* the dtypes of the typed passes, each with its test of element p[l] */
+#define NZ_DTYPES(X)                                                        \
+  case TPURT_F32: X(float, p[l] != 0); break;                              \
+  case TPURT_F64: X(double, p[l] != 0); break;                             \
+  case TPURT_F16: case TPURT_BF16: X(uint16_t, (p[l] & 0x7fff) != 0); break; \
+  case TPURT_I64: X(int64_t, p[l] != 0); break;                            \
+  case TPURT_I32: X(int32_t, p[l] != 0); break;                            \
+  case TPURT_I16: X(int16_t, p[l] != 0); break;                            \
+  case TPURT_I8: case TPURT_U8: case TPURT_BOOL: X(uint8_t, p[l] != 0); break;
+
 /* nonzeros of elements [b, e) of a contiguous view of a real dtype, in a
  * loop per element size the compiler vectorizes (floats: -0.0 is zero,
  * NaN is not; 16-bit floats by their bits but the sign); -1 for the others */
@@ -985,24 +995,52 @@ static int64_t nz_count_dense(tpurt_dtype dt, const char *base, int64_t b, int64
     for (int64_t l = b; l < e; l++) cnt += (TEST) ? 1 : 0; \
   } while (0)
   switch (dt) {
-    case TPURT_F32: NZ_COUNT(float, p[l] != 0); break;
-    case TPURT_F64: NZ_COUNT(double, p[l] != 0); break;
-    case TPURT_F16: case TPURT_BF16: NZ_COUNT(uint16_t, (p[l] & 0x7fff) != 0); break;
-    case TPURT_I64: NZ_COUNT(int64_t, p[l] != 0); break;
-    case TPURT_I32: NZ_COUNT(int32_t, p[l] != 0); break;
-    case TPURT_I16: NZ_COUNT(int16_t, p[l] != 0); break;
-    case TPURT_I8: case TPURT_U8: case TPURT_BOOL: NZ_COUNT(uint8_t, p[l] != 0); break;
+    NZ_DTYPES(NZ_COUNT)
     default: return -1;
   }
 #undef NZ_COUNT
   return cnt;
 }
 
+/* the writing pass over a contiguous view: a typed test an element, the
+ * coordinates of each nonzero from its linear index (none to compute for a
+ * vector); -1 for the dtypes nz_count_dense leaves to the generic walk */
+static int64_t nz_write_dense(const tpurt_view *v, const char *base, int64_t b, int64_t e, int64_t *out,
+                              int64_t rs, int64_t cs) {
+  int nd = v->ndim;
+  int64_t cnt = 0;
+#define NZ_WRITE(T, TEST)                                                        \
+  do {                                                                           \
+    const T *p = (const T *)base;                                                \
+    if (nd == 1) {                                                               \
+      for (int64_t l = b; l < e; l++)                                            \
+        if (TEST) out[cnt++ * rs] = l;                                           \
+    } else {                                                                     \
+      for (int64_t l = b; l < e; l++)                                            \
+        if (TEST) {                                                              \
+          int64_t r = l;                                                         \
+          for (int k = nd - 1; k >= 0; k--) {                                    \
+            out[cnt * rs + k * cs] = r % v->sizes[k];                            \
+            r /= v->sizes[k];                                                    \
+          }                                                                      \
+          cnt++;                                                                 \
+        }                                                                        \
+    }                                                                            \
+  } while (0)
+  switch (v->dtype) {
+    NZ_DTYPES(NZ_WRITE)
+    default: return -1;
+  }
+#undef NZ_WRITE
+  return cnt;
+}
+
 static int64_t nz_range(const tpurt_view *v, const char *base, int64_t b, int64_t e, int64_t *out_rows,
                         int64_t row_stride, int64_t col_stride) {
   int nd = v->ndim, dense = kc_dense(v);
-  if (dense && !out_rows) {
-    int64_t c = nz_count_dense(v->dtype, base, b, e);
+  if (dense) {
+    int64_t c = out_rows ? nz_write_dense(v, base, b, e, out_rows, row_stride, col_stride)
+                         : nz_count_dense(v->dtype, base, b, e);
     if (c >= 0) return c;
   }
   int64_t coord[TPURT_MAX_DIMS];
