@@ -1082,3 +1082,13 @@ def test_fmod_remainder_floor_divide_are_exact(name):
     ok = ~torch.isnan(want)
     assert torch.equal(got[ok].view(torch.int32), want[ok].view(torch.int32)), \
         (a[keep][ok][got[ok] != want[ok]][:5], b[keep][ok][got[ok] != want[ok]][:5])
+
+
+def test_hardswish_backward_at_its_corners_and_nan():
+    # as the CPU's vectorized kernel: zero from -3 down, the incoming
+    # gradient from 3 up, NaN propagated (fuzz seed 202459)
+    x = torch.tensor([float("nan"), -3.0, 3.0, -3.0000002, 2.9999998, -4.0, 4.0, 0.0] * 8, requires_grad=True)
+    F.hardswish(x).backward(torch.full_like(x, 0.5))
+    xt = x.detach().to("tpu").requires_grad_()
+    F.hardswish(xt).backward(torch.full_like(xt, 0.5))
+    torch.testing.assert_close(xt.grad.cpu(), x.grad, rtol=0, atol=0, equal_nan=True)

@@ -320,7 +320,8 @@ static EW_FN_ATTR void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_
       }
     }
     case TPURT_EW_HARDSIGMOID_BACKWARD: B((y > (T)-3 && y < (T)3) ? x / (T)6 : (T)0);
-    case TPURT_EW_HARDSWISH_BACKWARD: B(y < (T)-3 ? (T)0 : (y <= (T)3 ? x * (y / (T)3 + (T)0.5) : x));
+    /* as the CPU in 2.13: 0 from -3 down, the gradient from 3 up, NaN kept */
+    case TPURT_EW_HARDSWISH_BACKWARD: B(y <= (T)-3 ? (T)0 : (y >= (T)3 ? x : x * (y / (T)3 + (T)0.5)));
     case TPURT_EW_MISH_BACKWARD: {
       for (int i = 0; i < n; i++) {
         T x = a[i], y = b[i];

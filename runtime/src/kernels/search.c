@@ -187,6 +187,24 @@ static void hist_chunk(void *c, int64_t n0, int64_t n1) {
   hist_ctx *x = c;
   hist_args *a = x->a;
   int single = a->input.dtype != TPURT_F64;
+  if (a->D == 1 && a->mode == TPURT_HIST_LINEAR && a->input.dtype == TPURT_F32) {
+    /* histc of float32: the general loop's arithmetic in a typed loop */
+    const float *in = (const float *)x->in;
+    int64_t st = a->input.strides[0], ne = a->edges[0].sizes[0];
+    double lo = x->lo[0], hi = x->hi[0];
+    float flo = (float)lo, scale = (float)(ne - 1), span = (float)hi - (float)lo;
+    for (int64_t n = n0; n < n1; n++) {
+      double v = in[n * st];
+      float q = ((float)v - flo) * scale / span;
+      q = q > 0 ? q : 0; /* no-ops in range; outside it (and NaN) a defined conversion */
+      q = q < scale ? q : scale;
+      int64_t pos = (int64_t)q;
+      pos = pos == ne - 1 ? pos - 1 : pos;
+      pos = pos < 0 ? 0 : pos;
+      x->bin[n] = (v >= lo && v <= hi) ? pos * x->hstr[0] : -1;
+    }
+    return;
+  }
   for (int64_t n = n0; n < n1; n++) {
     int64_t flat = 0;
     for (int d = 0; d < a->D; d++) {
