@@ -278,6 +278,24 @@ def test_column_scans_match_line_scans_bit_for_bit(dtype):
 
 # ------------------------------------------------------------------- softmax
 
+@pytest.mark.parametrize("d", [127, 128, 200, 1000, 32000])
+def test_softmax_long_rows(d):
+    # rows from 128 sum their exps as they store them (16 lanes): against
+    # the CPU, rows that are all -inf but one, huge logits, a NaN row
+    g = torch.Generator().manual_seed(d)
+    x = torch.randn(6, d, generator=g) * 8
+    x[1] = float("-inf")
+    x[1, d // 2] = 3.0
+    x[2, :5] = 1e30
+    x[3, 7] = float("nan")
+    x[4] = x[4] - 1e4
+    got, want = x.to(DEV).softmax(-1).cpu(), x.softmax(-1)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7, equal_nan=True)
+    ok = ~torch.isnan(want).any(1)
+    torch.testing.assert_close(got[ok].double().sum(1), torch.ones(int(ok.sum()), dtype=torch.float64),
+                               rtol=0, atol=2e-6)
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("dim", [0, 1, -1])
 def test_softmax(dtype, dim):
