@@ -280,8 +280,9 @@ def test_column_scans_match_line_scans_bit_for_bit(dtype):
 
 @pytest.mark.parametrize("d", [127, 128, 200, 1000, 32000])
 def test_softmax_long_rows(d):
-    # rows from 128 sum their exps as they store them (16 lanes): against
-    # the CPU, rows that are all -inf but one, huge logits, a NaN row
+    # rows from 128 sum their exps as they store them (16 lanes; log_softmax
+    # without storing them): against the CPU, rows that are all -inf but
+    # one, huge logits, a NaN row
     g = torch.Generator().manual_seed(d)
     x = torch.randn(6, d, generator=g) * 8
     x[1] = float("-inf")
@@ -291,6 +292,8 @@ def test_softmax_long_rows(d):
     x[4] = x[4] - 1e4
     got, want = x.to(DEV).softmax(-1).cpu(), x.softmax(-1)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7, equal_nan=True)
+    torch.testing.assert_close(x.to(DEV).log_softmax(-1).cpu(), x.log_softmax(-1), rtol=1e-5, atol=1e-5,
+                               equal_nan=True)
     ok = ~torch.isnan(want).any(1)
     torch.testing.assert_close(got[ok].double().sum(1), torch.ones(int(ok.sum()), dtype=torch.float64),
                                rtol=0, atol=2e-6)

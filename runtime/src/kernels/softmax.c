@@ -37,8 +37,8 @@ typedef struct {
       T sum = 0;                                                                         \
       if (p->log) {                                                                      \
         for (int64_t i = 0; i < D; i++) sum += EXP(a[i] - m);                            \
-        T ls = m + LOGF(sum);                                                            \
-        for (int64_t i = 0; i < D; i++) a[i] -= ls;                                      \
+        T ls = LOGF(sum); /* (x - m) - log(sum): m + log(sum) would absorb log(sum) */  \
+        for (int64_t i = 0; i < D; i++) a[i] = (a[i] - m) - ls;                          \
       } else {                                                                           \
         for (int64_t i = 0; i < D; i++) {                                                \
           a[i] = EXP(a[i] - m);                                                          \
@@ -73,10 +73,20 @@ static void row_f_flat(const smplan *p, float *out, const float *in, const float
   int64_t D = p->L.D;
   if (!p->bwd) {
     float m = tpurt__vmaxf(in, D);
-    if (p->log) {
+    if (p->log && D >= 128) {
+      float acc[16] = {0}; /* as the softmax below, without storing the exps */
+      int64_t i = 0;
+      for (; i + 16 <= D; i += 16)
+        for (int j = 0; j < 16; j++) acc[j] += tpurt__vexpf(in[i + j] - m);
+      for (; i < D; i++) acc[i & 15] += tpurt__vexpf(in[i] - m);
+      for (int w = 8; w >= 1; w /= 2)
+        for (int j = 0; j < w; j++) acc[j] += acc[j + w];
+      float ls = logf(acc[0]);
+      for (i = 0; i < D; i++) out[i] = (in[i] - m) - ls;
+    } else if (p->log) {
       for (int64_t i = 0; i < D; i++) b[i] = tpurt__vexpf(in[i] - m);
-      float ls = m + logf(tpurt__vsumf(b, D));
-      for (int64_t i = 0; i < D; i++) out[i] = in[i] - ls;
+      float ls = logf(tpurt__vsumf(b, D));
+      for (int64_t i = 0; i < D; i++) out[i] = (in[i] - m) - ls;
     } else if (D < 128) {
       for (int64_t i = 0; i < D; i++) out[i] = tpurt__vexpf(in[i] - m);
       float inv = 1.0f / tpurt__vsumf(out, D);
