@@ -129,6 +129,31 @@ def test_transposing_copies_on_the_device(dtype, shape):
     assert torch.equal(out.cpu(), x.transpose(-1, -2).contiguous())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool], ids=str)
+def test_copies_ending_on_a_short_dim(dtype):
+    # a destination whose innermost dim has a few elements (pixel_shuffle's
+    # 2, a permute ending on a short dim) is walked along a dim that reads
+    # contiguous source elements instead: the same elements land, with a
+    # cast on the way, into a strided destination, and repeated (expanded)
+    # sources stay as they were
+    import torch.nn.functional as F
+    x = (torch.randn(3, 16, 20, 24) * 10).to(dtype)
+    d = x.to("tpu")
+    assert torch.equal(F.pixel_shuffle(d, 2).cpu(), F.pixel_shuffle(x, 2))
+    assert torch.equal(F.pixel_unshuffle(d, 2).cpu(), F.pixel_unshuffle(x, 2))
+    assert torch.equal(F.pixel_shuffle(d, 4).cpu(), F.pixel_shuffle(x, 4))
+    for perm in ((0, 2, 3, 1), (2, 3, 0, 1), (1, 3, 2, 0)):
+        assert torch.equal(d.permute(perm).contiguous().cpu(), x.permute(perm).contiguous())
+        assert torch.equal(d.permute(perm).float().cpu(), x.permute(perm).float())
+    out = torch.zeros(16, 24, 20, 6, dtype=dtype, device="tpu")
+    out[..., ::2].copy_(d.permute(1, 3, 2, 0))
+    want = torch.zeros(16, 24, 20, 6, dtype=dtype)
+    want[..., ::2].copy_(x.permute(1, 3, 2, 0))
+    assert torch.equal(out.cpu(), want)
+    e = d[:, :1].expand(3, 16, 20, 24).permute(1, 2, 3, 0).contiguous()
+    assert torch.equal(e.cpu(), x[:, :1].expand(3, 16, 20, 24).permute(1, 2, 3, 0).contiguous())
+
+
 def test_views_alias():
     base = torch.zeros(4, 5).to("tpu")
     row = base[1]

@@ -548,6 +548,29 @@ static void run_nd(const nd_shape *sh, char *d, const char *s, tpurt_dtype ddt, 
   int64_t grain = GRAIN_ELEMS;
   if (x.row == row_generic) grain /= 8;
   int nd = sh->ndim;
+  /* an innermost dim of a few elements (pixel_shuffle's 2, a permute that
+   * ends on a short dim) made a row of a few elements per step: a dim that
+   * reads contiguous source elements becomes the inner one instead. The
+   * destination has no repeated element (coalesce orders it by stride; a
+   * zero stride stays out of this), so only the order of the writes moves. */
+  nd_shape re;
+  int64_t ses = (int64_t)tpurt_dtype_size(sdt);
+  if (nd >= 2 && sh->sizes[nd - 1] < 8 && sh->sstr[nd - 1] != ses) {
+    int k = -1, zero = 0;
+    for (int j = 0; j < nd; j++) {
+      zero |= sh->dstr[j] == 0;
+      if (j < nd - 1 && sh->sstr[j] == ses && sh->sizes[j] >= 16) k = j;
+    }
+    if (k >= 0 && !zero) {
+      re = *sh;
+      for (int j = k; j < nd - 1; j++) {
+        re.sizes[j] = sh->sizes[j + 1], re.dstr[j] = sh->dstr[j + 1], re.sstr[j] = sh->sstr[j + 1];
+      }
+      re.sizes[nd - 1] = sh->sizes[k], re.dstr[nd - 1] = sh->dstr[k], re.sstr[nd - 1] = sh->sstr[k];
+      sh = &re;
+      x.sh = sh;
+    }
+  }
   if (nd >= 2 && n >= 4 * TILE * TILE && sh->sizes[nd - 1] >= TILE / 2 && sh->sizes[nd - 2] >= TILE / 2 &&
       iabs64(sh->sstr[nd - 2]) < iabs64(sh->sstr[nd - 1]) && iabs64(sh->dstr[nd - 1]) <= iabs64(sh->dstr[nd - 2])) {
     tile_ctx t = {sh, d, s, x.row, &aux, (sh->sizes[nd - 2] + TILE - 1) / TILE, (sh->sizes[nd - 1] + TILE - 1) / TILE,
