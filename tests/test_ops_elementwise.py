@@ -1092,3 +1092,31 @@ def test_hardswish_backward_at_its_corners_and_nan():
     xt = x.detach().to("tpu").requires_grad_()
     F.hardswish(xt).backward(torch.full_like(xt, 0.5))
     torch.testing.assert_close(xt.grad.cpu(), x.grad, rtol=0, atol=0, equal_nan=True)
+
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.float64], ids=str)
+def test_rows_of_fewer_than_eight_elements(dtype):
+    # innermost dims under 8 run per element (gather mode): operands laid
+    # out row-major over the whole shape read and write contiguous runs,
+    # the others through offsets — a broadcast row, a strided operand, an
+    # in-place update, a cast on the way out, a strided output, blocks of
+    # 2,048 elements with a remainder
+    g = torch.Generator().manual_seed(11)
+    x = (torch.randn(3001, 4, generator=g) * 10).to(dtype)
+    w = (torch.randn(4, generator=g) * 10).to(dtype)
+    y = (torch.randn(4, 3001, generator=g) * 10).to(dtype).t()
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=0, atol=0)
+    xd, wd, yd = x.to("tpu"), w.to("tpu"), y.to("tpu")
+    torch.testing.assert_close((xd + wd).cpu(), x + w, **tol)
+    torch.testing.assert_close((xd * yd - wd).cpu(), x * y - w, **tol)
+    torch.testing.assert_close((xd + wd).float().cpu(), (x + w).float(), **tol)
+    z = xd.clone()
+    z.add_(wd)
+    torch.testing.assert_close(z.cpu(), x + w, **tol)
+    out = torch.zeros(3001, 8, dtype=dtype, device="tpu")
+    torch.add(xd, wd, out=out[:, ::2])
+    want = torch.zeros(3001, 8, dtype=dtype)
+    want[:, ::2] = x + w
+    torch.testing.assert_close(out.cpu(), want, **tol)
+    torch.testing.assert_close(torch.where(xd > 0, xd, wd).cpu(), torch.where(x > 0, x, w), **tol)

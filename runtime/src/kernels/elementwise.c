@@ -332,6 +332,7 @@ typedef struct {
   int64_t inner, rows, bpr;  /* row mode: inner size, rows, blocks per row */
   int64_t kpb;               /* row mode, short rows: whole rows per block (1: blocks within a row) */
   int64_t est[EW_MAX_OPS];   /* innermost stride of each operand, in elements */
+  unsigned gdense;           /* gather mode: operands laid out row-major over the whole shape (no offsets) */
   tpurt__cg_fn cg;           /* the launch's generated kernel (graph/codegen.c), or NULL: interpret */
   _Atomic int err;
 } ew_ctx;
@@ -412,8 +413,9 @@ static int run_block(ew_ctx *x, const int64_t *roff, int k, unsigned dense, unsi
       tpurt_dtype dt = (tpurt_dtype)h->dt[op];
       const int64_t *ro = roff + (size_t)op * (size_t)k;
       const char *base = x->base[op] + ro[0];
-      const int64_t *off = goff ? goff[op] : NULL;
-      int64_t st = goff ? 0 : x->est[op];
+      int gd = goff && (x->gdense >> op & 1); /* gather mode, a dense operand: a contiguous run at ro[0] */
+      const int64_t *off = goff && !gd ? goff[op] : NULL;
+      int64_t st = gd ? 1 : goff ? 0 : x->est[op];
       if (!off && st == 1 && dt == ct && x->zc[dr] && (dense >> op & 1)) {
         R[dr] = (void *)base; /* zero-copy: the register reads the input */
         continue;
@@ -458,7 +460,7 @@ static int run_block(ew_ctx *x, const int64_t *roff, int k, unsigned dense, unsi
     const void *a = I->src[0] < h->nregs ? R[I->src[0]] : NULL;
     const void *b = I->src[1] < h->nregs ? R[I->src[1]] : NULL;
     const void *c = I->src[2] < h->nregs ? R[I->src[2]] : NULL;
-    if (q == h->ninst - 1 && h->nout == 1 && h->out_reg[0] == dr && !goff && h->dt[0] == ct &&
+    if (q == h->ninst - 1 && h->nout == 1 && h->out_reg[0] == dr && (!goff || (x->gdense & 1)) && h->dt[0] == ct &&
         x->bstr[0][inner] == (int64_t)csize(ct) && (dense & 1)) {
       /* the program's one result goes straight to a dense output of its
        * type (not through a register and a copy) unless the output's
@@ -489,8 +491,9 @@ static int run_block(ew_ctx *x, const int64_t *roff, int k, unsigned dense, unsi
   for (int o = direct; o < h->nout; o++) {
     tpurt_dtype dt = (tpurt_dtype)h->dt[o];
     const int64_t *ro = roff + (size_t)o * (size_t)k;
-    const int64_t *off = goff ? goff[o] : NULL;
-    int64_t st = goff ? 0 : x->est[o];
+    int gd = goff && (x->gdense >> o & 1);
+    const int64_t *off = goff && !gd ? goff[o] : NULL;
+    int64_t st = gd ? 1 : goff ? 0 : x->est[o];
     const char *s = R[h->out_reg[o]];
     if (k == 1 || (dense >> o & 1))
       store_reg(ct, s, dt, x->base[o] + ro[0], st, off, n);
@@ -646,7 +649,6 @@ static void gather_chunk(void *c, int64_t b, int64_t e) {
     atomic_store(&x->err, 2);
     return;
   }
-  static const int64_t zero[EW_MAX_OPS];
   for (int64_t bi = b; bi < e; bi++) {
     if (atomic_load_explicit(&x->err, memory_order_relaxed)) break;
     int64_t start = bi * EW_BLK;
@@ -667,8 +669,10 @@ static void gather_chunk(void *c, int64_t b, int64_t e) {
       if (run > n - j) run = n - j;
       for (int o = 0; o < nops; o++) {
         int64_t c0 = cur[o], st = x->bstr[o][in];
-        int64_t *g = goff[o] + j;
-        for (int64_t t = 0; t < run; t++) g[t] = c0 + t * st;
+        if (!(x->gdense >> o & 1)) {
+          int64_t *g = goff[o] + j;
+          for (int64_t t = 0; t < run; t++) g[t] = c0 + t * st;
+        }
         cur[o] += run * st;
       }
       j += run;
@@ -678,7 +682,10 @@ static void gather_chunk(void *c, int64_t b, int64_t e) {
       idx[in] = 0;
       next_index(x, nops, in, idx, cur);
     }
-    if (run_block(x, zero, 1, ~0u, 0, goff, (int)n, scratch, start)) {
+    int64_t roff[EW_MAX_OPS]; /* dense operands: their run's first byte */
+    for (int o = 0; o < nops; o++)
+      roff[o] = x->gdense >> o & 1 ? start * (int64_t)tpurt_dtype_size((tpurt_dtype)h->dt[o]) : 0;
+    if (run_block(x, roff, 1, ~0u, 0, goff, (int)n, scratch, start)) {
       atomic_store(&x->err, 1);
       break;
     }
@@ -711,7 +718,17 @@ static void ew_ctx_init(ew_ctx *x, const void *args, int skip) {
   for (int r = 0; r < TPURT_EW_MAX_REGS; r++) x->zc[r] = 1;
   for (int k = 0; k < h->nout; k++) x->zc[h->out_reg[k]] = 0;
   atomic_init(&x->err, 0);
-  if (!h->gather) {
+  if (h->gather) {
+    for (int o = 0; o < h->nops; o++) {
+      int64_t want = (int64_t)tpurt_dtype_size((tpurt_dtype)h->dt[o]);
+      int dense = 1;
+      for (int k = h->ndim - 1; k >= 0; k--) {
+        dense &= sizes[k] == 1 || x->bstr[o][k] == want;
+        want *= sizes[k];
+      }
+      x->gdense |= (unsigned)dense << o;
+    }
+  } else {
     x->inner = sizes[h->ndim - 1];
     x->bpr = (x->inner + EW_BLK - 1) / EW_BLK;
     x->rows = h->numel / x->inner;
