@@ -10,7 +10,11 @@
  *               (vectorizable ones for float)
  *   EW_FAST     1 for the float instantiation (vectorizable gelu / erf paths)
  * Every loop is a plain `for (i) d[i] = f(a[i], b[i], c[i])` over one block;
- * d never aliases a source (the interpreter writes into a spare buffer).
+ * d never aliases a source (the interpreter writes into a spare buffer, or
+ * straight to an output that overlaps no source; generated kernels into a
+ * local). Some float bodies take several such loops and read their sources
+ * again after writing d (ew_dmath.h's libm fixups, fmod's users, pow),
+ * which that guarantee keeps correct.
  */
 
 static EW_FN_ATTR void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_T *restrict a, const EW_T *restrict b,
