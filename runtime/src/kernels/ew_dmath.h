@@ -116,13 +116,18 @@ static inline double ew_d_logm(double x, double *e) {
   return s * ew_dhorner(s * s, c, 6);
 }
 
-/* log2 / log10 of x > 0 (widened float: always normal) */
+/* natural log, log2 / log10 of x > 0 (widened float: always normal) */
+static inline double ew_d_log(double x) {
+  double e, lm = ew_d_logm(x, &e);
+  return fma(e, 0.69314718055994530942, lm);
+}
 static inline double ew_d_log2(double x) {
   double e, lm = ew_d_logm(x, &e);
   return fma(lm, 1.4426950408889634, e);
 }
 
-/* the result of a log of a float for x <= 0, inf, NaN; r elsewhere */
+/* the result of a log of a float for x <= 0, inf, NaN; r elsewhere (ew_exec.h's
+ * float log too) */
 static inline float ew_log_special_f(float x, float r) {
   r = x == 0 ? -INFINITY : r;
   r = x < 0 ? NAN : r;
@@ -309,8 +314,8 @@ static inline float ew_fmod_f(float x, float y) {
 /* log(1 + u) for u in [0, 1]: log(v) u / (v - 1) with v = 1 + u (the
  * quotient corrects v's rounding), u itself where v rounds to 1 */
 static inline double ew_d_log1p01(double u) {
-  double v = 1.0 + u, e, lm = ew_d_logm(v, &e);
-  double r = fma(e, 0.69314718055994530942, lm) * (u / (v - 1.0));
+  double v = 1.0 + u;
+  double r = ew_d_log(v) * (u / (v - 1.0));
   return v == 1.0 ? u : r;
 }
 
@@ -341,9 +346,8 @@ static inline float ew_erfinv_f(float y) {
                                 0.00020443662898473645, -4.3420840144571996e-05, -2.2724223010572067e-05,
                                 1.785566989338426e-05,  -3.817714152402427e-06};
   double yd = y;
-  double t = fabs(yd) < 1.0 ? (1.0 - yd) * (1.0 + yd) : 1.0, e;
-  double lm = ew_d_logm(t, &e);
-  double w = -fma(e, 0.69314718055994530942, lm);
+  double t = fabs(yd) < 1.0 ? (1.0 - yd) * (1.0 + yd) : 1.0;
+  double w = -ew_d_log(t);
   double p1 = ew_dhorner(w - 2.5, c1, 14), p2 = ew_dhorner(sqrt(w) - 3.0, c2, 14);
   float r = (float)((w < 5.0 ? p1 : p2) * yd);
   r = fabsf(y) == 1.0f ? y * INFINITY : r;

@@ -197,10 +197,7 @@ static inline float ew_log_f(float x) {
   float sv = (m - 1.0f) / (m + 1.0f);
   float lm = sv * tpurt__vhornerf(sv * sv, c, 5);
   float r = fmaf(e, 0.693145751953125f, fmaf(e, 1.428606765330187e-06f, lm));
-  r = x == 0 ? -INFINITY : r;
-  r = x < 0 ? NAN : r;
-  r = x == INFINITY ? x : r;
-  return x != x ? x : r;
+  return ew_log_special_f(x, r);
 }
 
 /* log1p: log(u) x / (u - 1) with u = 1 + x (the quotient corrects u's
