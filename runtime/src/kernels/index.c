@@ -1176,6 +1176,17 @@ typedef struct {
   const char *i;
 } tril_ctx;
 
+static int64_t clamp_i64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* the columns [*lo, *hi) of row i (of nrow x ncol) in the lower (upper = 0)
+ * or upper triangle of diagonal k: tril / triu keep them, tril_indices /
+ * triu_indices list them; k of any int64 (clamped first: no overflow) */
+static void tri_row_cols(int upper, int64_t i, int64_t k, int64_t nrow, int64_t ncol, int64_t *lo, int64_t *hi) {
+  int64_t lim = i + (k > ncol ? ncol : k < -nrow - 1 ? -nrow - 1 : k);
+  *lo = upper ? clamp_i64(lim, 0, ncol) : 0;
+  *hi = upper ? ncol : clamp_i64(lim + 1, 0, ncol);
+}
+
 static void tril_chunk(void *c, int64_t b, int64_t e) {
   tril_ctx *x = c;
   tril_args *a = x->a;
@@ -1194,10 +1205,8 @@ static void tril_chunk(void *c, int64_t b, int64_t e) {
     char *op = x->o + oo * es;
     const char *ip = x->i + io * es;
     /* the row's kept columns [k0, k1), zeros on either side of them */
-    int64_t dg = a->diag > N ? N : (a->diag < -M - 1 ? -M - 1 : a->diag); /* no overflow below */
-    int64_t lim = row + dg;
-    int64_t k0 = a->upper ? (lim < 0 ? 0 : lim > N ? N : lim) : 0;
-    int64_t k1 = a->upper ? N : (lim + 1 < 0 ? 0 : lim + 1 > N ? N : lim + 1);
+    int64_t k0, k1;
+    tri_row_cols(a->upper, row, a->diag, M, N, &k0, &k1);
     if (ocs == es && ics == es) {
       memset(op, 0, (size_t)(k0 * es));
       if (op != ip && k1 > k0) memmove(op + k0 * es, ip + k0 * es, (size_t)((k1 - k0) * es));
@@ -1500,8 +1509,6 @@ tpurt_status tpurt_arange(tpurt_stream *s, const tpurt_view *out, tpurt_scalar s
  * are sums of clamp(i + c, 0, col) over rows: an arithmetic series between
  * two flat parts, in closed form (no loop over rows). */
 
-static int64_t clamp_i64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
-
 /* sum over i in [0, rows) of clamp(i + c, 0, col) */
 static int64_t ramp_sum(int64_t rows, int64_t col, int64_t c) {
   if (rows <= 0 || col <= 0) return 0;
@@ -1540,8 +1547,8 @@ static void tri_rows(void *c, int64_t b, int64_t e) {
   int64_t es = (int64_t)tpurt_dtype_size(dt), s0 = a->out.strides[0] * es, s1 = a->out.strides[1] * es;
   int64_t p = tpurt_tri_indices_count(b, a->col, a->offset, a->upper); /* elements of rows [0, b) */
   for (int64_t i = b; i < e; i++) {
-    int64_t lo = a->upper ? clamp_i64(i + a->offset, 0, a->col) : 0;
-    int64_t hi = a->upper ? a->col : clamp_i64(i + a->offset + 1, 0, a->col);
+    int64_t lo, hi;
+    tri_row_cols(a->upper, i, a->offset, a->row, a->col, &lo, &hi);
     for (int64_t j = lo; j < hi; j++, p++) {
       kc_sti(dt, x->o + p * s1, i);
       kc_sti(dt, x->o + s0 + p * s1, j);
