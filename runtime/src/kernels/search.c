@@ -183,6 +183,21 @@ static inline double edge_at(hist_ctx *x, int d, int64_t i) {
   return kc_ld(v->dtype, x->e[d] + i * v->strides[0] * (int64_t)tpurt_dtype_size(v->dtype));
 }
 
+/* the bin of v by division in float (histc's arithmetic), v in [lo, hi];
+ * outside it (and NaN) clamped into range so the conversion is defined */
+static inline int64_t hist_lin_pos(double v, double lo, double hi, int64_t ne) {
+  float scale = (float)(ne - 1);
+  float q = ((float)v - (float)lo) * scale / ((float)hi - (float)lo);
+  q = q > 0 ? q : 0; /* no-ops in range */
+  q = q < scale ? q : scale;
+  return (int64_t)q;
+}
+/* the last edge closes the last bin */
+static inline int64_t hist_fix_pos(int64_t pos, int64_t ne) {
+  pos = pos == ne - 1 ? pos - 1 : pos;
+  return pos < 0 ? 0 : pos;
+}
+
 static void hist_chunk(void *c, int64_t n0, int64_t n1) {
   hist_ctx *x = c;
   hist_args *a = x->a;
@@ -192,15 +207,9 @@ static void hist_chunk(void *c, int64_t n0, int64_t n1) {
     const float *in = (const float *)x->in;
     int64_t st = a->input.strides[0], ne = a->edges[0].sizes[0];
     double lo = x->lo[0], hi = x->hi[0];
-    float flo = (float)lo, scale = (float)(ne - 1), span = (float)hi - (float)lo;
     for (int64_t n = n0; n < n1; n++) {
       double v = in[n * st];
-      float q = ((float)v - flo) * scale / span;
-      q = q > 0 ? q : 0; /* no-ops in range; outside it (and NaN) a defined conversion */
-      q = q < scale ? q : scale;
-      int64_t pos = (int64_t)q;
-      pos = pos == ne - 1 ? pos - 1 : pos;
-      pos = pos < 0 ? 0 : pos;
+      int64_t pos = hist_fix_pos(hist_lin_pos(v, lo, hi, ne), ne);
       x->bin[n] = (v >= lo && v <= hi) ? pos * x->hstr[0] : -1;
     }
     return;
@@ -225,7 +234,7 @@ static void hist_chunk(void *c, int64_t n0, int64_t n1) {
         pos = l - 1;
       } else {
         if (single)
-          pos = (int64_t)(((float)v - (float)lo) * (float)(ne - 1) / ((float)hi - (float)lo));
+          pos = hist_lin_pos(v, lo, hi, ne);
         else
           pos = (int64_t)((v - lo) * (double)(ne - 1) / (hi - lo));
         if (a->mode == TPURT_HIST_LINEAR_SEARCH) {
@@ -237,9 +246,7 @@ static void hist_chunk(void *c, int64_t n0, int64_t n1) {
           pos = l - 1;
         }
       }
-      if (pos == ne - 1) pos--;
-      if (pos < 0) pos = 0;
-      flat += pos * x->hstr[d];
+      flat += hist_fix_pos(pos, ne) * x->hstr[d];
     }
     x->bin[n] = flat;
   }
