@@ -392,6 +392,15 @@ static void store_reg(tpurt_dtype ct, const void *s, tpurt_dtype dt, char *base,
   }
 }
 
+/* how operand o of a block is walked: per-element offsets (gather mode),
+ * a contiguous run (gather mode, an operand dense over the whole shape), or
+ * its innermost stride (row mode); returns the offsets or NULL */
+static const int64_t *operand_walk(const ew_ctx *x, int64_t (*goff)[EW_BLK], int o, int64_t *st) {
+  int gd = goff && (x->gdense >> o & 1);
+  *st = gd ? 1 : goff ? 0 : x->est[o];
+  return goff && !gd ? goff[o] : NULL;
+}
+
 static int run_block(ew_ctx *x, const int64_t *roff, int k, unsigned dense, unsigned same, int64_t (*goff)[EW_BLK],
                      int n, char *scratch, int64_t lin0) {
   const ew_hdr *h = x->h;
@@ -413,9 +422,8 @@ static int run_block(ew_ctx *x, const int64_t *roff, int k, unsigned dense, unsi
       tpurt_dtype dt = (tpurt_dtype)h->dt[op];
       const int64_t *ro = roff + (size_t)op * (size_t)k;
       const char *base = x->base[op] + ro[0];
-      int gd = goff && (x->gdense >> op & 1); /* gather mode, a dense operand: a contiguous run at ro[0] */
-      const int64_t *off = goff && !gd ? goff[op] : NULL;
-      int64_t st = gd ? 1 : goff ? 0 : x->est[op];
+      int64_t st;
+      const int64_t *off = operand_walk(x, goff, op, &st);
       if (!off && st == 1 && dt == ct && x->zc[dr] && (dense >> op & 1)) {
         R[dr] = (void *)base; /* zero-copy: the register reads the input */
         continue;
@@ -491,9 +499,8 @@ static int run_block(ew_ctx *x, const int64_t *roff, int k, unsigned dense, unsi
   for (int o = direct; o < h->nout; o++) {
     tpurt_dtype dt = (tpurt_dtype)h->dt[o];
     const int64_t *ro = roff + (size_t)o * (size_t)k;
-    int gd = goff && (x->gdense >> o & 1);
-    const int64_t *off = goff && !gd ? goff[o] : NULL;
-    int64_t st = gd ? 1 : goff ? 0 : x->est[o];
+    int64_t st;
+    const int64_t *off = operand_walk(x, goff, o, &st);
     const char *s = R[h->out_reg[o]];
     if (k == 1 || (dense >> o & 1))
       store_reg(ct, s, dt, x->base[o] + ro[0], st, off, n);
