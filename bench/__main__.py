@@ -28,6 +28,7 @@ matrix   examples' workloads (minGPT, Llama, ResNet, DLRM, UNet; Qwen with --qwe
          cpu Inductor, tpu strict, tpu defer, tpu compiled}: train (and Llama/ResNet inference) step time,
          throughput, ratios, peak memory, compile cost; PNG charts (not in the default run)
 convs    every convolution of a workload (--workloads, default ResNet and UNet; --quick/--full preset), bf16
+         (--conv-dtype float32: f32)
          forward / input gradient / weight gradient, tpu vs CPU, and their weighted sum a step (not in the
          default run)
 profiler torch_tpu.profiler's cost per op: off, the runtime's trace ring alone, the whole profile,
@@ -69,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gemm-sizes", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096],
                         help="square GEMM sizes of the gemm suite")
     parser.add_argument("--conv-batch", type=int, default=4, help="batch of the ResNet-18 conv shapes")
+    parser.add_argument("--conv-dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                        help="convs: operand dtype (default bfloat16, an autocast step's)")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", dest="full", action="store_false", help="matrix/sweep: quick presets (default)")
     size.add_argument("--full", dest="full", action="store_true", help="matrix/sweep: full presets, more repeats")
@@ -155,8 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import convs
 
         preset = "full" if args.full else "quick"
-        res, table = convs.run(preset, tuple(args.workloads or ("resnet", "unet")), max(3, args.repeats // 3))
-        emit("convs", {"machine": common.machine(), **res}, f"Convolutions of the workloads, bf16 ({preset})", table)
+        res, table = convs.run(preset, tuple(args.workloads or ("resnet", "unet")), max(3, args.repeats // 3),
+                               dtype=getattr(convs.torch, args.conv_dtype))
+        emit("convs", {"machine": common.machine(), **res}, f"Convolutions of the workloads, {args.conv_dtype} ({preset})",
+             table)
     if "profiler" in args.suites:
         from bench import profiler as prof
 

@@ -51,15 +51,42 @@ def time_steps(step: Callable[[], object], device: str, steps: int = STEPS_PER_S
     return (time.perf_counter() - t0) / steps
 
 
+def core_kind(vendor: str, family: int, model: int) -> str:
+    """The microarchitecture of a CPU's family and model numbers where the
+    sessions' hosts tell them apart ("AMD EPYC" alone names Zen 3, 4 and 5
+    alike, whose vector units differ: Zen 4 runs 512-bit instructions on
+    256-bit units), else ''."""
+    if vendor == "AuthenticAMD":
+        if family == 0x1A:
+            return "Zen 5"
+        if family == 0x19:
+            return "Zen 4" if 0x10 <= model <= 0x1F or 0x60 <= model <= 0x7F or 0xA0 <= model <= 0xAF else "Zen 3"
+    if vendor == "GenuineIntel" and family == 6:
+        return {0x8F: "Sapphire Rapids", 0xCF: "Emerald Rapids", 0xAD: "Granite Rapids", 0x6A: "Ice Lake",
+                0x55: "Skylake / Cascade Lake"}.get(model, "")
+    return ""
+
+
 def machine() -> dict[str, str]:
     cpu = platform.processor()
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+            if ":" in line:
+                k, v = (t.strip() for t in line.split(":", 1))
+                if k in ("model name", "vendor_id", "cpu family", "model") and k not in fields:
+                    fields[k] = v
+            elif fields:
+                break  # the first processor's block is enough
     except OSError:
         pass
+    cpu = fields.get("model name", cpu)
+    try:
+        kind = core_kind(fields.get("vendor_id", ""), int(fields.get("cpu family", "0")), int(fields.get("model", "0")))
+    except ValueError:
+        kind = ""
+    if kind:
+        cpu = f"{cpu} ({kind}, family {fields['cpu family']} model {fields['model']})"
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=ROOT).stdout.strip()

@@ -1,13 +1,13 @@
-"""Every convolution of a workload, bf16, tpu vs CPU torch, pass by pass.
+"""Every convolution of a workload, bf16 (or float32), tpu vs CPU torch, pass by pass.
 
-``python -m bench convs [--quick|--full] [--workloads resnet unet] [--repeats N]``
+``python -m bench convs [--quick|--full] [--workloads resnet unet] [--conv-dtype bfloat16|float32] [--repeats N]``
 
 The shapes come from one forward pass of the example's model (forward hooks
 on its Conv2d / ConvTranspose2d layers: input, weight, stride, padding, and
 how many layers share them). Each shape's forward pass, input gradient and
 weight gradient (``aten.convolution_backward`` with one output asked for)
 is timed alone on each device with bf16 operands — what an autocast training
-step runs — as back-to-back calls and one synchronize per sample, the
+step runs — (``--conv-dtype float32``: float32 ones, what an f32 step runs) as back-to-back calls and one synchronize per sample, the
 devices alternating in every repeat; the median is reported. The last line
 weighs each shape by its count: the convolutions' share of a step, per pass.
 """
@@ -44,15 +44,15 @@ def shapes(name: str, preset: str) -> list[tuple[tuple, int]]:
     return sorted(seen.items(), key=lambda kv: -kv[1])
 
 
-def _passes(key: tuple, dev: str):
+def _passes(key: tuple, dev: str, dtype: torch.dtype = torch.bfloat16):
     """The three passes of one shape on dev, as callables."""
     tr, xs, ws, st, pd = key
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(*xs, generator=g).bfloat16().to(dev)
-    w = torch.randn(*ws, generator=g).bfloat16().to(dev)
+    x = torch.randn(*xs, generator=g).to(dtype).to(dev)
+    w = torch.randn(*ws, generator=g).to(dtype).to(dev)
     conv = F.conv_transpose2d if tr else F.conv2d
     y = conv(x, w, stride=st, padding=pd)
-    gy = torch.randn(y.shape, generator=g).bfloat16().to(dev)
+    gy = torch.randn(y.shape, generator=g).to(dtype).to(dev)
     args = (gy, x, w, None, list(st), list(pd), [1, 1], tr, [0, 0], 1)
     return (lambda: conv(x, w, stride=st, padding=pd),
             lambda: torch.ops.aten.convolution_backward(*args, [True, False, False]),
@@ -70,13 +70,14 @@ def _time(fn, dev: str, calls: int) -> float:
     return (time.perf_counter() - t) / calls * 1e6
 
 
-def run(preset: str = "quick", workloads=("resnet", "unet"), repeats: int = 5, calls: int = 5) -> tuple[dict, str]:
-    res: dict = {"preset": preset, "workloads": {}}
+def run(preset: str = "quick", workloads=("resnet", "unet"), repeats: int = 5, calls: int = 5,
+        dtype: torch.dtype = torch.bfloat16) -> tuple[dict, str]:
+    res: dict = {"preset": preset, "dtype": str(dtype).removeprefix("torch."), "workloads": {}}
     parts = []
     for name in workloads:
         rows, tot = [], {"cpu": [0.0, 0.0, 0.0], "tpu": [0.0, 0.0, 0.0]}
         for key, count in shapes(name, preset):
-            fns = {d: _passes(key, d) for d in ("cpu", "tpu")}
+            fns = {d: _passes(key, d, dtype) for d in ("cpu", "tpu")}
             us = {d: [] for d in fns}
             for i in range(3):
                 samples = {d: [] for d in fns}
@@ -91,7 +92,7 @@ def run(preset: str = "quick", workloads=("resnet", "unet"), repeats: int = 5, c
             rows.append({"transposed": tr, "x": list(xs), "w": list(ws), "stride": list(st), "padding": list(pd),
                          "count": count, "cpu_us": us["cpu"], "tpu_us": us["tpu"]})
         res["workloads"][name] = {"shapes": rows, "step_ms": {d: [v / 1e3 for v in t] for d, t in tot.items()}}
-        lines = [f"{name} ({preset} preset), bf16, µs a call, CPU / tpu (ratio > 1: tpu faster):", "",
+        lines = [f"{name} ({preset} preset), {res['dtype']}, µs a call, CPU / tpu (ratio > 1: tpu faster):", "",
                  "| x | w | stride, padding | layers | forward | input gradient | weight gradient |",
                  "|---|---|---|---|---|---|---|"]
         for row in rows:

@@ -187,3 +187,13 @@ def test_convs_lists_a_workloads_convolutions_and_times_each_pass_on_both_device
         want = sum(r[f"{d}_us"][0] * r["count"] for r in rows) / 1e3
         assert abs(step[d][0] - want) <= 1e-9 * max(1.0, want)
     assert table.count("\n| [") == len(rows) and "**a step**" in table
+
+
+def test_core_kind_tells_the_hosts_apart():
+    # the sessions' hosts all call themselves "AMD EPYC" or "Intel(R) Xeon(R) Processor"
+    assert common.core_kind("AuthenticAMD", 25, 17) == "Zen 4"
+    assert common.core_kind("AuthenticAMD", 25, 1) == "Zen 3"
+    assert common.core_kind("AuthenticAMD", 26, 2) == "Zen 5"
+    assert common.core_kind("GenuineIntel", 6, 143) == "Sapphire Rapids"
+    assert common.core_kind("GenuineIntel", 6, 1) == ""
+    assert "cores" in common.host_line()
