@@ -1120,3 +1120,55 @@ def test_rows_of_fewer_than_eight_elements(dtype):
     want[:, ::2] = x + w
     torch.testing.assert_close(out.cpu(), want, **tol)
     torch.testing.assert_close(torch.where(xd > 0, xd, wd).cpu(), torch.where(x > 0, x, w), **tol)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer"])
+def test_broadcast_rows_kept_across_blocks(mode):
+    """A row broadcast over rows shorter than a block is repeated into a
+    block once and kept for the next blocks of a worker's chunk: it must be
+    taken again when the row changes (a [B, 1, D] operand against [B, R,
+    D], R not a multiple of the rows a block holds), when a block holds
+    fewer rows (the chunk's last), per input (two broadcast rows, one
+    converted from bf16), and when the kept block is the program's result
+    (an expand copied out)."""
+    import torch_tpu
+
+    b, r, d = 6, 301, 64  # 32 rows of 64 to a block: blocks straddle the batches
+    x = make((b, r, d), torch.float32, seed=31, special=False)
+    per = make((b, 1, d), torch.float32, seed=32, special=False)
+    row = make((d,), torch.bfloat16, seed=33, special=False)
+    row2 = make((d,), torch.float32, seed=34, special=False)
+    with torch_tpu.execution_mode(mode):
+        dx, dper, drow, drow2 = (t.to("tpu") for t in (x, per, row, row2))
+        got = [dx * dper, dx + drow, torch.addcmul(dx, drow, drow2), dper.expand(b, r, d).clone(),
+               drow2.expand(b * r, d).contiguous(), (dx - drow2)[:, 5:, :] * dper]
+        torch_tpu.flush()
+    want = [x * per, x + row, torch.addcmul(x, row, row2), per.expand(b, r, d).clone(),
+            row2.expand(b * r, d).contiguous(), (x - row2)[:, 5:, :] * per]
+    for i, (g, w) in enumerate(zip(got, want)):
+        # addcmul rounds its product and sum as CPU's kernel does only to an ulp
+        check(g, w, rtol=None if i == 2 else 0, atol=None if i == 2 else 0)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer"])
+def test_constants_kept_across_blocks(mode):
+    """Constant operands fill a kept block once per worker's chunk: every
+    constant of a program keeps its own value (more constants than kept
+    blocks: the rest fill a register every block), over 1-D launches of
+    many blocks, rows, a partial last block, float64 and complex compute."""
+    import torch_tpu
+
+    n = 3 * 2048 * 4 + 517
+    x = make((n,), torch.float32, seed=41, special=False)
+    y = make((n // 11, 11 * 1), torch.float32, seed=42, special=False)
+    z = make((n,), torch.float64, seed=43, special=False)
+    c = torch.complex(make((n,), torch.float32, seed=44), make((n,), torch.float32, seed=45))
+    with torch_tpu.execution_mode(mode):
+        dx, dy, dz, dc = (t.to("tpu") for t in (x, y, z, c))
+        got = [dx * 2, torch.clamp(dx, -0.5, 0.75), ((dx * 2 + 3) * 4 - 5) / 6 + 7, torch.where(dx > 0, 1.5, -2.5),
+               dy * 0.25 - 1, dz * 3 + 0.125, dc * (2 - 1j), dx.lerp(dx * 0.5, 0.3)]
+        torch_tpu.flush()
+    want = [x * 2, torch.clamp(x, -0.5, 0.75), ((x * 2 + 3) * 4 - 5) / 6 + 7, torch.where(x > 0, 1.5, -2.5),
+            y * 0.25 - 1, z * 3 + 0.125, c * (2 - 1j), x.lerp(x * 0.5, 0.3)]
+    for g, w in zip(got, want):
+        check(g, w)

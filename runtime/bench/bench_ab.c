@@ -8,7 +8,7 @@
  *     KERNEL layernorm: SHAPE ROWS,D        (f32, over the last dim, no affine)
  *     KERNEL sum:     SHAPE ROWS,D,DIM      (f32 sum of a ROWS x D matrix over dim 0 (columns: a bias
  *                                            gradient) or 1 (rows))
- *     KERNEL ew:      SHAPE OP:ROWS,D       (f32 elementwise op by name: unary, binary,
+ *     KERNEL ew:      SHAPE OP:ROWS,D[,b|,s] (f32 elementwise op by name: unary, binary,
  *                                            activation backward or ternary)
  *     KERNEL conv:    SHAPE N,C,HW,CO,K,S,PASS[,bf16] (f32 — or bf16 — 2-D convolution of N images C x HW x HW
  *                                            to CO channels, K x K kernel, stride S, padding
@@ -169,6 +169,7 @@ static tpurt_view view4(tpurt_devptr p, int64_t n, int64_t c, int64_t h, int64_t
 enum { K_GEMM, K_SOFTMAX, K_LAYERNORM, K_EW, K_CONV, K_GROUPNORM, K_BATCHNORM, K_SUM };
 typedef struct {
   int kind, nset, bf16; /* gemm: bf16 operands and result */
+  int bcast;            /* ew: the second input a [D] row broadcast over the rows (stride 0) */
   int64_t M, N, K, nb; /* softmax, layernorm, ew: M rows of K */
   int64_t cv[7];       /* conv: N, C, HW, CO, K, S, pass; group / batch norm: N, C, S, G (1), pass; sum: dim */
   tpurt_ew_program prog; /* ew: load inputs, the op, out of its register */
@@ -265,6 +266,7 @@ static void setup(build *b, work *w) {
       w->c[i] = upload(b, (size_t)(w->M * w->K), 3);
       w->b[i] = w->kind == K_EW && w->nin >= 2 ? upload(b, (size_t)(w->M * w->K), 5) : 0;
       w->vb[i] = view3(w->b[i], 1, w->M, w->K);
+      if (w->bcast) w->vb[i].strides[1] = 0;
       w->va[i] = view3(w->a[i], 1, w->M, w->K);
       w->vc[i] = view3(w->c[i], 1, w->M, w->K);
       if (w->kind == K_SUM) { /* the result: a broadcast view, stride 0 along the reduced dim */
@@ -361,13 +363,14 @@ static void usage(void) {
           "usage: tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so gemm M,N,K[,batch[,bf16]]...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so softmax|layernorm ROWS,D...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so sum ROWS,D,DIM...\n"
-          "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so ew OP:ROWS,D...\n"
+          "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so ew OP:ROWS,D[,b|,s]...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so conv N,C,HW,CO,K,S,PASS[,bf16]...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so groupnorm N,C,S,G,PASS[,bf16]...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so batchnorm N,C,S,PASS[,bf16]...\n"
           "Times the two runtime builds in one process, alternating samples; prints each build's median\n"
           "and best rate and the median (quartiles) of the paired ratios new / old. ew: an f32\n"
-          "elementwise op by name (gelu, add, gelu_backward, where, ...). conv: N images C x HW x HW to CO\n"
+          "elementwise op by name (gelu, add, gelu_backward, where, ...); ,b: its second input one row of D\n"
+          "broadcast over the rows; ,s: a constant (0.5). conv: N images C x HW x HW to CO\n"
           "channels, K x K kernel, stride S, padding K / 2; PASS 0 forward, 1 input gradient, 2 weight gradient.\n"
           "groupnorm: N samples of C channels of S elements in G groups; PASS 0 forward, 1 backward.\n"
           "batchnorm: training batch norm of N samples of C channels of S elements; PASS 0 forward, 1 backward.\n"
@@ -449,6 +452,18 @@ int main(int argc, char **argv) {
     } else {
       char dt[8] = "";
       int got = sscanf(dims, "%lld,%lld,%lld,%lld,%7s", &m, &n, &k, &nb, dt);
+      if (kind == K_EW && got == 2 && sscanf(dims, "%lld,%lld,%7s", &m, &n, dt) == 3) {
+        if (strcmp(dt, "b") && strcmp(dt, "s")) usage();
+        if (dt[0] == 'b') w[0].bcast = w[1].bcast = 1; /* OP:ROWS,D,b */
+        if (dt[0] == 's') { /* OP:ROWS,D,s: the second input a constant */
+          if (w[0].nin < 2) usage();
+          for (int q = 0; q < 2; q++) {
+            w[q].prog.inst[1].op = TPURT_EW_CONST;
+            w[q].prog.inst[1].p[0] = 0.5;
+            if (w[q].nin == 2) w[q].nin = 1;
+          }
+        }
+      }
       if (gemm ? got < 3 : got != 2) usage();
       if (got == 5 && strcmp(dt, "bf16")) usage();
       w[0].bf16 = w[1].bf16 = got == 5;

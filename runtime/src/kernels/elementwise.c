@@ -333,6 +333,7 @@ typedef struct {
   int64_t kpb;               /* row mode, short rows: whole rows per block (1: blocks within a row) */
   int64_t est[EW_MAX_OPS];   /* innermost stride of each operand, in elements */
   unsigned gdense;           /* gather mode: operands laid out row-major over the whole shape (no offsets) */
+  unsigned bcok;             /* row mode: inputs no output overlaps, whose broadcast rows blocks may keep (bcache) */
   tpurt__cg_fn cg;           /* the launch's generated kernel (graph/codegen.c), or NULL: interpret */
   _Atomic int err;
 } ew_ctx;
@@ -401,8 +402,28 @@ static const int64_t *operand_walk(const ew_ctx *x, int64_t (*goff)[EW_BLK], int
   return goff && !gd ? goff[o] : NULL;
 }
 
+/* The blocks a worker keeps across the blocks of its chunk (row mode):
+ * - broadcast rows (several rows to a block): an input whose k rows in a
+ *   block are all the same row (a [C] operand against [..., C]) is
+ *   converted and repeated into its own block once, and the next blocks
+ *   with the same row and k read it again instead of repeating it into a
+ *   register every time (that copy was ~40 % of `X + b[1024]`'s kernel
+ *   time, perf). Only for inputs no output overlaps (ew_ctx.bcok): their
+ *   rows cannot change during the launch.
+ * - constants (`x * 2`): the first EW_BC_CONSTS constant instructions fill
+ *   their own blocks once per chunk instead of a register every block. */
+#define EW_BC_CONSTS 4
+#define EW_BC_BLOCKS(h) ((h)->nin + EW_BC_CONSTS)
+typedef struct {
+  char *buf;                    /* EW_BC_BLOCKS blocks of EW_BLK compute-type elements: inputs, then constants */
+  int64_t off[TPURT_EW_MAX_IO]; /* byte offset of the row each input's block holds */
+  int k[TPURT_EW_MAX_IO];       /* rows it holds; 0: nothing */
+  int cq[EW_BC_CONSTS];         /* the instruction each constant block holds (-1: none) */
+  int cn[EW_BC_CONSTS];         /* elements it holds */
+} ew_bcache;
+
 static int run_block(ew_ctx *x, const int64_t *roff, int k, unsigned dense, unsigned same, int64_t (*goff)[EW_BLK],
-                     int n, char *scratch, int64_t lin0) {
+                     int n, char *scratch, int64_t lin0, ew_bcache *bc) {
   const ew_hdr *h = x->h;
   tpurt_dtype ct = (tpurt_dtype)h->compute;
   size_t rb = EW_BLK * csize(ct);
@@ -433,9 +454,19 @@ static int run_block(ew_ctx *x, const int64_t *roff, int k, unsigned dense, unsi
         load_reg(ct, R[dr], dt, base, st, off, n);
       } else if (same >> op & 1) {
         /* the same row for every row of the block (a [C] operand against
-         * [..., C]): converted once, then copied */
-        load_reg(ct, R[dr], dt, base, st, NULL, len);
-        for (int r = 1; r < k; r++) memcpy((char *)R[dr] + (size_t)r * (size_t)len * cs, R[dr], (size_t)len * cs);
+         * [..., C]): converted once, then copied — into the kept block when
+         * the input may be kept, and there only if it holds another row */
+        int i = op - h->nout;
+        char *d = R[dr];
+        if (bc && (x->bcok >> op & 1)) {
+          d = bc->buf + (size_t)i * rb;
+          R[dr] = d;
+          if (bc->k[i] == k && bc->off[i] == ro[0]) continue;
+          bc->k[i] = k;
+          bc->off[i] = ro[0];
+        }
+        load_reg(ct, d, dt, base, st, NULL, len);
+        for (int r = 1; r < k; r++) memcpy(d + (size_t)r * (size_t)len * cs, d, (size_t)len * cs);
       } else {
         for (int r = 0; r < k; r++) load_reg(ct, (char *)R[dr] + (size_t)r * (size_t)len * cs, dt, x->base[op] + ro[r], st, NULL, len);
       }
@@ -455,6 +486,16 @@ static int run_block(ew_ctx *x, const int64_t *roff, int k, unsigned dense, unsi
     }
     if (I->op == TPURT_EW_CONST) {
       R[dr] = buf[dr];
+      if (bc) { /* a kept block: this constant's, a free one, or none */
+        int c = 0;
+        while (c < EW_BC_CONSTS && bc->cq[c] != q && bc->cq[c] >= 0) c++;
+        if (c < EW_BC_CONSTS) {
+          R[dr] = bc->buf + (size_t)(h->nin + c) * rb;
+          if (bc->cq[c] == q && bc->cn[c] >= n) continue;
+          bc->cq[c] = q;
+          bc->cn[c] = n;
+        }
+      }
       switch (ct) {
         case TPURT_F32: { float v = (float)I->p[0]; float *d = R[dr]; for (int j = 0; j < n; j++) d[j] = v; break; }
         case TPURT_F64: { double v = I->p[0]; double *d = R[dr]; for (int j = 0; j < n; j++) d[j] = v; break; }
@@ -514,7 +555,16 @@ static int run_block(ew_ctx *x, const int64_t *roff, int k, unsigned dense, unsi
  * (up to 33 registers x EW_BLK x 16 bytes of complex128 = 1 MiB, the size
  * of a stream worker's whole stack). NULL when host memory is exhausted. */
 static char *scratch_of(const ew_hdr *h) {
-  return tpurt__scratch(8, (size_t)(h->nregs + 1) * EW_BLK * csize((tpurt_dtype)h->compute));
+  return tpurt__scratch(8, (size_t)(h->nregs + 1 + EW_BC_BLOCKS(h)) * EW_BLK * csize((tpurt_dtype)h->compute));
+}
+
+/* The kept blocks of a worker's chunk (empty), after its register blocks. */
+static ew_bcache bcache_of(const ew_hdr *h, char *scratch) {
+  ew_bcache bc;
+  bc.buf = scratch + (size_t)(h->nregs + 1) * EW_BLK * csize((tpurt_dtype)h->compute);
+  for (int i = 0; i < TPURT_EW_MAX_IO; i++) bc.k[i] = 0, bc.off[i] = 0;
+  for (int c = 0; c < EW_BC_CONSTS; c++) bc.cq[c] = -1, bc.cn[c] = 0;
+  return bc;
 }
 
 /* Advances the multi-index idx over dimensions [0, top) by one (the last
@@ -535,7 +585,7 @@ static inline void next_index(const ew_ctx *x, int nops, int top, int64_t *idx, 
  * against [..., 1] or [C] shapes: rows of the width). Row offsets are
  * walked with carries; an operand whose rows follow each other reads and
  * writes the block as one run. */
-static void multirow_rows(ew_ctx *x, int64_t row_b, int64_t row_e, char *scratch) {
+static void multirow_rows(ew_ctx *x, int64_t row_b, int64_t row_e, char *scratch, ew_bcache *bc) {
   const ew_hdr *h = x->h;
   int nops = h->nops, inner = h->ndim - 1, kpb = (int)x->kpb;
   int64_t roff[EW_MAX_OPS * EW_KPB_MAX];
@@ -582,7 +632,7 @@ static void multirow_rows(ew_ctx *x, int64_t row_b, int64_t row_e, char *scratch
         next_index(x, nops, inner, idx, cur);
       }
     }
-    if (run_block(x, roff, k, dense, k > 1 ? same : 0, NULL, (int)(k * x->inner), scratch, row0 * x->inner)) {
+    if (run_block(x, roff, k, dense, k > 1 ? same : 0, NULL, (int)(k * x->inner), scratch, row0 * x->inner, bc)) {
       atomic_store(&x->err, 1);
       return;
     }
@@ -591,7 +641,7 @@ static void multirow_rows(ew_ctx *x, int64_t row_b, int64_t row_e, char *scratch
 
 /* Row mode: the n <= EW_BLK elements from column col of row `row` (row-major
  * index row * inner + col). 0 (error noted in x->err) when the block failed. */
-static int row_block(ew_ctx *x, int64_t row, int64_t col, int64_t n, char *scratch) {
+static int row_block(ew_ctx *x, int64_t row, int64_t col, int64_t n, char *scratch, ew_bcache *bc) {
   int nops = x->h->nops, inner = x->h->ndim - 1;
   int64_t offs[EW_MAX_OPS];
   for (int o = 0; o < nops; o++) offs[o] = col * x->bstr[o][inner];
@@ -601,7 +651,7 @@ static int row_block(ew_ctx *x, int64_t row, int64_t col, int64_t n, char *scrat
     rem /= x->sizes[k];
     for (int o = 0; o < nops; o++) offs[o] += ik * x->bstr[o][k];
   }
-  if (run_block(x, offs, 1, ~0u, 0, NULL, (int)n, scratch, row * x->inner + col)) {
+  if (run_block(x, offs, 1, ~0u, 0, NULL, (int)n, scratch, row * x->inner + col, bc)) {
     atomic_store(&x->err, 1);
     return 0;
   }
@@ -623,14 +673,15 @@ static void rows_chunk(void *c, int64_t b, int64_t e) {
     atomic_store(&x->err, 2);
     return;
   }
+  ew_bcache bc = bcache_of(x->h, scratch);
   if (x->kpb > 1) {
-    multirow_rows(x, b * x->kpb, e * x->kpb < x->rows ? e * x->kpb : x->rows, scratch);
+    multirow_rows(x, b * x->kpb, e * x->kpb < x->rows ? e * x->kpb : x->rows, scratch, &bc);
     return;
   }
   for (int64_t bi = b; bi < e; bi++) {
     if (atomic_load_explicit(&x->err, memory_order_relaxed)) return;
     int64_t row = bi / x->bpr, col = (bi % x->bpr) * EW_BLK;
-    if (!row_block(x, row, col, x->inner - col < EW_BLK ? x->inner - col : EW_BLK, scratch)) return;
+    if (!row_block(x, row, col, x->inner - col < EW_BLK ? x->inner - col : EW_BLK, scratch, &bc)) return;
   }
 }
 
@@ -692,12 +743,30 @@ static void gather_chunk(void *c, int64_t b, int64_t e) {
     int64_t roff[EW_MAX_OPS]; /* dense operands: their run's first byte */
     for (int o = 0; o < nops; o++)
       roff[o] = x->gdense >> o & 1 ? start * (int64_t)tpurt_dtype_size((tpurt_dtype)h->dt[o]) : 0;
-    if (run_block(x, roff, 1, ~0u, 0, goff, (int)n, scratch, start)) {
+    if (run_block(x, roff, 1, ~0u, 0, goff, (int)n, scratch, start, NULL)) {
       atomic_store(&x->err, 1);
       break;
     }
   }
   if (goff != small) free(goff);
+}
+
+/* Do the bytes operands a and b span (from their lowest to their highest
+ * element) overlap? */
+static int spans_overlap(const ew_ctx *x, const int64_t *sizes, int a, int b) {
+  uintptr_t lo[2], hi[2];
+  int ops[2] = {a, b};
+  for (int t = 0; t < 2; t++) {
+    int o = ops[t];
+    intptr_t l = 0, u = 0;
+    for (int k = 0; k < x->h->ndim; k++) {
+      intptr_t e = (intptr_t)((sizes[k] - 1) * x->bstr[o][k]);
+      if (e < 0) l += e; else u += e;
+    }
+    lo[t] = (uintptr_t)x->base[o] + (uintptr_t)l;
+    hi[t] = (uintptr_t)x->base[o] + (uintptr_t)u + tpurt_dtype_size((tpurt_dtype)x->h->dt[o]);
+  }
+  return lo[0] < hi[1] && lo[1] < hi[0];
 }
 
 /* x over the serialized launch `args`; row-mode geometry set up unless
@@ -736,6 +805,13 @@ static void ew_ctx_init(ew_ctx *x, const void *args, int skip) {
       x->gdense |= (unsigned)dense << o;
     }
   } else {
+    /* inputs no output's bytes overlap may keep broadcast rows (ew_bcache);
+     * an output given memory per run (skip) is not known yet: none */
+    for (int i = h->nout; i < h->nops && skip < 0; i++) {
+      int ok = 1;
+      for (int o = 0; o < h->nout && ok; o++) ok = !spans_overlap(x, sizes, i, o);
+      x->bcok |= (unsigned)ok << i;
+    }
     x->inner = sizes[h->ndim - 1];
     x->bpr = (x->inner + EW_BLK - 1) / EW_BLK;
     x->rows = h->numel / x->inner;
@@ -855,17 +931,18 @@ void tpurt__ew_epi_range(tpurt__ew_epi *e, int64_t lo, int64_t hi) {
     atomic_store(&x->err, 2);
     return;
   }
+  ew_bcache bc = bcache_of(x->h, scratch); /* one for the whole range: its blocks are the same memory */
   while (lo < hi && !atomic_load_explicit(&x->err, memory_order_relaxed)) {
     int64_t row = lo / x->inner, col = lo % x->inner, n = x->inner - col;
     if (col == 0 && x->kpb > 1 && hi - lo >= 2 * x->inner) { /* whole short rows, several to a block */
       int64_t rows = (hi - lo) / x->inner;
-      multirow_rows(x, row, row + rows, scratch);
+      multirow_rows(x, row, row + rows, scratch, &bc);
       lo += rows * x->inner;
       continue;
     }
     if (n > hi - lo) n = hi - lo;
     if (n > EW_BLK) n = EW_BLK;
-    if (!row_block(x, row, col, n, scratch)) return;
+    if (!row_block(x, row, col, n, scratch, &bc)) return;
     lo += n;
   }
 }
