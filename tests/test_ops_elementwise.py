@@ -1172,3 +1172,25 @@ def test_constants_kept_across_blocks(mode):
             y * 0.25 - 1, z * 3 + 0.125, c * (2 - 1j), x.lerp(x * 0.5, 0.3)]
     for g, w in zip(got, want):
         check(g, w)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer"])
+def test_rows_read_one_by_one(mode):
+    """Blocks of short rows whose operands are neither one run nor one
+    repeated row read each row in place or as one value (stride 0): kron
+    (rows of 16 / 32 crossing the outer dims inside a block), permuted and
+    sliced inputs, float rows mixed with converted ones."""
+    import torch_tpu
+
+    a, b = make((32, 32), torch.float32, seed=51), make((16, 16), torch.float32, seed=52)
+    c = make((40, 24, 36), torch.float32, seed=53, special=False)
+    h = make((40, 1, 36), torch.float16, seed=54, special=False)
+    with torch_tpu.execution_mode(mode):
+        da, db, dc, dh = (t.to("tpu") for t in (a, b, c, h))
+        got = [torch.kron(da, db), torch.kron(db, da), dc.permute(1, 0, 2) * dc[:1].permute(1, 0, 2),
+               dc[:, 3:, 2:30] + dh[:, :, 2:30], dc.transpose(0, 1)[::2, :, 5:] - da[:24:2, None, :31]]
+        torch_tpu.flush()
+    want = [torch.kron(a, b), torch.kron(b, a), c.permute(1, 0, 2) * c[:1].permute(1, 0, 2),
+            c[:, 3:, 2:30] + h[:, :, 2:30], c.transpose(0, 1)[::2, :, 5:] - a[:24:2, None, :31]]
+    for g, w in zip(got, want):
+        check(g, w, rtol=0, atol=0)

@@ -467,6 +467,20 @@ static int run_block(ew_ctx *x, const int64_t *roff, int k, unsigned dense, unsi
         }
         load_reg(ct, d, dt, base, st, NULL, len);
         for (int r = 1; r < k; r++) memcpy(d + (size_t)r * (size_t)len * cs, d, (size_t)len * cs);
+      } else if (ct == TPURT_F32 && dt == TPURT_F32 && (st == 1 || st == 0)) {
+        /* float rows read as they are (or one value each, stride 0), without
+         * load_reg's dispatch per row: kron's short rows spent more time
+         * there than in the multiply */
+        float *d = R[dr];
+        for (int r = 0; r < k; r++, d += len) {
+          const float *src = (const float *)(x->base[op] + ro[r]);
+          if (st) {
+            memcpy(d, src, (size_t)len * sizeof(float));
+          } else {
+            float v = *src;
+            for (int j = 0; j < len; j++) d[j] = v;
+          }
+        }
       } else {
         for (int r = 0; r < k; r++) load_reg(ct, (char *)R[dr] + (size_t)r * (size_t)len * cs, dt, x->base[op] + ro[r], st, NULL, len);
       }
