@@ -1194,3 +1194,37 @@ def test_rows_read_one_by_one(mode):
             c[:, 3:, 2:30] + h[:, :, 2:30], c.transpose(0, 1)[::2, :, 5:] - a[:24:2, None, :31]]
     for g, w in zip(got, want):
         check(g, w, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer"])
+@pytest.mark.parametrize("width", [2, 3, 4, 7])
+def test_short_rows_as_runs(mode, width):
+    """Rows of fewer than 8 elements run several hundred to a block when
+    every operand is one run, a repeated row or one float a row: outer
+    dims with carries inside a block, a row count that is no multiple of
+    a block's, converted repeated rows, in-place updates, float64, int64
+    and the layouts that still gather (transposed rows, double values a
+    row), all against CPU."""
+    import torch_tpu
+
+    shape = (37, 53, width)
+    x = make(shape, torch.float32, seed=61, special=False)
+    y = make(shape, torch.float32, seed=62, special=False)
+    row = make((width,), torch.bfloat16, seed=63, special=False)
+    per = make((37, 1, width), torch.float32, seed=64, special=False)
+    xd = make(shape, torch.float64, seed=65, special=False)
+    xi = make(shape, torch.int64, seed=66)
+    t = make((width, 37 * 53), torch.float32, seed=67, special=False)
+    with torch_tpu.execution_mode(mode):
+        dx, dy, drow, dper, dxd, dxi, dt = (v.to("tpu") for v in (x, y, row, per, xd, xi, t))
+        inplace = dx.clone()
+        inplace.mul_(drow)
+        got = [dx + drow, dx * dx[..., :1], dx * dper, torch.addcmul(dx, dy, drow, value=0.5), inplace,
+               dxd * dxd[..., :1] + drow, dxi * dxi[..., :1] - 3, dt.t() - drow, dx.view(-1, width) - dt.t()]
+        torch_tpu.flush()
+    ip = x.clone()
+    ip.mul_(row)
+    want = [x + row, x * x[..., :1], x * per, torch.addcmul(x, y, row, value=0.5), ip,
+            xd * xd[..., :1] + row, xi * xi[..., :1] - 3, t.t() - row, x.view(-1, width) - t.t()]
+    for i, (g, w) in enumerate(zip(got, want)):
+        check(g, w, rtol=None if i == 3 else 0, atol=None if i == 3 else 0)

@@ -46,7 +46,7 @@
 
 #define EW_BLK 2048
 #define EW_GRAIN 32768
-#define EW_KPB_MAX 128 /* row mode: most whole rows in one block */
+#define EW_KPB_MAX (EW_BLK / 2) /* row mode: most whole rows in one block (rows of 2) */
 #define EW_MAX_OPS (2 * TPURT_EW_MAX_IO)
 
 /* ------------------------------------------------------------ op table */
@@ -568,8 +568,14 @@ static int run_block(ew_ctx *x, const int64_t *roff, int k, unsigned dense, unsi
 /* The register blocks of one worker: per-thread heap memory, not the stack
  * (up to 33 registers x EW_BLK x 16 bytes of complex128 = 1 MiB, the size
  * of a stream worker's whole stack). NULL when host memory is exhausted. */
+static size_t scratch_blocks_bytes(const ew_hdr *h) {
+  return (size_t)(h->nregs + 1 + EW_BC_BLOCKS(h)) * EW_BLK * csize((tpurt_dtype)h->compute);
+}
+
+/* A worker's memory: its register blocks, the kept blocks (ew_bcache), then
+ * the row offsets of a block of short rows (multirow_rows). */
 static char *scratch_of(const ew_hdr *h) {
-  return tpurt__scratch(8, (size_t)(h->nregs + 1 + EW_BC_BLOCKS(h)) * EW_BLK * csize((tpurt_dtype)h->compute));
+  return tpurt__scratch(8, scratch_blocks_bytes(h) + (size_t)h->nops * EW_KPB_MAX * sizeof(int64_t));
 }
 
 /* The kept blocks of a worker's chunk (empty), after its register blocks. */
@@ -602,7 +608,7 @@ static inline void next_index(const ew_ctx *x, int nops, int top, int64_t *idx, 
 static void multirow_rows(ew_ctx *x, int64_t row_b, int64_t row_e, char *scratch, ew_bcache *bc) {
   const ew_hdr *h = x->h;
   int nops = h->nops, inner = h->ndim - 1, kpb = (int)x->kpb;
-  int64_t roff[EW_MAX_OPS * EW_KPB_MAX];
+  int64_t *roff = (int64_t *)(scratch + scratch_blocks_bytes(h)); /* nops x kpb */
   int64_t run[EW_MAX_OPS];
   unsigned all = 0; /* one bit per operand */
   for (int o = 0; o < nops; o++) {
@@ -630,7 +636,10 @@ static void multirow_rows(ew_ctx *x, int64_t row_b, int64_t row_e, char *scratch
       for (int o = 0; o < nops; o++) {
         int64_t step = x->bstr[o][d1], c0 = cur[o];
         int64_t *ro = roff + (size_t)o * (size_t)k;
-        for (int r = 0; r < k; r++) ro[r] = c0 + r * step;
+        /* one run, or an input's repeated row: run_block reads ro[0] alone */
+        int whole = step == run[o] || (step == 0 && o >= h->nout);
+        ro[0] = c0;
+        for (int r = 1; r < k && !whole; r++) ro[r] = c0 + r * step;
         if (k > 1 && step != run[o]) dense &= ~(1u << o);
         if (k > 1 && step != 0) same &= ~(1u << o);
         cur[o] = c0 + k * step;
@@ -1065,6 +1074,30 @@ static void ew_operands(const tpurt_view **v, const tpurt_view *outs, int nout, 
   for (int i = 0; i < nin; i++) v[nout + i] = &ins[i];
 }
 
+/* May rows of fewer than 8 elements run several to a block (row mode)
+ * rather than per element (gather mode)? When every operand is laid out
+ * row-major over the whole shape (its block one run), a row repeated over
+ * every outer index (a kept block, ew_bcache: boxes * scale[:4]), or one
+ * float a row in float compute (a row's value filled in place: x * x[:,
+ * :1]): row mode reads those without per-element offsets (`X.view(-1, 4) +
+ * a[:4]` ran 3.8x slower than CPU per element). Other layouts (transposed
+ * short rows) gather. Strides in elements. */
+static int short_rows_fit(int nd, const int64_t *sizes, int64_t (*str)[TPURT_MAX_DIMS], const tpurt_view **v,
+                          int nops, tpurt_dtype compute) {
+  for (int o = 0; o < nops; o++) {
+    int64_t want = 1;
+    int dense = 1, rep = 1;
+    for (int k = nd - 1; k >= 0; k--) {
+      dense &= sizes[k] == 1 || str[o][k] == want;
+      want *= sizes[k];
+      if (k < nd - 1) rep &= str[o][k] == 0;
+    }
+    int scalar_rows = str[o][nd - 1] == 0 && compute == TPURT_F32 && v[o]->dtype == TPURT_F32;
+    if (!dense && !rep && !scalar_rows) return 0;
+  }
+  return 1;
+}
+
 /* Serializes a validated launch (ew_hdr and what follows it) into *bufp
  * when it fits in *cap bytes, else into malloc'd memory (*bufp replaced);
  * *cap becomes the size. Scalars are baked into the instructions. */
@@ -1124,8 +1157,9 @@ static tpurt_status ew_pack(const tpurt_ew_program *prog, const tpurt_view *outs
   h->nregs = nregs;
   h->numel = numel;
   /* rows of 8 or more elements run several to a block (row mode); shorter
-   * ones per element (gather mode) */
-  h->gather = nd > 1 && sizes[nd - 1] < 8;
+   * ones too when each operand's rows are one run or one repeated row
+   * (short_rows_fit), else per element (gather mode) */
+  h->gather = nd > 1 && sizes[nd - 1] < 8 && !short_rows_fit(nd, sizes, str, v, nops, prog->compute);
   for (int k = 0; k < nout; k++) h->out_reg[k] = prog->out_reg[k];
   for (int i = 0; i < nops; i++) h->dt[i] = (uint8_t)v[i]->dtype;
   unsigned char *p = buf + sizeof *h;
