@@ -650,3 +650,40 @@ def test_bincount_bad_input_like_cpu():
             with pytest.raises(exc, match=msg):
                 f(dev)
     assert torch.bincount(torch.tensor([1, 1], device=DT)).cpu().tolist() == [0, 2]  # usable afterwards
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int32])
+def test_index_add_rows_split_by_columns(mode, dtype):
+    """index_add along dim 0 of a matrix (a graph network's message scatter)
+    splits the columns over the threads: every element takes its
+    contributions in index order, bit for bit the CPU's sums — repeated
+    indices, alpha, widths that are no multiple of a column block, a
+    transposed (strided) destination and source, and index_select's
+    backward through autograd."""
+    import torch_tpu
+
+    g = torch.Generator().manual_seed(7)
+    for n, e, f in [(50, 3000, 32), (17, 5000, 77), (300, 4000, 130)]:
+        idx = torch.randint(0, n, (e,), generator=g)
+        if dtype.is_floating_point:
+            src = torch.randn(e, f, generator=g, dtype=dtype)
+            base = torch.randn(n, f, generator=g, dtype=dtype)
+        else:
+            src = torch.randint(-50, 50, (e, f), generator=g, dtype=dtype)
+            base = torch.randint(-50, 50, (n, f), generator=g, dtype=dtype)
+        alpha = 3 if not dtype.is_floating_point else 0.75
+        want = base.clone().index_add_(0, idx, src, alpha=alpha)
+        want_t = base.t().contiguous().t().clone().index_add_(0, idx, src.t().contiguous().t())
+        with torch_tpu.execution_mode(mode):
+            got = base.to(DT).index_add_(0, idx.to(DT), src.to(DT), alpha=alpha)
+            got_t = base.t().contiguous().to(DT).t().index_add_(0, idx.to(DT), src.t().contiguous().to(DT).t())
+            torch_tpu.flush()
+        assert torch.equal(got.cpu(), want)
+        assert torch.equal(got_t.cpu(), want_t)
+    w = torch.randn(40, 48, generator=g, requires_grad=True)
+    idx = torch.randint(0, 40, (900,), generator=g)
+    (w.index_select(0, idx) * torch.arange(48.0)).sum().backward()
+    dw = w.detach().to(DT).requires_grad_()
+    (dw.index_select(0, idx.to(DT)) * torch.arange(48.0).to(DT)).sum().backward()
+    assert torch.equal(dw.grad.cpu(), w.grad)

@@ -509,6 +509,7 @@ typedef struct {
    * sorted, ng groups starting at gstart[g]) */
   int64_t (*order)[2];
   int64_t *gstart, ng;
+  int64_t cb; /* > 0: units are blocks of cb columns of the one row (iadd_cols), not rows */
 } iadd_ctx;
 
 /* bfloat16 / float16 slices: every destination's contributions summed in
@@ -631,8 +632,53 @@ static int cmp_pair(const void *p, const void *q) {
   return x[0] != y[0] ? (x[0] < y[0] ? -1 : 1) : (x[1] < y[1] ? -1 : x[1] > y[1]);
 }
 
+/* Float sums are fused multiply-adds, self + alpha * src rounded once, as
+ * PyTorch's vectorized CPU kernel adds (its fmadd): the same bits. */
+
+/* The slices of self and src are one row (index_add along dim 0 of a
+ * matrix: a graph network's scatter of messages): units [b, e) are blocks
+ * of x->cb of its columns, every index in order within each, so every
+ * element of self takes its contributions in index order, as in one
+ * thread. Float rows of unit stride add as vectors. */
+static void iadd_cols(void *c, int64_t b, int64_t e) {
+  iadd_ctx *x = c;
+  iadd_args *a = x->a;
+  tpurt_dtype dt = a->self.dtype, idt = a->index.dtype;
+  int es = (int)tpurt_dtype_size(dt);
+  int64_t n = kc_numel(&a->index), inner = kc_iter_inner(&x->it), nd = x->it.ndim;
+  int64_t istr = a->index.ndim ? a->index.strides[0] * (int64_t)tpurt_dtype_size(idt) : 0;
+  int64_t sd = a->self.strides[a->dim] * es, rd = a->src.strides[a->dim] * es;
+  int64_t ds = x->it.str[0][nd - 1], ss = x->it.str[1][nd - 1];
+  int64_t c0 = b * x->cb, c1 = e * x->cb < inner ? e * x->cb : inner;
+  int isint = is_int_dtype(dt), f32 = dt == TPURT_F32 && ds == 4 && ss == 4;
+  int64_t off[KC_MAXOPS];
+  kc_iter_row(&x->it, 0, off);
+  for (int64_t j = 0; j < n; j++) {
+    int64_t v = kc_ld_idx(idt, x->idx + j * istr);
+    if (v == a->skip) continue;
+    double alpha = x->freq ? a->alpha / (double)x->freq[v] : a->alpha;
+    char *d = x->self + off[0] + v * sd;
+    const char *q = x->src + off[1] + j * rd;
+    if (f32) {
+      float al = (float)alpha, *dp = (float *)d;
+      const float *qp = (const float *)q;
+      for (int64_t i = c0; i < c1; i++) dp[i] = fmaf(al, qp[i], dp[i]);
+    } else if (isint) {
+      int64_t al = (int64_t)alpha;
+      for (int64_t i = c0; i < c1; i++)
+        kc_sti(dt, d + i * ds, kc_ldi(dt, d + i * ds) + al * kc_ldi(dt, q + i * ss));
+    } else {
+      for (int64_t i = c0; i < c1; i++) kc_st(dt, d + i * ds, fma(alpha, kc_ld(dt, q + i * ss), kc_ld(dt, d + i * ds)));
+    }
+  }
+}
+
 static void iadd_chunk(void *c, int64_t b, int64_t e) {
   iadd_ctx *x = c;
+  if (x->cb) {
+    iadd_cols(c, b, e);
+    return;
+  }
   if (x->order) {
     iadd_groups(x, b, e);
     return;
@@ -662,7 +708,7 @@ static void iadd_chunk(void *c, int64_t b, int64_t e) {
           float dv, sv;
           memcpy(&dv, d + i * ds, 4);
           memcpy(&sv, q + i * ss, 4);
-          dv += al * sv;
+          dv = fmaf(al, sv, dv);
           memcpy(d + i * ds, &dv, 4);
         }
       } else if (isint) {
@@ -671,7 +717,7 @@ static void iadd_chunk(void *c, int64_t b, int64_t e) {
           kc_sti(dt, d + i * ds, kc_ldi(dt, d + i * ds) + al * kc_ldi(dt, q + i * ss));
       } else {
         for (int64_t i = 0; i < inner; i++)
-          kc_st(dt, d + i * ds, kc_ld(dt, d + i * ds) + alpha * kc_ld(dt, q + i * ss));
+          kc_st(dt, d + i * ds, fma(alpha, kc_ld(dt, q + i * ss), kc_ld(dt, d + i * ds)));
       }
     }
   }
@@ -752,7 +798,13 @@ static tpurt_status k_index_add(void *p, char *err, size_t errlen) {
   x->idx = (char *)idx;
   int64_t inner = kc_iter_inner(&x->it);
   int done = iadd_1d(x);
-  if (done == 0) tpurt_parallel_for(kc_iter_rows(&x->it), KC_GRAIN / ((n + 1) * inner) + 1, iadd_chunk, x);
+  /* one row of slices (dim 0 of a matrix): its columns in blocks of 16 share
+   * the work; else the rows do */
+  x->cb = kc_iter_rows(&x->it) == 1 && !x->order && inner >= 32 ? 16 : 0;
+  if (done == 0 && x->cb)
+    tpurt_parallel_for((inner + 15) / 16, KC_GRAIN / (16 * (n + 1)) + 1, iadd_chunk, x);
+  else if (done == 0)
+    tpurt_parallel_for(kc_iter_rows(&x->it), KC_GRAIN / ((n + 1) * inner) + 1, iadd_chunk, x);
   free(x->order);
   free(x->gstart);
   free(x->freq);
