@@ -8,6 +8,15 @@
  * arithmetic; loads convert from any dtype and any strides, stores convert
  * to each output's dtype. Blocks are split over the thread pool.
  *
+ * Row mode walks rows of the innermost dimension: long rows in blocks,
+ * short ones several (up to EW_KPB_MAX) to a block, where an operand whose
+ * rows follow each other is read or written as one run and a row repeated
+ * over the block (a [C] operand against [..., C]) is kept, repeated, for the
+ * worker's next blocks (ew_bcache; constants too). Rows of fewer than 8
+ * elements run so only when every operand is one run, a repeated row or one
+ * float a row (short_rows_fit); other layouts run in gather mode: EW_BLK
+ * elements at a time with per-element offsets.
+ *
  * Launch (host side): validates the program against the views, bakes launch
  * scalars into the instruction list, coalesces dimensions of all views
  * together and serializes everything into the launch arguments.
@@ -565,15 +574,16 @@ static int run_block(ew_ctx *x, const int64_t *roff, int k, unsigned dense, unsi
   return 0;
 }
 
-/* The register blocks of one worker: per-thread heap memory, not the stack
- * (up to 33 registers x EW_BLK x 16 bytes of complex128 = 1 MiB, the size
- * of a stream worker's whole stack). NULL when host memory is exhausted. */
+/* Bytes of a worker's blocks: its registers, a spare, the kept blocks
+ * (ew_bcache). */
 static size_t scratch_blocks_bytes(const ew_hdr *h) {
   return (size_t)(h->nregs + 1 + EW_BC_BLOCKS(h)) * EW_BLK * csize((tpurt_dtype)h->compute);
 }
 
-/* A worker's memory: its register blocks, the kept blocks (ew_bcache), then
- * the row offsets of a block of short rows (multirow_rows). */
+/* A worker's memory: its blocks, then the row offsets of a block of short
+ * rows (multirow_rows) — per-thread heap memory, not the stack (up to 33
+ * registers x EW_BLK x 16 bytes of complex128 = 1 MiB, the size of a
+ * stream worker's whole stack). NULL when host memory is exhausted. */
 static char *scratch_of(const ew_hdr *h) {
   return tpurt__scratch(8, scratch_blocks_bytes(h) + (size_t)h->nops * EW_KPB_MAX * sizeof(int64_t));
 }

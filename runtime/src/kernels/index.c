@@ -632,14 +632,13 @@ static int cmp_pair(const void *p, const void *q) {
   return x[0] != y[0] ? (x[0] < y[0] ? -1 : 1) : (x[1] < y[1] ? -1 : x[1] > y[1]);
 }
 
-/* Float sums are fused multiply-adds, self + alpha * src rounded once, as
- * PyTorch's vectorized CPU kernel adds (its fmadd): the same bits. */
-
 /* The slices of self and src are one row (index_add along dim 0 of a
  * matrix: a graph network's scatter of messages): units [b, e) are blocks
  * of x->cb of its columns, every index in order within each, so every
  * element of self takes its contributions in index order, as in one
- * thread. Float rows of unit stride add as vectors. */
+ * thread. Float rows of unit stride add as vectors. Float sums here and in
+ * iadd_chunk are fused multiply-adds, self + alpha * src rounded once, as
+ * PyTorch's vectorized CPU kernel adds (its fmadd): the same bits. */
 static void iadd_cols(void *c, int64_t b, int64_t e) {
   iadd_ctx *x = c;
   iadd_args *a = x->a;
