@@ -687,3 +687,47 @@ def test_index_add_rows_split_by_columns(mode, dtype):
     dw = w.detach().to(DT).requires_grad_()
     (dw.index_select(0, idx.to(DT)) * torch.arange(48.0).to(DT)).sum().backward()
     assert torch.equal(dw.grad.cpu(), w.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int32, torch.bfloat16, torch.uint8])
+@pytest.mark.parametrize("descending", [False, True])
+def test_sort_long_line_over_the_pool(dtype, descending):
+    """A line of 65,536 elements or more builds its keys, runs its radix
+    passes and writes its result split over the threads: the same stable
+    order as CPU's stable sort (ties by position), NaN and -0.0 kept as
+    they are, keys over the whole range (every digit pass) and few values
+    (passes skipped), in a 1-D sort, argsort, unique and a sort into out=
+    slices; lines sorted side by side (a pool task each) agree."""
+    g = torch.Generator().manual_seed(11)
+    n = 70_001
+    if dtype.is_floating_point:
+        x = (torch.randn(n, generator=g, dtype=torch.float64) * 1e3).to(dtype)
+        x[::97] = float("nan")
+        x[::89] = -0.0
+        x[::83] = 0.0
+        x[::7] = x[5]  # many ties
+    elif dtype == torch.uint8:
+        x = torch.randint(0, 256, (n,), generator=g, dtype=dtype)
+    else:
+        info = torch.iinfo(dtype)
+        x = torch.randint(info.min, info.max, (n,), generator=g, dtype=dtype)
+        x[::3] = torch.randint(-5, 5, (len(x[::3]),), generator=g, dtype=dtype)
+    v, i = torch.sort(x, descending=descending, stable=True)
+    dv, di = torch.sort(x.to(DT), descending=descending, stable=True)
+    assert torch.equal(di.cpu(), i)
+    assert torch.equal(dv.cpu().view(torch.uint8) if dtype.is_floating_point else dv.cpu(),
+                       v.view(torch.uint8) if dtype.is_floating_point else v)  # -0.0 and NaN bits kept
+    assert torch.equal(torch.argsort(x.to(DT), descending=descending, stable=True).cpu(), i)
+    few = x[: n // 2].clone()
+    if not dtype.is_floating_point:
+        few = few % 7
+    else:  # which NaN takes which of the NaNs' places in the inverse is the CPU sort's accident
+        few = torch.nan_to_num(few, nan=1.5)
+    u, inv, cnt = torch.unique(few, return_inverse=True, return_counts=True)
+    du, dinv, dcnt = torch.unique(few.to(DT), return_inverse=True, return_counts=True)
+    torch.testing.assert_close(du.cpu(), u, equal_nan=True, rtol=0, atol=0)
+    assert torch.equal(dinv.cpu(), inv) and torch.equal(dcnt.cpu(), cnt)
+    rows = torch.stack([x, x.flip(0)])
+    rv, ri = torch.sort(rows, dim=1, descending=descending, stable=True)
+    drv, dri = torch.sort(rows.to(DT), dim=1, descending=descending, stable=True)
+    assert torch.equal(dri.cpu(), ri)

@@ -97,7 +97,7 @@ const char *tpurt_gemm_library(void) {
 
 /* Per-thread grow-only buffers: no allocation on the hot path once warm.
  * Buffers above SCRATCH_KEEP bytes are released after the kernel. */
-#define SCRATCH_SLOTS 9
+#define SCRATCH_SLOTS 11
 #define SCRATCH_KEEP (256u << 20)
 static _Thread_local struct {
   void *p;

@@ -6,8 +6,8 @@
 #include "../internal.h"
 
 TPURT_INTERNAL void tpurt__gemm_lib_init(void);
-/* Per-thread buffer `slot` (0..8) of at least `bytes`; slots 6, 7 belong to tpurt__sgemm, 8 to the
- * elementwise interpreter's register blocks. */
+/* Per-thread buffer `slot` (0..10) of at least `bytes`; slots 6, 7 belong to tpurt__sgemm, 8 to the
+ * elementwise interpreter's register blocks, 9 and 10 to sort's line buffers. */
 TPURT_INTERNAL void *tpurt__scratch(int slot, size_t bytes);
 /* bgemm.c's grow-only buffer of the calling thread (64-byte aligned; NULL
  * when out of memory) for a kernel that runs no bf16 product meanwhile. */

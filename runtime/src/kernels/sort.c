@@ -8,6 +8,7 @@
  * entries selects them instead (kselect.h). Float keys order NaN above +inf
  * (PyTorch's convention).
  */
+#include "gemm_internal.h" /* tpurt__scratch */
 #include "kcommon.h"
 #include "kselect.h"
 
@@ -178,17 +179,140 @@ static uint64_t key_f64(double f) {
 DEF_RADIX(radix32, uint32_t, 4)
 DEF_RADIX(radix64, uint64_t, 8)
 
-/* The line's order by radix sort into the returned positions (buf and tmp:
- * 16 n bytes each); 0 if the dtype has no key here. */
-static uint32_t *radix_line(tpurt_dtype dt, const char *ip, int64_t is, int64_t n, int desc, void *buf, void *tmp) {
+/* A line of RADIX_PAR elements or more (one long line: a 1-D sort, unique,
+ * argsort) sorts with its passes split over the pool: RP_UNITS contiguous
+ * parts count their digits, every part's first position for each digit is
+ * the count of smaller digits plus the same digit in the parts before it,
+ * and each part scatters its elements in order from there — the same
+ * stable order as one thread's pass (1M keys: ~1.6x on 2 threads). Inside
+ * a pool task (lines sorted in parallel) the passes run on the caller. */
+#define RADIX_PAR 65536
+#define RP_UNITS 8
+
+typedef struct {
+  const void *k;
+  void *k2;
+  const uint32_t *ix;
+  uint32_t *ix2;
+  int64_t n;
+  int shift, wide;
+  uint32_t (*pos)[256]; /* RP_UNITS parts: digit counts, then first positions */
+  uint32_t (*all)[8][256]; /* rp_count_all: every part's counts of every digit */
+} rp_job;
+
+static inline unsigned rp_digit(const rp_job *j, int64_t i) {
+  return j->wide ? (unsigned)(((const uint64_t *)j->k)[i] >> j->shift) & 255u
+                 : (unsigned)(((const uint32_t *)j->k)[i] >> j->shift) & 255u;
+}
+
+static void rp_count(void *c, int64_t b, int64_t e) {
+  rp_job *j = c;
+  for (int64_t u = b; u < e; u++) {
+    int64_t lo = j->n * u / RP_UNITS, hi = j->n * (u + 1) / RP_UNITS;
+    uint32_t *cnt = j->pos[u];
+    memset(cnt, 0, 256 * sizeof(uint32_t));
+    for (int64_t i = lo; i < hi; i++) cnt[rp_digit(j, i)]++;
+  }
+}
+
+/* every digit's counts per part in one read (which passes to skip) */
+static void rp_count_all(void *c, int64_t b, int64_t e) {
+  rp_job *j = c;
+  int nd = j->wide ? 8 : 4;
+  for (int64_t u = b; u < e; u++) {
+    int64_t lo = j->n * u / RP_UNITS, hi = j->n * (u + 1) / RP_UNITS;
+    uint32_t(*cnt)[256] = j->all[u];
+    memset(cnt, 0, sizeof(uint32_t[8][256]));
+    if (j->wide) {
+      const uint64_t *k = j->k;
+      for (int64_t i = lo; i < hi; i++)
+        for (int d = 0; d < 8; d++) cnt[d][(k[i] >> (8 * d)) & 255]++;
+    } else {
+      const uint32_t *k = j->k;
+      for (int64_t i = lo; i < hi; i++)
+        for (int d = 0; d < nd; d++) cnt[d][(k[i] >> (8 * d)) & 255]++;
+    }
+  }
+}
+
+static void rp_scatter(void *c, int64_t b, int64_t e) {
+  rp_job *j = c;
+  for (int64_t u = b; u < e; u++) {
+    int64_t lo = j->n * u / RP_UNITS, hi = j->n * (u + 1) / RP_UNITS;
+    uint32_t *off = j->pos[u];
+#define RP_SCATTER(T)                                   \
+  do {                                                  \
+    const T *k = j->k;                                  \
+    T *k2 = j->k2;                                      \
+    for (int64_t i = lo; i < hi; i++) {                 \
+      uint32_t p = off[(k[i] >> j->shift) & 255]++;     \
+      k2[p] = k[i];                                     \
+      j->ix2[p] = j->ix[i];                             \
+    }                                                   \
+  } while (0)
+    if (j->wide)
+      RP_SCATTER(uint64_t);
+    else
+      RP_SCATTER(uint32_t);
+#undef RP_SCATTER
+  }
+}
+
+/* radix32 / radix64 over the pool (wide: 64-bit keys); NULL when host
+ * memory for the counts is exhausted (the caller sorts on one thread) */
+static uint32_t *radix_par(void *k, uint32_t *ix, void *k2, uint32_t *ix2, int64_t n, int wide) {
+  uint32_t(*pos)[256] = malloc(sizeof(uint32_t[RP_UNITS][256]));
+  uint32_t(*all)[8][256] = malloc(sizeof(uint32_t[RP_UNITS][8][256]));
+  if (!pos || !all) {
+    free(pos);
+    free(all);
+    return NULL;
+  }
+  int ks = wide ? 8 : 4, fresh = 1; /* fresh: the parts still hold their first elements */
+  rp_job j0 = {k, k2, ix, ix2, n, 0, wide, pos, all};
+  tpurt_parallel_for(RP_UNITS, 1, rp_count_all, &j0);
+  for (int d = 0; d < ks; d++) {
+    rp_job j = {k, k2, ix, ix2, n, 8 * d, wide, pos, all};
+    uint32_t same = 0;
+    unsigned first = rp_digit(&j, 0);
+    for (int u = 0; u < RP_UNITS; u++) same += all[u][d][first]; /* totals do not depend on the order */
+    if (same == (uint32_t)n) continue; /* one digit: the pass changes nothing */
+    if (fresh)
+      for (int u = 0; u < RP_UNITS; u++) memcpy(pos[u], all[u][d], sizeof pos[u]);
+    else
+      tpurt_parallel_for(RP_UNITS, 1, rp_count, &j);
+    fresh = 0;
+    uint32_t sum = 0;
+    for (int v = 0; v < 256; v++)
+      for (int u = 0; u < RP_UNITS; u++) {
+        uint32_t c = pos[u][v];
+        pos[u][v] = sum;
+        sum += c;
+      }
+    tpurt_parallel_for(RP_UNITS, 1, rp_scatter, &j);
+    void *tk = k;
+    k = k2;
+    k2 = tk;
+    uint32_t *ti = ix;
+    ix = ix2;
+    ix2 = ti;
+  }
+  free(pos);
+  free(all);
+  return ix;
+}
+
+/* Positions and order-preserving keys of elements [lo, hi) of a line (see
+ * above; 64-bit keys for f64 / i64); 0 if the dtype has no key here. */
+static int radix_keys(tpurt_dtype dt, const char *ip, int64_t is, int64_t n, int desc, void *buf, int64_t lo,
+                      int64_t hi) {
   uint32_t inv32 = desc ? UINT32_MAX : 0;
   uint64_t inv64 = desc ? UINT64_MAX : 0;
-  int wide = dt == TPURT_F64 || dt == TPURT_I64;
-  uint32_t *ix = (uint32_t *)((char *)buf + (size_t)n * 8), *ix2 = (uint32_t *)((char *)tmp + (size_t)n * 8);
-  for (int64_t i = 0; i < n; i++) ix[i] = (uint32_t)i;
-  if (wide) {
+  uint32_t *ix = (uint32_t *)((char *)buf + (size_t)n * 8);
+  for (int64_t i = lo; i < hi; i++) ix[i] = (uint32_t)i;
+  if (dt == TPURT_F64 || dt == TPURT_I64) {
     uint64_t *k = buf;
-    for (int64_t i = 0; i < n; i++) {
+    for (int64_t i = lo; i < hi; i++) {
       const char *p = ip + i * is;
       if (dt == TPURT_F64) {
         double f;
@@ -200,10 +324,10 @@ static uint32_t *radix_line(tpurt_dtype dt, const char *ip, int64_t is, int64_t 
         k[i] = ((uint64_t)v ^ 0x8000000000000000ull) ^ inv64;
       }
     }
-    return radix64(k, ix, tmp, ix2, n);
+    return 1;
   }
   uint32_t *k = buf;
-  for (int64_t i = 0; i < n; i++) {
+  for (int64_t i = lo; i < hi; i++) {
     const char *p = ip + i * is;
     uint32_t key;
     switch (dt) {
@@ -215,11 +339,60 @@ static uint32_t *radix_line(tpurt_dtype dt, const char *ip, int64_t is, int64_t 
       case TPURT_I8: key = (uint32_t)(int32_t) * (const int8_t *)p ^ 0x80000000u; break;
       case TPURT_U8: key = *(const uint8_t *)p; break;
       case TPURT_BOOL: key = *(const uint8_t *)p != 0; break;
-      default: return NULL;
+      default: return 0;
     }
     k[i] = key ^ inv32;
   }
-  return radix32(k, ix, tmp, ix2, n);
+  return 1;
+}
+
+/* A long line's key building and writing back, split over the pool. */
+typedef struct {
+  tpurt_dtype dt;
+  const char *ip;
+  int64_t is, n;
+  int desc;
+  void *buf;
+  /* write-back: */
+  const uint32_t *order;
+  char *vp, *xp;
+  int64_t vs, xs;
+  int es;
+} rl_job;
+
+static void rl_keys(void *c, int64_t b, int64_t e) {
+  rl_job *j = c;
+  radix_keys(j->dt, j->ip, j->is, j->n, j->desc, j->buf, b, e);
+}
+
+/* entries [lo, hi) of the sorted line: values and positions by its order */
+static void rl_write(rl_job *j, int64_t lo, int64_t hi) {
+  for (int64_t i = lo; i < hi; i++) {
+    int64_t p = j->order[i];
+    if (j->vp) kc_move(j->vp + i * j->vs, j->ip + p * j->is, j->es);
+    if (j->xp) memcpy(j->xp + i * j->xs, &p, 8);
+  }
+}
+
+static void rl_write_chunk(void *c, int64_t b, int64_t e) { rl_write(c, b, e); }
+
+/* The line's order by radix sort into the returned positions (buf and tmp:
+ * 16 n bytes each); 0 if the dtype has no key here. A line of RADIX_PAR
+ * elements or more outside a pool task builds its keys and runs its passes
+ * over the pool. */
+static uint32_t *radix_line(tpurt_dtype dt, const char *ip, int64_t is, int64_t n, int desc, void *buf, void *tmp) {
+  int wide = dt == TPURT_F64 || dt == TPURT_I64, par = n >= RADIX_PAR && !tpurt__pool_nested();
+  if (!radix_keys(dt, ip, is, n, desc, buf, 0, 0)) return NULL; /* no key for this dtype */
+  if (par) {
+    rl_job j = {.dt = dt, .ip = ip, .is = is, .n = n, .desc = desc, .buf = buf};
+    tpurt_parallel_for(n, 65536, rl_keys, &j);
+  } else {
+    radix_keys(dt, ip, is, n, desc, buf, 0, n);
+  }
+  uint32_t *ix = (uint32_t *)((char *)buf + (size_t)n * 8), *ix2 = (uint32_t *)((char *)tmp + (size_t)n * 8);
+  uint32_t *r = par ? radix_par(buf, ix, tmp, ix2, n, wide) : NULL;
+  if (r) return r;
+  return wide ? radix64(buf, ix, tmp, ix2, n) : radix32(buf, ix, tmp, ix2, n);
 }
 
 static void sort_chunk(void *c, int64_t b, int64_t e) {
@@ -231,10 +404,11 @@ static void sort_chunk(void *c, int64_t b, int64_t e) {
   int es = (int)tpurt_dtype_size(dt);
   int64_t is = a->in.strides[dim] * es;
   size_t bytes = (size_t)n * 16;
-  void *buf = malloc(bytes ? bytes : 16), *tmp = malloc(bytes ? bytes : 16);
+  /* the thread's grow-only buffers: a 1M-element line's 32 MB freshly
+   * allocated and given back every call took ~6,000 page faults (a third of
+   * a 1-D sort's time) */
+  void *buf = tpurt__scratch(9, bytes ? bytes : 16), *tmp = tpurt__scratch(10, bytes ? bytes : 16);
   if (!buf || !tmp) {
-    free(buf);
-    free(tmp);
     kc_err_index(&x->err, "out of host memory");
     return;
   }
@@ -248,11 +422,11 @@ static void sort_chunk(void *c, int64_t b, int64_t e) {
                           ? radix_line(dt, ip, is, n, a->descending, buf, tmp)
                           : NULL;
     if (order) {
-      for (int64_t i = 0; i < a->k; i++) {
-        int64_t j = order[i];
-        if (vp) kc_move(vp + i * vs, ip + j * is, es);
-        if (xp) memcpy(xp + i * xs, &j, 8);
-      }
+      rl_job w = {.ip = ip, .is = is, .order = order, .vp = vp, .xp = xp, .vs = vs, .xs = xs, .es = es};
+      if (a->k >= RADIX_PAR && !tpurt__pool_nested())
+        tpurt_parallel_for(a->k, 65536, rl_write_chunk, &w);
+      else
+        rl_write(&w, 0, a->k);
     } else if (x->isint) {
       ikey *k = buf;
       for (int64_t i = 0; i < n; i++) {
@@ -286,8 +460,6 @@ static void sort_chunk(void *c, int64_t b, int64_t e) {
       }
     }
   }
-  free(buf);
-  free(tmp);
 }
 
 static tpurt_status k_sort(void *p, char *err, size_t errlen) {
@@ -405,6 +577,18 @@ typedef struct {
   int has_inv, has_counts;
 } uniq_args;
 
+/* Do the es bytes at a and b match? (fixed-size loads, not a memcmp call
+ * per element: a third of a 1M unique's pass) */
+static inline int same_bits(const char *a, const char *b, int es) {
+  switch (es) {
+    case 1: return *a == *b;
+    case 2: { uint16_t x, y; memcpy(&x, a, 2); memcpy(&y, b, 2); return x == y; }
+    case 4: { uint32_t x, y; memcpy(&x, a, 4); memcpy(&y, b, 4); return x == y; }
+    case 8: { uint64_t x, y; memcpy(&x, a, 8); memcpy(&y, b, 8); return x == y; }
+    default: return memcmp(a, b, (size_t)es) == 0;
+  }
+}
+
 static tpurt_status k_unique(void *p, char *err, size_t errlen) {
   (void)err;
   (void)errlen;
@@ -426,7 +610,9 @@ static tpurt_status k_unique(void *p, char *err, size_t errlen) {
     int fresh = i == 0;
     if (!fresh) {
       const char *pv = v - ss;
-      fresh = isf ? !(kc_ld(dt, v) == kc_ld(dt, pv)) : memcmp(v, pv, (size_t)es) != 0;
+      fresh = dt == TPURT_F32 ? !(*(const float *)v == *(const float *)pv)
+              : isf           ? !(kc_ld(dt, v) == kc_ld(dt, pv))
+                              : !same_bits(v, pv, es);
     }
     if (fresh) {
       g++;
