@@ -731,3 +731,17 @@ def test_sort_long_line_over_the_pool(dtype, descending):
     rv, ri = torch.sort(rows, dim=1, descending=descending, stable=True)
     drv, dri = torch.sort(rows.to(DT), dim=1, descending=descending, stable=True)
     assert torch.equal(dri.cpu(), ri)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32])
+def test_sort_long_line_without_radix_keys(dtype):
+    """Dtypes without a radix key here (CPU sorts none of them) take the
+    merge sort at every length: a long line comes back ordered and stable
+    (compared with CPU's stable sort of the same values as int64)."""
+    g = torch.Generator().manual_seed(12)
+    x = torch.randint(0, 60_000, (70_001,), generator=g)
+    x[::5] = 7
+    v, i = torch.sort(x, stable=True)
+    dv, di = torch.sort(x.to(dtype).to(DT), stable=True)
+    assert torch.equal(di.cpu(), i)
+    assert torch.equal(dv.cpu().to(torch.int64), v)

@@ -302,9 +302,18 @@ static uint32_t *radix_par(void *k, uint32_t *ix, void *k2, uint32_t *ix2, int64
   return ix;
 }
 
+/* Has dt an order-preserving key (radix_keys)? */
+static int radix_dtype(tpurt_dtype dt) {
+  switch (dt) {
+    case TPURT_F64: case TPURT_I64: case TPURT_F32: case TPURT_BF16: case TPURT_F16: case TPURT_I32:
+    case TPURT_I16: case TPURT_I8: case TPURT_U8: case TPURT_BOOL: return 1;
+    default: return 0;
+  }
+}
+
 /* Positions and order-preserving keys of elements [lo, hi) of a line (see
- * above; 64-bit keys for f64 / i64); 0 if the dtype has no key here. */
-static int radix_keys(tpurt_dtype dt, const char *ip, int64_t is, int64_t n, int desc, void *buf, int64_t lo,
+ * above; 64-bit keys for f64 / i64) of a dtype radix_dtype takes. */
+static void radix_keys(tpurt_dtype dt, const char *ip, int64_t is, int64_t n, int desc, void *buf, int64_t lo,
                       int64_t hi) {
   uint32_t inv32 = desc ? UINT32_MAX : 0;
   uint64_t inv64 = desc ? UINT64_MAX : 0;
@@ -324,7 +333,7 @@ static int radix_keys(tpurt_dtype dt, const char *ip, int64_t is, int64_t n, int
         k[i] = ((uint64_t)v ^ 0x8000000000000000ull) ^ inv64;
       }
     }
-    return 1;
+    return;
   }
   uint32_t *k = buf;
   for (int64_t i = lo; i < hi; i++) {
@@ -339,11 +348,10 @@ static int radix_keys(tpurt_dtype dt, const char *ip, int64_t is, int64_t n, int
       case TPURT_I8: key = (uint32_t)(int32_t) * (const int8_t *)p ^ 0x80000000u; break;
       case TPURT_U8: key = *(const uint8_t *)p; break;
       case TPURT_BOOL: key = *(const uint8_t *)p != 0; break;
-      default: return 0;
+      default: key = 0; break; /* not taken (radix_dtype) */
     }
     k[i] = key ^ inv32;
   }
-  return 1;
 }
 
 /* A long line's key building and writing back, split over the pool. */
@@ -382,7 +390,7 @@ static void rl_write_chunk(void *c, int64_t b, int64_t e) { rl_write(c, b, e); }
  * over the pool. */
 static uint32_t *radix_line(tpurt_dtype dt, const char *ip, int64_t is, int64_t n, int desc, void *buf, void *tmp) {
   int wide = dt == TPURT_F64 || dt == TPURT_I64, par = n >= RADIX_PAR && !tpurt__pool_nested();
-  if (!radix_keys(dt, ip, is, n, desc, buf, 0, 0)) return NULL; /* no key for this dtype */
+  if (!radix_dtype(dt)) return NULL;
   if (par) {
     rl_job j = {.dt = dt, .ip = ip, .is = is, .n = n, .desc = desc, .buf = buf};
     tpurt_parallel_for(n, 65536, rl_keys, &j);
