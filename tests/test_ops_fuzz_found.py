@@ -281,3 +281,23 @@ def test_complex_unary_ops_match_the_cpu(mode, dtype, name):
         got = fn(x.to("tpu")).cpu()
     tol = dict(rtol=2e-5, atol=1e-6) if dtype == torch.complex64 else dict(rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(got, ref, **tol)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gelu_tanh_is_a_signed_zero_where_cpu_tanh_saturates(mode, dtype):
+    """Fuzz seed 621058: gelu(x, approximate="tanh") of large negative x is
+    -0.0 on CPU (0.5 x (1 + tanh u) with tanh u rounded to -1), where the exp
+    form gave values like -1e-27; a floor division after it then gave -1
+    instead of -0. Above the saturation the values keep their accuracy."""
+    x = torch.tensor([-30.0, -12.0, -6.0, -5.9, -5.0, -4.0, -1.0, 0.0, 1.0, 7.0], dtype=dtype)
+    ref = torch.nn.functional.gelu(x, approximate="tanh")
+    with torch_tpu.execution_mode(mode):
+        got = torch.nn.functional.gelu(x.to("tpu"), approximate="tanh")
+        floored = torch.floor_divide(got, 0.5859)
+        torch_tpu.flush()
+    got, floored = got.cpu(), floored.cpu()
+    zero = ref == 0
+    assert torch.equal(torch.signbit(got[zero]), torch.signbit(ref[zero])) and bool((got[zero] == 0).all())
+    torch.testing.assert_close(got, ref, rtol=2e-2 if dtype == torch.bfloat16 else 5e-3, atol=1e-6)
+    assert torch.equal(floored, torch.floor_divide(ref, 0.5859))

@@ -215,6 +215,17 @@ static inline float ew_gelu_f(float x) {
   return x * ew_phi_g_f(x, &gauss);
 }
 
+/* gelu with the tanh approximation, 0.5 x (1 + tanh u) = x / (1 + exp(-2u)),
+ * u = sqrt(2 / pi) (x + 0.044715 x^3); where PyTorch's float tanh(u)
+ * rounds to -1 (u < -13 ln 2) its product is a signed zero, not the tiny
+ * value of the exp form: a floor or a sign test after it sees what CPU sees
+ * (fuzz seed 621058) */
+static inline float ew_gelu_tanh_f(float x) {
+  float t = x + 0.044715f * x * x * x;
+  float r = x / (1.0f + tpurt__vexpf(-2.0f * 0.7978845608028654f * t));
+  return 0.7978845608028654f * t < -9.010913f ? 0.0f * x : r;
+}
+
 /* d gelu(y) / dy * g = g * (Phi(y) + y * phi(y)), phi(y) = exp(-y^2 / 2) / sqrt(2 pi) */
 static inline float ew_gelu_backward_f(float g, float y) {
   float gauss, p = ew_phi_g_f(y, &gauss);

@@ -134,7 +134,7 @@ static EW_FN_ATTR void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_
     case TPURT_EW_RELU: U(x < 0 ? (T)0 : x);
 #if EW_FAST
     case TPURT_EW_GELU: U(ew_gelu_f(x));
-    case TPURT_EW_GELU_TANH: U(x / (1.0f + tpurt__vexpf(-2.0f * 0.7978845608028654f * (x + 0.044715f * x * x * x))));
+    case TPURT_EW_GELU_TANH: U(ew_gelu_tanh_f(x));
 #else
     case TPURT_EW_GELU: U((T)0.5 * x * ((T)1 + EW_M(erf)(x * (T)M_SQRT1_2)));
     case TPURT_EW_GELU_TANH:
