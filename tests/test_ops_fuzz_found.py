@@ -301,3 +301,20 @@ def test_gelu_tanh_is_a_signed_zero_where_cpu_tanh_saturates(mode, dtype):
     assert torch.equal(torch.signbit(got[zero]), torch.signbit(ref[zero])) and bool((got[zero] == 0).all())
     torch.testing.assert_close(got, ref, rtol=2e-2 if dtype == torch.bfloat16 else 5e-3, atol=1e-6)
     assert torch.equal(floored, torch.floor_divide(ref, 0.5859))
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer"])
+def test_elu_backward_of_nan_is_nan_as_cpus_vectorized_kernel(mode):
+    """Fuzz seed 621369: PyTorch 2.13's vectorized elu backward selects the
+    positive branch by x > 0, so a NaN input gets a NaN gradient (its scalar
+    tail kernel would pass the gradient through); 64 elements keep CPU on
+    its vectorized path (two vectors at a time, no scalar tail)."""
+    x = torch.tensor(([float("nan"), -1.0, 2.0, float("-inf"), float("inf"), 0.0] * 11)[:64], requires_grad=True)
+    w = torch.arange(64.0) / 7
+    torch.nn.functional.elu(x, alpha=0.7).backward(w)
+    y = x.detach().to("tpu").requires_grad_()
+    with torch_tpu.execution_mode(mode):
+        torch.nn.functional.elu(y, alpha=0.7).backward(w.to("tpu"))
+        torch_tpu.flush()
+    torch.testing.assert_close(y.grad.cpu(), x.grad, equal_nan=True)
+    assert bool(y.grad.cpu()[::6].isnan().all())

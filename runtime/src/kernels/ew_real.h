@@ -317,10 +317,12 @@ static EW_FN_ATTR void EW_FN(const tpurt_ew_inst *I, EW_T *restrict d, const EW_
     case TPURT_EW_HARDTANH_BACKWARD: B((y <= p0 || y >= p1) ? (T)0 : x);
     case TPURT_EW_ELU_BACKWARD: {
       const T negcoef = p0 * p1, poscoef = p1, negiptcoef = p2;
+      /* as the CPU's vectorized kernel in 2.13 selects (y > 0): a NaN input's
+       * gradient is NaN (fuzz seed 621369) */
       if (I->p[3] != 0) {
-        B(y <= 0 ? x * negiptcoef * (y + negcoef) : x * poscoef);
+        B(y > 0 ? x * poscoef : x * negiptcoef * (y + negcoef));
       } else {
-        B(y <= 0 ? x * negiptcoef * negcoef * EW_EXP(y * negiptcoef) : x * poscoef);
+        B(y > 0 ? x * poscoef : x * negiptcoef * negcoef * EW_EXP(y * negiptcoef));
       }
     }
     case TPURT_EW_HARDSIGMOID_BACKWARD: B((y > (T)-3 && y < (T)3) ? x / (T)6 : (T)0);
