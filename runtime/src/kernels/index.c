@@ -636,9 +636,34 @@ static int cmp_pair(const void *p, const void *q) {
  * matrix: a graph network's scatter of messages): units [b, e) are blocks
  * of x->cb of its columns, every index in order within each, so every
  * element of self takes its contributions in index order, as in one
- * thread. Float rows of unit stride add as vectors. Float sums here and in
- * iadd_chunk are fused multiply-adds, self + alpha * src rounded once, as
- * PyTorch's vectorized CPU kernel adds (its fmadd): the same bits. */
+ * thread (iadd_span adds each span). */
+/* d[i * ds] += alpha * q[i * ss] for i in [c0, c1) (byte strides), the sum
+ * of iadd_cols and iadd_chunk. Float sums are fused multiply-adds, self +
+ * alpha * src rounded once, as PyTorch's vectorized CPU kernel adds (its
+ * fmadd): the same bits; float rows of unit stride add as vectors. */
+static void iadd_span(tpurt_dtype dt, char *d, int64_t ds, const char *q, int64_t ss, int64_t c0, int64_t c1,
+                      double alpha) {
+  if (dt == TPURT_F32 && ds == 4 && ss == 4) {
+    float al = (float)alpha, *dp = (float *)d;
+    const float *qp = (const float *)q;
+    for (int64_t i = c0; i < c1; i++) dp[i] = fmaf(al, qp[i], dp[i]);
+  } else if (dt == TPURT_F32) {
+    float al = (float)alpha;
+    for (int64_t i = c0; i < c1; i++) {
+      float dv, sv;
+      memcpy(&dv, d + i * ds, 4);
+      memcpy(&sv, q + i * ss, 4);
+      dv = fmaf(al, sv, dv);
+      memcpy(d + i * ds, &dv, 4);
+    }
+  } else if (is_int_dtype(dt)) {
+    int64_t al = (int64_t)alpha;
+    for (int64_t i = c0; i < c1; i++) kc_sti(dt, d + i * ds, kc_ldi(dt, d + i * ds) + al * kc_ldi(dt, q + i * ss));
+  } else {
+    for (int64_t i = c0; i < c1; i++) kc_st(dt, d + i * ds, fma(alpha, kc_ld(dt, q + i * ss), kc_ld(dt, d + i * ds)));
+  }
+}
+
 static void iadd_cols(void *c, int64_t b, int64_t e) {
   iadd_ctx *x = c;
   iadd_args *a = x->a;
@@ -649,26 +674,13 @@ static void iadd_cols(void *c, int64_t b, int64_t e) {
   int64_t sd = a->self.strides[a->dim] * es, rd = a->src.strides[a->dim] * es;
   int64_t ds = x->it.str[0][nd - 1], ss = x->it.str[1][nd - 1];
   int64_t c0 = b * x->cb, c1 = e * x->cb < inner ? e * x->cb : inner;
-  int isint = is_int_dtype(dt), f32 = dt == TPURT_F32 && ds == 4 && ss == 4;
   int64_t off[KC_MAXOPS];
   kc_iter_row(&x->it, 0, off);
   for (int64_t j = 0; j < n; j++) {
     int64_t v = kc_ld_idx(idt, x->idx + j * istr);
     if (v == a->skip) continue;
     double alpha = x->freq ? a->alpha / (double)x->freq[v] : a->alpha;
-    char *d = x->self + off[0] + v * sd;
-    const char *q = x->src + off[1] + j * rd;
-    if (f32) {
-      float al = (float)alpha, *dp = (float *)d;
-      const float *qp = (const float *)q;
-      for (int64_t i = c0; i < c1; i++) dp[i] = fmaf(al, qp[i], dp[i]);
-    } else if (isint) {
-      int64_t al = (int64_t)alpha;
-      for (int64_t i = c0; i < c1; i++)
-        kc_sti(dt, d + i * ds, kc_ldi(dt, d + i * ds) + al * kc_ldi(dt, q + i * ss));
-    } else {
-      for (int64_t i = c0; i < c1; i++) kc_st(dt, d + i * ds, fma(alpha, kc_ld(dt, q + i * ss), kc_ld(dt, d + i * ds)));
-    }
+    iadd_span(dt, x->self + off[0] + v * sd, ds, x->src + off[1] + j * rd, ss, c0, c1, alpha);
   }
 }
 
@@ -690,7 +702,6 @@ static void iadd_chunk(void *c, int64_t b, int64_t e) {
   int64_t sd = a->self.strides[a->dim] * es, rd = a->src.strides[a->dim] * es;
   int64_t inner = kc_iter_inner(&x->it), nd = x->it.ndim;
   int64_t ds = x->it.str[0][nd - 1], ss = x->it.str[1][nd - 1];
-  int isint = is_int_dtype(dt);
   int64_t off[KC_MAXOPS];
   for (int64_t j = 0; j < n; j++) {
     int64_t v = kc_ld_idx(idt, x->idx + j * istr);
@@ -699,25 +710,7 @@ static void iadd_chunk(void *c, int64_t b, int64_t e) {
     if (x->freq) alpha /= (double)x->freq[v];
     for (int64_t r = b; r < e; r++) {
       kc_iter_row(&x->it, r, off);
-      char *d = x->self + off[0] + v * sd;
-      const char *q = x->src + off[1] + j * rd;
-      if (dt == TPURT_F32) {
-        float al = (float)alpha;
-        for (int64_t i = 0; i < inner; i++) {
-          float dv, sv;
-          memcpy(&dv, d + i * ds, 4);
-          memcpy(&sv, q + i * ss, 4);
-          dv = fmaf(al, sv, dv);
-          memcpy(d + i * ds, &dv, 4);
-        }
-      } else if (isint) {
-        int64_t al = (int64_t)alpha;
-        for (int64_t i = 0; i < inner; i++)
-          kc_sti(dt, d + i * ds, kc_ldi(dt, d + i * ds) + al * kc_ldi(dt, q + i * ss));
-      } else {
-        for (int64_t i = 0; i < inner; i++)
-          kc_st(dt, d + i * ds, fma(alpha, kc_ld(dt, q + i * ss), kc_ld(dt, d + i * ds)));
-      }
+      iadd_span(dt, x->self + off[0] + v * sd, ds, x->src + off[1] + j * rd, ss, 0, inner, alpha);
     }
   }
 }
