@@ -614,6 +614,39 @@ def test_replayed_outputs_are_views_where_recorded_ones_are():
         assert len(bases) == 1 and bases == {outs[0].untyped_storage().data_ptr()}
 
 
+def test_replayed_outputs_repeat_an_object_where_recorded_ones_do():
+    # a graph that returns one value twice (y and y.contiguous(), which is y): a replayed call returns
+    # one object twice too (before: two objects over one memory, neither a view of the other; a compiled
+    # function that changed one of them then failed in AOTAutograd where PyTorch's own compile does
+    # not — fuzz seed 621500)
+    def make(x, m):
+        y = x.masked_fill(m, 2.0)
+        return y, y.contiguous()
+
+    def update(a, b):
+        s = torch.sort(a, -1, descending=True)[0]
+        b.mul_(s)
+        return s
+
+    want = None
+    x0 = torch.randn(5, 5, 1, 16)
+    m = torch.rand(5, 1, 1, 16) > 0.5
+    for dev, backend in (("cpu", "aot_eager"), ("tpu", "tpu")):
+        torch._dynamo.reset()
+        torch_tpu.compiler.reset_compile_stats()
+        f, g = torch.compile(make, backend=backend), torch.compile(update, backend=backend)
+        for _ in range(4):
+            x = x0.to(dev).requires_grad_()
+            y, z = f(x, m.to(dev))
+            assert y is z
+        s = g(y, z)
+        got = (y.detach().cpu(), s.detach().cpu())
+        if dev == "tpu":
+            assert torch_tpu.compiler.compile_stats()["replays"] >= 2
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        want = got
+
+
 @pytest.mark.parametrize("draw", ["dropout", "rand_like", "attention_dropout"])
 def test_graphs_that_draw_random_numbers_replay_with_eager_draws(draw):
     # a call's draws reserve their blocks from the default generator when it records; a replay

@@ -716,7 +716,7 @@ class Replay : public std::enable_shared_from_this<Replay> {
     // views as on the recorded call: of another output, or of a base the call did not return
     std::vector<at::Tensor> tpu(out_meta_.size()), hidden(hidden_.size());
     for (size_t k = 0; k < out_meta_.size(); ++k)
-      if (out_meta_[k].kind == K_TPU && out_meta_[k].view_of == -1) tpu[k] = unviewed(out_meta_[k]);
+      if (out_meta_[k].kind == K_TPU && out_meta_[k].view_of == -1 && same_out_[k] < 0) tpu[k] = unviewed(out_meta_[k]);
     for (size_t h = 0; h < hidden_.size(); ++h) hidden[h] = unviewed(hidden_[h]);
     for (size_t k = 0; k < out_meta_.size(); ++k) {
       const TensorMeta& m = out_meta_[k];
@@ -727,7 +727,9 @@ class Replay : public std::enable_shared_from_this<Replay> {
     py::list res;
     for (size_t k = 0; k < out_meta_.size(); ++k) {
       const TensorMeta& m = out_meta_[k];
-      if (m.kind == K_NONE) {
+      if (same_out_[k] >= 0) {
+        res.append(res[static_cast<size_t>(same_out_[k])]);
+      } else if (m.kind == K_NONE) {
         res.append(py::none());
       } else if (m.kind == K_HOST) {
         res.append(m.value.clone());
@@ -840,7 +842,22 @@ class Replay : public std::enable_shared_from_this<Replay> {
     std::vector<c10::TensorImpl*> hidden;
     for (size_t i = 0; i < out_meta_.size(); ++i)
       if (out_meta_[i].kind == K_TPU) out_meta_[i].view_of = view_of(outputs, i, &hidden, &hidden_);
+    same_out_ = same_outputs(outputs);
     return "";
+  }
+
+  // For each output, the first earlier output that is the same tensor object (a graph that returns
+  // one value twice: x and x.contiguous()), or -1. A replay returns that object again, as the
+  // recorded call did: two objects over one memory would be inputs that alias without being views
+  // of each other to the next graph, which AOTAutograd refuses to compile when one of them changes.
+  static std::vector<int> same_outputs(const py::list& outputs) {
+    std::vector<int> same(outputs.size(), -1);
+    for (size_t k = 0; k < outputs.size(); ++k) {
+      if (outputs[k].is_none()) continue;
+      for (size_t j = 0; j < k && same[k] < 0; ++j)
+        if (outputs[j].ptr() == outputs[k].ptr()) same[k] = static_cast<int>(j);
+    }
+    return same;
   }
 
   // Which tensor output i (a K_TPU output of the recorded call) is a view of, as a recorded call's
@@ -993,6 +1010,7 @@ class Replay : public std::enable_shared_from_this<Replay> {
     for (size_t k = 0; k < out_meta_.size(); ++k)
       if (out_meta_[k].kind == K_TPU && view_of(outputs, k, &hidden, nullptr) != out_meta_[k].view_of)
         return "outputs that view others differently";
+    if (same_outputs(outputs) != same_out_) return "outputs that repeat others differently";
     return "";
   }
 
@@ -1007,6 +1025,7 @@ class Replay : public std::enable_shared_from_this<Replay> {
   std::vector<uint64_t> out_bytes_;
   std::vector<TensorMeta> out_meta_;
   std::vector<TensorMeta> hidden_;  // the bases of outputs that view a tensor the call did not return
+  std::vector<int> same_out_;       // per output: the earlier output that is the same object, or -1
   tpurt_replay_rng rng_{0, 0, 0};  // the default generator around the described call
 };
 
