@@ -5,7 +5,9 @@
  *     KERNEL gemm:    SHAPE M,N,K[,batch[,bf16]]  (f32, C = A @ B, plain layouts; bf16: bf16
  *                                            operands and result, DEFAULT precision)
  *     KERNEL softmax: SHAPE ROWS,D          (f32, along the last dim)
- *     KERNEL layernorm: SHAPE ROWS,D        (f32, over the last dim, no affine)
+ *     KERNEL layernorm: SHAPE ROWS,D[,PASS] (f32, over the last dim; PASS 0: forward without
+ *                                            affine (default), 1: backward with a weight, all three
+ *                                            gradients)
  *     KERNEL sum:     SHAPE ROWS,D,DIM      (f32 sum of a ROWS x D matrix over dim 0 (columns: a bias
  *                                            gradient) or 1 (rows))
  *     KERNEL ew:      SHAPE OP:ROWS,D[,b|,s] (f32 elementwise op by name: unary, binary,
@@ -66,6 +68,9 @@ typedef struct {
                          double);
   tpurt_status (*layer_norm)(tpurt_stream *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
                              const tpurt_view *, const tpurt_view *, const tpurt_view *, int, double, int);
+  tpurt_status (*layer_norm_bwd)(tpurt_stream *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
+                                 const tpurt_view *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
+                                 const tpurt_view *, int, int);
   tpurt_status (*conv[3])(tpurt_stream *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
                           const tpurt_view *, const tpurt_conv_params *, tpurt_precision);
   tpurt_status (*group_norm)(tpurt_stream *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
@@ -130,6 +135,7 @@ static void load(build *b, const char *path) {
   *(void **)&b->softmax = sym(b, "tpurt_softmax");
   *(void **)&b->reduce = sym(b, "tpurt_reduce");
   *(void **)&b->layer_norm = sym(b, "tpurt_layer_norm");
+  *(void **)&b->layer_norm_bwd = sym(b, "tpurt_layer_norm_backward");
   *(void **)&b->elementwise = sym(b, "tpurt_elementwise");
   *(void **)&b->group_norm = sym(b, "tpurt_group_norm");
   *(void **)&b->group_norm_bwd = sym(b, "tpurt_group_norm_backward");
@@ -223,9 +229,24 @@ static void gn_views(const work *w, int i, tpurt_view *mean, tpurt_view *rstd, t
   for (int k = 0; k < 4; k++) par[k] = view1(w->par[i], k * c, c);
 }
 
+/* layer norm backward views of set i: mean and rstd per row, w, dw, db */
+static void ln_views(const work *w, int i, tpurt_view *mean, tpurt_view *rstd, tpurt_view *par) {
+  *mean = view1(w->stats[i], 0, w->M), *rstd = view1(w->stats[i], w->M, w->M);
+  for (int k = 0; k < 3; k++) par[k] = view1(w->par[i], k * w->K, w->K);
+}
+
 static void setup(build *b, work *w) {
   for (int i = 0; i < w->nset; i++) {
-    if (w->kind == K_GROUPNORM || w->kind == K_BATCHNORM) { /* a: x, b: dy, c: y or dx */
+    if (w->kind == K_LAYERNORM && w->cv[0] == 1) { /* a: x, b: dy, c: dx; the forward fills the statistics */
+      w->a[i] = upload(b, (size_t)(w->M * w->K), 7), w->b[i] = upload(b, (size_t)(w->M * w->K), 5);
+      w->c[i] = upload(b, (size_t)(w->M * w->K), 3);
+      w->va[i] = view3(w->a[i], 1, w->M, w->K), w->vb[i] = view3(w->b[i], 1, w->M, w->K);
+      w->vc[i] = view3(w->c[i], 1, w->M, w->K);
+      w->stats[i] = upload(b, (size_t)(2 * w->M), 1), w->par[i] = upload(b, (size_t)(3 * w->K), 11);
+      tpurt_view m, r, par[3];
+      ln_views(w, i, &m, &r, par);
+      ck(b, b->layer_norm(b->s, &w->vc[i], &m, &r, &w->va[i], &par[0], NULL, 1, 1e-5, 0));
+    } else if (w->kind == K_GROUPNORM || w->kind == K_BATCHNORM) { /* a: x, b: dy, c: y or dx */
       const int64_t *g = w->cv;
       tpurt_devptr (*up)(build *, size_t, unsigned) = w->bf16 ? upload_bf16 : upload;
       size_t n = (size_t)(g[0] * g[1] * g[2]);
@@ -314,7 +335,11 @@ static void run(build *b, const work *w, int q) {
     ck(b, b->softmax(b->s, &w->vc[i], &w->va[i], 2, 0));
   else if (w->kind == K_SUM)
     ck(b, b->reduce(b->s, TPURT_RED_SUM, &w->vc[i], NULL, &w->va[i], 0.0));
-  else
+  else if (w->cv[0] == 1) {
+    tpurt_view m, r, par[3];
+    ln_views(w, i, &m, &r, par);
+    ck(b, b->layer_norm_bwd(b->s, &w->vc[i], &par[1], &par[2], &w->vb[i], &w->va[i], &m, &r, &par[0], 1, 0));
+  } else
     ck(b, b->layer_norm(b->s, &w->vc[i], NULL, NULL, &w->va[i], NULL, NULL, 1, 1e-5, 0));
 }
 
@@ -361,7 +386,8 @@ static int ew_program(build *b, const char *name, size_t len, work *w) {
 static void usage(void) {
   fprintf(stderr,
           "usage: tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so gemm M,N,K[,batch[,bf16]]...\n"
-          "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so softmax|layernorm ROWS,D...\n"
+          "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so softmax ROWS,D...\n"
+          "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so layernorm ROWS,D[,PASS]...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so sum ROWS,D,DIM...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so ew OP:ROWS,D[,b|,s]...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so conv N,C,HW,CO,K,S,PASS[,bf16]...\n"
@@ -372,6 +398,8 @@ static void usage(void) {
           "elementwise op by name (gelu, add, gelu_backward, where, ...); ,b: its second input one row of D\n"
           "broadcast over the rows; ,s: a constant (0.5). conv: N images C x HW x HW to CO\n"
           "channels, K x K kernel, stride S, padding K / 2; PASS 0 forward, 1 input gradient, 2 weight gradient.\n"
+          "layernorm: PASS 0 forward without affine (default), 1 backward with a weight (input, weight and bias\n"
+          "gradients).\n"
           "groupnorm: N samples of C channels of S elements in G groups; PASS 0 forward, 1 backward.\n"
           "batchnorm: training batch norm of N samples of C channels of S elements; PASS 0 forward, 1 backward.\n"
           "sum: f32 sum of a ROWS x D matrix over DIM 0 (one result per column) or 1 (per row).\n"
@@ -463,6 +491,10 @@ int main(int argc, char **argv) {
             if (w[q].nin == 2) w[q].nin = 1;
           }
         }
+      }
+      if (kind == K_LAYERNORM && got == 3) { /* ROWS,D,PASS */
+        if (k < 0 || k > 1) usage();
+        g[0] = k, got = 2;
       }
       if (gemm ? got < 3 : got != 2) usage();
       if (got == 5 && strcmp(dt, "bf16")) usage();

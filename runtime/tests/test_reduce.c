@@ -170,11 +170,68 @@ static void test_norms(void) {
   tpurt_free(drv);
 }
 
+/* Layer and RMS norm of f32 rows of unit stride are read and written in
+ * place by their own loops (norm.c: pairs of rows in the forward,
+ * ln_bwd_row_f32 in the backward); rows of another column stride take the
+ * general loops through double buffers. Both give the same bits: the same
+ * rows in both layouts (131 rows, an odd count, of 133 columns, not a
+ * multiple of the 8 lanes; two row parts in the backward). */
+static void test_norm_row_paths(void) {
+  enum { M = 131, N = 133 };
+  static float x[M * N], g[M * N], w[N], xs[M * N * 2], gs[M * N * 2];
+  for (int i = 0; i < M * N; i++) {
+    x[i] = (float)((i * 7919) % 1009) / 97.0f - 4.0f;
+    g[i] = (float)((i * 104729) % 997) / 331.0f - 1.5f;
+    xs[2 * i] = x[i], gs[2 * i] = g[i];
+  }
+  for (int j = 0; j < N; j++) w[j] = 0.5f + (float)j / N;
+  int64_t sz[2] = {M, N}, dense[2] = {N, 1}, wide[2] = {2 * N, 2}, rs[1] = {M}, one[1] = {1}, ns[1] = {N};
+  tpurt_devptr dw = check_up(NULL, w, sizeof w);
+  tpurt_view wv = check_view_st(dw, TPURT_F32, 1, ns, one);
+  for (int rms = 0; rms < 2; rms++) {
+    float out[2][6][M * N];
+    for (int layout = 0; layout < 2; layout++) {
+      const int64_t *st = layout ? wide : dense;
+      size_t bytes = layout ? sizeof xs : sizeof x;
+      tpurt_devptr dx = check_up(NULL, layout ? xs : x, bytes), dg = check_up(NULL, layout ? gs : g, bytes);
+      tpurt_devptr dy = check_up(NULL, NULL, bytes), dgx = check_up(NULL, NULL, bytes);
+      tpurt_devptr dm = check_up(NULL, NULL, M * 4), dr = check_up(NULL, NULL, M * 4);
+      tpurt_devptr dgw = check_up(NULL, NULL, N * 4), dgb = check_up(NULL, NULL, N * 4);
+      tpurt_view xv = check_view_st(dx, TPURT_F32, 2, sz, st), gv = check_view_st(dg, TPURT_F32, 2, sz, st);
+      tpurt_view yv = check_view_st(dy, TPURT_F32, 2, sz, st), gxv = check_view_st(dgx, TPURT_F32, 2, sz, st);
+      tpurt_view mv = check_view_st(dm, TPURT_F32, 1, rs, one), rv = check_view_st(dr, TPURT_F32, 1, rs, one);
+      tpurt_view gwv = check_view_st(dgw, TPURT_F32, 1, ns, one), gbv = check_view_st(dgb, TPURT_F32, 1, ns, one);
+      CHECK_OK(tpurt_layer_norm(NULL, &yv, rms ? NULL : &mv, &rv, &xv, &wv, NULL, 1, 1e-5, rms));
+      CHECK_OK(tpurt_layer_norm_backward(NULL, &gxv, &gwv, rms ? NULL : &gbv, &gv, &xv, rms ? NULL : &mv, &rv, &wv, 1,
+                                         rms));
+      static float tmp[M * N * 2];
+      check_down(NULL, tmp, dy, bytes);
+      for (int i = 0; i < M * N; i++) out[layout][0][i] = tmp[layout ? 2 * i : i];
+      check_down(NULL, tmp, dgx, bytes);
+      for (int i = 0; i < M * N; i++) out[layout][1][i] = tmp[layout ? 2 * i : i];
+      check_down(NULL, out[layout][2], dm, M * 4);
+      check_down(NULL, out[layout][3], dr, M * 4);
+      check_down(NULL, out[layout][4], dgw, N * 4);
+      check_down(NULL, out[layout][5], dgb, N * 4);
+      tpurt_free(dx), tpurt_free(dg), tpurt_free(dy), tpurt_free(dgx), tpurt_free(dm), tpurt_free(dr);
+      tpurt_free(dgw), tpurt_free(dgb);
+    }
+    static const int count[6] = {M * N, M * N, M, M, N, N};
+    for (int k = 0; k < 6; k++) {
+      if (rms && (k == 2 || k == 5)) continue; /* no mean, no bias gradient */
+      CHECK(memcmp(out[0][k], out[1][k], sizeof(float) * (size_t)count[k]) == 0);
+    }
+    CHECK(out[0][1][5] != 0.0f && out[0][4][7] != 0.0f);
+  }
+  tpurt_free(dw);
+}
+
 int main(void) {
   CHECK_OK(tpurt_init());
   test_sums();
   test_extremes();
   test_scan_softmax();
   test_norms();
+  test_norm_row_paths();
   TEST_MAIN_END();
 }

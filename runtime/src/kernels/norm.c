@@ -197,8 +197,28 @@ static void ln_fwd_rows(void *c, int64_t rb, int64_t re) {
   vload(&p->w, x->w, n, w, 1.0);
   vload(&p->b, x->b, n, b, p->w.on && !p->rms ? 0.0 : -0.0); /* see apply_k */
   int64_t xes = (int64_t)tpurt_dtype_size(p->x.dt);
+#ifdef __AVX__
+  /* f32 rows of unit stride whose output (if any) apply_row writes from x itself: pairs of rows are read
+   * in place, without their double copies (the same sums, rk_moments_lanes2_f32) */
+  int fast = p->x.dt == TPURT_F32 && p->x.cs == 1 && (!x->y || p->ew_apply);
+#endif
   for (int64_t r = rb; r < re; r += 2) {
     int two = r + 1 < re;
+#ifdef __AVX__
+    if (fast && two) {
+      const float *xa = (const float *)(x->x + r * p->x.rs * xes), *xb = (const float *)(x->x + (r + 1) * p->x.rs * xes);
+      double sa, qa, sb, qb, ma = 0.0, mb = 0.0;
+      rk_moments_lanes2_f32(xa, 0.0, xb, 0.0, n, &sa, &qa, &sb, &qb);
+      if (!p->rms) {
+        ma = sa / (double)n;
+        mb = sb / (double)n;
+        rk_moments_lanes2_f32(xa, ma, xb, mb, n, &sa, &qa, &sb, &qb);
+      }
+      ln_fwd_finish(x, r, buf, ma, qa, w, b);
+      ln_fwd_finish(x, r + 1, buf2, mb, qb, w, b);
+      continue;
+    }
+#endif
     rk_load_f64(buf, x->x + r * p->x.rs * xes, p->x.dt, p->x.cs, n);
     if (two) rk_load_f64(buf2, x->x + (r + 1) * p->x.rs * xes, p->x.dt, p->x.cs, n);
     /* sum and sum of squares; layer norm then sums squared deviations from
@@ -222,6 +242,55 @@ static void ln_fwd_rows(void *c, int64_t rb, int64_t re) {
   free(buf);
 }
 
+/* One f32 row of the backward with unit column strides, read in place: the
+ * arithmetic of the general loop below (in double, one rounding per
+ * operation, no contraction), fused into one pass with rk_gdot_lanes's
+ * sums — element i into lane i % 8 in order of i, folded by RK_FOLD — so
+ * the bits are the general path's; h and g keep x-hat and dy * w for the
+ * input gradient. The general path converted both rows to f64 buffers
+ * first and summed in a pass of its own (three passes over the row more,
+ * at double width: layer norm's backward took 3.4x the CPU's time). */
+static void ln_bwd_row_f32(const float *restrict xr, const float *restrict dyr, double mean, double rstd,
+                           const double *restrict wv, double *restrict ab, double *restrict aw, double *restrict h,
+                           double *restrict g, int64_t n, double *sg, double *sgx) {
+  double s[RK_LANES] = {0}, d[RK_LANES] = {0};
+  int64_t i = 0;
+#ifdef __AVX__
+  __m256d vm = _mm256_set1_pd(mean), vr = _mm256_set1_pd(rstd), vz = _mm256_setzero_pd();
+  __m256d s0 = vz, s1 = vz, d0 = vz, d1 = vz;
+  for (; i + RK_LANES <= n; i += RK_LANES) {
+#define LN_BWD_HALF(o, S, D)                                                                      \
+  {                                                                                               \
+    __m256d hv = _mm256_mul_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(xr + i + o)), vm), vr); \
+    __m256d dv = _mm256_cvtps_pd(_mm_loadu_ps(dyr + i + o));                                      \
+    _mm256_storeu_pd(h + i + o, hv);                                                              \
+    _mm256_storeu_pd(ab + i + o, _mm256_add_pd(_mm256_loadu_pd(ab + i + o), dv));                 \
+    _mm256_storeu_pd(aw + i + o, _mm256_add_pd(_mm256_loadu_pd(aw + i + o), _mm256_mul_pd(dv, hv))); \
+    __m256d gv = _mm256_mul_pd(dv, _mm256_loadu_pd(wv + i + o));                                  \
+    _mm256_storeu_pd(g + i + o, gv);                                                              \
+    S = _mm256_add_pd(S, gv);                                                                     \
+    D = _mm256_add_pd(D, _mm256_mul_pd(gv, _mm256_sub_pd(hv, vz)));                               \
+  }
+    LN_BWD_HALF(0, s0, d0)
+    LN_BWD_HALF(4, s1, d1)
+#undef LN_BWD_HALF
+  }
+  rk_lanes_out(s0, s1, s);
+  rk_lanes_out(d0, d1, d);
+#endif
+  for (; i < n; i++) {
+    double hh = ((double)xr[i] - mean) * rstd, dd = dyr[i];
+    h[i] = hh;
+    ab[i] += dd;
+    aw[i] += dd * hh;
+    g[i] = dd * wv[i];
+    s[i & 7] += g[i];
+    d[i & 7] += g[i] * (hh - 0.0);
+  }
+  *sg = RK_FOLD(s);
+  *sgx = RK_FOLD(d);
+}
+
 /* Backward over row parts: each part reads its rows of x and dy once,
  * writes their input gradient and adds the rows' weight / bias gradient
  * terms into the part's own partial sums (x->part[part]: dw cols, then db
@@ -240,6 +309,9 @@ static void ln_bwd_parts(void *c, int64_t tb, int64_t te) {
   vload(&p->w, x->w, n, w, 1.0);
   int64_t xes = (int64_t)tpurt_dtype_size(p->x.dt), des = (int64_t)tpurt_dtype_size(p->dy.dt),
           oes = x->dx ? (int64_t)tpurt_dtype_size(p->dx.dt) : 0;
+  /* f32 rows of unit stride with an f32 input gradient: read and written in place (ln_bwd_row_f32) */
+  int fast = p->x.dt == TPURT_F32 && p->x.cs == 1 && p->dy.dt == TPURT_F32 && p->dy.cs == 1 && x->dx &&
+             p->dx.dt == TPURT_F32 && p->dx.cs == 1;
   for (int64_t t = tb; t < te; t++) {
     int64_t r0 = p->rows * t / x->parts, r1 = p->rows * (t + 1) / x->parts;
     double *restrict aw = x->dw ? x->part + 2 * t * n : spare, *restrict ab = x->db ? x->part + 2 * t * n + n : spare + n;
@@ -247,6 +319,18 @@ static void ln_bwd_parts(void *c, int64_t tb, int64_t te) {
     memset(ab, 0, sizeof(double) * (size_t)n);
     for (int64_t r = r0; r < r1; r++) {
       double mean = p->rms ? 0.0 : vget(&p->mean, x->mean, r, 0.0), rstd = vget(&p->rstd, x->rstd, r, 1.0);
+      if (fast) {
+        double sg, sgx;
+        ln_bwd_row_f32((const float *)(x->x + r * p->x.rs * xes), (const float *)(x->dy + r * p->dy.rs * des), mean,
+                       rstd, w, ab, aw, buf, g, n, &sg, &sgx);
+        sg /= (double)n;
+        sgx /= (double)n;
+        if (p->rms) sg = 0;
+        float *restrict dx = (float *)(x->dx + r * p->dx.rs * oes);
+        const double *restrict hh = buf, *restrict gg = g;
+        for (int64_t i = 0; i < n; i++) dx[i] = (float)(rstd * (gg[i] - sg - hh[i] * sgx));
+        continue;
+      }
       rk_load_f64(buf, x->x + r * p->x.rs * xes, p->x.dt, p->x.cs, n);
       rk_load_f64(g, x->dy + r * p->dy.rs * des, p->dy.dt, p->dy.cs, n);
       double *restrict xh = buf, *restrict gw = g;

@@ -242,28 +242,39 @@ typedef struct {
 typedef struct {
   __m256d s0, s1, q0, q1;
 } rk_mom_v;
-static inline void rk_mom_step(rk_mom_v *m, const double *a, __m256d vc) {
-  __m256d d0 = _mm256_sub_pd(_mm256_loadu_pd(a), vc), d1 = _mm256_sub_pd(_mm256_loadu_pd(a + 4), vc);
+/* one step of eight elements x0 (lanes 0-3), x1 (lanes 4-7) */
+static inline void rk_mom_step_v(rk_mom_v *m, __m256d x0, __m256d x1, __m256d vc) {
+  __m256d d0 = _mm256_sub_pd(x0, vc), d1 = _mm256_sub_pd(x1, vc);
   m->s0 = _mm256_add_pd(m->s0, d0);
   m->s1 = _mm256_add_pd(m->s1, d1);
   m->q0 = _mm256_add_pd(m->q0, _mm256_mul_pd(d0, d0));
   m->q1 = _mm256_add_pd(m->q1, _mm256_mul_pd(d1, d1));
+}
+static inline void rk_mom_step(rk_mom_v *m, const double *a, __m256d vc) {
+  rk_mom_step_v(m, _mm256_loadu_pd(a), _mm256_loadu_pd(a + 4), vc);
+}
+/* the same on f32 elements, each widened exactly */
+static inline void rk_mom_step_f32(rk_mom_v *m, const float *a, __m256d vc) {
+  rk_mom_step_v(m, _mm256_cvtps_pd(_mm_loadu_ps(a)), _mm256_cvtps_pd(_mm_loadu_ps(a + 4)), vc);
 }
 static inline void rk_mom_out(const rk_mom_v *m, rk_mom *o) {
   rk_lanes_out(m->s0, m->s1, o->s);
   rk_lanes_out(m->q0, m->q1, o->q);
 }
 #endif
-/* the lanes' scalar tail from i, and the fold */
-static inline void rk_mom_finish(rk_mom *m, const double *a, double c, int64_t i, int64_t n, double *sum, double *sq) {
-  for (; i < n; i++) {
-    double d = a[i] - c;
-    m->s[i & 7] += d;
-    m->q[i & 7] += d * d;
+/* the lanes' scalar tail from i, and the fold (T: the row's element type) */
+#define RK_MOM_FINISH(NAME, T)                                                                           \
+  static inline void NAME(rk_mom *m, const T *a, double c, int64_t i, int64_t n, double *sum, double *sq) { \
+    for (; i < n; i++) {                                                                                 \
+      double d = (double)a[i] - c;                                                                       \
+      m->s[i & 7] += d;                                                                                  \
+      m->q[i & 7] += d * d;                                                                              \
+    }                                                                                                    \
+    *sum = RK_FOLD(m->s);                                                                                \
+    *sq = RK_FOLD(m->q);                                                                                 \
   }
-  *sum = RK_FOLD(m->s);
-  *sq = RK_FOLD(m->q);
-}
+RK_MOM_FINISH(rk_mom_finish, double)
+RK_MOM_FINISH(rk_mom_finish_f32, float)
 /* sum of (a - c) and of (a - c)^2 */
 static inline void rk_moments_lanes(const double *a, double c, int64_t n, double *sum, double *sq) {
   rk_mom m = {{0}, {0}};
@@ -286,27 +297,35 @@ static inline void rk_moments_lanes(const double *a, double c, int64_t n, double
 /* The same for two rows a and b (centers ca, cb) in one loop: each row's
  * lanes get the same additions in the same order as in rk_moments_lanes
  * (the same bits), and the two rows' dependent add chains overlap (one
- * row's chains alone bound a 128-element row by the add latency). */
+ * row's chains alone bound a 128-element row by the add latency).
+ * rk_moments_lanes2_f32 reads two f32 rows in place, each element widened
+ * exactly as a conversion to a double buffer would (the same bits). */
+#ifdef __AVX__
+#define RK_MOMENTS2(NAME, T, STEP, FINISH)                                                                   \
+  static inline void NAME(const T *a, double ca, const T *b, double cb, int64_t n, double *suma, double *sqa, \
+                          double *sumb, double *sqb) {                                                        \
+    rk_mom ma = {{0}, {0}}, mb = {{0}, {0}};                                                                  \
+    int64_t i = 0;                                                                                            \
+    __m256d va = _mm256_set1_pd(ca), vb = _mm256_set1_pd(cb), z = _mm256_setzero_pd();                        \
+    rk_mom_v xa = {z, z, z, z}, xb = {z, z, z, z};                                                            \
+    for (; i + RK_LANES <= n; i += RK_LANES) {                                                                \
+      STEP(&xa, a + i, va);                                                                                   \
+      STEP(&xb, b + i, vb);                                                                                   \
+    }                                                                                                         \
+    rk_mom_out(&xa, &ma);                                                                                     \
+    rk_mom_out(&xb, &mb);                                                                                     \
+    FINISH(&ma, a, ca, i, n, suma, sqa);                                                                      \
+    FINISH(&mb, b, cb, i, n, sumb, sqb);                                                                      \
+  }
+RK_MOMENTS2(rk_moments_lanes2, double, rk_mom_step, rk_mom_finish)
+RK_MOMENTS2(rk_moments_lanes2_f32, float, rk_mom_step_f32, rk_mom_finish_f32)
+#else
 static inline void rk_moments_lanes2(const double *a, double ca, const double *b, double cb, int64_t n, double *suma,
                                      double *sqa, double *sumb, double *sqb) {
-#ifdef __AVX__
-  rk_mom ma = {{0}, {0}}, mb = {{0}, {0}};
-  int64_t i = 0;
-  __m256d va = _mm256_set1_pd(ca), vb = _mm256_set1_pd(cb), z = _mm256_setzero_pd();
-  rk_mom_v xa = {z, z, z, z}, xb = {z, z, z, z};
-  for (; i + RK_LANES <= n; i += RK_LANES) {
-    rk_mom_step(&xa, a + i, va);
-    rk_mom_step(&xb, b + i, vb);
-  }
-  rk_mom_out(&xa, &ma);
-  rk_mom_out(&xb, &mb);
-  rk_mom_finish(&ma, a, ca, i, n, suma, sqa);
-  rk_mom_finish(&mb, b, cb, i, n, sumb, sqb);
-#else
   rk_moments_lanes(a, ca, n, suma, sqa);
   rk_moments_lanes(b, cb, n, sumb, sqb);
-#endif
 }
+#endif
 /* sum of g and of g * (x - c) */
 static inline void rk_gdot_lanes(const double *g, const double *x, double c, int64_t n, double *sum, double *dot) {
   double s[RK_LANES] = {0}, d[RK_LANES] = {0};
