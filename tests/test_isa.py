@@ -116,6 +116,15 @@ for y in [t.exp(), t.tanh(), t.sigmoid(), F.gelu(t), F.gelu(t, approximate="tanh
           t.abs().pow(t.flip(0)), t.pow(3.0), torch.fmod(t, t.flip(0)), torch.remainder(t, 0.7), F.elu(t),
           (t * 1e5).sin()]:
     h.update(y.cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+# the norms' backward passes (f32 rows read in place: eight double lanes in one or two registers)
+wt, bt, g = w.to("tpu"), b.to("tpu"), t.flip(0) / 3
+_, mu, rs = torch.ops.aten.native_layer_norm(t, [129], wt, bt, 1e-5)
+grads = list(torch.ops.aten.native_layer_norm_backward(g, t, [129], mu, rs, wt, bt, [True, True, True]))
+if hasattr(torch.ops.aten, "_fused_rms_norm_backward"):
+    y, r = torch.ops.aten._fused_rms_norm(t, [129], wt, 1e-6)
+    grads += [y] + list(torch.ops.aten._fused_rms_norm_backward(g, t, [129], r, wt, [True, True]))
+for y in grads:
+    h.update(y.cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
 print(h.hexdigest())
 """
 

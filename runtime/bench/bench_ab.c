@@ -5,9 +5,9 @@
  *     KERNEL gemm:    SHAPE M,N,K[,batch[,bf16]]  (f32, C = A @ B, plain layouts; bf16: bf16
  *                                            operands and result, DEFAULT precision)
  *     KERNEL softmax: SHAPE ROWS,D          (f32, along the last dim)
- *     KERNEL layernorm: SHAPE ROWS,D[,PASS] (f32, over the last dim; PASS 0: forward without
- *                                            affine (default), 1: backward with a weight, all three
- *                                            gradients)
+ *     KERNEL layernorm: SHAPE ROWS,D[,PASS] (f32, over the last dim, with a weight; PASS 0:
+ *                                            forward saving the statistics, as PyTorch calls it
+ *                                            (default), 1: backward, all three gradients)
  *     KERNEL sum:     SHAPE ROWS,D,DIM      (f32 sum of a ROWS x D matrix over dim 0 (columns: a bias
  *                                            gradient) or 1 (rows))
  *     KERNEL ew:      SHAPE OP:ROWS,D[,b|,s] (f32 elementwise op by name: unary, binary,
@@ -237,7 +237,7 @@ static void ln_views(const work *w, int i, tpurt_view *mean, tpurt_view *rstd, t
 
 static void setup(build *b, work *w) {
   for (int i = 0; i < w->nset; i++) {
-    if (w->kind == K_LAYERNORM && w->cv[0] == 1) { /* a: x, b: dy, c: dx; the forward fills the statistics */
+    if (w->kind == K_LAYERNORM) { /* a: x, b: dy, c: y or dx; the forward fills the statistics */
       w->a[i] = upload(b, (size_t)(w->M * w->K), 7), w->b[i] = upload(b, (size_t)(w->M * w->K), 5);
       w->c[i] = upload(b, (size_t)(w->M * w->K), 3);
       w->va[i] = view3(w->a[i], 1, w->M, w->K), w->vb[i] = view3(w->b[i], 1, w->M, w->K);
@@ -339,8 +339,11 @@ static void run(build *b, const work *w, int q) {
     tpurt_view m, r, par[3];
     ln_views(w, i, &m, &r, par);
     ck(b, b->layer_norm_bwd(b->s, &w->vc[i], &par[1], &par[2], &w->vb[i], &w->va[i], &m, &r, &par[0], 1, 0));
-  } else
-    ck(b, b->layer_norm(b->s, &w->vc[i], NULL, NULL, &w->va[i], NULL, NULL, 1, 1e-5, 0));
+  } else {
+    tpurt_view m, r, par[3];
+    ln_views(w, i, &m, &r, par);
+    ck(b, b->layer_norm(b->s, &w->vc[i], &m, &r, &w->va[i], &par[0], NULL, 1, 1e-5, 0));
+  }
 }
 
 static void teardown(build *b, work *w) {
@@ -398,8 +401,8 @@ static void usage(void) {
           "elementwise op by name (gelu, add, gelu_backward, where, ...); ,b: its second input one row of D\n"
           "broadcast over the rows; ,s: a constant (0.5). conv: N images C x HW x HW to CO\n"
           "channels, K x K kernel, stride S, padding K / 2; PASS 0 forward, 1 input gradient, 2 weight gradient.\n"
-          "layernorm: PASS 0 forward without affine (default), 1 backward with a weight (input, weight and bias\n"
-          "gradients).\n"
+          "layernorm: with a weight; PASS 0 forward saving mean and rstd (default), 1 backward (input, weight and\n"
+          "bias gradients).\n"
           "groupnorm: N samples of C channels of S elements in G groups; PASS 0 forward, 1 backward.\n"
           "batchnorm: training batch norm of N samples of C channels of S elements; PASS 0 forward, 1 backward.\n"
           "sum: f32 sum of a ROWS x D matrix over DIM 0 (one result per column) or 1 (per row).\n"
