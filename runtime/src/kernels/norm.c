@@ -255,45 +255,39 @@ static void ln_bwd_row_f32(const float *restrict xr, const float *restrict dyr, 
                            double *restrict g, int64_t n, double *sg, double *sgx) {
   double s[RK_LANES] = {0}, d[RK_LANES] = {0};
   int64_t i = 0;
+/* elements i + o on of the rows in vectors V (intrinsics prefix P), CVT(q) the floats at q widened; S, D the lanes' sums */
+#define LN_BWD_STEP(V, P, CVT, o, S, D)                                                          \
+  {                                                                                              \
+    V hv = P##_mul_pd(P##_sub_pd(CVT(xr + i + o), vm), vr), dv = CVT(dyr + i + o);               \
+    P##_storeu_pd(h + i + o, hv);                                                                \
+    P##_storeu_pd(ab + i + o, P##_add_pd(P##_loadu_pd(ab + i + o), dv));                         \
+    P##_storeu_pd(aw + i + o, P##_add_pd(P##_loadu_pd(aw + i + o), P##_mul_pd(dv, hv)));         \
+    V gv = P##_mul_pd(dv, P##_loadu_pd(wv + i + o));                                             \
+    P##_storeu_pd(g + i + o, gv);                                                                \
+    S = P##_add_pd(S, gv);                                                                       \
+    D = P##_add_pd(D, P##_mul_pd(gv, P##_sub_pd(hv, vz)));                                       \
+  }
 #ifdef __AVX512F__
   /* the eight lanes in one register (AVX-512 builds): the same lanes, the same order */
-  __m512d vm = _mm512_set1_pd(mean), vr = _mm512_set1_pd(rstd), vz = _mm512_setzero_pd(), sv = vz, dv8 = vz;
-  for (; i + RK_LANES <= n; i += RK_LANES) {
-    __m512d hv = _mm512_mul_pd(_mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(xr + i)), vm), vr);
-    __m512d dv = _mm512_cvtps_pd(_mm256_loadu_ps(dyr + i));
-    _mm512_storeu_pd(h + i, hv);
-    _mm512_storeu_pd(ab + i, _mm512_add_pd(_mm512_loadu_pd(ab + i), dv));
-    _mm512_storeu_pd(aw + i, _mm512_add_pd(_mm512_loadu_pd(aw + i), _mm512_mul_pd(dv, hv)));
-    __m512d gv = _mm512_mul_pd(dv, _mm512_loadu_pd(wv + i));
-    _mm512_storeu_pd(g + i, gv);
-    sv = _mm512_add_pd(sv, gv);
-    dv8 = _mm512_add_pd(dv8, _mm512_mul_pd(gv, _mm512_sub_pd(hv, vz)));
-  }
-  _mm512_storeu_pd(s, sv);
-  _mm512_storeu_pd(d, dv8);
+#define LN_CVT8(q) _mm512_cvtps_pd(_mm256_loadu_ps(q))
+  __m512d vm = _mm512_set1_pd(mean), vr = _mm512_set1_pd(rstd), vz = _mm512_setzero_pd(), s8 = vz, d8 = vz;
+  for (; i + RK_LANES <= n; i += RK_LANES) LN_BWD_STEP(__m512d, _mm512, LN_CVT8, 0, s8, d8)
+  _mm512_storeu_pd(s, s8);
+  _mm512_storeu_pd(d, d8);
+#undef LN_CVT8
 #elif defined(__AVX__)
+#define LN_CVT4(q) _mm256_cvtps_pd(_mm_loadu_ps(q))
   __m256d vm = _mm256_set1_pd(mean), vr = _mm256_set1_pd(rstd), vz = _mm256_setzero_pd();
   __m256d s0 = vz, s1 = vz, d0 = vz, d1 = vz;
   for (; i + RK_LANES <= n; i += RK_LANES) {
-#define LN_BWD_HALF(o, S, D)                                                                      \
-  {                                                                                               \
-    __m256d hv = _mm256_mul_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(xr + i + o)), vm), vr); \
-    __m256d dv = _mm256_cvtps_pd(_mm_loadu_ps(dyr + i + o));                                      \
-    _mm256_storeu_pd(h + i + o, hv);                                                              \
-    _mm256_storeu_pd(ab + i + o, _mm256_add_pd(_mm256_loadu_pd(ab + i + o), dv));                 \
-    _mm256_storeu_pd(aw + i + o, _mm256_add_pd(_mm256_loadu_pd(aw + i + o), _mm256_mul_pd(dv, hv))); \
-    __m256d gv = _mm256_mul_pd(dv, _mm256_loadu_pd(wv + i + o));                                  \
-    _mm256_storeu_pd(g + i + o, gv);                                                              \
-    S = _mm256_add_pd(S, gv);                                                                     \
-    D = _mm256_add_pd(D, _mm256_mul_pd(gv, _mm256_sub_pd(hv, vz)));                               \
-  }
-    LN_BWD_HALF(0, s0, d0)
-    LN_BWD_HALF(4, s1, d1)
-#undef LN_BWD_HALF
+    LN_BWD_STEP(__m256d, _mm256, LN_CVT4, 0, s0, d0)
+    LN_BWD_STEP(__m256d, _mm256, LN_CVT4, 4, s1, d1)
   }
   rk_lanes_out(s0, s1, s);
   rk_lanes_out(d0, d1, d);
+#undef LN_CVT4
 #endif
+#undef LN_BWD_STEP
   for (; i < n; i++) {
     double hh = ((double)xr[i] - mean) * rstd, dd = dyr[i];
     h[i] = hh;
@@ -307,17 +301,17 @@ static void ln_bwd_row_f32(const float *restrict xr, const float *restrict dyr, 
   *sgx = RK_FOLD(d);
 }
 
-/* Backward over row parts: each part reads its rows of x and dy once,
- * writes their input gradient and adds the rows' weight / bias gradient
- * terms into the part's own partial sums (x->part[part]: dw cols, then db
- * cols). The parts are a function of the shape only and their sums are
- * added in part order afterwards, so the result is the same on every run. */
 /* Row buffers of the backward are LN_PAD(n) doubles apart: rows of 512 or
  * 1,024 columns otherwise put every array 4 KiB apart, where a load after a
  * store to another array of the same offset stalls as if it overlapped
  * (4K aliasing: the AVX-512 pass ran 0.84x the 256-bit one at 512 columns). */
 #define LN_PAD(n) ((n) + 8)
 
+/* Backward over row parts: each part reads its rows of x and dy once,
+ * writes their input gradient and adds the rows' weight / bias gradient
+ * terms into the part's own partial sums (x->part[part]: dw cols, then db
+ * cols). The parts are a function of the shape only and their sums are
+ * added in part order afterwards, so the result is the same on every run. */
 static void ln_bwd_parts(void *c, int64_t tb, int64_t te) {
   lnctx *x = c;
   const lnplan *p = x->p;
