@@ -229,7 +229,7 @@ static void gn_views(const work *w, int i, tpurt_view *mean, tpurt_view *rstd, t
   for (int k = 0; k < 4; k++) par[k] = view1(w->par[i], k * c, c);
 }
 
-/* layer norm backward views of set i: mean and rstd per row, w, dw, db */
+/* layer norm views of set i: mean and rstd per row, w, dw, db (the forward uses the first three) */
 static void ln_views(const work *w, int i, tpurt_view *mean, tpurt_view *rstd, tpurt_view *par) {
   *mean = view1(w->stats[i], 0, w->M), *rstd = view1(w->stats[i], w->M, w->M);
   for (int k = 0; k < 3; k++) par[k] = view1(w->par[i], k * w->K, w->K);
@@ -335,14 +335,13 @@ static void run(build *b, const work *w, int q) {
     ck(b, b->softmax(b->s, &w->vc[i], &w->va[i], 2, 0));
   else if (w->kind == K_SUM)
     ck(b, b->reduce(b->s, TPURT_RED_SUM, &w->vc[i], NULL, &w->va[i], 0.0));
-  else if (w->cv[0] == 1) {
+  else {
     tpurt_view m, r, par[3];
     ln_views(w, i, &m, &r, par);
-    ck(b, b->layer_norm_bwd(b->s, &w->vc[i], &par[1], &par[2], &w->vb[i], &w->va[i], &m, &r, &par[0], 1, 0));
-  } else {
-    tpurt_view m, r, par[3];
-    ln_views(w, i, &m, &r, par);
-    ck(b, b->layer_norm(b->s, &w->vc[i], &m, &r, &w->va[i], &par[0], NULL, 1, 1e-5, 0));
+    if (w->cv[0] == 1)
+      ck(b, b->layer_norm_bwd(b->s, &w->vc[i], &par[1], &par[2], &w->vb[i], &w->va[i], &m, &r, &par[0], 1, 0));
+    else
+      ck(b, b->layer_norm(b->s, &w->vc[i], &m, &r, &w->va[i], &par[0], NULL, 1, 1e-5, 0));
   }
 }
 

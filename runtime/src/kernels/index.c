@@ -632,15 +632,10 @@ static int cmp_pair(const void *p, const void *q) {
   return x[0] != y[0] ? (x[0] < y[0] ? -1 : 1) : (x[1] < y[1] ? -1 : x[1] > y[1]);
 }
 
-/* The slices of self and src are one row (index_add along dim 0 of a
- * matrix: a graph network's scatter of messages): units [b, e) are blocks
- * of x->cb of its columns, every index in order within each, so every
- * element of self takes its contributions in index order, as in one
- * thread (iadd_span adds each span). */
-/* d[i * ds] += alpha * q[i * ss] for i in [c0, c1) (byte strides), the sum
- * of iadd_cols and iadd_chunk. Float sums are fused multiply-adds, self +
- * alpha * src rounded once, as PyTorch's vectorized CPU kernel adds (its
- * fmadd): the same bits; float rows of unit stride add as vectors. */
+/* d[i * ds] += alpha * q[i * ss] for i in [c0, c1) (byte strides): the
+ * adding of iadd_cols and iadd_chunk. Float sums are fused multiply-adds,
+ * self + alpha * src rounded once, as PyTorch's vectorized CPU kernel adds
+ * (its fmadd): the same bits; float rows of unit stride add as vectors. */
 static void iadd_span(tpurt_dtype dt, char *d, int64_t ds, const char *q, int64_t ss, int64_t c0, int64_t c1,
                       double alpha) {
   if (dt == TPURT_F32 && ds == 4 && ss == 4) {
@@ -664,6 +659,11 @@ static void iadd_span(tpurt_dtype dt, char *d, int64_t ds, const char *q, int64_
   }
 }
 
+/* The slices of self and src are one row (index_add along dim 0 of a
+ * matrix: a graph network's scatter of messages): units [b, e) are blocks
+ * of x->cb of its columns, every index in order within each, so every
+ * element of self takes its contributions in index order, as in one
+ * thread (iadd_span adds each span). */
 static void iadd_cols(void *c, int64_t b, int64_t e) {
   iadd_ctx *x = c;
   iadd_args *a = x->a;

@@ -335,37 +335,37 @@ static void ln_bwd_parts(void *c, int64_t tb, int64_t te) {
     memset(ab, 0, sizeof(double) * (size_t)n);
     for (int64_t r = r0; r < r1; r++) {
       double mean = p->rms ? 0.0 : vget(&p->mean, x->mean, r, 0.0), rstd = vget(&p->rstd, x->rstd, r, 1.0);
+      double sg, sgx; /* the sums of dy * w and of dy * w * xhat */
       if (fast) {
-        double sg, sgx;
         ln_bwd_row_f32((const float *)(x->x + r * p->x.rs * xes), (const float *)(x->dy + r * p->dy.rs * des), mean,
                        rstd, w, ab, aw, buf, g, n, &sg, &sgx);
-        sg /= (double)n;
-        sgx /= (double)n;
-        if (p->rms) sg = 0;
-        float *restrict dx = (float *)(x->dx + r * p->dx.rs * oes);
-        const double *restrict hh = buf, *restrict gg = g;
-        for (int64_t i = 0; i < n; i++) dx[i] = (float)(rstd * (gg[i] - sg - hh[i] * sgx));
-        continue;
+      } else {
+        rk_load_f64(buf, x->x + r * p->x.rs * xes, p->x.dt, p->x.cs, n);
+        rk_load_f64(g, x->dy + r * p->dy.rs * des, p->dy.dt, p->dy.cs, n);
+        double *restrict xh = buf, *restrict gw = g;
+        const double *restrict wv = w;
+        for (int64_t i = 0; i < n; i++) { /* one pass: xhat, both sums, dy * w */
+          double h = (xh[i] - mean) * rstd, d = gw[i];
+          xh[i] = h;
+          ab[i] += d;
+          aw[i] += d * h;
+          gw[i] = d * wv[i];
+        }
+        if (!x->dx) continue;
+        rk_gdot_lanes(g, buf, 0.0, n, &sg, &sgx);
       }
-      rk_load_f64(buf, x->x + r * p->x.rs * xes, p->x.dt, p->x.cs, n);
-      rk_load_f64(g, x->dy + r * p->dy.rs * des, p->dy.dt, p->dy.cs, n);
-      double *restrict xh = buf, *restrict gw = g;
-      const double *restrict wv = w;
-      for (int64_t i = 0; i < n; i++) { /* one pass: xhat, both sums, dy * w */
-        double h = (xh[i] - mean) * rstd, d = gw[i];
-        xh[i] = h;
-        ab[i] += d;
-        aw[i] += d * h;
-        gw[i] = d * wv[i];
-      }
-      if (!x->dx) continue;
-      double sg, sgx;
-      rk_gdot_lanes(g, buf, 0.0, n, &sg, &sgx);
       sg /= (double)n;
       sgx /= (double)n;
       if (p->rms) sg = 0;
-      for (int64_t i = 0; i < n; i++) g[i] = rstd * (g[i] - sg - buf[i] * sgx);
-      rk_store_row_f64(x->dx + r * p->dx.rs * oes, p->dx.dt, p->dx.cs, g, n);
+      const double *restrict hh = buf;
+      double *restrict gg = g;
+      if (fast) { /* written as floats right away: a conversion pass of its own cost the kernel 10-24 % */
+        float *restrict dx = (float *)(x->dx + r * p->dx.rs * oes);
+        for (int64_t i = 0; i < n; i++) dx[i] = (float)(rstd * (gg[i] - sg - hh[i] * sgx));
+      } else {
+        for (int64_t i = 0; i < n; i++) gg[i] = rstd * (gg[i] - sg - hh[i] * sgx);
+        rk_store_row_f64(x->dx + r * p->dx.rs * oes, p->dx.dt, p->dx.cs, g, n);
+      }
     }
   }
   free(buf);
