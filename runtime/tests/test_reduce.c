@@ -189,7 +189,7 @@ static void test_norm_row_paths(void) {
   tpurt_devptr dw = check_up(NULL, w, sizeof w);
   tpurt_view wv = check_view_st(dw, TPURT_F32, 1, ns, one);
   for (int rms = 0; rms < 2; rms++) {
-    float out[2][6][M * N];
+    static float out[2][6][M * N]; /* 836 KB: not on the stack */
     for (int layout = 0; layout < 2; layout++) {
       const int64_t *st = layout ? wide : dense;
       size_t bytes = layout ? sizeof xs : sizeof x;
