@@ -129,7 +129,7 @@ void tpurt__scratch_trim(void) {
 static inline float round_bf16(float x) { return tpurt__bf16_to_f32(tpurt__f32_to_bf16(x)); }
 
 /* Row r of a strided matrix converted to f32 (n elements). */
-static void load_row_f32(float *dst, const char *p, tpurt_dtype dt, int64_t cs, int64_t n) {
+static void load_row_f32(float *restrict dst, const char *p, tpurt_dtype dt, int64_t cs, int64_t n) {
   switch (dt) {
     case TPURT_F32: {
       const float *s = (const float *)p;
@@ -140,34 +140,44 @@ static void load_row_f32(float *dst, const char *p, tpurt_dtype dt, int64_t cs, 
       break;
     }
     case TPURT_BF16: {
-      const uint16_t *s = (const uint16_t *)p;
-      for (int64_t j = 0; j < n; j++) dst[j] = tpurt__bf16_to_f32(s[j * cs]);
+      const uint16_t *restrict s = (const uint16_t *)p;
+      if (cs == 1) /* contiguous: a vector loop */
+        for (int64_t j = 0; j < n; j++) dst[j] = tpurt__bf16_to_f32(s[j]);
+      else
+        for (int64_t j = 0; j < n; j++) dst[j] = tpurt__bf16_to_f32(s[j * cs]);
       break;
     }
     case TPURT_F16: {
-      const uint16_t *s = (const uint16_t *)p;
-      for (int64_t j = 0; j < n; j++) dst[j] = tpurt__f16_to_f32(s[j * cs]);
+      const uint16_t *restrict s = (const uint16_t *)p;
+      if (cs == 1)
+        for (int64_t j = 0; j < n; j++) dst[j] = tpurt__f16_to_f32(s[j]);
+      else
+        for (int64_t j = 0; j < n; j++) dst[j] = tpurt__f16_to_f32(s[j * cs]);
       break;
     }
     default: break;
   }
 }
 
+/* nb matrices of rows x cols (source batch stride bs, strides rs / cs in
+ * elements) packed as f32 at dst, one after the other (batch stride dbs
+ * floats), each row-major with leading dimension ld. */
 typedef struct {
   float *dst;
   const char *src;
   tpurt_dtype dt;
   int64_t rs, cs, cols, ld; /* strides in elements, dst leading dimension */
   int mode;                 /* 0 plain, 1 round to bf16, 2 HIGH split of A, 3 HIGH split of B */
-  int64_t rows;
+  int64_t rows, bs, dbs;
 } pack_ctx;
 
 static void pack_rows(void *c, int64_t b, int64_t e) {
   pack_ctx *x = c;
   size_t es = tpurt_dtype_size(x->dt);
   for (int64_t i = b; i < e; i++) {
-    float *d = x->dst + i * x->ld;
-    load_row_f32(d, x->src + (ptrdiff_t)(i * x->rs) * (ptrdiff_t)es, x->dt, x->cs, x->cols);
+    int64_t bi = i / x->rows, r = i % x->rows;
+    float *base = x->dst + bi * x->dbs, *d = base + r * x->ld;
+    load_row_f32(d, x->src + (ptrdiff_t)(bi * x->bs + r * x->rs) * (ptrdiff_t)es, x->dt, x->cs, x->cols);
     int64_t n = x->cols;
     if (x->mode == 1) {
       for (int64_t j = 0; j < n; j++) d[j] = round_bf16(d[j]);
@@ -178,8 +188,8 @@ static void pack_rows(void *c, int64_t b, int64_t e) {
         d[2 * n + j] = round_bf16(d[j] - h);
         d[j] = h;
       }
-    } else if (x->mode == 3) { /* B rows: hi at i, lo at K+i, hi at 2K+i */
-      float *lo = x->dst + (x->rows + i) * x->ld, *h2 = x->dst + (2 * x->rows + i) * x->ld;
+    } else if (x->mode == 3) { /* B rows: hi at r, lo at K+r, hi at 2K+r */
+      float *lo = base + (x->rows + r) * x->ld, *h2 = base + (2 * x->rows + r) * x->ld;
       for (int64_t j = 0; j < n; j++) {
         float h = round_bf16(d[j]);
         lo[j] = round_bf16(d[j] - h);
@@ -190,16 +200,25 @@ static void pack_rows(void *c, int64_t b, int64_t e) {
   }
 }
 
+/* Floats one packed matrix of rows x cols takes in mode (the HIGH splits
+ * triple the columns of A or the rows of B). */
+static int64_t packed_floats(int64_t rows, int64_t cols, int mode) { return rows * cols * (mode >= 2 ? 3 : 1); }
+
+static void pack_batches(float *dst, const void *src, tpurt_dtype dt, int64_t nb, int64_t bs, int64_t rows,
+                         int64_t cols, int64_t rs, int64_t cs, int mode) {
+  pack_ctx x = {dst, src, dt, rs, cs, cols, mode == 2 ? 3 * cols : cols, mode, rows, bs,
+                packed_floats(rows, cols, mode)};
+  if (nb * rows * cols >= (1 << 16))
+    tpurt_parallel_for(nb * rows, (1 << 15) / (cols ? cols : 1) + 1, pack_rows, &x);
+  else
+    pack_rows(&x, 0, nb * rows);
+}
+
 /* Packs rows x cols of a strided matrix into dst (row-major, ld = cols) as
  * f32, applying the precision mode. */
 void tpurt__pack_f32(float *dst, const void *src, tpurt_dtype dt, int64_t rows, int64_t cols, int64_t rs, int64_t cs,
                      int mode) {
-  pack_ctx x = {dst, src, dt, rs, cs, cols, mode == 2 ? 3 * cols : cols, mode, rows};
-  int64_t work = rows * cols;
-  if (work >= (1 << 16))
-    tpurt_parallel_for(rows, (1 << 15) / (cols ? cols : 1) + 1, pack_rows, &x);
-  else
-    pack_rows(&x, 0, rows);
+  pack_batches(dst, src, dt, 1, 0, rows, cols, rs, cs, mode);
 }
 
 /* Can (rows x cols, strides rs/cs) be handed to BLAS? Sets trans/ld. */
@@ -249,6 +268,7 @@ typedef struct {
 /* Below this many multiply-adds a product runs as one call (tiles would
  * cost more in handoffs than they save). */
 #define TILE_MIN_MACS ((int64_t)1 << 20)
+#define TILE_GRID 8
 
 static void sgemm_tiles(void *p, int64_t t0, int64_t t1) {
   const sgemm_job *j = p;
@@ -383,14 +403,18 @@ static void sgemm_batched_k(int ta, int tb, int64_t nb, int64_t M, int64_t N, in
     return;
   }
   sgemm_job j = {ta, tb, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, sa, sb, sc, M, N, 1, 1, epi};
-  int64_t nth = tpurt_num_threads();
   double macs = (double)M * (double)N * (double)K;
-  /* tiles: a function of the shape and the pool size, as above (the
-   * library's results depend on the tile: a nested call that took the
-   * whole product as one call had other bits) */
-  if (nth > 1 && macs * (double)nb >= (double)(2 * TILE_MIN_MACS)) {
-    /* aim at 4 tiles per thread over the whole batch, none below the minimum */
-    int64_t want = 4 * nth;
+  /* tiles: a function of the shape alone. The library's results depend on
+   * the tile (OpenBLAS 0.3.34's AVX2 kernels: a 40 x 1100 x 120 product in
+   * column tiles of any width has other bits in each tile's last columns
+   * than in one call), so a grid that followed the pool size gave other
+   * bits at 1 and 3 threads; the own kernel's do not depend on its blocks.
+   * The products left on the tiles are thin, small or batched (use_own):
+   * TILE_GRID tiles (4 per thread on 2 cores, claimed dynamically) serve
+   * them on any pool size, and a batch of as many products runs one each. */
+  if (macs * (double)nb >= (double)(2 * TILE_MIN_MACS)) {
+    /* aim at TILE_GRID tiles over the whole batch, none below the minimum */
+    int64_t want = TILE_GRID;
     int64_t per = nb >= want ? 1 : ceil_div(want, nb);
     int64_t cap = (int64_t)(macs / (double)TILE_MIN_MACS);
     if (per > cap) per = cap > 1 ? cap : 1;
@@ -487,33 +511,120 @@ static mat batch_mat(const tpurt_view *v, int64_t bi) {
   return m;
 }
 
-/* c = alpha * t + beta * c (t contiguous f32 [M, N]) */
-static void epilogue_f32(const float *t, mat c, tpurt_dtype dt, int64_t M, int64_t N, float alpha, float beta) {
-  for (int64_t i = 0; i < M; i++) {
-    const float *tr_ = t + i * N;
-    char *row = c.p + (ptrdiff_t)(i * c.rs) * (ptrdiff_t)tpurt_dtype_size(dt);
-    for (int64_t j = 0; j < N; j++) {
-      float v = alpha * tr_[j];
-      switch (dt) {
-        case TPURT_F32: {
-          float *d = (float *)row + j * c.cs;
-          *d = beta == 0.0f ? v : v + beta * *d;
-          break;
-        }
-        case TPURT_BF16: {
-          uint16_t *d = (uint16_t *)row + j * c.cs;
-          *d = tpurt__f32_to_bf16(beta == 0.0f ? v : v + beta * tpurt__bf16_to_f32(*d));
-          break;
-        }
-        case TPURT_F16: {
-          uint16_t *d = (uint16_t *)row + j * c.cs;
-          *d = tpurt__f32_to_f16(beta == 0.0f ? v : v + beta * tpurt__f16_to_f32(*d));
-          break;
-        }
-        default: break;
-      }
+/* rows x n of C (strides rs, cs in elements) = t + beta * C (t f32,
+ * leading dimension ldt; beta == 0 does not read C). */
+#define STORE_ROWS(T, TO, FROM)                                                               \
+  for (int64_t i = 0; i < rows; i++) {                                                        \
+    const float *restrict s = t + i * ldt;                                                    \
+    T *restrict d = (T *)c + i * rs;                                                          \
+    if (cs == 1 && beta == 0.0f)                                                              \
+      for (int64_t j = 0; j < n; j++) d[j] = TO(s[j]);                                        \
+    else if (cs == 1)                                                                         \
+      for (int64_t j = 0; j < n; j++) d[j] = TO(s[j] + beta * FROM(d[j]));                    \
+    else                                                                                      \
+      for (int64_t j = 0; j < n; j++)                                                         \
+        d[j * cs] = TO(beta == 0.0f ? s[j] : s[j] + beta * FROM(d[j * cs]));                  \
+  }
+#define SAME_F32(v) (v)
+static void store_rows(const float *t, int64_t ldt, void *c, tpurt_dtype dt, int64_t rs, int64_t cs, int64_t rows,
+                       int64_t n, float beta) {
+  switch (dt) {
+    case TPURT_F32: STORE_ROWS(float, SAME_F32, SAME_F32) break;
+    case TPURT_BF16: STORE_ROWS(uint16_t, tpurt__f32_to_bf16, tpurt__bf16_to_f32) break;
+    case TPURT_F16: STORE_ROWS(uint16_t, tpurt__f32_to_f16, tpurt__f16_to_f32) break;
+    default: break;
+  }
+}
+#undef SAME_F32
+#undef STORE_ROWS
+
+/* A block of the f32 results of gemm_converted stored into C, by the
+ * thread that computed it (tpurt__gemm_epi). */
+typedef struct {
+  const tpurt_view *cv;
+  const float *t; /* results of batches b0.., [nb, M, N] */
+  int64_t b0, M, N;
+  float beta;
+} store_job;
+
+static void store_block(void *p, int64_t bi, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  const store_job *j = p;
+  mat c = batch_mat(j->cv, j->b0 + bi);
+  size_t es = tpurt_dtype_size(j->cv->dtype);
+  store_rows(j->t + (bi * j->M + r0) * j->N + c0, j->N, c.p + (ptrdiff_t)(r0 * c.rs + c0 * c.cs) * (ptrdiff_t)es,
+             j->cv->dtype, c.rs, c.cs, r1 - r0, c1 - c0, j->beta);
+}
+
+/* Batches per round of gemm_converted: its buffers (packed operands, f32
+ * results) stay under this size, or hold one batch. */
+#define CONVERTED_ROUND_BYTES ((size_t)64 << 20)
+
+/* The products the f32 kernels run on converted operands: bf16 / f16 data
+ * where no bf16 GEMM serves them, f32 at DEFAULT / HIGH precision (modes
+ * as tpurt__pack_f32), views the library cannot take, results that are
+ * not a plain f32 matrix. The operands of a round of batches are packed as
+ * f32 in one parallel pass each (an operand shared by every batch once);
+ * the round's products run in one tiled region, and each final block of
+ * the f32 results is stored into C (bf16, f16, any strides) by the thread
+ * that computed it, while it is in that core's cache. 0, or -1 when out of
+ * host memory (C untouched). */
+static int gemm_converted(const gemm_args *g, int mode_a, int mode_b) {
+  const tpurt_view *cv = &g->c, *av = &g->a, *bv = &g->b;
+  int64_t B = cv->sizes[0], M = cv->sizes[1], N = cv->sizes[2], K = av->sizes[2];
+  float alpha = (float)g->alpha, beta = (float)g->beta;
+  mat c0 = batch_mat(cv, 0);
+  int tc = 1;
+  int64_t ldc = 0;
+  /* results straight into C: a plain f32 matrix in every batch */
+  int direct = K > 0 && cv->dtype == TPURT_F32 && blas_layout(M, N, c0.rs, c0.cs, &tc, &ldc) && !tc &&
+               (B == 1 || cv->strides[0] != 0);
+  int shared_a = B == 1 || av->strides[0] == 0, shared_b = B == 1 || bv->strides[0] == 0;
+  int64_t k2 = mode_a == 2 ? 3 * K : K, fa = packed_floats(M, K, mode_a), fb = packed_floats(K, N, mode_b);
+  size_t per = 4 * (size_t)((shared_a ? 0 : fa) + (shared_b ? 0 : fb) + (direct ? 0 : M * N));
+  int64_t round = per ? (int64_t)(CONVERTED_ROUND_BYTES / per) : B;
+  if (round < 1) round = 1;
+  if (round > B) round = B;
+  float *pa = K ? tpurt__scratch(0, 4 * (size_t)(shared_a ? 1 : round) * (size_t)fa) : NULL;
+  float *pb = K ? tpurt__scratch(1, 4 * (size_t)(shared_b ? 1 : round) * (size_t)fb) : NULL;
+  float *t = direct ? NULL : tpurt__scratch(2, 4 * (size_t)round * (size_t)(M * N));
+  if ((K && (!pa || !pb)) || (!direct && !t)) return -1;
+  /* a column-major operand (a transposed view) packed in its own row order
+   * and handed over transposed: packing it as it is read gathered every
+   * row from its columns (bf16 q @ k^T at 2048 columns 2.0x slower) */
+  int ta = mode_a < 2 && M > 1 && K > 1 && av->strides[1] == 1 && av->strides[2] != 1;
+  int tb = mode_b < 2 && K > 1 && N > 1 && bv->strides[1] == 1 && bv->strides[2] != 1;
+  int64_t lda = ta ? M : k2, ldb = tb ? K : N;
+#define PACK_A(dst, b0, nr)                                                                                   \
+  pack_batches(dst, batch_mat(av, b0).p, av->dtype, nr, av->strides[0], ta ? K : M, ta ? M : K,            \
+               av->strides[ta ? 2 : 1], av->strides[ta ? 1 : 2], mode_a)
+#define PACK_B(dst, b0, nr)                                                                                   \
+  pack_batches(dst, batch_mat(bv, b0).p, bv->dtype, nr, bv->strides[0], tb ? N : K, tb ? K : N,            \
+               bv->strides[tb ? 2 : 1], bv->strides[tb ? 1 : 2], mode_b)
+  if (K && shared_a) PACK_A(pa, 0, 1);
+  if (K && shared_b) PACK_B(pb, 0, 1);
+  for (int64_t b0 = 0; b0 < B; b0 += round) {
+    int64_t nr = B - b0 < round ? B - b0 : round;
+    if (!K) { /* C = beta C */
+      memset(t, 0, 4 * (size_t)(nr * M * N));
+      store_job sj = {cv, t, b0, M, N, beta};
+      for (int64_t bi = 0; bi < nr; bi++) store_block(&sj, bi, 0, M, 0, N);
+      continue;
+    }
+    if (!shared_a) PACK_A(pa, b0, nr);
+    if (!shared_b) PACK_B(pb, b0, nr);
+    int64_t sa = shared_a ? 0 : fa, sb = shared_b ? 0 : fb;
+    if (direct) {
+      sgemm_batched_k(ta, tb, nr, M, N, k2, alpha, pa, lda, sa, pb, ldb, sb, beta, (float *)batch_mat(cv, b0).p, ldc,
+                      cv->strides[0], NULL);
+    } else {
+      store_job sj = {cv, t, b0, M, N, beta};
+      tpurt__gemm_epi st = {store_block, &sj};
+      sgemm_batched_k(ta, tb, nr, M, N, k2, alpha, pa, lda, sa, pb, ldb, sb, 0.0f, t, N, M * N, &st);
     }
   }
+#undef PACK_A
+#undef PACK_B
+  return 0;
 }
 
 /* Can an epilogue run on the blocks of this product (tpurt__gemm_epi)? An
@@ -530,7 +641,8 @@ static int epi_ok(const gemm_args *g) {
 }
 
 /* Returns 1 when epi (or NULL) ran on every block of C: the plain f32
- * product into a dense row-major C (epi_ok); 0 when epi was not run. */
+ * product into a dense row-major C (epi_ok); 0 when epi was not run; -1
+ * when out of host memory (C untouched, epi not run). */
 static int gemm_float(const gemm_args *g, const tpurt__gemm_epi *epi) {
   const tpurt_view *cv = &g->c, *av = &g->a, *bv = &g->b;
   int64_t B = cv->sizes[0], M = cv->sizes[1], N = cv->sizes[2], K = av->sizes[2];
@@ -538,8 +650,6 @@ static int gemm_float(const gemm_args *g, const tpurt__gemm_epi *epi) {
   tpurt_precision prec = av->dtype == TPURT_F32 ? g->prec : TPURT_PRECISION_HIGHEST;
   int mode_a = prec == TPURT_PRECISION_HIGHEST ? 0 : prec == TPURT_PRECISION_HIGH ? 2 : 1;
   int mode_b = mode_a == 2 ? 3 : mode_a;
-  int64_t k2 = mode_a == 2 ? 3 * K : K;
-  const float *pb_cached = NULL;
   /* bf16 values (bf16 data, or f32 rounded at DEFAULT / split at HIGH):
    * the bf16 dot-product kernel where the CPU has one */
   int bvals_a = av->dtype == TPURT_BF16 || (av->dtype == TPURT_F32 && mode_a != 0);
@@ -570,51 +680,7 @@ static int gemm_float(const gemm_args *g, const tpurt__gemm_epi *epi) {
       return with_epi || !epi;
     }
   }
-  for (int64_t bi = 0; bi < B; bi++) {
-    mat a = batch_mat(av, bi), b = batch_mat(bv, bi), c = batch_mat(cv, bi);
-    int ta = 0, tb = 0;
-    int64_t lda = 0, ldb = 0;
-    const float *pa, *pb;
-    if (K == 0) {
-      ta = tb = 0;
-      lda = ldb = 1;
-      pa = pb = NULL;
-    } else {
-      if (av->dtype == TPURT_F32 && mode_a == 0 && blas_layout(M, K, a.rs, a.cs, &ta, &lda)) {
-        pa = (const float *)a.p;
-      } else {
-        float *t = tpurt__scratch(0, (size_t)M * k2 * 4);
-        tpurt__pack_f32(t, a.p, av->dtype, M, K, a.rs, a.cs, mode_a);
-        pa = t;
-        ta = 0;
-        lda = k2;
-      }
-      if (bv->dtype == TPURT_F32 && mode_b == 0 && blas_layout(K, N, b.rs, b.cs, &tb, &ldb)) {
-        pb = (const float *)b.p;
-      } else {
-        if (!pb_cached || bv->strides[0] != 0) {
-          float *t = tpurt__scratch(1, (size_t)k2 * N * 4);
-          tpurt__pack_f32(t, b.p, bv->dtype, K, N, b.rs, b.cs, mode_b);
-          pb_cached = t;
-        }
-        pb = pb_cached;
-        tb = 0;
-        ldb = N;
-      }
-    }
-    int tc;
-    int64_t ldc;
-    if (cv->dtype == TPURT_F32 && blas_layout(M, N, c.rs, c.cs, &tc, &ldc)) {
-      if (!tc)
-        tpurt__sgemm(ta, tb, M, N, k2, alpha, pa, lda, pb, ldb, beta, (float *)c.p, ldc, TPURT_PRECISION_HIGHEST);
-      else /* C^T = op(B)^T op(A)^T */
-        tpurt__sgemm(!tb, !ta, N, M, k2, alpha, pb, ldb, pa, lda, beta, (float *)c.p, ldc, TPURT_PRECISION_HIGHEST);
-    } else {
-      float *t = tpurt__scratch(2, (size_t)M * N * 4);
-      tpurt__sgemm(ta, tb, M, N, k2, 1.0f, pa, lda, pb, ldb, 0.0f, t, N, TPURT_PRECISION_HIGHEST);
-      epilogue_f32(t, c, cv->dtype, M, N, alpha, beta);
-    }
-  }
+  if (gemm_converted(g, mode_a, mode_b)) return -1;
   return !epi;
 }
 
@@ -757,7 +823,13 @@ static tpurt_status k_gemm(void *p, char *err, size_t errlen) {
   switch (g->a.dtype) {
     case TPURT_F32:
     case TPURT_F16:
-    case TPURT_BF16: gemm_float(g, NULL); break;
+    case TPURT_BF16:
+      if (gemm_float(g, NULL) < 0) {
+        tpurt__scratch_trim();
+        snprintf(err, errlen, "matmul: out of host memory for the operands converted to float32");
+        return TPURT_ERR_OUT_OF_MEMORY;
+      }
+      break;
     case TPURT_F64: gemm_double(g); break;
     default: gemm_int(g); break;
   }
@@ -799,8 +871,14 @@ static tpurt_status k_gemm_epi(void *p, char *err, size_t errlen) {
     tpurt__gemm_epi epi = {run_epi_rows, &er};
     done = gemm_float(g, &epi);
     st = tpurt__ew_epi_end(er.ew, err, errlen);
+    if (done < 0) {
+      tpurt__scratch_trim();
+      snprintf(err, errlen, "matmul: out of host memory for the operands converted to float32");
+      return TPURT_ERR_OUT_OF_MEMORY;
+    }
   } else {
-    k_gemm(g, err, errlen);
+    st = k_gemm(g, err, errlen);
+    if (st) return st;
   }
   tpurt__scratch_trim();
   if (!st && !done) st = tpurt__ew_kernel(ew_args, err, errlen);
