@@ -178,3 +178,52 @@ def test_doctor_prints_the_host_line():
     assert HOST["bf16_matmul"] in line and f"kernel level {HOST['isa']}" in line
     assert f"bf16 convolutions on {HOST['bf16_conv']}" in line
     assert f"engine library built for {HOST['build']}" in line
+
+
+# Batch and group norm read f32 / bf16 rows of unit stride as vectors at the
+# avx2 and avx512 levels (norm.c: the same lanes, sets and reduction tree in
+# 4- and 8-lane registers): each level's forward and backward passes against
+# a float64 reference, full 16-element chunks, tails, short rows (batch norm's
+# channel blocks) and bf16 stores; both levels give the same bits.
+NORM_CHILD = r"""
+import hashlib, torch, torch_tpu
+import torch.nn.functional as F
+torch.manual_seed(0)
+h = hashlib.sha256()
+for dt in (torch.float32, torch.bfloat16):
+    for shape, G in [((4, 32, 16, 16), 8), ((4, 64, 4, 4), 8), ((3, 6, 7, 5), 3), ((8, 128, 8, 8), 4),
+                     ((2, 8, 33, 1), 2), ((5, 4, 19, 11), 2)]:
+        C = shape[1]
+        x = (torch.randn(*shape) * 3 + 1).to(dt)
+        w, b, g = torch.randn(C).to(dt), torch.randn(C).to(dt), torch.randn(*shape).to(dt)
+        for name in ("group", "batch"):
+            def fn(x, w, b):
+                return F.group_norm(x, G, w, b) if name == "group" else F.batch_norm(x, None, None, w, b, training=True)
+            ins = [t.to("tpu").requires_grad_() for t in (x, w, b)]
+            y = fn(*ins)
+            got = [y] + list(torch.autograd.grad(y, ins, g.to("tpu")))
+            ref_in = [t.double().requires_grad_() for t in (x, w, b)]
+            yr = fn(*ref_in)
+            ref = [yr] + list(torch.autograd.grad(yr, ref_in, g.double()))
+            for k, (a, r) in enumerate(zip(got, ref)):
+                a = a.detach().cpu()
+                assert a.dtype == dt, (name, shape, k, a.dtype)
+                scale = r.abs().max().item() + 1e-30
+                tol = (2.0 ** -7 if dt == torch.bfloat16 else 2e-5) * scale
+                err = (a.double() - r).abs().max().item()
+                assert err <= tol, (name, str(dt), shape, k, err, tol)
+                h.update(a.float().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+print(h.hexdigest())
+"""
+
+
+def test_batch_and_group_norm_vector_rows_at_every_level():
+    levels = [lv for lv in ("avx2", "avx512") if lv in RUNNABLE]
+    if not levels:
+        pytest.skip("the host runs neither the avx2 nor the avx512 level")
+    digests = {}
+    for level in levels:
+        r = run_python(NORM_CHILD, env={"TORCH_TPU_ISA": level}, timeout=300)
+        assert r.returncode == 0, r.stderr
+        digests[level] = r.stdout.strip().splitlines()[-1]
+    assert len(set(digests.values())) == 1, digests

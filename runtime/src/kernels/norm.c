@@ -1,9 +1,9 @@
 /*
  * norm.c — layer norm / RMS norm, batch norm and group norm, forward and
  * backward. Rows are loaded into f64 buffers (statistics are computed in
- * two passes in f64), the results converted on store; batch norm's f32
- * rows of unit stride go from memory into f64 vector lanes directly
- * (AVX-512). Paired (alternating processes, device kernel times, 16 x 32 x
+ * two passes in f64), the results converted on store; batch and group
+ * norm's f32 / bf16 rows of unit stride go from memory into f64 vector
+ * lanes directly (AVX-512, or the same lanes in AVX2 registers). Paired (alternating processes, device kernel times, 16 x 32 x
  * 32 x 32): forward 163-182 -> 105-135 us, backward 244-262 -> 115-160 us. Forward and the input
  * gradient run in parallel over rows (layer norm), channels (batch norm) or
  * (sample, group) pairs (group norm); weight / bias gradients run in
@@ -622,6 +622,8 @@ static inline const char *t3row(const t3 *t, const char *base, int64_t n, int64_
 #define BN_LANES 16
 /* channels per bn_affine_rows call (batch norm's passes, group norm) */
 #define AFFINE_BLOCK 64
+#define BN_SHORT 256 /* measured: f32 rows of 49 elements 1.19x, of 64 0.94x (paired) */
+#define BN_SAMPLES 4 /* a channel's rows of this many samples between its accumulators' loads and stores */
 static inline int t3_vec_rows(const t3 *t) { return t->vec; }
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -713,9 +715,227 @@ bn_sums_body(int hasg, const t3 *gt, const char *gbase, const t3 *xt, const char
 #endif
 }
 
+/* The vector rows on AVX2 hosts (no AVX-512): the same functions in
+ * 4-lane registers, each 16-element chunk as quarters q0..q3 (elements 0-3,
+ * 4-7, 8-11, 12-15: the AVX-512 path's low half is q0, q1, its high half
+ * q2, q3). Every element takes the same operations into the same lane and
+ * accumulator set, and the lanes are added by the tree of
+ * _mm512_reduce_add_pd, so both paths give the same bits. The buffered
+ * path (double copies of 1,024-element chunks, one add chain a lane) ran
+ * AVX2 hosts' batch and group norms. */
+#if defined(__x86_64__) || defined(__i386__)
+#define BN2_TARGET __attribute__((target("avx2,fma")))
+/* 16 f32 or bf16 values at p widened to doubles in q[0..3] */
+BN2_TARGET static inline __attribute__((always_inline)) void bn2_load16_full(const char *p, int bf, __m256d *q) {
+  if (bf) {
+    __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16);
+    __m256i hi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p + 1)), 16);
+    q[0] = _mm256_cvtps_pd(_mm256_castps256_ps128(_mm256_castsi256_ps(lo)));
+    q[1] = _mm256_cvtps_pd(_mm256_extractf128_ps(_mm256_castsi256_ps(lo), 1));
+    q[2] = _mm256_cvtps_pd(_mm256_castps256_ps128(_mm256_castsi256_ps(hi)));
+    q[3] = _mm256_cvtps_pd(_mm256_extractf128_ps(_mm256_castsi256_ps(hi), 1));
+  } else {
+    const float *f = (const float *)p;
+    for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_pd(_mm_loadu_ps(f + 4 * k));
+  }
+}
+/* the first m (1..16) of them, zero past m */
+BN2_TARGET static inline __attribute__((always_inline)) void bn2_load16(const char *p, int bf, int m, __m256d *q) {
+  if (m < 16) {
+    _Alignas(32) unsigned char t[64] = {0};
+    memcpy(t, p, (size_t)m * (bf ? 2 : 4));
+    bn2_load16_full((const char *)t, bf, q);
+  } else {
+    bn2_load16_full(p, bf, q);
+  }
+}
+/* lanes k of quarter j below m: all ones (the masks of the AVX-512 path's zeroing subtractions) */
+BN2_TARGET static inline __m256d bn2_mask(int m, int j) {
+  __m256i idx = _mm256_setr_epi64x(4 * j, 4 * j + 1, 4 * j + 2, 4 * j + 3);
+  return _mm256_castsi256_pd(_mm256_cmpgt_epi64(_mm256_set1_epi64x(m), idx));
+}
+/* _mm512_reduce_add_pd of the 8-lane vector (lo, hi) */
+BN2_TARGET static inline double bn2_reduce8(__m256d lo, __m256d hi) {
+  __m256d t = _mm256_add_pd(hi, lo);
+  __m128d u = _mm_add_pd(_mm256_extractf128_pd(t, 1), _mm256_castpd256_pd128(t));
+  return u[0] + u[1];
+}
+/* 8 f32 -> bf16 rounded as tpurt__f32_to_bf16 (nearest even, NaN quiet) */
+BN2_TARGET static inline __m128i bn2_rne_bf16(__m256 v) {
+  __m256i x = _mm256_castps_si256(v), hi = _mm256_srli_epi32(x, 16);
+  __m256i r = _mm256_srli_epi32(
+      _mm256_add_epi32(x, _mm256_add_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7fff))),
+      16);
+  __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+/* bn_sums_body on AVX2. Its four accumulator sets of 4 x 2 vectors (32
+ * AVX2 registers: held at once, most lived on the stack) are computed one
+ * set a pass: set K takes chunk K of every 64-element block (one 64-byte
+ * line of an f32 row: the passes read disjoint lines) and the tail chunks
+ * whose place in the rotation is K — the same additions in the same order
+ * as one pass with all four sets. */
+BN2_TARGET static inline __attribute__((always_inline)) void
+bn2_sums_body(int hasg, const t3 *gt, const char *gbase, const t3 *xt, const char *xbase, int64_t n0, int64_t n1,
+              int64_t c0, int64_t c1, int64_t S, double c, double *sa, double *sb) {
+  int xb = xt->dt == TPURT_BF16, gbf = hasg && gt->dt == TPURT_BF16;
+  int64_t xes = xb ? 2 : 4, ges = gbf ? 2 : 4, main = S / (4 * BN_LANES) * (4 * BN_LANES);
+  int64_t tails = (S - main + BN_LANES - 1) / BN_LANES; /* tail chunks a row */
+  __m256d vc = _mm256_set1_pd(c), sets_a[4][4], sets_b[4][4];
+/* the chunk of m elements at element i of the row into a, b */
+#define BN2_CHUNK(i, m)                                                     \
+  do {                                                                      \
+    __m256d xq_[4], gq_[4];                                                 \
+    bn2_load16(x + (i) * xes, xb, m, xq_);                                  \
+    if (hasg) bn2_load16(g + (i) * ges, gbf, m, gq_);                       \
+    for (int j_ = 0; j_ < 4; j_++) {                                        \
+      __m256d d_ = _mm256_sub_pd(xq_[j_], vc);                              \
+      if ((m) < BN_LANES) d_ = _mm256_and_pd(d_, bn2_mask(m, j_));          \
+      __m256d p_ = hasg ? gq_[j_] : d_;                                     \
+      a[j_] = _mm256_add_pd(a[j_], p_);                                     \
+      b[j_] = _mm256_fmadd_pd(p_, d_, b[j_]);                               \
+    }                                                                       \
+  } while (0)
+  for (int K = 0; K < 4; K++) {
+    __m256d a[4], b[4];
+    for (int j = 0; j < 4; j++) a[j] = b[j] = _mm256_setzero_pd();
+    int64_t jj = 0; /* tail chunks of the rows before this one */
+    for (int64_t n = n0; n < n1; n++)
+      for (int64_t ch = c0; ch < c1; ch++, jj += tails) {
+        const char *x = t3row(xt, xbase, n, ch), *g = hasg ? t3row(gt, gbase, n, ch) : NULL;
+        for (int64_t i = K * BN_LANES; i < main; i += 4 * BN_LANES) BN2_CHUNK(i, BN_LANES);
+        for (int64_t t = (K - jj) & 3; t < tails; t += 4) {
+          int64_t i = main + t * BN_LANES;
+          int m = S - i < BN_LANES ? (int)(S - i) : BN_LANES;
+          BN2_CHUNK(i, m);
+        }
+      }
+    for (int j = 0; j < 4; j++) sets_a[K][j] = a[j], sets_b[K][j] = b[j];
+  }
+#undef BN2_CHUNK
+  __m256d sq[4], dq[4];
+  for (int j = 0; j < 4; j++) {
+    sq[j] = _mm256_add_pd(_mm256_add_pd(sets_a[0][j], sets_a[1][j]), _mm256_add_pd(sets_a[2][j], sets_a[3][j]));
+    dq[j] = _mm256_add_pd(_mm256_add_pd(sets_b[0][j], sets_b[1][j]), _mm256_add_pd(sets_b[2][j], sets_b[3][j]));
+  }
+  *sa = bn2_reduce8(_mm256_add_pd(sq[0], sq[2]), _mm256_add_pd(sq[1], sq[3]));
+  *sb = bn2_reduce8(_mm256_add_pd(dq[0], dq[2]), _mm256_add_pd(dq[1], dq[3]));
+}
+
+BN2_TARGET static void bn2_moments_rows(const t3 *t, const char *base, int64_t n0, int64_t n1, int64_t c0, int64_t c1,
+                                        int64_t S, double c, double *sum, double *sq) {
+  bn2_sums_body(0, NULL, NULL, t, base, n0, n1, c0, c1, S, c, sum, sq);
+}
+
+BN2_TARGET static void bn2_gdot_rows(const bnplan *p, const bnctx *x, int64_t n0, int64_t n1, int64_t ch, double c,
+                                     double *sum, double *dot) {
+  int64_t S = p->S;
+  if (n1 - n0 != 1 || S >= 8 * BN_LANES) {
+    bn2_sums_body(1, &p->dy, x->dy, &p->x, x->x, n0, n1, ch, ch + 1, S, c, sum, dot);
+    return;
+  }
+  int gbf = p->dy.dt == TPURT_BF16, xb = p->x.dt == TPURT_BF16;
+  int64_t ges = gbf ? 2 : 4, xes = xb ? 2 : 4;
+  const char *g = t3row(&p->dy, x->dy, n0, ch), *xr = t3row(&p->x, x->x, n0, ch);
+  __m256d vc = _mm256_set1_pd(c), a[4], b[4];
+  for (int j = 0; j < 4; j++) a[j] = b[j] = _mm256_setzero_pd();
+  for (int64_t i = 0; i < S; i += BN_LANES) {
+    int m = S - i < BN_LANES ? (int)(S - i) : BN_LANES;
+    __m256d gq[4], xq[4];
+    bn2_load16(g + i * ges, gbf, m, gq);
+    bn2_load16(xr + i * xes, xb, m, xq);
+    for (int j = 0; j < 4; j++) {
+      a[j] = _mm256_add_pd(a[j], gq[j]);
+      b[j] = _mm256_fmadd_pd(gq[j], _mm256_sub_pd(xq[j], vc), b[j]);
+    }
+  }
+  *sum = bn2_reduce8(_mm256_add_pd(a[0], a[2]), _mm256_add_pd(a[1], a[3]));
+  *dot = bn2_reduce8(_mm256_add_pd(b[0], b[2]), _mm256_add_pd(b[1], b[3]));
+}
+
+BN2_TARGET static void bn2_sums_block(int hasg, const bnplan *p, const bnctx *x, int64_t c0, int64_t c1,
+                                      const double *c, double *sum, double *dot) {
+  __m256d acc[AFFINE_BLOCK][8]; /* a (quarters 0-3), then b */
+  int gbf = p->dy.dt == TPURT_BF16, xb = p->x.dt == TPURT_BF16;
+  int64_t ges = gbf ? 2 : 4, xes = xb ? 2 : 4, S = p->S;
+  for (int64_t ch = c0; ch < c1; ch++)
+    for (int k = 0; k < 8; k++) acc[ch - c0][k] = _mm256_setzero_pd();
+  for (int64_t n0 = 0; n0 < p->N; n0 += BN_SAMPLES) {
+    int64_t n1 = n0 + BN_SAMPLES < p->N ? n0 + BN_SAMPLES : p->N;
+    for (int64_t ch = c0; ch < c1; ch++) {
+      __m256d vc = _mm256_set1_pd(c[ch - c0]), *ac = acc[ch - c0], r[8];
+      for (int k = 0; k < 8; k++) r[k] = ac[k];
+      for (int64_t n = n0; n < n1; n++) {
+        const char *g = hasg ? t3row(&p->dy, x->dy, n, ch) : NULL, *xr = t3row(&p->x, x->x, n, ch);
+        for (int64_t i = 0; i < S; i += BN_LANES) {
+          int m = S - i < BN_LANES ? (int)(S - i) : BN_LANES;
+          __m256d xq[4], gq[4], dq[4];
+          bn2_load16(xr + i * xes, xb, m, xq);
+          for (int j = 0; j < 4; j++) {
+            dq[j] = _mm256_sub_pd(xq[j], vc);
+            if (m < 16) dq[j] = _mm256_and_pd(dq[j], bn2_mask(m, j));
+            gq[j] = dq[j];
+          }
+          if (hasg) bn2_load16(g + i * ges, gbf, m, gq);
+          for (int j = 0; j < 4; j++) {
+            r[j] = _mm256_add_pd(r[j], gq[j]);
+            r[4 + j] = _mm256_fmadd_pd(gq[j], dq[j], r[4 + j]);
+          }
+        }
+      }
+      for (int k = 0; k < 8; k++) ac[k] = r[k];
+    }
+  }
+  for (int64_t ch = c0; ch < c1; ch++) {
+    const __m256d *ac = acc[ch - c0];
+    sum[ch - c0] = bn2_reduce8(_mm256_add_pd(ac[0], ac[2]), _mm256_add_pd(ac[1], ac[3]));
+    dot[ch - c0] = bn2_reduce8(_mm256_add_pd(ac[4], ac[6]), _mm256_add_pd(ac[5], ac[7]));
+  }
+}
+
+BN2_TARGET static void bn2_affine_rows(const t3 *ot, char *ob_, const t3 *gt, const char *gb_, const t3 *xt,
+                                       const char *xb_, int64_t n0, int64_t n1, int64_t c0, int64_t c1, int64_t S,
+                                       const double *k1, const double *mean, const double *k2, int kstep,
+                                       const double *k3) {
+  int ob = ot->dt == TPURT_BF16, gb = gt->dt == TPURT_BF16, xb = xt && xt->dt == TPURT_BF16;
+  int64_t oes = ob ? 2 : 4, ges = gb ? 2 : 4, xes = xb ? 2 : 4;
+  __m256d vm = _mm256_set1_pd(mean[0]), v2 = _mm256_set1_pd(k2[0]);
+  for (int64_t n = n0; n < n1; n++)
+    for (int64_t ch = c0; ch < c1; ch++) {
+      __m256d v1 = _mm256_set1_pd(k1[ch - c0]), v3 = _mm256_set1_pd(k3[ch - c0]);
+      if (kstep) vm = _mm256_set1_pd(mean[ch - c0]), v2 = _mm256_set1_pd(k2[ch - c0]);
+      char *o = (char *)t3row(ot, ob_, n, ch);
+      const char *g = t3row(gt, gb_, n, ch), *x = xt ? t3row(xt, xb_, n, ch) : NULL;
+      for (int64_t i = 0; i < S; i += BN_LANES) {
+        int m = S - i < BN_LANES ? (int)(S - i) : BN_LANES;
+        __m256d gq[4], xq[4];
+        __m128 f[4];
+        bn2_load16(g + i * ges, gb, m, gq);
+        if (x) bn2_load16(x + i * xes, xb, m, xq);
+        for (int j = 0; j < 4; j++) {
+          __m256d r = _mm256_mul_pd(gq[j], v1);
+          if (x) r = _mm256_add_pd(r, _mm256_mul_pd(_mm256_sub_pd(xq[j], vm), v2));
+          f[j] = _mm256_cvtpd_ps(_mm256_add_pd(r, v3));
+        }
+        _Alignas(32) unsigned char t[64];
+        char *d = m == BN_LANES ? o + i * oes : (char *)t;
+        if (ob) {
+          _mm_storeu_si128((__m128i *)d, bn2_rne_bf16(_mm256_set_m128(f[1], f[0])));
+          _mm_storeu_si128((__m128i *)d + 1, bn2_rne_bf16(_mm256_set_m128(f[3], f[2])));
+        } else {
+          for (int j = 0; j < 4; j++) _mm_storeu_ps((float *)d + 4 * j, f[j]);
+        }
+        if (m < BN_LANES) memcpy(o + i * oes, t, (size_t)m * (size_t)oes);
+      }
+    }
+}
+#endif
+
 /* sum of (x - c) and of (x - c)^2 over channels [c0, c1) of samples [n0, n1) */
-BN_TARGET static void bn_moments_rows(const t3 *t, const char *base, int64_t n0, int64_t n1, int64_t c0, int64_t c1,
-                                      int64_t S, double c, double *sum, double *sq) {
+BN_TARGET static void bn5_moments_rows(const t3 *t, const char *base, int64_t n0, int64_t n1, int64_t c0, int64_t c1,
+                                       int64_t S, double c, double *sum, double *sq) {
   bn_sums_body(0, NULL, NULL, t, base, n0, n1, c0, c1, S, c, sum, sq);
 }
 
@@ -723,8 +943,8 @@ BN_TARGET static void bn_moments_rows(const t3 *t, const char *base, int64_t n0,
  * one row shorter than 128 elements (group norm's rows of small planes) in
  * one accumulator set: the four sets' setup and reduction cost more than
  * such a row's chain */
-BN_TARGET static void bn_gdot_rows(const bnplan *p, const bnctx *x, int64_t n0, int64_t n1, int64_t ch, double c,
-                                   double *sum, double *dot) {
+BN_TARGET static void bn5_gdot_rows(const bnplan *p, const bnctx *x, int64_t n0, int64_t n1, int64_t ch, double c,
+                                    double *sum, double *dot) {
   int64_t S = p->S;
   if (n1 - n0 != 1 || S >= 8 * BN_LANES) {
     bn_sums_body(1, &p->dy, x->dy, &p->x, x->x, n0, n1, ch, ch + 1, S, c, sum, dot);
@@ -761,10 +981,8 @@ BN_TARGET static void bn_gdot_rows(const bnplan *p, const bnctx *x, int64_t n0, 
  * channel (the block's channels are the independent chains); the lanes are
  * added by a tree at the end. The
  * order depends only on the shape, not on the thread. */
-#define BN_SHORT 256 /* measured: f32 rows of 49 elements 1.19x, of 64 0.94x (paired) */
-#define BN_SAMPLES 4 /* a channel's rows of this many samples between its accumulators' loads and stores */
-BN_TARGET static void bn_sums_block(int hasg, const bnplan *p, const bnctx *x, int64_t c0, int64_t c1,
-                                    const double *c, double *sum, double *dot) {
+BN_TARGET static void bn5_sums_block(int hasg, const bnplan *p, const bnctx *x, int64_t c0, int64_t c1,
+                                     const double *c, double *sum, double *dot) {
 #if defined(__x86_64__) || defined(__i386__)
   __m512d acc[AFFINE_BLOCK][4];
   int gbf = p->dy.dt == TPURT_BF16, xb = p->x.dt == TPURT_BF16;
@@ -836,10 +1054,10 @@ BN_TARGET static void bn_sums_block(int hasg, const bnplan *p, const bnctx *x, i
     }                                                                                                 \
   } while (0)
 
-BN_TARGET static void bn_affine_rows(const t3 *ot, char *ob_, const t3 *gt, const char *gb_, const t3 *xt,
-                                     const char *xb_, int64_t n0, int64_t n1, int64_t c0, int64_t c1, int64_t S,
-                                     const double *k1, const double *mean, const double *k2, int kstep,
-                                     const double *k3) {
+BN_TARGET static void bn5_affine_rows(const t3 *ot, char *ob_, const t3 *gt, const char *gb_, const t3 *xt,
+                                      const char *xb_, int64_t n0, int64_t n1, int64_t c0, int64_t c1, int64_t S,
+                                      const double *k1, const double *mean, const double *k2, int kstep,
+                                      const double *k3) {
 #if defined(__x86_64__) || defined(__i386__)
   int ob = ot->dt == TPURT_BF16, gb = gt->dt == TPURT_BF16, xb = xt && xt->dt == TPURT_BF16;
   int64_t oes = ob ? 2 : 4, ges = gb ? 2 : 4, xes = xb ? 2 : 4;
@@ -859,6 +1077,34 @@ BN_TARGET static void bn_affine_rows(const t3 *ot, char *ob_, const t3 *gt, cons
       (void)k1, (void)mean, (void)k2, (void)kstep, (void)k3;
 #endif
 }
+
+/* The vector rows' entry points: the AVX-512 functions at the avx512 level
+ * and above, their AVX2 forms below it (dispatched here, outside both:
+ * code inlined into an AVX-512 function may be compiled to AVX-512
+ * instructions, which an AVX2 host cannot run). */
+#if defined(__x86_64__) || defined(__i386__)
+#define BN_PICK(F5, F2) (tpurt__cpu_has_avx512() ? (F5) : (F2))
+#else
+#define BN_PICK(F5, F2) (F5)
+#endif
+static void bn_moments_rows(const t3 *t, const char *base, int64_t n0, int64_t n1, int64_t c0, int64_t c1, int64_t S,
+                            double c, double *sum, double *sq) {
+  BN_PICK(bn5_moments_rows, bn2_moments_rows)(t, base, n0, n1, c0, c1, S, c, sum, sq);
+}
+static void bn_gdot_rows(const bnplan *p, const bnctx *x, int64_t n0, int64_t n1, int64_t ch, double c, double *sum,
+                         double *dot) {
+  BN_PICK(bn5_gdot_rows, bn2_gdot_rows)(p, x, n0, n1, ch, c, sum, dot);
+}
+static void bn_sums_block(int hasg, const bnplan *p, const bnctx *x, int64_t c0, int64_t c1, const double *c,
+                          double *sum, double *dot) {
+  BN_PICK(bn5_sums_block, bn2_sums_block)(hasg, p, x, c0, c1, c, sum, dot);
+}
+static void bn_affine_rows(const t3 *ot, char *ob_, const t3 *gt, const char *gb_, const t3 *xt, const char *xb_,
+                           int64_t n0, int64_t n1, int64_t c0, int64_t c1, int64_t S, const double *k1,
+                           const double *mean, const double *k2, int kstep, const double *k3) {
+  BN_PICK(bn5_affine_rows, bn2_affine_rows)(ot, ob_, gt, gb_, xt, xb_, n0, n1, c0, c1, S, k1, mean, k2, kstep, k3);
+}
+#undef BN_PICK
 
 /* sum and sum of squared deviations from `center` over channels [c0, c1) of samples [n0, n1) */
 static void t3_moments(const t3 *t, const char *base, int64_t n0, int64_t n1, int64_t c0, int64_t c1, int64_t S,
@@ -1319,7 +1565,8 @@ static tpurt_status get_t3_r(int dev, const tpurt_view *v, const tpurt_view *ref
   t->sc = v->strides[1];
   t->on = 1;
   t->es = (int)tpurt_dtype_size(t->dt);
-  t->vec = (t->dt == TPURT_F32 || t->dt == TPURT_BF16) && t->ss == 1 && tpurt__cpu_has_avx512();
+  t->vec = (t->dt == TPURT_F32 || t->dt == TPURT_BF16) && t->ss == 1 &&
+           (tpurt__cpu_has_avx512() || tpurt__cpu_has_avx2_fma());
   return TPURT_OK;
 }
 static tpurt_status get_t3(int dev, const tpurt_view *v, const tpurt_view *ref, t3 *t, const char *nm, const char *what) {
