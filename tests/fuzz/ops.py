@@ -118,6 +118,15 @@ def _pos(x):
     return x.abs() + 0.5
 
 
+def _divisor(b):
+    """|b| + 1, never 0: in uint8 255 + 1 wraps to 0, and an integer division by zero raises on the CPU at its
+    statement, on tpu at the next synchronization (seed 672294)."""
+    if not isinstance(b, torch.Tensor):
+        return abs(b) + 1
+    d = b.abs() + 1
+    return d.masked_fill(d == 0, 1) if d.dtype == torch.uint8 else d
+
+
 def _nan_free(x):
     """x with its NaNs as +0: the sign bit of a NaN an op produced is not part of the precision contract (an
     x86 product propagates its NaN operand's sign, a bf16 split or another summation order may meet another
@@ -161,10 +170,10 @@ BINARY: dict[str, Callable[..., torch.Tensor]] = {
     "maximum": torch.maximum, "minimum": torch.minimum, "fmax": torch.fmax, "fmin": torch.fmin,
     "atan2": torch.atan2, "hypot": torch.hypot, "logaddexp": torch.logaddexp, "copysign": lambda a, b: torch.copysign(a, _nan_free(b)),
     "pow_pos": lambda a, b: torch.pow(_pos(a), b.clamp(-3, 3) if isinstance(b, torch.Tensor) else b),
-    "remainder_pos": lambda a, b: torch.remainder(a, b.abs() + 1 if isinstance(b, torch.Tensor) else abs(b) + 1),
-    "fmod_pos": lambda a, b: torch.fmod(a, b.abs() + 1 if isinstance(b, torch.Tensor) else abs(b) + 1),
+    "remainder_pos": lambda a, b: torch.remainder(a, _divisor(b)),
+    "fmod_pos": lambda a, b: torch.fmod(a, _divisor(b)),
     "floor_divide": torch.floor_divide,
-    "floor_divide_pos": lambda a, b: torch.floor_divide(a, b.abs() + 1 if isinstance(b, torch.Tensor) else abs(b) + 1),
+    "floor_divide_pos": lambda a, b: torch.floor_divide(a, _divisor(b)),
     "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge,
     "logical_and": torch.logical_and, "logical_or": torch.logical_or, "logical_xor": torch.logical_xor,
     "bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or, "bitwise_xor": torch.bitwise_xor,
