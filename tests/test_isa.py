@@ -129,13 +129,18 @@ print(h.hexdigest())
 """
 
 
-def test_variants_give_the_same_bits():
+def assert_same_digest(child: str, levels) -> None:
+    """child (printing a digest last) succeeds at each level and prints the same digest at all of them."""
     digests = {}
-    for level in RUNNABLE:
-        r = run_python(BITS_CHILD, env={"TORCH_TPU_ISA": level}, timeout=300)
+    for level in levels:
+        r = run_python(child, env={"TORCH_TPU_ISA": level}, timeout=300)
         assert r.returncode == 0, r.stderr
         digests[level] = r.stdout.strip().splitlines()[-1]
     assert len(set(digests.values())) == 1, digests
+
+
+def test_variants_give_the_same_bits():
+    assert_same_digest(BITS_CHILD, RUNNABLE)
 
 
 def test_default_maps_the_best_variant_the_host_runs():
@@ -221,9 +226,4 @@ def test_batch_and_group_norm_vector_rows_at_every_level():
     levels = [lv for lv in ("avx2", "avx512") if lv in RUNNABLE]
     if not levels:
         pytest.skip("the host runs neither the avx2 nor the avx512 level")
-    digests = {}
-    for level in levels:
-        r = run_python(NORM_CHILD, env={"TORCH_TPU_ISA": level}, timeout=300)
-        assert r.returncode == 0, r.stderr
-        digests[level] = r.stdout.strip().splitlines()[-1]
-    assert len(set(digests.values())) == 1, digests
+    assert_same_digest(NORM_CHILD, levels)
