@@ -23,6 +23,12 @@
  *     KERNEL batchnorm: SHAPE N,C,S,PASS[,bf16] (f32 — or bf16 — batch norm in training of N samples
  *                                            of C channels of S elements, weight and bias;
  *                                            PASS 0 forward, 1 backward)
+ *     KERNEL attention: SHAPE B,H,L,D,CAUSAL,PASS (f32 fused attention of B x H heads, L queries and
+ *                                            keys of D, q / k / v / out laid out [B, L, H, D]
+ *                                            as a model's projections are; CAUSAL 0 or 1;
+ *                                            PASS 0 forward with the log-sum-exp, 1 backward:
+ *                                            dq, dk, dv; rate: GFLOP/s of the dense tile
+ *                                            products, 4 (forward) or 10 (backward) B H L^2 D)
  *
  * On a shared host the speed of the machine moves by tens of percent
  * between (and within) processes, so two builds timed in separate runs
@@ -42,6 +48,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +93,12 @@ typedef struct {
                                  const tpurt_view *, const tpurt_view *, const tpurt_view *, int, double);
   tpurt_status (*elementwise)(tpurt_stream *, const tpurt_ew_program *, const tpurt_view *, const tpurt_view *, int,
                                const double *, int);
+  tpurt_status (*attention)(tpurt_stream *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
+                            const tpurt_view *, const tpurt_view *, const tpurt_view *, const tpurt_attention_params *);
+  tpurt_status (*attention_bwd)(tpurt_stream *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
+                                const tpurt_view *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
+                                const tpurt_view *, const tpurt_view *, const tpurt_view *, const tpurt_view *,
+                                const tpurt_attention_params *);
   const char *(*op_name)(tpurt_ew_op);
   tpurt_status (*sync)(tpurt_stream *);
   const char *(*last_error)(void);
@@ -141,6 +154,8 @@ static void load(build *b, const char *path) {
   *(void **)&b->group_norm_bwd = sym(b, "tpurt_group_norm_backward");
   *(void **)&b->batch_norm = sym(b, "tpurt_batch_norm");
   *(void **)&b->batch_norm_bwd = sym(b, "tpurt_batch_norm_backward");
+  *(void **)&b->attention = sym(b, "tpurt_attention");
+  *(void **)&b->attention_bwd = sym(b, "tpurt_attention_backward");
   *(void **)&b->conv[0] = sym(b, "tpurt_conv2d");
   *(void **)&b->conv[1] = sym(b, "tpurt_conv2d_backward_input");
   *(void **)&b->conv[2] = sym(b, "tpurt_conv2d_backward_weight");
@@ -172,17 +187,19 @@ static tpurt_view view4(tpurt_devptr p, int64_t n, int64_t c, int64_t h, int64_t
   return v;
 }
 
-enum { K_GEMM, K_SOFTMAX, K_LAYERNORM, K_EW, K_CONV, K_GROUPNORM, K_BATCHNORM, K_SUM };
+enum { K_GEMM, K_SOFTMAX, K_LAYERNORM, K_EW, K_CONV, K_GROUPNORM, K_BATCHNORM, K_SUM, K_ATTN };
 typedef struct {
   int kind, nset, bf16; /* gemm: bf16 operands and result */
   int bcast;            /* ew: the second input a [D] row broadcast over the rows (stride 0) */
   int64_t M, N, K, nb; /* softmax, layernorm, ew: M rows of K */
-  int64_t cv[7];       /* conv: N, C, HW, CO, K, S, pass; group / batch norm: N, C, S, G (1), pass; sum: dim */
+  int64_t cv[7];       /* conv: N, C, HW, CO, K, S, pass; group / batch norm: N, C, S, G (1), pass; sum: dim;
+                          attention: B, H, L, D, causal, pass */
   tpurt_ew_program prog; /* ew: load inputs, the op, out of its register */
   int nin;
   tpurt_devptr a[MAX_ROTATE], b[MAX_ROTATE], c[MAX_ROTATE];
   tpurt_view va[MAX_ROTATE], vb[MAX_ROTATE], vc[MAX_ROTATE];
-  tpurt_devptr stats[MAX_ROTATE], par[MAX_ROTATE]; /* groupnorm: mean and rstd; w, b, dw, db */
+  tpurt_devptr stats[MAX_ROTATE], par[MAX_ROTATE]; /* groupnorm: mean and rstd; w, b, dw, db;
+                                                      attention: lse; out, dout, dq, dk, dv */
 } work;
 
 static tpurt_devptr upload(build *b, size_t n, unsigned mul) {
@@ -235,9 +252,39 @@ static void ln_views(const work *w, int i, tpurt_view *mean, tpurt_view *rstd, t
   for (int k = 0; k < 3; k++) par[k] = view1(w->par[i], k * w->K, w->K);
 }
 
+/* attention views of set i: q, k, v, out, dout, dq, dk, dv ([B, H, L, D] over [B, L, H, D] memory) and lse */
+static void attn_views(const work *w, int i, tpurt_view v[8], tpurt_view *lse) {
+  int64_t B = w->cv[0], H = w->cv[1], L = w->cv[2], D = w->cv[3], n = B * L * H * D;
+  tpurt_devptr base[8] = {w->a[i], w->b[i], w->c[i]};
+  for (int k = 3; k < 8; k++) base[k] = w->par[i] + (tpurt_devptr)((k - 3) * n) * sizeof(float);
+  for (int k = 0; k < 8; k++) {
+    tpurt_view x = view4(base[k], B, H, L, D);
+    x.strides[0] = L * H * D, x.strides[1] = D, x.strides[2] = H * D, x.strides[3] = 1;
+    v[k] = x;
+  }
+  *lse = view3(w->stats[i], B, H, L);
+}
+
+static tpurt_attention_params attn_params(const work *w) {
+  tpurt_attention_params p;
+  memset(&p, 0, sizeof p);
+  p.scale = 1.0 / sqrt((double)w->cv[3]);
+  p.is_causal = (int)w->cv[4];
+  p.precision = TPURT_PRECISION_HIGHEST;
+  return p;
+}
+
 static void setup(build *b, work *w) {
   for (int i = 0; i < w->nset; i++) {
-    if (w->kind == K_LAYERNORM) { /* a: x, b: dy, c: y or dx; the forward fills the statistics */
+    if (w->kind == K_ATTN) { /* a, b, c: q, k, v; par: out, dout, dq, dk, dv; stats: lse */
+      size_t n = (size_t)(w->cv[0] * w->cv[1] * w->cv[2] * w->cv[3]);
+      w->a[i] = upload(b, n, 7), w->b[i] = upload(b, n, 5), w->c[i] = upload(b, n, 3);
+      w->par[i] = upload(b, 5 * n, 11), w->stats[i] = upload(b, (size_t)(w->cv[0] * w->cv[1] * w->cv[2]), 1);
+      tpurt_view v[8], lse;
+      attn_views(w, i, v, &lse);
+      tpurt_attention_params p = attn_params(w);
+      ck(b, b->attention(b->s, &v[3], &lse, &v[0], &v[1], &v[2], NULL, &p));
+    } else if (w->kind == K_LAYERNORM) { /* a: x, b: dy, c: y or dx; the forward fills the statistics */
       w->a[i] = upload(b, (size_t)(w->M * w->K), 7), w->b[i] = upload(b, (size_t)(w->M * w->K), 5);
       w->c[i] = upload(b, (size_t)(w->M * w->K), 3);
       w->va[i] = view3(w->a[i], 1, w->M, w->K), w->vb[i] = view3(w->b[i], 1, w->M, w->K);
@@ -301,7 +348,15 @@ static void setup(build *b, work *w) {
 /* call q of a sample: operand set q % nset */
 static void run(build *b, const work *w, int q) {
   int i = q % w->nset;
-  if (w->kind == K_GROUPNORM) {
+  if (w->kind == K_ATTN) {
+    tpurt_view v[8], lse;
+    attn_views(w, i, v, &lse);
+    tpurt_attention_params p = attn_params(w);
+    if (w->cv[5] == 0)
+      ck(b, b->attention(b->s, &v[3], &lse, &v[0], &v[1], &v[2], NULL, &p));
+    else
+      ck(b, b->attention_bwd(b->s, &v[5], &v[6], &v[7], NULL, &v[4], &v[0], &v[1], &v[2], &v[3], &lse, NULL, &p));
+  } else if (w->kind == K_GROUPNORM) {
     tpurt_view m, r, par[4];
     gn_views(w, i, &m, &r, par);
     if (w->cv[4] == 0)
@@ -395,6 +450,7 @@ static void usage(void) {
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so conv N,C,HW,CO,K,S,PASS[,bf16]...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so groupnorm N,C,S,G,PASS[,bf16]...\n"
           "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so batchnorm N,C,S,PASS[,bf16]...\n"
+          "       tpurt_bench_ab [--repeats R] [--rotate N] OLD/libtpurt.so NEW/libtpurt.so attention B,H,L,D,CAUSAL,PASS...\n"
           "Times the two runtime builds in one process, alternating samples; prints each build's median\n"
           "and best rate and the median (quartiles) of the paired ratios new / old. ew: an f32\n"
           "elementwise op by name (gelu, add, gelu_backward, where, ...); ,b: its second input one row of D\n"
@@ -405,6 +461,8 @@ static void usage(void) {
           "groupnorm: N samples of C channels of S elements in G groups; PASS 0 forward, 1 backward.\n"
           "batchnorm: training batch norm of N samples of C channels of S elements; PASS 0 forward, 1 backward.\n"
           "sum: f32 sum of a ROWS x D matrix over DIM 0 (one result per column) or 1 (per row).\n"
+          "attention: f32 fused attention, B x H heads of L queries and keys of D (laid out [B, L, H, D]),\n"
+          "CAUSAL 0 or 1; PASS 0 forward, 1 backward; GFLOP/s of the dense tile products.\n"
           "--rotate N: calls\n"
           "cycle over N operand sets (N sets beyond the caches: operands come from memory).\n");
   exit(2);
@@ -431,9 +489,10 @@ int main(int argc, char **argv) {
              : !strcmp(kname, "groupnorm") ? K_GROUPNORM
              : !strcmp(kname, "batchnorm") ? K_BATCHNORM
              : !strcmp(kname, "sum")       ? K_SUM
+             : !strcmp(kname, "attention") ? K_ATTN
                                            : -1;
   if (kind < 0) usage();
-  int gemm = kind == K_GEMM || kind == K_CONV; /* rates in GFLOP/s */
+  int gemm = kind == K_GEMM || kind == K_CONV || kind == K_ATTN; /* rates in GFLOP/s */
   build bld[2];
   load(&bld[0], argv[i]);
   load(&bld[1], argv[i + 1]);
@@ -477,6 +536,11 @@ int main(int argc, char **argv) {
       g[3] = 1;
       if (got < 4 || g[0] <= 0 || g[1] <= 0 || g[2] <= 0 || g[4] < 0 || g[4] > 1) usage();
       m = g[0] * g[1] * g[2], n = 1;
+    } else if (kind == K_ATTN) { /* as a product: M = B H L, N = L, K = D, flops times 2 (forward) or 5 */
+      if (sscanf(dims, "%lld,%lld,%lld,%lld,%lld,%lld", &g[0], &g[1], &g[2], &g[3], &g[4], &g[5]) != 6 || g[0] <= 0 ||
+          g[1] <= 0 || g[2] <= 0 || g[3] <= 0 || g[4] < 0 || g[4] > 1 || g[5] < 0 || g[5] > 1)
+        usage();
+      m = g[0] * g[1] * g[2], n = g[2], k = g[3] * (g[5] ? 5 : 2);
     } else if (kind == K_SUM) { /* rates: million elements/s */
       if (sscanf(dims, "%lld,%lld,%lld", &m, &n, &g[0]) != 3 || m <= 0 || n <= 0 || g[0] < 0 || g[0] > 1) usage();
     } else {

@@ -314,6 +314,11 @@ int main(void) {
       {2, 4, 2, 33, 17, 8, 8, 0, 0, 0, 0, TPURT_F32, 1},      /* GQA */
       {1, 2, 2, 70, 133, 32, 32, 1, 0, 0, 0, TPURT_BF16, 0},  /* bf16 */
       {1, 2, 1, 66, 131, 8, 8, 0, 0, 0, 0.3, TPURT_F32, 0},   /* dropout + GQA */
+      /* causal, at most 64 queries: blocks of 32 rows, the second one's key
+       * range ending at its last row; rows skip their masked columns */
+      {2, 2, 1, 57, 57, 16, 16, 1, 0, 0, 0.2, TPURT_F32, 1},  /* + dropout, GQA, strided */
+      {1, 3, 3, 64, 64, 32, 32, 1, 2, 0, 0, TPURT_F32, 0},    /* + float mask */
+      {1, 2, 2, 13, 40, 12, 12, 1, 0, 0, 0.1, TPURT_BF16, 0}, /* one short block, L < S, bf16 */
       {1, 1, 1, 5, 9, 1, 1, 0, 0, 0, 0, TPURT_F32, 0},        /* head dim 1 */
       {1, 1, 1, 3, 10, 256, 256, 0, 0, 0, 0, TPURT_F32, 0},   /* head dim 256 */
       {1, 2, 2, 4, 0, 8, 8, 0, 0, 0, 0, TPURT_F32, 0},        /* no keys -> 0 */
