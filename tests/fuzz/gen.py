@@ -32,7 +32,9 @@ EXACT_UNARY = {"neg", "abs", "relu", "floor", "ceil", "trunc", "round", "sign", 
                "reciprocal_pos", "isnan", "isfinite", "signbit", "bitwise_not", "logical_not", "clamp",
                "clamp_min", "frac", "nan_to_num", "hardtanh"}
 INT_UNARY = ("neg", "abs", "sign", "square", "bitwise_not", "logical_not", "clamp", "clamp_min", "relu")
-DISCRETE_UNARY = {"isnan", "isfinite", "signbit", "floor", "ceil", "trunc", "round", "sign", "frac"}
+# functions that jump where an inexact value rounds (logical_not: x == 0, where the CPU's float gelu of -5.84 is
+# 0 and the device's the exact -1.6e-8 — seed 702234), not generated on inexact values
+DISCRETE_UNARY = {"isnan", "isfinite", "signbit", "floor", "ceil", "trunc", "round", "sign", "frac", "logical_not"}
 EXACT_BINARY = {"add", "sub", "mul", "div_pos", "maximum", "minimum", "fmax", "fmin", "copysign", "fmod_pos",
                 "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor", "bitwise_and",
                 "bitwise_or", "bitwise_xor"}
