@@ -369,12 +369,9 @@ static void bwd_items(void *c, int64_t begin, int64_t end) {
                                    a->dout.dtype, nr, Dv, a->dout.strides[2], a->dout.strides[3], dob, &ldo);
         /* D_i = dO_i . O_i, lse_i */
         for (int64_t r = 0; r < nr; r++) {
-          const char *orow = x->out + (P4(a->out, b, h) + (i0 + r) * a->out.strides[2]) * (int64_t)oes;
-          const float *o = (const float *)(const void *)orow; /* f32 rows of unit stride read in place */
-          if (a->out.dtype != TPURT_F32 || (a->out.strides[3] != 1 && Dv > 1)) {
-            load_f32(ob, orow, a->out.dtype, a->out.strides[3], Dv);
-            o = ob;
-          }
+          int64_t lo;
+          const float *o = tile_f32(x->out + (P4(a->out, b, h) + (i0 + r) * a->out.strides[2]) * (int64_t)oes,
+                                    a->out.dtype, 1, Dv, a->out.strides[2], a->out.strides[3], ob, &lo);
           const float *g = dO + r * ldo;
           float acc = 0;
           for (int64_t d = 0; d < Dv; d++) acc += g[d] * o[d];
