@@ -231,6 +231,30 @@ def test_compiled_optimizer_step_keeps_state_on_device_runs_in_place_and_replays
     assert not names & per_tensor, names
 
 
+def test_rope_stack_runs_inside_the_group_that_computes_it():
+    """A compiled RoPE on head-transposed projections: the stack's two copies
+    walk the arithmetic's elements in another order and run inside its
+    kernel (plan.c, permuted members) — no copy kernel, eager's bits."""
+    from torch_tpu import profiler
+
+    def rope(x, cos, sin):
+        x = x.transpose(1, 2)
+        x1, x2 = x[..., ::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+    torch._dynamo.reset()
+    h, cos, sin = (torch.randn(*s).to("tpu") for s in ((4, 16, 3, 8), (16, 4), (16, 4)))
+    f = torch.compile(rope, backend="tpu")
+    f(h, cos, sin)
+    torch.tpu.synchronize()
+    with profiler.profile() as prof:
+        got = f(h, cos, sin)
+        torch.tpu.synchronize()
+    assert torch.equal(got.cpu(), rope(h, cos, sin).cpu())
+    names = {k.base_name for k in prof.kernels}
+    assert not names & {"copy", "copy_d2d"}, names
+
+
 def test_dynamic_shapes_bound_the_graph_count():
     emb = torch.nn.Embedding(50, 16).to("tpu")
     lin = torch.nn.Linear(16, 50).to("tpu")

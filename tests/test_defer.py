@@ -495,6 +495,75 @@ def test_copies_that_fuse_only_with_each_other_run_as_copy_kernels(defer, dtype)
     assert torch.equal(got[1], xc.transpose(1, 2).to(other))
 
 
+def _rope(x, cos, sin):
+    x1, x2 = x[..., ::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+def test_copies_in_another_order_join_the_group_that_computes_their_input(defer):
+    # RoPE on a head-transposed projection: the arithmetic runs in the
+    # projection's [batch, token, head, pair] order (its outputs allocated in
+    # its input's layout), the stack writes [batch, head, token, pair, 2]; the
+    # two copies walk the same elements in another order and join the group
+    # with their dims reordered — one kernel where there were three, strict's
+    # bits (float32: copies within bfloat16 move bytes, copy.c)
+    h = torch.randn(4, 16, 3, 8, device="tpu")
+    cos = torch.randn(16, 4, device="tpu")
+    sin = torch.randn(16, 4, device="tpu")
+    torch_tpu.flush()
+
+    def f():
+        return _rope(h.transpose(1, 2), cos, sin)
+
+    torch.tpu.reset_defer_stats()
+    got = f().cpu()
+    stats = torch.tpu.defer_stats()
+    assert stats["kernels_launched"] == 1 and stats["fused_kernels"] == 1, stats
+    with torch_tpu.execution_mode("strict"):
+        ref = f().cpu()
+    assert torch.equal(got, ref)
+    torch.testing.assert_close(got, _rope(h.cpu().transpose(1, 2), cos.cpu(), sin.cpu()))
+    # a transpose's copy after the op that computes its input: one kernel
+    torch.tpu.reset_defer_stats()
+    got = (h.exp() * 3).transpose(1, 2).contiguous().cpu()
+    stats = torch.tpu.defer_stats()
+    assert stats["kernels_launched"] == 1, stats
+    torch.testing.assert_close(got, (h.cpu().exp() * 3).transpose(1, 2).contiguous())
+
+
+def test_random_draws_keep_their_order_when_read_transposed(defer):
+    # dropout of a transposed value draws its mask in its own row-major
+    # order: it must not join the group in the writer's order (other bits)
+    x = torch.randn(4, 16, 3, 8, device="tpu")
+    torch_tpu.flush()
+
+    def f():
+        torch.manual_seed(11)
+        return F.dropout((x * 2).transpose(1, 2), 0.3, training=True).cpu()
+
+    got = f()
+    with torch_tpu.execution_mode("strict"):
+        ref = f()
+    assert torch.equal(got, ref)
+
+
+def test_permuted_members_are_off_with_the_setting(monkeypatch):
+    # TORCH_TPU_DEFER_PERMUTE=0: the copies run apart (the plan key changes with it)
+    code = """
+import torch, torch_tpu
+h = torch.randn(4, 16, 3, 8, device="tpu")
+torch_tpu.flush()
+with torch_tpu.execution_mode("defer"):
+    torch.tpu.reset_defer_stats()
+    (h * 2).transpose(1, 2).contiguous().cpu()
+    print("kernels", torch.tpu.defer_stats()["kernels_launched"])
+"""
+    on = run_python(code)
+    off = run_python(code, env={"TORCH_TPU_DEFER_PERMUTE": "0"})
+    assert "kernels 1" in on.stdout, on.stdout + on.stderr
+    assert "kernels 2" in off.stdout, off.stdout + off.stderr
+
+
 def test_ops_of_equal_size_fuse_over_a_common_shape(defer):
     # one element in three shapes ([1], 0-dim, [1, 1, 1]) and [1, 1, 3] next to [3]
     a = torch.tensor([5.0], device="tpu")

@@ -686,13 +686,12 @@ static tpurt_dtype copy_compute(tpurt_dtype d, tpurt_dtype s) {
 /* Which copies DeferAndFuse records as programs: casts and layout copies
  * within a dtype (contiguous() of a transpose, a stack's halves, an
  * expanded tensor made dense) by default; TORCH_TPU_DEFER_COPIES=casts
- * only dtype casts, =0 none. On the bench's Llama step the layout copies
- * fuse with little (the arithmetic before them iterates in its input's
- * permuted order, which a group cannot join) but a copy whose result the
- * backward pass reads is recomputed instead of kept: peak 0.667x strict's
- * against 0.702x as casts only, the step as fast (paired time casts only /
- * all 1.03 [0.95, 1.09], minGPT 0.99 [0.94, 1.03]: python -m bench.ab_env
- * TORCH_TPU_DEFER_COPIES casts 1). Read per copy, for paired A/B runs. */
+ * only dtype casts, =0 none. A layout copy joins the group that computes
+ * its input also where that group walks the elements in another order
+ * (RoPE's stack after the arithmetic in the projection's order: plan.c,
+ * permuted members), and a copy whose result the backward pass reads is
+ * recomputed instead of kept (Llama: peak 0.667x strict's against 0.702x
+ * as casts only). Read per copy, for paired A/B runs. */
 static int copies_as_programs(tpurt_dtype d, tpurt_dtype s) {
   const char *e = getenv("TORCH_TPU_DEFER_COPIES");
   if (e && *e == '0') return 0;

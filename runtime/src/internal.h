@@ -215,6 +215,35 @@ typedef struct tpurt__fence {
   uint64_t seq;
 } tpurt__fence;
 
+/* ------------------------------------------------- strided operands' bytes */
+/* Two strided operands whose byte ranges overlap may still share no byte:
+ * with every byte stride of both a multiple of g, each operand's bytes lie
+ * in one window of residues mod g (from its first byte, as wide as its
+ * element), and windows that miss each other (the two interleaved halves
+ * of a stack, real and imaginary parts) mean no byte in common.
+ * tpurt__stride_gcd folds an operand's strides (bytes; dims of size 1
+ * left out) into g (start with 0); tpurt__residues_apart is 1 when the
+ * windows of operands starting at a and b miss each other (g 0: single
+ * elements, never apart). */
+static inline uint64_t tpurt__stride_gcd(uint64_t g, int nd, const int64_t *sizes, const int64_t *bstr) {
+  for (int k = 0; k < nd; k++) {
+    if (sizes[k] <= 1) continue;
+    uint64_t a = (uint64_t)(bstr[k] < 0 ? -bstr[k] : bstr[k]);
+    while (a) {
+      uint64_t t = g % a;
+      g = a;
+      a = t;
+    }
+  }
+  return g;
+}
+static inline int tpurt__residues_apart(uint64_t a, uint64_t ea, uint64_t b, uint64_t eb, uint64_t g) {
+  if (g == 0) return 0;
+  int64_t diff = (int64_t)(b - a), gi = (int64_t)g;
+  uint64_t d = (uint64_t)((diff % gi + gi) % gi); /* b's window starts d bytes into a's period */
+  return d >= ea && d + eb <= g;
+}
+
 /* ----------------------------------------------------------- memory */
 #define TPURT_DEVPTR_BASE 0xE000000000000000ull
 #define TPURT_DEVPTR_SHIFT 44

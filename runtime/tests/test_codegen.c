@@ -456,6 +456,29 @@ static void residual_dropout(int64_t R, int64_t C) {
   for (int i = 0; i < 4; i++) freebuf(&b[i]);
 }
 
+/* RoPE's stack: two outputs writing the interleaved halves of one buffer
+ * (byte ranges overlap, no byte in common: generated), from inputs read
+ * in the other order (a [R, C] walk of a [C, R] buffer); the same two
+ * outputs on the same half collide (declined) */
+static void interleaved(int64_t R, int64_t C) {
+  tpurt_ew_program pr = prog(TPURT_F32);
+  int x = load(&pr, 0), y = load(&pr, 1);
+  out(&pr, emit(&pr, TPURT_EW_SUB, emit(&pr, TPURT_EW_MUL, x, y, 0, 0), y, 0, 1.0));
+  out(&pr, emit(&pr, TPURT_EW_ADD, emit(&pr, TPURT_EW_MUL, x, x, 0, 0), y, 0, 1.0));
+  int64_t sz[2] = {R, C}, n = R * C, half[2] = {2 * C, 2}, tr[2] = {1, R};
+  dbuf b[3] = {mkbuf(TPURT_F32, 2 * (size_t)n), mkbuf(TPURT_F32, (size_t)n), mkbuf(TPURT_F32, (size_t)n)};
+  tpurt_view outs[2] = {check_view_st(b[0].d, TPURT_F32, 2, sz, half), check_view_st(b[0].d + 4, TPURT_F32, 2, sz, half)};
+  tpurt_view in[2] = {check_view_st(b[1].d, TPURT_F32, 2, sz, tr), check_view(b[2].d, TPURT_F32, 2, sz)};
+  char name[96];
+  snprintf(name, sizeof name, "interleaved halves %lldx%lld", (long long)R, (long long)C);
+  compare(name, &pr, outs, in, 2, NULL, 0, b, 3, 1);
+  tpurt_defer_stats a = stats();
+  outs[1].ptr = b[0].d + 8; /* the first output's next element: both write it */
+  compare("interleaved halves colliding (declined)", &pr, outs, in, 2, NULL, 0, b, 0, 0); /* racy: not compared */
+  CHECK_EQ(stats().codegen_not_generated, a.codegen_not_generated + 1);
+  for (int i = 0; i < 3; i++) freebuf(&b[i]);
+}
+
 /* a small program used by the failure and background cases */
 static tpurt_ew_program small_prog(double k) {
   tpurt_ew_program pr = prog(TPURT_F32);
@@ -595,6 +618,8 @@ int main(void) {
   rng(TPURT_F64, 3, 999);
   residual_dropout(1024, 128);
   residual_dropout(37, 1001);
+  interleaved(64, 16);
+  interleaved(7, 1001);
   failures();
   background();
   printf("%d programs compared, bitwise equal (%zu NaN results of two-NaN operations with the other NaN's sign)\n",

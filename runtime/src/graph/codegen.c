@@ -978,6 +978,13 @@ static int same_memory(const tpurt__cg_launch *l, int a, int b) {
   return 1;
 }
 
+/* Operands a and b share no byte by their strides (interleaved halves). */
+static int apart(const tpurt__cg_launch *l, int a, int b) {
+  uint64_t g = tpurt__stride_gcd(tpurt__stride_gcd(0, l->ndim, l->sizes, l->bstr[a]), l->ndim, l->sizes, l->bstr[b]);
+  return tpurt__residues_apart((uintptr_t)l->base[a], tpurt_dtype_size((tpurt_dtype)l->dt[a]), (uintptr_t)l->base[b],
+                               tpurt_dtype_size((tpurt_dtype)l->dt[b]), g);
+}
+
 /* The signature of a launch; 0 when the generator declines it. */
 static int make_sig(const tpurt__cg_launch *l, cg_sig *s) {
   int nops = l->nout + l->nin;
@@ -1009,7 +1016,7 @@ static int make_sig(const tpurt__cg_launch *l, cg_sig *s) {
       }
       uintptr_t qlo, qhi;
       extent(l, q, &qlo, &qhi);
-      if (olo < qhi && qlo < ohi) return 0;
+      if (olo < qhi && qlo < ohi && !apart(l, o, q)) return 0;
     }
   }
   for (int k = 0; k < l->ninst; k++) {

@@ -316,11 +316,12 @@ static void *redirected_args(const exec_ctx *x, int u, const dnode *d, void *buf
 static tpurt_status group_operands(const exec_ctx *x, int u, const fgroup *F, tpurt_view *outs, tpurt_view *ins,
                                    double *scal, int *ns) {
   const dgraph *G = x->G;
+  tpurt_view pb;
   for (int k = 0; k < F->nout; k++)
-    if (!tpurt__split_view(&G->nodes[F->out[k].node].views[F->out[k].idx], F->ndim, F->sizes, &outs[k]))
+    if (!tpurt__split_view(tpurt__member_view(x->P, G, F->out[k], &pb), F->ndim, F->sizes, &outs[k]))
       return tpurt__err(TPURT_ERR_INTERNAL, "deferred graph: %s: output view does not fit the group's shape", F->name);
   for (int k = 0; k < F->nin; k++)
-    if (!tpurt__split_view(&G->nodes[F->in[k].node].views[F->in[k].idx], F->ndim, F->sizes, &ins[k]))
+    if (!tpurt__split_view(tpurt__member_view(x->P, G, F->in[k], &pb), F->ndim, F->sizes, &ins[k]))
       return tpurt__err(TPURT_ERR_INTERNAL, "deferred graph: %s: input view does not fit the group's shape", F->name);
   for (int k = 0; k < F->nout; k++) outs[k].ptr = redirect(x, u, outs[k].ptr);
   for (int k = 0; k < F->nin; k++) ins[k].ptr = redirect(x, u, ins[k].ptr);

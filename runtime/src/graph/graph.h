@@ -146,6 +146,14 @@ typedef struct pstep {
   int kind, a;
 } pstep;
 
+/* A member node whose dims a group runs in another order (plan.c,
+ * group_add_permuted): its views' dims d[0..nd) of the recorded ones
+ * (the others have size 1). */
+typedef struct nperm {
+  uint8_t on, nd;
+  uint8_t d[TPURT_MAX_DIMS];
+} nperm;
+
 typedef struct plan {
   uint64_t key, key2;
   int nnodes, nprom;
@@ -166,6 +174,7 @@ typedef struct plan {
   int *red_epi;       /* per node: a reduction's epilogue group's unit + 1 (0: none) */
   const char **red_name; /* per node: the name of a reduction's kernel with its epilogue */
   int *pair; /* per unit: a product run with a later one (its unit + 1), the later one (-1), or 0 */
+  nperm *perm; /* per node: its dims in its group's order, or NULL when every member runs as recorded */
   int kernels, fused_kernels, ops_fused, ops_eliminated, stores_eliminated;
   struct plan *next;
 } plan;
@@ -256,6 +265,9 @@ TPURT_INTERNAL uint64_t tpurt__plan_mix_settings(uint64_t h);
 TPURT_INTERNAL const char *tpurt__intern(const char *s);
 /* v re-expressed over shape c (a refinement of v's shape). */
 TPURT_INTERNAL int tpurt__split_view(const tpurt_view *v, int nc, const int64_t *c, tpurt_view *out);
+/* The view r of a group member as the group runs it: the recorded view, or
+ * (a permuted member) its dims reordered into buf. */
+TPURT_INTERNAL const tpurt_view *tpurt__member_view(const plan *P, const dgraph *G, vref r, tpurt_view *buf);
 /* Assembles g's program for live-out vregs outs into F. */
 TPURT_INTERNAL int tpurt__assemble_group(const gstate *g, const int *outs, int nout, fgroup *F);
 /* Can node d fail at run time (integer division by zero)? */

@@ -336,7 +336,8 @@ static int try_remat(plan *P, const dgraph *G, const gstate *gl, const touches *
   int out = g->w[wk].vreg, ok = tpurt__assemble_group(h, &out, 1, F) == 0 && F->prog.ninst <= REMAT_MAX_INST;
   int dep[2] = {-1, -1}, ndep = 0;
   for (int k = 0; k < F->nin && ok; k++) {
-    const tpurt_view *v = &G->nodes[F->in[k].node].views[F->in[k].idx];
+    tpurt_view pb;
+    const tpurt_view *v = tpurt__member_view(P, G, F->in[k], &pb);
     int cut = 0; /* a load of one of the producer's stores (checked when cut), or of one of its inputs? */
     for (int j = 0; j < g->nw; j++)
       if (g->w[j].ref.node == F->in[k].node && g->w[j].ref.idx == F->in[k].idx) cut = 1;

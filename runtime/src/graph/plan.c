@@ -13,8 +13,12 @@
  * between two ops does not split them. Inside a group, a value written by
  * an earlier node and read back with the same view (over the group's shape)
  * is taken from its register (with the rounding its store would have
- * applied); reading or writing a range that overlaps a written or read
- * range through a different view closes the group. A group's program keeps
+ * applied); reading or writing a range that may share bytes with a
+ * written or read range through a different view closes the group (views
+ * whose strides keep them on different bytes, like the two halves of an
+ * interleaved stack, do not). A node that reads a value of the group in
+ * another order of the same elements joins it with its dims reordered
+ * (permuted members, below). A group's program keeps
  * the stores the memory plan needs, dead instructions are removed and
  * registers allocated by linear scan.
  *
@@ -201,6 +205,20 @@ static int ranges_overlap(const tpurt_view *a, const tpurt_view *b) {
   return al < bh && bl < ah;
 }
 
+/* May a and b share a byte? Their ranges overlap and their strides do not
+ * keep them apart (tpurt__residues_apart: the two halves of RoPE's
+ * interleaved stack are apart). */
+static int views_may_share(const tpurt_view *a, const tpurt_view *b) {
+  if (!ranges_overlap(a, b)) return 0;
+  uint64_t ea = tpurt_dtype_size(a->dtype), eb = tpurt_dtype_size(b->dtype), g = 0;
+  int64_t s[TPURT_MAX_DIMS];
+  for (int k = 0; k < a->ndim; k++) s[k] = a->strides[k] * (int64_t)ea;
+  g = tpurt__stride_gcd(g, a->ndim, a->sizes, s);
+  for (int k = 0; k < b->ndim; k++) s[k] = b->strides[k] * (int64_t)eb;
+  g = tpurt__stride_gcd(g, b->ndim, b->sizes, s);
+  return !tpurt__residues_apart(a->ptr, ea, b->ptr, eb, g);
+}
+
 /* ---------------------------------------------------------- group building */
 
 static int needs_cast(tpurt_dtype stored, tpurt_dtype compute) { return stored != compute; }
@@ -287,11 +305,12 @@ out:
   return rc;
 }
 
-/* Tries to append ew node ni to g. Returns 1 on success (g updated), 0 if
- * the node cannot join the group. */
-static int group_add(gstate *g, const dgraph *G, int ni) {
+/* Tries to append ew node ni to g, its views as `views` (the recorded ones
+ * or a permutation of their dims, which g's entries then point at). Returns
+ * 1 on success (g updated), 0 if the node cannot join the group. */
+static int group_add(gstate *g, const dgraph *G, int ni, const tpurt_view *views) {
   const dnode *d = &G->nodes[ni];
-  const tpurt_view *o0 = &d->views[0];
+  const tpurt_view *o0 = &views[0];
   int nc = o0->ndim;
   int64_t c[TPURT_MAX_DIMS];
   if (g->nn > 0) {
@@ -315,7 +334,7 @@ static int group_add(gstate *g, const dgraph *G, int ni) {
     int r = -1;
     if (I->op == TPURT_EW_LOAD) {
       int j = (int)I->p[0];
-      const tpurt_view *v = &d->views[d->nout + j];
+      const tpurt_view *v = &views[d->nout + j];
       int fw = -1;
       for (int k = 0; k < t->nw; k++)
         if (view_eq_over(t->w[k].v, v, t->ndim, t->sizes)) fw = k;
@@ -327,7 +346,7 @@ static int group_add(gstate *g, const dgraph *G, int ni) {
         }
       } else {
         for (int k = 0; k < t->nw && ok; k++)
-          if (ranges_overlap(t->w[k].v, v)) ok = 0;
+          if (views_may_share(t->w[k].v, v)) ok = 0;
         if (!ok) break;
         int fi = -1;
         for (int k = 0; k < t->nin; k++)
@@ -361,14 +380,14 @@ static int group_add(gstate *g, const dgraph *G, int ni) {
     map[I->dst] = r;
   }
   for (int k = 0; k < d->nout && ok; k++) {
-    const tpurt_view *o = &d->views[k];
+    const tpurt_view *o = &views[k];
     for (int q = 0; q < t->nin && ok; q++)
-      if (!view_eq_over(t->in[q].v, o, t->ndim, t->sizes) && ranges_overlap(t->in[q].v, o)) ok = 0;
+      if (!view_eq_over(t->in[q].v, o, t->ndim, t->sizes) && views_may_share(t->in[q].v, o)) ok = 0;
     int fw = -1;
     for (int q = 0; q < t->nw && ok; q++) {
       if (view_eq_over(t->w[q].v, o, t->ndim, t->sizes))
         fw = q;
-      else if (ranges_overlap(t->w[q].v, o))
+      else if (views_may_share(t->w[q].v, o))
         ok = 0;
     }
     if (!ok) break;
@@ -421,6 +440,88 @@ static int independent_of(const gstate *g, const dgraph *G, int ni) {
     for (int k = 0; k < g->nin && v < d->nout; k++)
       if (ranges_overlap(g->in[k].v, x)) return 0;
   }
+  return 1;
+}
+
+/* Permuted members. A node that reads a value the open group writes, in
+ * another order of the same elements — the copy of a transposed view, a
+ * stack of RoPE's halves, the gradient of a transpose — cannot join the
+ * group as recorded: the group's shape walks the elements in the writer's
+ * order. An elementwise node computes every element alike, so it may run
+ * its dims in any order: with its dims ordered by that input's strides
+ * (largest first, i.e. the order in which a dense writer stores them), it
+ * reads the value from the group's register and writes its own outputs
+ * through their strides in that order. Not for a node that draws random
+ * numbers (its draws follow its row-major order) or one whose views
+ * differ in shape. On by default; TORCH_TPU_DEFER_PERMUTE=0 turns it off. */
+static int permute_enabled(void) {
+  const char *e = getenv("TORCH_TPU_DEFER_PERMUTE");
+  return !(e && *e == '0');
+}
+
+/* The dims of v kept in the order p gives (see nperm). */
+static void perm_view(const nperm *p, const tpurt_view *v, tpurt_view *out) {
+  *out = *v;
+  out->ndim = p->nd;
+  for (int k = 0; k < p->nd; k++) {
+    out->sizes[k] = v->sizes[p->d[k]];
+    out->strides[k] = v->strides[p->d[k]];
+  }
+}
+
+const tpurt_view *tpurt__member_view(const plan *P, const dgraph *G, vref r, tpurt_view *buf) {
+  const tpurt_view *v = &G->nodes[r.node].views[r.idx];
+  if (!P->perm || !P->perm[r.node].on) return v;
+  perm_view(&P->perm[r.node], v, buf);
+  return buf;
+}
+
+/* Tries ew node ni in g with its dims reordered (see above); on success
+ * *pm holds the order and *pv (malloc'd, the node's views reordered) what
+ * g's entries point at. */
+static int group_add_permuted(gstate *g, const dgraph *G, int ni, nperm *pm, tpurt_view **pv) {
+  const dnode *d = &G->nodes[ni];
+  int nv = d->nout + d->nin;
+  if (g->nn == 0 || d->compute != g->compute || nv < 2) return 0;
+  for (int i = 0; i < d->ninst; i++)
+    if (d->inst[i].op == TPURT_EW_UNIFORM) return 0;
+  const tpurt_view *v0 = &d->views[0];
+  for (int k = 1; k < nv; k++) {
+    if (d->views[k].ndim != v0->ndim) return 0;
+    for (int q = 0; q < v0->ndim; q++)
+      if (d->views[k].sizes[q] != v0->sizes[q]) return 0;
+  }
+  /* the first input that reads what the group writes */
+  const tpurt_view *r = NULL;
+  for (int j = 0; j < d->nin && !r; j++)
+    for (int k = 0; k < g->nw && !r; k++)
+      if (g->w[k].v->ptr == d->views[d->nout + j].ptr && ranges_overlap(g->w[k].v, &d->views[d->nout + j]))
+        r = &d->views[d->nout + j];
+  if (!r) return 0;
+  nperm p = {1, 0, {0}};
+  for (int q = 0; q < r->ndim; q++) {
+    if (r->sizes[q] == 1) continue;
+    if (r->strides[q] <= 0) return 0; /* a broadcast or reversed read: no one order */
+    p.d[p.nd++] = (uint8_t)q;
+  }
+  for (int a = 1; a < p.nd; a++) /* insertion sort, largest stride first */
+    for (int b = a; b > 0 && r->strides[p.d[b]] > r->strides[p.d[b - 1]]; b--) {
+      uint8_t t = p.d[b];
+      p.d[b] = p.d[b - 1];
+      p.d[b - 1] = t;
+    }
+  int moved = 0;
+  for (int k = 0; k < p.nd; k++) moved |= k > 0 && p.d[k] < p.d[k - 1];
+  if (!moved) return 0; /* the recorded order, which did not fit */
+  tpurt_view *views = malloc(sizeof(tpurt_view) * (size_t)nv);
+  if (!views) return 0;
+  for (int k = 0; k < nv; k++) perm_view(&p, &d->views[k], &views[k]);
+  if (!group_add(g, G, ni, views)) {
+    free(views);
+    return 0;
+  }
+  *pm = p;
+  *pv = views;
   return 1;
 }
 
@@ -477,6 +578,7 @@ static void free_plan_contents(plan *P) {
   free(P->red_epi);
   free(P->red_name);
   free(P->pair);
+  free(P->perm);
 }
 
 /* Assembles g's program for live-out vregs outs into F (program, inputs
@@ -805,14 +907,15 @@ static int order_prologues(plan *P) {
  * -1 when an operand touches flat's bytes other than as flat itself in that
  * order, an output overlaps a range of no_out or any operand one of
  * no_any; else 1 if F reads flat, 0 if not. */
-static int in_order(const dgraph *G, const fgroup *F, const tpurt_view *flat, const uint64_t (*no_out)[2], int nout,
+static int in_order(const plan *P, const dgraph *G, const fgroup *F, const tpurt_view *flat, const uint64_t (*no_out)[2], int nout,
                     const uint64_t (*no_any)[2], int nany) {
   uint64_t flo, fhi;
   view_range(flat, &flo, &fhi);
   int reads = 0;
   for (int k = 0; k < F->nin + F->nout; k++) {
     const vref *r = k < F->nin ? &F->in[k] : &F->out[k - F->nin];
-    const tpurt_view *v = &G->nodes[r->node].views[r->idx];
+    tpurt_view pb;
+    const tpurt_view *v = tpurt__member_view(P, G, *r, &pb);
     uint64_t lo, hi;
     view_range(v, &lo, &hi);
     if (view_eq_over(v, flat, F->ndim, F->sizes)) { /* flat itself, element by element (in place too) */
@@ -894,7 +997,7 @@ static int red_epi_pair(const plan *P, const dgraph *G, int u, int *wout) {
     view_range(&G->nodes[q->node].views[q->idx], &no_any[nany][0], &no_any[nany][1]);
     nany++;
   }
-  int reads_out = in_order(G, F, &flat, no_out, nout, no_any, nany);
+  int reads_out = in_order(P, G, F, &flat, no_out, nout, no_any, nany);
   if (reads_out <= 0) return 0;
   *wout = w;
   return 1;
@@ -999,7 +1102,7 @@ static int epi_pair(const plan *P, const dgraph *G, int u) {
   flat.strides[0] = 1;
   uint64_t no_out[2][2]; /* outputs: not over A or B (still being read) */
   for (int m = 0; m < 2; m++) view_range(&ab[m], &no_out[m][0], &no_out[m][1]);
-  return in_order(G, F, &flat, no_out, 2, NULL, 0) > 0;
+  return in_order(P, G, F, &flat, no_out, 2, NULL, 0) > 0;
 }
 
 /* Marks the pairs and moves the allocations between each pair's units
@@ -1143,6 +1246,11 @@ oom:
  * prologue pairs; 2. the promises that take memory (memplan.c); 3. the
  * groups' programs with the stores still needed; 4. recomputation and the
  * steps (memplan.c); 5. the steps of pairs run as one kernel. */
+static void free_pviews(tpurt_view **pv, int n) {
+  for (int i = 0; pv && i < n; i++) free(pv[i]);
+  free(pv);
+}
+
 plan *tpurt__plan_build(dgraph *G) {
   plan *P = calloc(1, sizeof *P);
   gstate *gs = malloc(sizeof *gs);
@@ -1151,6 +1259,8 @@ plan *tpurt__plan_build(dgraph *G) {
   int ngl = 0, capgl = 0;
   int (*pro)[2] = NULL; /* per group: its reduction's node + 1, its write of the input (plan_prologues) */
   int *deferred_frees = NULL; /* freed on every path, fail included */
+  tpurt_view **pviews = NULL;  /* per node: its views as its group runs them, when permuted (group_add_permuted) */
+  const int permute = permute_enabled();
   if (!P || !gs || !pf) goto fail;
   P->nnodes = G->n;
   P->nprom = G->np;
@@ -1184,19 +1294,24 @@ plan *tpurt__plan_build(dgraph *G) {
       continue;
     }
     if (d->kind == N_EW) {
-      if (group_add(gs, G, i)) continue;
+      if (group_add(gs, G, i, d->views)) continue;
+      if (permute && gs->nn > 0) {
+        if (!P->perm && !(P->perm = calloc((size_t)G->n, sizeof(nperm)))) goto fail;
+        if (!pviews && !(pviews = calloc((size_t)G->n, sizeof(tpurt_view *)))) goto fail;
+        if (group_add_permuted(gs, G, i, &P->perm[i], &pviews[i])) continue;
+      }
       if (gs->nn > 0 && !tpurt__may_fail(d) && independent_of(gs, G, i)) {
         /* hoist: the node becomes a unit of its own before the open group */
         gstate *h = malloc(sizeof *h);
         if (!h) goto fail;
         group_reset(h);
-        int ok = group_add(h, G, i) && push_group(P, &gl, &ngl, &capgl, h);
+        int ok = group_add(h, G, i, d->views) && push_group(P, &gl, &ngl, &capgl, h);
         free(h);
         if (!ok) goto fail;
         continue;
       }
       CLOSE_GROUP();
-      if (group_add(gs, G, i)) continue;
+      if (group_add(gs, G, i, d->views)) continue;
       goto fail; /* a single recorded program always fits */
     }
     CLOSE_GROUP();
@@ -1282,6 +1397,7 @@ plan *tpurt__plan_build(dgraph *G) {
   free(gl);
   free(pf);
   free(pro);
+  free_pviews(pviews, G->n);
   return P;
 fail:
   if (P) {
@@ -1293,6 +1409,7 @@ fail:
   free(pf);
   free(pro);
   free(deferred_frees);
+  free_pviews(pviews, G->n);
   return NULL;
 }
 
@@ -1304,5 +1421,6 @@ uint64_t tpurt__plan_mix_settings(uint64_t h) {
   h = mix(h, (uint64_t)prologues_enabled());
   h = mix(h, (uint64_t)red_epilogues_enabled());
   h = mix(h, (uint64_t)pairs_enabled());
+  h = mix(h, (uint64_t)permute_enabled());
   return h;
 }
