@@ -584,6 +584,25 @@ def test_ops_of_equal_size_fuse_over_a_common_shape(defer):
                                - (torch.arange(16.0).view(4, 4)[:, :3] + 1))
 
 
+def test_ops_hoisted_before_the_open_group_fuse_with_each_other(defer):
+    # ops of another size that neither read nor write what the open group
+    # touches run before it — as one group of their own, not one kernel each
+    # (a RoPE backward's arithmetic over the query while the key's gradient
+    # sums are open)
+    x = torch.randn(1000, device="tpu")
+    z = torch.randn(500, device="tpu")
+    torch_tpu.flush()
+    torch.tpu.reset_defer_stats()
+    a = x * 2
+    w = ((z + 1) * 3).neg()
+    b = a + 1
+    got = (b.cpu(), w.cpu())
+    stats = torch.tpu.defer_stats()
+    assert stats["kernels_launched"] == 2 and stats["fused_kernels"] == 2, stats
+    assert torch.equal(got[0], x.cpu() * 2 + 1)
+    assert torch.equal(got[1], ((z.cpu() + 1) * 3).neg())
+
+
 def test_mask_computed_between_two_ops_does_not_split_their_kernel(defer):
     # attention's pattern: scores * scale, a mask of another shape, then
     # masked_fill: the mask's op runs first, scale + fill become one kernel

@@ -1253,7 +1253,7 @@ static void free_pviews(tpurt_view **pv, int n) {
 
 plan *tpurt__plan_build(dgraph *G) {
   plan *P = calloc(1, sizeof *P);
-  gstate *gs = malloc(sizeof *gs);
+  gstate *gs = malloc(sizeof *gs), *hs = malloc(sizeof *hs);
   pfacts *pf = calloc((size_t)(G->np ? G->np : 1), sizeof *pf);
   gstate *gl = NULL; /* groups' states */
   int ngl = 0, capgl = 0;
@@ -1261,7 +1261,7 @@ plan *tpurt__plan_build(dgraph *G) {
   int *deferred_frees = NULL; /* freed on every path, fail included */
   tpurt_view **pviews = NULL;  /* per node: its views as its group runs them, when permuted (group_add_permuted) */
   const int permute = permute_enabled();
-  if (!P || !gs || !pf) goto fail;
+  if (!P || !gs || !hs || !pf) goto fail;
   P->nnodes = G->n;
   P->nprom = G->np;
   P->units = malloc(sizeof(unit) * (size_t)(G->n + 1));
@@ -1273,10 +1273,17 @@ plan *tpurt__plan_build(dgraph *G) {
     pf[l].live = q->live;
     pf[l].first = pf[l].last = -1;
   }
-  /* 1. grouping */
+  /* 1. grouping. hs: the nodes hoisted before the open group gs (each
+   * independent of gs), themselves grouped — a RoPE backward's arithmetic
+   * over the query's elements while the key's gradients are summed in gs */
   group_reset(gs);
+  group_reset(hs);
 #define CLOSE_GROUP()                                                        \
   do {                                                                       \
+    if (hs->nn > 0) {                                                        \
+      if (!push_group(P, &gl, &ngl, &capgl, hs)) goto fail;                  \
+      group_reset(hs);                                                       \
+    }                                                                        \
     if (gs->nn > 0) {                                                        \
       if (!push_group(P, &gl, &ngl, &capgl, gs)) goto fail;                  \
       group_reset(gs);                                                       \
@@ -1284,6 +1291,12 @@ plan *tpurt__plan_build(dgraph *G) {
     for (int _f = 0; _f < ndf; _f++) push_unit(P, U_FREE, deferred_frees[_f]); \
     ndf = 0;                                                                 \
   } while (0)
+  /* node i joins g as recorded or with its dims reordered */
+#define JOIN(g)                                                                                           \
+  (group_add((g), G, i, d->views) ||                                                                      \
+   (permute && (g)->nn > 0 && (P->perm || (P->perm = calloc((size_t)G->n, sizeof(nperm)))) &&             \
+    (pviews || (pviews = calloc((size_t)G->n, sizeof(tpurt_view *)))) &&                                 \
+    group_add_permuted((g), G, i, &P->perm[i], &pviews[i])))
   for (int i = 0; i < G->n; i++) {
     const dnode *d = &G->nodes[i];
     if (d->kind == N_FREE) {
@@ -1294,21 +1307,17 @@ plan *tpurt__plan_build(dgraph *G) {
       continue;
     }
     if (d->kind == N_EW) {
-      if (group_add(gs, G, i, d->views)) continue;
-      if (permute && gs->nn > 0) {
-        if (!P->perm && !(P->perm = calloc((size_t)G->n, sizeof(nperm)))) goto fail;
-        if (!pviews && !(pviews = calloc((size_t)G->n, sizeof(tpurt_view *)))) goto fail;
-        if (group_add_permuted(gs, G, i, &P->perm[i], &pviews[i])) continue;
-      }
+      if (JOIN(gs)) continue;
       if (gs->nn > 0 && !tpurt__may_fail(d) && independent_of(gs, G, i)) {
-        /* hoist: the node becomes a unit of its own before the open group */
-        gstate *h = malloc(sizeof *h);
-        if (!h) goto fail;
-        group_reset(h);
-        int ok = group_add(h, G, i, d->views) && push_group(P, &gl, &ngl, &capgl, h);
-        free(h);
-        if (!ok) goto fail;
-        continue;
+        /* hoist: the node runs before the open group, in the hoisted group
+         * or, where it cannot join that, in a new one after it */
+        if (hs->nn > 0 && JOIN(hs)) continue;
+        if (hs->nn > 0) {
+          if (!push_group(P, &gl, &ngl, &capgl, hs)) goto fail;
+          group_reset(hs);
+        }
+        if (group_add(hs, G, i, d->views)) continue;
+        goto fail;
       }
       CLOSE_GROUP();
       if (group_add(gs, G, i, d->views)) continue;
@@ -1319,6 +1328,7 @@ plan *tpurt__plan_build(dgraph *G) {
   }
   CLOSE_GROUP();
 #undef CLOSE_GROUP
+#undef JOIN
   free(deferred_frees);
   deferred_frees = NULL;
   if (plan_chains(P, G, pf, gl) != 0) goto fail;
@@ -1394,6 +1404,7 @@ plan *tpurt__plan_build(dgraph *G) {
       plan_pairs(P, G) != 0)
     goto fail;
   free(gs);
+  free(hs);
   free(gl);
   free(pf);
   free(pro);
@@ -1405,6 +1416,7 @@ fail:
     free(P);
   }
   free(gs);
+  free(hs);
   free(gl);
   free(pf);
   free(pro);
