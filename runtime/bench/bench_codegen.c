@@ -7,7 +7,7 @@
  * step's residual dropout: x += b in place, mask = uniform >= 0.1, out =
  * x * mask * scale + r (three outputs, one of them updated in place, and
  * the random draws: the fused group DeferAndFuse makes of add, dropout,
- * add). Samples of
+ * add), and RoPE's rotation with its stack (run_rope). Samples of
  * `iters` launches alternate between the two tiers (paired, on a noisy
  * host); the median of each is printed with the STREAM triad bandwidth of
  * the same arrays (the runtime's pool, 12 bytes an element as STREAM
@@ -191,6 +191,71 @@ static void run(tpurt_stream *s, int ops, int64_t n, int reps) {
   free(h);
 }
 
+/* RoPE's rotation with its stack fused (what DeferAndFuse makes of a
+ * rotary embedding, plan.c's permuted members): x1 = x[:, 0::2], x2 =
+ * x[:, 1::2] of a [R, 2C] buffer, cos and sin [C] broadcast over the rows,
+ * y[:, 0::2] = x1 cos - x2 sin, y[:, 1::2] = x1 sin + x2 cos: rows of C
+ * elements, every operand but cos and sin strided — the per-row cost of a
+ * generated kernel at small C. */
+static void run_rope(tpurt_stream *s, int64_t R, int64_t C, int reps) {
+  int64_t n = R * C;
+  size_t bytes = (size_t)(2 * n) * 4;
+  tpurt_devptr x, y, cs;
+  float *h = malloc(bytes);
+  for (int64_t i = 0; i < 2 * n; i++) h[i] = (float)((i % 1000) - 500) / 250.0f;
+  if (tpurt_malloc(0, bytes, s, &x) || tpurt_malloc(0, bytes, s, &y) || tpurt_malloc(0, (size_t)(2 * C) * 4, s, &cs) ||
+      tpurt_memcpy_h2d(s, x, h, bytes, 0) || tpurt_memcpy_h2d(s, cs, h, (size_t)(2 * C) * 4, 0)) {
+    fprintf(stderr, "setup failed: %s\n", tpurt_last_error());
+    exit(1);
+  }
+  tpurt_ew_program pr;
+  memset(&pr, 0, sizeof pr);
+  pr.compute = TPURT_F32;
+  int x1 = emit(&pr, TPURT_EW_LOAD, 0, 0, 0), c = emit(&pr, TPURT_EW_LOAD, 0, 0, 1);
+  int x2 = emit(&pr, TPURT_EW_LOAD, 0, 0, 2), sn = emit(&pr, TPURT_EW_LOAD, 0, 0, 3);
+  int a = emit(&pr, TPURT_EW_SUB, emit(&pr, TPURT_EW_MUL, x1, c, 0), emit(&pr, TPURT_EW_MUL, x2, sn, 0), 1.0);
+  int b = emit(&pr, TPURT_EW_ADD, emit(&pr, TPURT_EW_MUL, x1, sn, 0), emit(&pr, TPURT_EW_MUL, x2, c, 0), 1.0);
+  pr.nout = 2;
+  pr.out_reg[0] = (uint8_t)a;
+  pr.out_reg[1] = (uint8_t)b;
+  tpurt_view v = view(x, n);
+  v.ndim = 2;
+  v.sizes[0] = R;
+  v.sizes[1] = C;
+  v.strides[0] = 2 * C;
+  v.strides[1] = 2;
+  tpurt_view in[4] = {v, v, v, v}, o[2] = {v, v};
+  in[2].ptr = x + 4;
+  in[1].ptr = cs;
+  in[3].ptr = cs + 4 * (uint64_t)C;
+  in[1].strides[0] = in[3].strides[0] = 0;
+  in[1].strides[1] = in[3].strides[1] = 1;
+  o[0].ptr = y;
+  o[1].ptr = y + 4;
+  int iters = (int)(((int64_t)1 << 24) / n);
+  if (iters < 3) iters = 3;
+  double t_int[64], t_gen[64];
+  const char *modes[2] = {"0", "sync"};
+  for (int r = -1; r < reps; r++) {
+    for (int m = 0; m < 2; m++) {
+      tpurt__codegen_test_mode(modes[m]);
+      tpurt_stream_synchronize(s);
+      double t0 = now();
+      for (int k = 0; k < iters; k++) tpurt_elementwise(s, &pr, o, in, 4, NULL, 0);
+      tpurt_stream_synchronize(s);
+      if (r >= 0) (m ? t_gen : t_int)[r] = (now() - t0) / iters;
+    }
+  }
+  double mi = median(t_int, reps), mg = median(t_gen, reps);
+  printf("rope, rows of %4lld  %9lld elements: interpreter %8.1f us  generated %8.1f us  %.2fx  (%.2f ns an element "
+         "generated)\n",
+         (long long)C, (long long)n, mi * 1e6, mg * 1e6, mi / mg, mg * 1e9 / (double)n);
+  tpurt_free(x);
+  tpurt_free(y);
+  tpurt_free(cs);
+  free(h);
+}
+
 int main(int argc, char **argv) {
   int reps = argc > 1 ? atoi(argv[1]) : 9;
   if (reps < 1) reps = 1;
@@ -211,5 +276,7 @@ int main(int argc, char **argv) {
   run(s, 1, 16 << 20, reps);
   run(s, 3, 128 << 10, reps);
   run(s, 3, 16 << 20, reps);
+  run_rope(s, 4096, 16, reps);
+  run_rope(s, 1024, 64, reps);
   return 0;
 }

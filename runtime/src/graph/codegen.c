@@ -461,10 +461,20 @@ static char *gen_source(const cg_sig *s) {
             "    rem /= a->sizes[d];\n"
             "    for (int o = 0; o < %d; o++) off[o] += idx[d] * a->bstr[o][d];\n"
             "  }\n"
+            "  int64_t rs[%d];\n"
+            "  for (int o = 0; o < %d; o++) rs[o] = in > 0 ? a->bstr[o][in - 1] : 0;\n"
             "  while (lo < hi) {\n"
             "    int64_t n = a->sizes[in] - idx[in];\n"
-            "    if (n > hi - lo) n = hi - lo;\n",
-            nops, nops, nops);
+            "    if (n > hi - lo) n = hi - lo;\n"
+            "    int64_t rows = 1;\n"
+            "    if (in > 0 && n == a->sizes[in]) {\n"
+            "      rows = (hi - lo) / n;\n"
+            "      if (rows > a->sizes[in - 1] - idx[in - 1]) rows = a->sizes[in - 1] - idx[in - 1];\n"
+            "    }\n"
+            "    for (int64_t r = 0; r < rows; r++) {\n"
+            "    const int64_t lr = lo + r * n;\n"
+            "    (void)lr;\n",
+            nops, nops, nops, nops, nops);
   /* pointers of this run */
   for (int o = 0; o < nops; o++) {
     int out = o < s->nout;
@@ -479,8 +489,8 @@ static char *gen_source(const cg_sig *s) {
      * dropout + add updated in place (5 pointers and the uniforms' buffer)
      * stayed scalar, 2.4x the interpreter's time, until told. */
     const char *ty = k_dt[s->dt[o]].ctype;
-    sb_printf(&b, "    %s%s *restrict q%d = (%s%s *)(a->base[%d] + off[%d]);\n", out ? "" : "const ", ty, o,
-              out ? "" : "const ", ty, o, o);
+    sb_printf(&b, "    %s%s *restrict q%d = (%s%s *)(a->base[%d] + off[%d] + r * rs[%d]);\n", out ? "" : "const ", ty, o,
+              out ? "" : "const ", ty, o, o, o);
     if (s->cls[o] == CLS_STRIDED)
       sb_printf(&b, "    const int64_t s%d = a->bstr[%d][in] / (int64_t)sizeof(%s);\n", o, o, ty);
     if (!out && s->cls[o] == CLS_BCAST)
@@ -493,7 +503,7 @@ static char *gen_source(const cg_sig *s) {
               CG_UCHUNK, CG_UCHUNK, CG_UCHUNK);
     for (int k = 0; k < s->ninst; k++)
       if (s->inst[k].op == TPURT_EW_UNIFORM)
-        sb_printf(&b, "      float u%d[%d];\n      a->uniform(ins[%d].p, lo + j0, m, u%d);\n", k, CG_UCHUNK, k, k);
+        sb_printf(&b, "      float u%d[%d];\n      a->uniform(ins[%d].p, lr + j0, m, u%d);\n", k, CG_UCHUNK, k, k);
     sb_puts(&b, "#pragma GCC ivdep\n      for (int64_t j = j0; j < j0 + m; j++) {\n");
   } else {
     sb_puts(&b, "#pragma GCC ivdep\n    for (int64_t j = 0; j < n; j++) {\n");
@@ -542,6 +552,23 @@ static char *gen_source(const cg_sig *s) {
   }
   sb_puts(&b, uniform ? "      }\n    }\n" : "    }\n");
   sb_printf(&b,
+            "    }\n"
+            "    if (rows > 1) { /* whole rows: dim in - 1 moves */\n"
+            "      lo += rows * n;\n"
+            "      for (int o = 0; o < %d; o++) off[o] += rows * rs[o];\n"
+            "      idx[in - 1] += rows;\n"
+            "      if (idx[in - 1] < a->sizes[in - 1]) continue;\n"
+            "      for (int o = 0; o < %d; o++) off[o] -= idx[in - 1] * rs[o];\n"
+            "      idx[in - 1] = 0;\n"
+            "      for (int d = in - 2; d >= 0; d--) {\n"
+            "        idx[d]++;\n"
+            "        for (int o = 0; o < %d; o++) off[o] += a->bstr[o][d];\n"
+            "        if (idx[d] < a->sizes[d]) break;\n"
+            "        for (int o = 0; o < %d; o++) off[o] -= idx[d] * a->bstr[o][d];\n"
+            "        idx[d] = 0;\n"
+            "      }\n"
+            "      continue;\n"
+            "    }\n"
             "    lo += n;\n"
             "    for (int o = 0; o < %d; o++) off[o] += n * a->bstr[o][in];\n"
             "    idx[in] += n;\n"
@@ -558,7 +585,7 @@ static char *gen_source(const cg_sig *s) {
             "  }\n"
             "  return bad;\n"
             "}\n",
-            nops, nops, nops, nops);
+            nops, nops, nops, nops, nops, nops, nops, nops);
   if (g_inject) sb_puts(&b, g_inject);
   if (b.oom) {
     free(b.p);
