@@ -553,29 +553,15 @@ static char *gen_source(const cg_sig *s) {
   sb_puts(&b, uniform ? "      }\n    }\n" : "    }\n");
   sb_printf(&b,
             "    }\n"
-            "    if (rows > 1) { /* whole rows: dim in - 1 moves */\n"
-            "      lo += rows * n;\n"
-            "      for (int o = 0; o < %d; o++) off[o] += rows * rs[o];\n"
-            "      idx[in - 1] += rows;\n"
-            "      if (idx[in - 1] < a->sizes[in - 1]) continue;\n"
-            "      for (int o = 0; o < %d; o++) off[o] -= idx[in - 1] * rs[o];\n"
-            "      idx[in - 1] = 0;\n"
-            "      for (int d = in - 2; d >= 0; d--) {\n"
-            "        idx[d]++;\n"
-            "        for (int o = 0; o < %d; o++) off[o] += a->bstr[o][d];\n"
-            "        if (idx[d] < a->sizes[d]) break;\n"
-            "        for (int o = 0; o < %d; o++) off[o] -= idx[d] * a->bstr[o][d];\n"
-            "        idx[d] = 0;\n"
-            "      }\n"
-            "      continue;\n"
-            "    }\n"
-            "    lo += n;\n"
-            "    for (int o = 0; o < %d; o++) off[o] += n * a->bstr[o][in];\n"
-            "    idx[in] += n;\n"
-            "    if (idx[in] < a->sizes[in]) continue;\n"
-            "    for (int o = 0; o < %d; o++) off[o] -= idx[in] * a->bstr[o][in];\n"
-            "    idx[in] = 0;\n"
-            "    for (int d = in - 1; d >= 0; d--) {\n"
+            "    const int k = rows > 1 ? in - 1 : in; /* whole rows: dim in - 1 moves */\n"
+            "    const int64_t m = rows > 1 ? rows : n;\n"
+            "    lo += rows * n;\n"
+            "    for (int o = 0; o < %d; o++) off[o] += m * a->bstr[o][k];\n"
+            "    idx[k] += m;\n"
+            "    if (idx[k] < a->sizes[k]) continue;\n"
+            "    for (int o = 0; o < %d; o++) off[o] -= idx[k] * a->bstr[o][k];\n"
+            "    idx[k] = 0;\n"
+            "    for (int d = k - 1; d >= 0; d--) {\n"
             "      idx[d]++;\n"
             "      for (int o = 0; o < %d; o++) off[o] += a->bstr[o][d];\n"
             "      if (idx[d] < a->sizes[d]) break;\n"
@@ -585,7 +571,7 @@ static char *gen_source(const cg_sig *s) {
             "  }\n"
             "  return bad;\n"
             "}\n",
-            nops, nops, nops, nops, nops, nops, nops, nops);
+            nops, nops, nops, nops);
   if (g_inject) sb_puts(&b, g_inject);
   if (b.oom) {
     free(b.p);
