@@ -547,21 +547,36 @@ def test_random_draws_keep_their_order_when_read_transposed(defer):
     assert torch.equal(got, ref)
 
 
+def test_permuted_members_only_join_groups_that_run_generated_code(defer):
+    # one compute op and a transpose's copy: the interpreter would walk the
+    # group's short rows slower than the add and the copy kernel apart
+    h = torch.randn(4, 16, 3, 8, device="tpu")
+    g = torch.randn(4, 16, 3, 8, device="tpu")
+    torch_tpu.flush()
+    torch.tpu.reset_defer_stats()
+    got = (h + g).transpose(1, 2).contiguous().cpu()
+    assert torch.tpu.defer_stats()["kernels_launched"] == 2
+    assert torch.equal(got, (h.cpu() + g.cpu()).transpose(1, 2).contiguous())
+
+
 def test_permuted_members_are_off_with_the_setting(monkeypatch):
-    # TORCH_TPU_DEFER_PERMUTE=0: the copies run apart (the plan key changes with it)
+    # TORCH_TPU_DEFER_PERMUTE=0, or no generated kernels (TORCH_TPU_CODEGEN=0):
+    # the copy runs apart (the plan key changes with both)
     code = """
 import torch, torch_tpu
 h = torch.randn(4, 16, 3, 8, device="tpu")
 torch_tpu.flush()
 with torch_tpu.execution_mode("defer"):
     torch.tpu.reset_defer_stats()
-    (h * 2).transpose(1, 2).contiguous().cpu()
+    (h * 2 + 1).transpose(1, 2).contiguous().cpu()
     print("kernels", torch.tpu.defer_stats()["kernels_launched"])
 """
     on = run_python(code)
     off = run_python(code, env={"TORCH_TPU_DEFER_PERMUTE": "0"})
+    interpreted = run_python(code, env={"TORCH_TPU_CODEGEN": "0"})
     assert "kernels 1" in on.stdout, on.stdout + on.stderr
     assert "kernels 2" in off.stdout, off.stdout + off.stderr
+    assert "kernels 2" in interpreted.stdout, interpreted.stdout + interpreted.stderr
 
 
 def test_ops_of_equal_size_fuse_over_a_common_shape(defer):

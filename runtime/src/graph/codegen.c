@@ -334,10 +334,6 @@ static unsigned bake_of(const tpurt_ew_inst *I, double out[4]) {
   }
 }
 
-static int is_source_op(int op) {
-  return op == TPURT_EW_LOAD || op == TPURT_EW_CONST || op == TPURT_EW_SCALAR || op == TPURT_EW_UNIFORM;
-}
-
 /* ------------------------------------------------------------ C names */
 
 static const struct {
@@ -654,6 +650,8 @@ static int mode(void) {
   }
   return m;
 }
+
+int tpurt__codegen_min_ops(void) { return mode() == MODE_OFF ? 0 : __atomic_load_n(&g_min_ops, __ATOMIC_RELAXED); }
 
 /* The program `name` names: itself when it has a slash, else the first
  * executable of that name on the snapshot's PATH (else name itself: the
@@ -1077,7 +1075,7 @@ static void start_thread_locked(void) {
 tpurt__cg_fn tpurt__codegen_find(const tpurt__cg_launch *l) {
   int m = mode();
   int ncompute = 0;
-  for (int k = 0; k < l->ninst; k++) ncompute += !is_source_op(l->inst[k].op);
+  for (int k = 0; k < l->ninst; k++) ncompute += !tpurt__cg_is_source(l->inst[k].op);
   if (ncompute < __atomic_load_n(&g_min_ops, __ATOMIC_RELAXED)) return NULL;
   if (m == MODE_OFF) {
     atomic_fetch_add_explicit(&g_n_interp, 1, memory_order_relaxed);

@@ -59,6 +59,13 @@ typedef struct tpurt__cg_launch {
  * interpreted. Launches with fewer compute instructions than the gate are
  * not counted. Thread-safe, never blocks on a compile in async mode. */
 TPURT_INTERNAL tpurt__cg_fn tpurt__codegen_find(const tpurt__cg_launch *l);
+/* An instruction that computes nothing (the gate below does not count it). */
+static inline int tpurt__cg_is_source(int op) {
+  return op == TPURT_EW_LOAD || op == TPURT_EW_CONST || op == TPURT_EW_SCALAR || op == TPURT_EW_UNIFORM;
+}
+/* The compute instructions a launch needs to run generated code
+ * (TORCH_TPU_CODEGEN_MIN_OPS), 0 when generation is off (TORCH_TPU_CODEGEN=0). */
+TPURT_INTERNAL int tpurt__codegen_min_ops(void);
 
 typedef struct tpurt__cg_stats {
   uint64_t kernels, failures, not_generated, launches_compiled, launches_interpreted;

@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "codegen.h"
 #include "graph.h"
 
 /* ----------------------------------------------------------------- names */
@@ -453,7 +454,12 @@ static int independent_of(const gstate *g, const dgraph *G, int ni) {
  * reads the value from the group's register and writes its own outputs
  * through their strides in that order. Not for a node that draws random
  * numbers (its draws follow its row-major order) or one whose views
- * differ in shape. On by default; TORCH_TPU_DEFER_PERMUTE=0 turns it off. */
+ * differ in shape, and only into a group that runs generated code
+ * (graph/codegen.c's gate): the interpreter walks the short rows such a
+ * group has slowly, where the copy kernel transposes in tiles — an add
+ * with its transpose's copy ran 1.6x the two kernels' time interpreted,
+ * as fast as them generated. On by default; TORCH_TPU_DEFER_PERMUTE=0
+ * turns it off. */
 static int permute_enabled(void) {
   const char *e = getenv("TORCH_TPU_DEFER_PERMUTE");
   return !(e && *e == '0');
@@ -513,6 +519,10 @@ static int group_add_permuted(gstate *g, const dgraph *G, int ni, nperm *pm, tpu
   int moved = 0;
   for (int k = 0; k < p.nd; k++) moved |= k > 0 && p.d[k] < p.d[k - 1];
   if (!moved) return 0; /* the recorded order, which did not fit */
+  int gate = tpurt__codegen_min_ops(), ncompute = 0;
+  for (int i = 0; i < d->ninst; i++) ncompute += !tpurt__cg_is_source(d->inst[i].op);
+  for (int i = 0; i < g->nvi; i++) ncompute += !tpurt__cg_is_source(g->vi[i].op);
+  if (gate <= 0 || ncompute < gate) return 0;
   tpurt_view *views = malloc(sizeof(tpurt_view) * (size_t)nv);
   if (!views) return 0;
   for (int k = 0; k < nv; k++) perm_view(&p, &d->views[k], &views[k]);
@@ -1434,5 +1444,6 @@ uint64_t tpurt__plan_mix_settings(uint64_t h) {
   h = mix(h, (uint64_t)red_epilogues_enabled());
   h = mix(h, (uint64_t)pairs_enabled());
   h = mix(h, (uint64_t)permute_enabled());
+  h = mix(h, (uint64_t)tpurt__codegen_min_ops());
   return h;
 }
