@@ -221,14 +221,15 @@ typedef struct tpurt__fence {
  * in one window of residues mod g (from its first byte, as wide as its
  * element), and windows that miss each other (the two interleaved halves
  * of a stack, real and imaginary parts) mean no byte in common.
- * tpurt__stride_gcd folds an operand's strides (bytes; dims of size 1
- * left out) into g (start with 0); tpurt__residues_apart is 1 when the
+ * tpurt__stride_gcd folds an operand's strides (in units of `unit`
+ * bytes: 1 for byte strides, the element size for element strides; dims
+ * of size 1 left out) into g (start with 0); tpurt__residues_apart is 1 when the
  * windows of operands starting at a and b miss each other (g 0: single
  * elements, never apart). */
-static inline uint64_t tpurt__stride_gcd(uint64_t g, int nd, const int64_t *sizes, const int64_t *bstr) {
+static inline uint64_t tpurt__stride_gcd(uint64_t g, int nd, const int64_t *sizes, const int64_t *str, uint64_t unit) {
   for (int k = 0; k < nd; k++) {
     if (sizes[k] <= 1) continue;
-    uint64_t a = (uint64_t)(bstr[k] < 0 ? -bstr[k] : bstr[k]);
+    uint64_t a = (uint64_t)(str[k] < 0 ? -str[k] : str[k]) * unit;
     while (a) {
       uint64_t t = g % a;
       g = a;

@@ -248,7 +248,7 @@ def _execute_compiled(program: dict[str, Any], ctx: Ctx, skip: set[int], backend
         text = str(exc).split("\n")[0][:300]
         inner = getattr(exc, "inner_exception", None)  # Dynamo's BackendCompilerFailed: what the backend raised
         if inner is not None:
-            text += f" {type(inner).__name__}: {str(inner).splitlines()[0][:300] if str(inner) else ''}"
+            text += f" {type(inner).__name__}: {(str(inner).splitlines() or [''])[0][:300]}"
         errors.append((i, type(exc).__name__, text))
         for m in mutated:
             g = grp.get(m, m)

@@ -991,7 +991,7 @@ static int same_memory(const tpurt__cg_launch *l, int a, int b) {
 
 /* Operands a and b share no byte by their strides (interleaved halves). */
 static int apart(const tpurt__cg_launch *l, int a, int b) {
-  uint64_t g = tpurt__stride_gcd(tpurt__stride_gcd(0, l->ndim, l->sizes, l->bstr[a]), l->ndim, l->sizes, l->bstr[b]);
+  uint64_t g = tpurt__stride_gcd(tpurt__stride_gcd(0, l->ndim, l->sizes, l->bstr[a], 1), l->ndim, l->sizes, l->bstr[b], 1);
   return tpurt__residues_apart((uintptr_t)l->base[a], tpurt_dtype_size((tpurt_dtype)l->dt[a]), (uintptr_t)l->base[b],
                                tpurt_dtype_size((tpurt_dtype)l->dt[b]), g);
 }

@@ -148,9 +148,9 @@ typedef struct pstep {
 
 /* A member node whose dims a group runs in another order (plan.c,
  * group_add_permuted): its views' dims d[0..nd) of the recorded ones
- * (the others have size 1). */
+ * (the others have size 1); nd 0: the node runs as recorded. */
 typedef struct nperm {
-  uint8_t on, nd;
+  uint8_t nd;
   uint8_t d[TPURT_MAX_DIMS];
 } nperm;
 
@@ -174,7 +174,7 @@ typedef struct plan {
   int *red_epi;       /* per node: a reduction's epilogue group's unit + 1 (0: none) */
   const char **red_name; /* per node: the name of a reduction's kernel with its epilogue */
   int *pair; /* per unit: a product run with a later one (its unit + 1), the later one (-1), or 0 */
-  nperm *perm; /* per node: its dims in its group's order, or NULL when every member runs as recorded */
+  nperm *perm; /* per node: its dims in its group's order; NULL with TORCH_TPU_DEFER_PERMUTE=0 */
   int kernels, fused_kernels, ops_fused, ops_eliminated, stores_eliminated;
   struct plan *next;
 } plan;

@@ -211,12 +211,8 @@ static int ranges_overlap(const tpurt_view *a, const tpurt_view *b) {
  * interleaved stack are apart). */
 static int views_may_share(const tpurt_view *a, const tpurt_view *b) {
   if (!ranges_overlap(a, b)) return 0;
-  uint64_t ea = tpurt_dtype_size(a->dtype), eb = tpurt_dtype_size(b->dtype), g = 0;
-  int64_t s[TPURT_MAX_DIMS];
-  for (int k = 0; k < a->ndim; k++) s[k] = a->strides[k] * (int64_t)ea;
-  g = tpurt__stride_gcd(g, a->ndim, a->sizes, s);
-  for (int k = 0; k < b->ndim; k++) s[k] = b->strides[k] * (int64_t)eb;
-  g = tpurt__stride_gcd(g, b->ndim, b->sizes, s);
+  uint64_t ea = tpurt_dtype_size(a->dtype), eb = tpurt_dtype_size(b->dtype);
+  uint64_t g = tpurt__stride_gcd(tpurt__stride_gcd(0, a->ndim, a->sizes, a->strides, ea), b->ndim, b->sizes, b->strides, eb);
   return !tpurt__residues_apart(a->ptr, ea, b->ptr, eb, g);
 }
 
@@ -477,7 +473,7 @@ static void perm_view(const nperm *p, const tpurt_view *v, tpurt_view *out) {
 
 const tpurt_view *tpurt__member_view(const plan *P, const dgraph *G, vref r, tpurt_view *buf) {
   const tpurt_view *v = &G->nodes[r.node].views[r.idx];
-  if (!P->perm || !P->perm[r.node].on) return v;
+  if (!P->perm || !P->perm[r.node].nd) return v;
   perm_view(&P->perm[r.node], v, buf);
   return buf;
 }
@@ -489,8 +485,13 @@ static int group_add_permuted(gstate *g, const dgraph *G, int ni, nperm *pm, tpu
   const dnode *d = &G->nodes[ni];
   int nv = d->nout + d->nin;
   if (g->nn == 0 || d->compute != g->compute || nv < 2) return 0;
-  for (int i = 0; i < d->ninst; i++)
+  int gate = tpurt__codegen_min_ops(), ncompute = 0;
+  for (int i = 0; i < d->ninst; i++) {
     if (d->inst[i].op == TPURT_EW_UNIFORM) return 0;
+    ncompute += !tpurt__cg_is_source(d->inst[i].op);
+  }
+  for (int i = 0; i < g->nvi; i++) ncompute += !tpurt__cg_is_source(g->vi[i].op);
+  if (gate <= 0 || ncompute < gate) return 0;
   const tpurt_view *v0 = &d->views[0];
   for (int k = 1; k < nv; k++) {
     if (d->views[k].ndim != v0->ndim) return 0;
@@ -504,7 +505,7 @@ static int group_add_permuted(gstate *g, const dgraph *G, int ni, nperm *pm, tpu
       if (g->w[k].v->ptr == d->views[d->nout + j].ptr && ranges_overlap(g->w[k].v, &d->views[d->nout + j]))
         r = &d->views[d->nout + j];
   if (!r) return 0;
-  nperm p = {1, 0, {0}};
+  nperm p = {0, {0}};
   for (int q = 0; q < r->ndim; q++) {
     if (r->sizes[q] == 1) continue;
     if (r->strides[q] <= 0) return 0; /* a broadcast or reversed read: no one order */
@@ -519,10 +520,6 @@ static int group_add_permuted(gstate *g, const dgraph *G, int ni, nperm *pm, tpu
   int moved = 0;
   for (int k = 0; k < p.nd; k++) moved |= k > 0 && p.d[k] < p.d[k - 1];
   if (!moved) return 0; /* the recorded order, which did not fit */
-  int gate = tpurt__codegen_min_ops(), ncompute = 0;
-  for (int i = 0; i < d->ninst; i++) ncompute += !tpurt__cg_is_source(d->inst[i].op);
-  for (int i = 0; i < g->nvi; i++) ncompute += !tpurt__cg_is_source(g->vi[i].op);
-  if (gate <= 0 || ncompute < gate) return 0;
   tpurt_view *views = malloc(sizeof(tpurt_view) * (size_t)nv);
   if (!views) return 0;
   for (int k = 0; k < nv; k++) perm_view(&p, &d->views[k], &views[k]);
@@ -1270,8 +1267,10 @@ plan *tpurt__plan_build(dgraph *G) {
   int (*pro)[2] = NULL; /* per group: its reduction's node + 1, its write of the input (plan_prologues) */
   int *deferred_frees = NULL; /* freed on every path, fail included */
   tpurt_view **pviews = NULL;  /* per node: its views as its group runs them, when permuted (group_add_permuted) */
-  const int permute = permute_enabled();
   if (!P || !gs || !hs || !pf) goto fail;
+  if (permute_enabled() && (!(P->perm = calloc((size_t)G->n + 1, sizeof(nperm))) ||
+                            !(pviews = calloc((size_t)G->n + 1, sizeof(tpurt_view *)))))
+    goto fail;
   P->nnodes = G->n;
   P->nprom = G->np;
   P->units = malloc(sizeof(unit) * (size_t)(G->n + 1));
@@ -1302,11 +1301,7 @@ plan *tpurt__plan_build(dgraph *G) {
     ndf = 0;                                                                 \
   } while (0)
   /* node i joins g as recorded or with its dims reordered */
-#define JOIN(g)                                                                                           \
-  (group_add((g), G, i, d->views) ||                                                                      \
-   (permute && (g)->nn > 0 && (P->perm || (P->perm = calloc((size_t)G->n, sizeof(nperm)))) &&             \
-    (pviews || (pviews = calloc((size_t)G->n, sizeof(tpurt_view *)))) &&                                 \
-    group_add_permuted((g), G, i, &P->perm[i], &pviews[i])))
+#define JOIN(g) (group_add((g), G, i, d->views) || (P->perm && group_add_permuted((g), G, i, &P->perm[i], &pviews[i])))
   for (int i = 0; i < G->n; i++) {
     const dnode *d = &G->nodes[i];
     if (d->kind == N_FREE) {
