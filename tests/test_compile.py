@@ -189,8 +189,9 @@ def test_compiled_optimizer_step_keeps_state_on_device_runs_in_place_and_replays
     """torch.compile(opt.step) over tpu parameters: the state is created on the
     device (capturable, as Dynamo does for CUDA parameters), the updates of
     parameters and state run in place (no copy back per tensor), the foreach
-    lerp's weight fills are folded away (f32), the graph replays, and every
-    value equals the eager step of a capturable optimizer bit for bit (f32)."""
+    lerp's weight fills are folded away (f32), the moments' and the
+    parameters' updates run as one pass, the graph replays, and every value
+    equals the eager step of a capturable optimizer bit for bit (f32)."""
     from torch_tpu import profiler
 
     torch._dynamo.reset()
@@ -229,6 +230,10 @@ def test_compiled_optimizer_step_keeps_state_on_device_runs_in_place_and_replays
     # no op per tensor (the lerp's weight fills folded in bf16 too: see the fold's test)
     per_tensor = {"copy_d2d", "copy", "mul", "add", "div", "fill"}
     assert not names & per_tensor, names
+    # one pass over the parameters and their state: the bias corrections over the step tensors, recorded between
+    # the moments' update and the parameters' update, run before both (plan.c, hoist_foreign_runs)
+    passes = [n for n in names if "foreach_addcdiv" in n]
+    assert len(passes) == 1 and "foreach_addcmul" in passes[0], names
 
 
 def test_rope_stack_runs_inside_the_group_that_computes_it():

@@ -806,6 +806,10 @@ def _optimizer_run(mode: str, opt_name: str, dtype, steps: int = 3):
         "sgd_nesterov": lambda: torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01,
                                                 foreach=True),
         "rmsprop": lambda: torch.optim.RMSprop(params, lr=1e-2, momentum=0.5, foreach=True),
+        "adamw_capturable": lambda: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1, foreach=True,
+                                                      capturable=True),
+        "adam_amsgrad_capturable": lambda: torch.optim.Adam(params, lr=1e-2, amsgrad=True, weight_decay=0.01,
+                                                            foreach=True, capturable=True),
     }
     opt = opts[opt_name]()
     stats = None
@@ -822,7 +826,8 @@ def _optimizer_run(mode: str, opt_name: str, dtype, steps: int = 3):
     return [p.detach().cpu() for p in params], state, stats
 
 
-@pytest.mark.parametrize("opt_name", ["adamw", "adam_amsgrad", "sgd_nesterov", "rmsprop"])
+@pytest.mark.parametrize("opt_name", ["adamw", "adam_amsgrad", "sgd_nesterov", "rmsprop", "adamw_capturable",
+                                      "adam_amsgrad_capturable"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_foreach_optimizer_chain_runs_as_one_kernel_with_the_same_bits(opt_name, dtype):
     # DeferAndFuse runs consecutive foreach launches over the same tensors
@@ -838,6 +843,11 @@ def test_foreach_optimizer_chain_runs_as_one_kernel_with_the_same_bits(opt_name,
         # sqrt(v)'s list never takes memory
         assert stats["kernels_launched"] == 1, stats
         assert stats["bytes_never_materialized"] >= sum(p.numel() for p in ref_p) * ref_p[0].element_size()
+    if opt_name.endswith("_capturable"):
+        # the step count and bias corrections over the one-element step tensors, recorded between the moments'
+        # update and the parameters' update, run first (plan.c, hoist_foreign_runs): two kernels, one pass over
+        # the parameters and their state
+        assert stats["kernels_launched"] == 2, stats
 
 
 @pytest.mark.parametrize("scaled", [False, True], ids=["clip_adamw", "grad_scaler_clip_sgd"])

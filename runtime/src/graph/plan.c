@@ -627,12 +627,119 @@ static int is_fe_unit(const plan *P, const dgraph *G, int u) {
   return U->kind == U_NODE && tpurt__fe_chainable(G->nodes[U->idx].fn);
 }
 
+/* Can foreach units u and v run in one pass (the same tuples)? */
+static int fe_compatible(const plan *P, const dgraph *G, int u, int v) {
+  const void *args[2] = {G->nodes[P->units[u].idx].args, G->nodes[P->units[v].idx].args};
+  tpurt__fe_chain *c = tpurt__fe_chain_new(args, 2);
+  free(c);
+  return c != NULL;
+}
+
+/* Byte ranges of some units, sorted and merged (w: some unit writes in it). */
+typedef struct bspan {
+  uint64_t lo, hi;
+  int w;
+} bspan;
+
+static int bspan_cmp(const void *a, const void *b) {
+  uint64_t x = ((const bspan *)a)->lo, y = ((const bspan *)b)->lo;
+  return x < y ? -1 : x > y;
+}
+
+/* Does any node unit in [a0, a1) touch a byte that a node unit in [b0, b1)
+ * touches, one of them writing it? 1 also when out of host memory. */
+static int units_conflict(const plan *P, const dgraph *G, int a0, int a1, int b0, int b1) {
+  size_t n = 0;
+  for (int u = b0; u < b1; u++)
+    if (P->units[u].kind == U_NODE) n += (size_t)G->nodes[P->units[u].idx].nacc;
+  bspan *s = malloc(sizeof *s * (n ? n : 1));
+  if (!s) return 1;
+  n = 0;
+  for (int u = b0; u < b1; u++) {
+    if (P->units[u].kind != U_NODE) continue;
+    const dnode *d = &G->nodes[P->units[u].idx];
+    for (int k = 0; k < d->nacc; k++)
+      s[n++] = (bspan){d->acc[k].p + (uint64_t)d->acc[k].lo, d->acc[k].p + (uint64_t)d->acc[k].hi, !d->acc[k].ro};
+  }
+  qsort(s, n, sizeof *s, bspan_cmp);
+  size_t m = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (m && s[i].lo < s[m - 1].hi) {
+      if (s[i].hi > s[m - 1].hi) s[m - 1].hi = s[i].hi;
+      s[m - 1].w |= s[i].w;
+    } else {
+      s[m++] = s[i];
+    }
+  }
+  int hit = 0;
+  for (int u = a0; u < a1 && !hit; u++) {
+    if (P->units[u].kind != U_NODE) continue;
+    const dnode *d = &G->nodes[P->units[u].idx];
+    for (int k = 0; k < d->nacc && !hit; k++) {
+      uint64_t lo = d->acc[k].p + (uint64_t)d->acc[k].lo, hi = d->acc[k].p + (uint64_t)d->acc[k].hi;
+      size_t a = 0, b = m; /* first span ending after lo */
+      while (a < b) {
+        size_t c = (a + b) / 2;
+        if (s[c].hi <= lo) a = c + 1;
+        else b = c;
+      }
+      for (; a < m && s[a].lo < hi && !hit; a++) hit = !d->acc[k].ro || s[a].w;
+    }
+  }
+  free(s);
+  return hit;
+}
+
+/* A run of foreach launches over other tuples between two that could run
+ * as one pass moves before the first when neither touches what the other
+ * writes: a compiled AdamW step updates the moments over the parameters,
+ * then computes its bias corrections over one-element step tensors, then
+ * updates the parameters with them — the corrections move first, and the
+ * two parameter runs become one chain (one pass over the optimizer state
+ * instead of two). Free markers inside the moved run go after both. */
+static int hoist_foreign_runs(plan *P, const dgraph *G) {
+  unit *tmp = NULL;
+  for (int v = 0; v < P->nunits; v++) {
+    if (!is_fe_unit(P, G, v)) continue;
+    int p = v - 1;
+    while (p >= 0 && P->units[p].kind == U_FREE) p--;
+    if (p < 0 || !is_fe_unit(P, G, p) || fe_compatible(P, G, p, v)) continue;
+    /* X = [xs, v): launches v cannot join; Y = [ys, xs): launches it can */
+    int xs = p;
+    for (int q = p - 1; q >= 0; q--) {
+      if (P->units[q].kind == U_FREE) continue;
+      if (!is_fe_unit(P, G, q) || fe_compatible(P, G, q, v)) break;
+      xs = q;
+    }
+    int ys = xs;
+    for (int q = xs - 1; q >= 0; q--) {
+      if (P->units[q].kind == U_FREE) continue;
+      if (!is_fe_unit(P, G, q) || !fe_compatible(P, G, q, v)) break;
+      ys = q;
+    }
+    if (ys == xs) continue;
+    if (units_conflict(P, G, xs, v, ys, xs)) continue;
+    if (!tmp && !(tmp = malloc(sizeof *tmp * (size_t)P->nunits))) return -1;
+    /* X's launches, then Y (with its free markers), then X's free markers */
+    int n = 0;
+    for (int q = xs; q < v; q++)
+      if (P->units[q].kind != U_FREE) tmp[n++] = P->units[q];
+    for (int q = ys; q < xs; q++) tmp[n++] = P->units[q];
+    for (int q = xs; q < v; q++)
+      if (P->units[q].kind == U_FREE) tmp[n++] = P->units[q];
+    memcpy(&P->units[ys], tmp, sizeof *tmp * (size_t)n);
+  }
+  free(tmp);
+  return 0;
+}
+
 /* Runs of consecutive foreach launches (free markers between them move
  * after the run) become chains, as long as each next launch can join; then
  * the promises a chain writes before reading, that die in the graph and
  * that nothing else touches stay in registers: no store, no memory. */
 static int plan_chains(plan *P, const dgraph *G, const pfacts *pf, const gstate *gl) {
   if (!chains_enabled()) return 0;
+  if (hoist_foreign_runs(P, G) != 0) return -1;
   int np = G->np, nu = 0, cap = 0;
   for (int u = 0; u < P->nunits;) {
     if (!is_fe_unit(P, G, u)) {

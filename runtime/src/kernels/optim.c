@@ -25,7 +25,7 @@
 #define BLK 512
 #define CHUNK (64 * 1024)    /* elements per (tensor, chunk) pair */
 #define TASK_ELEMS (32 * 1024) /* minimum elements per pool task */
-#define MAXOPS 12 /* operands of a tuple: a foreach launch has at most 4, a chain CHAIN_MAX_SLOTS */
+#define MAXOPS 16 /* operands of a tuple: a foreach launch has at most 4, a chain CHAIN_MAX_SLOTS */
 #define CHAIN_MAX_MEMBERS TPURT__FE_CHAIN_MAX
 #define CHAIN_MAX_SLOTS MAXOPS
 
@@ -346,8 +346,10 @@ static void walk(const int64_t *rec, int nops, int t, int64_t b, int64_t e, bloc
     }
     int64_t cnt = sizes[in] - idx[in];
     if (cnt > left) cnt = left;
-    for (int64_t off = 0; off < cnt; off += BLK) {
-      int64_t m = cnt - off < BLK ? cnt - off : BLK;
+    /* blocks of a chain with many slots are halved: its buffers stay in L1 */
+    const int64_t blk = nops > 12 ? BLK / 2 : BLK;
+    for (int64_t off = 0; off < cnt; off += blk) {
+      int64_t m = cnt - off < blk ? cnt - off : blk;
       char *p[MAXOPS];
       for (int o = 0; o < nops; o++) p[o] = ptr[o] + off * inner[o];
       fn(ctx, t, p, inner, dts, m);
