@@ -8,7 +8,7 @@ set to the runner's value (A or B). Settings that the runtime reads when it
 plans a graph and keeps in the plan's key (TORCH_TPU_DEFER_EPILOGUE,
 TORCH_TPU_DEFER_PROLOGUE, TORCH_TPU_DEFER_REDUCE_EPILOGUE, TORCH_TPU_DEFER_REMAT,
 TORCH_TPU_DEFER_PAIRS,
-TORCH_TPU_DEFER_CHAINS, TORCH_TPU_DEFER_PERMUTE)
+TORCH_TPU_DEFER_CHAINS, TORCH_TPU_DEFER_PERMUTE, TORCH_TPU_DEFER_HOIST_PRODUCTS)
 or when it records an op (TORCH_TPU_DEFER_COPIES) then give each runner its
 own cached plans. A setting that acts from what the graphs before did
 (TORCH_TPU_DEFER_EARLY: a graph is predicted after two graphs ran the same

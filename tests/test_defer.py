@@ -618,6 +618,59 @@ def test_ops_hoisted_before_the_open_group_fuse_with_each_other(defer):
     assert torch.equal(got[1], ((z.cpu() + 1) * 3).neg())
 
 
+def _swiglu(x, wg, wu):
+    g = x @ wg
+    h = torch.nn.functional.silu(g)
+    u = x @ wu  # recorded while the SiLU's group is open; reads nothing it writes
+    return h * u
+
+
+@pytest.mark.parametrize("hoist", ["1", "0"])
+def test_products_independent_of_the_open_group_run_before_it(defer, monkeypatch, hoist):
+    # SwiGLU: gate projection, SiLU, up projection, silu(gate) * up — the up
+    # projection runs before the SiLU's group, so the SiLU and the product
+    # are one kernel (TORCH_TPU_DEFER_HOIST_PRODUCTS=0: a kernel each)
+    monkeypatch.setenv("TORCH_TPU_DEFER_HOIST_PRODUCTS", hoist)
+    torch.manual_seed(0)
+    x, wg, wu = torch.randn(64, 32), torch.randn(32, 48), torch.randn(32, 48)
+    ref = _swiglu(x, wg, wu)
+    xt, wgt, wut = x.to("tpu"), wg.to("tpu"), wu.to("tpu")
+    with torch_tpu.execution_mode("strict"):
+        strict = _swiglu(xt, wgt, wut).cpu()
+    from torch_tpu import profiler
+
+    torch_tpu.flush()
+    torch.tpu.synchronize()
+    with profiler.profile() as prof:
+        got = _swiglu(xt, wgt, wut).cpu()
+    names = {k.base_name for k in prof.kernels}
+    # (with TORCH_TPU_DEFER_EPILOGUE=1 the group runs in the up projection's kernel: gemm+fused(silu,mul))
+    assert any("fused(silu,mul)" in n for n in names) == (hoist == "1"), names
+    assert torch.equal(got, strict)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_products_that_touch_the_open_group_s_memory_stay_in_order(defer):
+    # a product writing what the open group reads, or reading what it
+    # writes, keeps its place (the group runs first)
+    torch.manual_seed(0)
+    a, b = torch.randn(16, 16, device="tpu"), torch.randn(16, 16, device="tpu")
+    x = torch.randn(16, 16, device="tpu")
+    ac, bc, xc = a.cpu(), b.cpu(), x.cpu()
+    torch_tpu.flush()
+    y = x.exp()
+    torch.mm(a, b, out=x)       # overwrites the group's input
+    y2 = y + 1
+    z = y2 * 2
+    w = torch.mm(z, b)          # reads the group's output
+    z2 = z - 1
+    got = [t.cpu() for t in (y2, x, w, z2)]
+    y2r = xc.exp() + 1
+    want = [y2r, ac @ bc, (y2r * 2) @ bc, y2r * 2 - 1]
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+
+
 def test_mask_computed_between_two_ops_does_not_split_their_kernel(defer):
     # attention's pattern: scores * scale, a mask of another shape, then
     # masked_fill: the mask's op runs first, scale + fill become one kernel

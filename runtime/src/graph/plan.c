@@ -440,6 +440,39 @@ static int independent_of(const gstate *g, const dgraph *G, int ni) {
   return 1;
 }
 
+/* Products before the open group. A product recorded while a group is
+ * open that reads nothing the group writes and touches nothing it reads
+ * runs before the group instead of closing it, so the elementwise ops
+ * after the product still join the group: Llama's SwiGLU records the gate
+ * projection, its SiLU, the up projection and the product silu(gate) * up
+ * — with the up projection first, the SiLU and the product are one
+ * kernel, and the two projections, now adjacent, can run as a pair. The
+ * group's members recorded later may read the product's output (the group
+ * runs after it). Products only (GEMMs, convolutions): their memory is
+ * all their effect. On by default; TORCH_TPU_DEFER_HOIST_PRODUCTS=0 turns
+ * it off. */
+static int hoist_products_enabled(void) {
+  const char *e = getenv("TORCH_TPU_DEFER_HOIST_PRODUCTS");
+  return !(e && *e == '0');
+}
+
+static int product_independent_of(const gstate *g, const dgraph *G, int ni) {
+  const dnode *d = &G->nodes[ni];
+  if (d->kind != N_OPAQUE || tpurt__product_macs(d->fn, d->args, d->args_size) <= 0) return 0;
+  for (int k = 0; k < d->nacc; k++) {
+    uint64_t lo = d->acc[k].p + (uint64_t)d->acc[k].lo, hi = d->acc[k].p + (uint64_t)d->acc[k].hi, a, b;
+    for (int j = 0; j < g->nw; j++) {
+      view_range(g->w[j].v, &a, &b);
+      if (a < hi && lo < b) return 0;
+    }
+    for (int j = 0; j < g->nin && !d->acc[k].ro; j++) {
+      view_range(g->in[j].v, &a, &b);
+      if (a < hi && lo < b) return 0;
+    }
+  }
+  return 1;
+}
+
 /* Permuted members. A node that reads a value the open group writes, in
  * another order of the same elements — the copy of a transposed view, a
  * stack of RoPE's halves, the gradient of a transpose — cannot join the
@@ -1394,6 +1427,7 @@ plan *tpurt__plan_build(dgraph *G) {
    * over the query's elements while the key's gradients are summed in gs */
   group_reset(gs);
   group_reset(hs);
+  const int hoist_products = hoist_products_enabled();
 #define CLOSE_GROUP()                                                        \
   do {                                                                       \
     if (hs->nn > 0) {                                                        \
@@ -1434,6 +1468,16 @@ plan *tpurt__plan_build(dgraph *G) {
       CLOSE_GROUP();
       if (group_add(gs, G, i, d->views)) continue;
       goto fail; /* a single recorded program always fits */
+    }
+    if (gs->nn > 0 && hoist_products && product_independent_of(gs, G, i)) {
+      /* after the hoisted group (its nodes were recorded before this one),
+       * before the open group */
+      if (hs->nn > 0) {
+        if (!push_group(P, &gl, &ngl, &capgl, hs)) goto fail;
+        group_reset(hs);
+      }
+      push_unit(P, U_NODE, i);
+      continue;
     }
     CLOSE_GROUP();
     push_unit(P, U_NODE, i);
@@ -1541,6 +1585,7 @@ fail:
 uint64_t tpurt__plan_mix_settings(uint64_t h) {
   h = mix(h, (uint64_t)tpurt__remat_enabled());
   h = mix(h, (uint64_t)chains_enabled());
+  h = mix(h, (uint64_t)hoist_products_enabled());
   h = mix(h, (uint64_t)epilogues_enabled());
   h = mix(h, (uint64_t)prologues_enabled());
   h = mix(h, (uint64_t)red_epilogues_enabled());
