@@ -650,6 +650,32 @@ def test_products_independent_of_the_open_group_run_before_it(defer, monkeypatch
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_products_that_read_the_open_group_wait_for_it_to_close(defer):
+    # a product reading the open group's output runs after the group, and
+    # ops recorded after it that touch nothing it writes and write nothing
+    # it reads still join the group; one that reads its result, or writes
+    # an operand it has yet to read, closes the group first
+    from torch_tpu import profiler
+
+    torch.manual_seed(0)
+    x, w = torch.randn(32, 16, device="tpu"), torch.randn(16, 8, device="tpu")
+    xc, wc = x.cpu(), w.cpu()
+    torch_tpu.flush()
+    torch.tpu.synchronize()
+    with profiler.profile() as prof:
+        y = x * 2
+        p = y @ w          # waits for the group
+        z = y.exp()        # joins it
+        q = p + 1          # reads the product: after it
+        w.add_(1)          # writes an operand of the product: after it
+        got = [t.cpu() for t in (y, z, q, w)]
+    names = [k.base_name for k in prof.kernels]
+    assert "fused(mul,exp)" in names, names
+    want = [xc * 2, (xc * 2).exp(), (xc * 2) @ wc + 1, wc + 1]
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+
+
 def test_products_that_touch_the_open_group_s_memory_stay_in_order(defer):
     # a product writing what the open group reads, or reading what it
     # writes, keeps its place (the group runs first)

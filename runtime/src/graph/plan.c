@@ -448,17 +448,44 @@ static int independent_of(const gstate *g, const dgraph *G, int ni) {
  * — with the up projection first, the SiLU and the product are one
  * kernel, and the two projections, now adjacent, can run as a pair. The
  * group's members recorded later may read the product's output (the group
- * runs after it). Products only (GEMMs, convolutions): their memory is
- * all their effect. On by default; TORCH_TPU_DEFER_HOIST_PRODUCTS=0 turns
- * it off. */
+ * runs after it). A product that reads what the group writes waits
+ * instead until the group closes (it was recorded after every member so
+ * far), and elementwise ops recorded after it that touch nothing it writes
+ * and write nothing it reads still join the group: SwiGLU's backward
+ * computes the gradients of the up projection's output and of the SiLU's
+ * output in one group, then records the up projection's backward products,
+ * then the SiLU's backward — which now joins that group. Products only
+ * (GEMMs, convolutions): their memory is all their effect. On by default;
+ * TORCH_TPU_DEFER_HOIST_PRODUCTS=0 turns both off. */
 static int hoist_products_enabled(void) {
   const char *e = getenv("TORCH_TPU_DEFER_HOIST_PRODUCTS");
   return !(e && *e == '0');
 }
 
+static int is_product(const dgraph *G, int ni) {
+  const dnode *d = &G->nodes[ni];
+  return d->kind == N_OPAQUE && tpurt__product_macs(d->fn, d->args, d->args_size) > 0;
+}
+
+/* Does elementwise node ni touch memory that opaque node q writes, or write
+ * memory that q reads? */
+static int ew_conflicts_node(const dgraph *G, int ni, int q) {
+  const dnode *d = &G->nodes[ni], *o = &G->nodes[q];
+  for (int v = 0; v < d->nout + d->nin; v++) {
+    uint64_t a, b;
+    view_range(&d->views[v], &a, &b);
+    for (int k = 0; k < o->nacc; k++) {
+      if (o->acc[k].ro && v >= d->nout) continue;
+      uint64_t lo = o->acc[k].p + (uint64_t)o->acc[k].lo, hi = o->acc[k].p + (uint64_t)o->acc[k].hi;
+      if (a < hi && lo < b) return 1;
+    }
+  }
+  return 0;
+}
+
 static int product_independent_of(const gstate *g, const dgraph *G, int ni) {
   const dnode *d = &G->nodes[ni];
-  if (d->kind != N_OPAQUE || tpurt__product_macs(d->fn, d->args, d->args_size) <= 0) return 0;
+  if (!is_product(G, ni)) return 0;
   for (int k = 0; k < d->nacc; k++) {
     uint64_t lo = d->acc[k].p + (uint64_t)d->acc[k].lo, hi = d->acc[k].p + (uint64_t)d->acc[k].hi, a, b;
     for (int j = 0; j < g->nw; j++) {
@@ -1405,7 +1432,7 @@ plan *tpurt__plan_build(dgraph *G) {
   gstate *gl = NULL; /* groups' states */
   int ngl = 0, capgl = 0;
   int (*pro)[2] = NULL; /* per group: its reduction's node + 1, its write of the input (plan_prologues) */
-  int *deferred_frees = NULL; /* freed on every path, fail included */
+  int *deferred_frees = NULL, *sunk = NULL; /* freed on every path, fail included */
   tpurt_view **pviews = NULL;  /* per node: its views as its group runs them, when permuted (group_add_permuted) */
   if (!P || !gs || !hs || !pf) goto fail;
   if (permute_enabled() && (!(P->perm = calloc((size_t)G->n + 1, sizeof(nperm))) ||
@@ -1415,8 +1442,9 @@ plan *tpurt__plan_build(dgraph *G) {
   P->nprom = G->np;
   P->units = malloc(sizeof(unit) * (size_t)(G->n + 1));
   deferred_frees = malloc(sizeof(int) * (size_t)(G->n + 1));
-  if (!P->units || !deferred_frees) goto fail;
-  int ndf = 0;
+  sunk = malloc(sizeof(int) * (size_t)(G->n + 1));
+  if (!P->units || !deferred_frees || !sunk) goto fail;
+  int ndf = 0, nsunk = 0, hs_first = -1; /* hs_first: the first node of hs */
   for (int l = 0; l < G->np; l++) {
     tpurt__promise *q = tpurt__promise_get(G->promises[l]);
     pf[l].live = q->live;
@@ -1438,6 +1466,8 @@ plan *tpurt__plan_build(dgraph *G) {
       if (!push_group(P, &gl, &ngl, &capgl, gs)) goto fail;                  \
       group_reset(gs);                                                       \
     }                                                                        \
+    for (int _q = 0; _q < nsunk; _q++) push_unit(P, U_NODE, sunk[_q]);      \
+    nsunk = 0;                                                               \
     for (int _f = 0; _f < ndf; _f++) push_unit(P, U_FREE, deferred_frees[_f]); \
     ndf = 0;                                                                 \
   } while (0)
@@ -1453,6 +1483,27 @@ plan *tpurt__plan_build(dgraph *G) {
       continue;
     }
     if (d->kind == N_EW) {
+      int clash = 0; /* with a product waiting for the group to close */
+      for (int q = 0; q < nsunk && !clash; q++) clash = ew_conflicts_node(G, i, sunk[q]);
+      if (clash) {
+        /* ops hoisted before the group, all recorded after the waiting
+         * products (so they already passed this test against each), open
+         * the next group instead, after the products: the SiLU recomputed
+         * in SwiGLU's backward then joins the ops that read it */
+        if (hs->nn > 0 && hs_first > sunk[nsunk - 1]) {
+          if (gs->nn > 0) {
+            if (!push_group(P, &gl, &ngl, &capgl, gs)) goto fail;
+            group_reset(gs);
+          }
+          for (int q = 0; q < nsunk; q++) push_unit(P, U_NODE, sunk[q]);
+          nsunk = 0;
+          gstate *t = gs; /* the free markers stay pending: they go after the carried group */
+          gs = hs;
+          hs = t;
+        } else {
+          CLOSE_GROUP();
+        }
+      }
       if (JOIN(gs)) continue;
       if (gs->nn > 0 && !tpurt__may_fail(d) && independent_of(gs, G, i)) {
         /* hoist: the node runs before the open group, in the hoisted group
@@ -1462,12 +1513,17 @@ plan *tpurt__plan_build(dgraph *G) {
           if (!push_group(P, &gl, &ngl, &capgl, hs)) goto fail;
           group_reset(hs);
         }
+        hs_first = i;
         if (group_add(hs, G, i, d->views)) continue;
         goto fail;
       }
       CLOSE_GROUP();
       if (group_add(gs, G, i, d->views)) continue;
       goto fail; /* a single recorded program always fits */
+    }
+    if (gs->nn > 0 && hoist_products && is_product(G, i) && (nsunk > 0 || !product_independent_of(gs, G, i))) {
+      sunk[nsunk++] = i; /* after the group (see above) */
+      continue;
     }
     if (gs->nn > 0 && hoist_products && product_independent_of(gs, G, i)) {
       /* after the hoisted group (its nodes were recorded before this one),
@@ -1487,6 +1543,8 @@ plan *tpurt__plan_build(dgraph *G) {
 #undef JOIN
   free(deferred_frees);
   deferred_frees = NULL;
+  free(sunk);
+  sunk = NULL;
   if (plan_chains(P, G, pf, gl) != 0) goto fail;
   pro = calloc((size_t)(ngl ? ngl : 1), sizeof *pro);
   if (!pro || plan_prologues(P, G, gl, pf, pro) != 0) goto fail;
@@ -1577,6 +1635,7 @@ fail:
   free(pf);
   free(pro);
   free(deferred_frees);
+  free(sunk);
   free_pviews(pviews, G->n);
   return NULL;
 }
