@@ -300,6 +300,68 @@ def test_swiglu_silu_and_product_run_as_one_kernel_across_the_up_projection():
         assert torch.equal(g, t.grad.cpu())
 
 
+def test_repeated_kv_heads_reach_attention_unrepeated():
+    """A model that repeats its key/value heads for the query heads before
+    scaled_dot_product_attention (``repeat_kv``: expand + reshape) runs the
+    compiled attention over the shared heads with enable_gqa — no repeated
+    copies, no sums over the repeats in the backward — with eager's values."""
+    from torch_tpu import profiler
+
+    def repeat_kv(x, rep):
+        b, kv, t, d = x.shape
+        return x[:, :, None, :, :].expand(b, kv, rep, t, d).reshape(b, kv * rep, t, d)
+
+    def attn(q, k, v):
+        return F.scaled_dot_product_attention(q, repeat_kv(k, 4), repeat_kv(v, 4), is_causal=True)
+
+    torch._dynamo.reset()
+    compiler.reset_compile_stats()
+    torch.manual_seed(0)
+    shapes = ((2, 8, 16, 32), (2, 2, 16, 32), (2, 2, 16, 32))
+    args = [torch.randn(*s).to("tpu").requires_grad_() for s in shapes]
+    f = torch.compile(attn, backend="tpu")
+    f(*args).sum().backward()
+    for a in args:
+        a.grad = None
+    torch.tpu.synchronize()
+    gout = torch.randn(2, 8, 16, 32).to("tpu")
+    with profiler.profile() as prof:
+        got = f(*args)
+        got.backward(gout)
+        torch.tpu.synchronize()
+    grads = [a.grad.cpu() for a in args]
+    assert compiler.compile_stats()["native_gqa"] == 1
+    names = {k.base_name for k in prof.kernels}
+    assert not names & {"copy", "copy_strided", "sum"}, names
+    ref_args = [a.detach().cpu().requires_grad_() for a in args]
+    ref = attn(*ref_args)
+    ref.backward(gout.cpu())
+    torch.testing.assert_close(got.detach().cpu(), ref.detach(), rtol=1e-5, atol=1e-5)
+    for g, a in zip(grads, ref_args):
+        torch.testing.assert_close(g, a.grad, rtol=1e-5, atol=1e-5)
+
+    # a static cache updated in place, then repeated: the update stays (the rewrite removes the repeats' nodes,
+    # not the graph's unused in-place calls), and the same tensor as keys and values
+    def cached(q, kc, vc, k, pos):
+        kc.index_copy_(2, pos, k)
+        vc.index_copy_(2, pos, k * 2)
+        return (F.scaled_dot_product_attention(q, repeat_kv(kc, 4), repeat_kv(vc, 4)),
+                F.scaled_dot_product_attention(q, repeat_kv(kc, 4), repeat_kv(kc, 4)))
+
+    torch._dynamo.reset()
+    compiler.reset_compile_stats()
+    q, k = torch.randn(1, 8, 1, 32), torch.randn(1, 2, 1, 32)
+    kc, vc = torch.randn(1, 2, 16, 32), torch.randn(1, 2, 16, 32)
+    pos = torch.tensor([5])
+    ref = cached(q, kc.clone(), vc.clone(), k, pos)
+    kct, vct = kc.to("tpu"), vc.to("tpu")
+    got = torch.compile(cached, backend="tpu")(q.to("tpu"), kct, vct, k.to("tpu"), pos.to("tpu"))
+    assert compiler.compile_stats()["native_gqa"] == 2
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g.cpu(), r, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kct[:, :, 5:6].cpu(), k)
+
+
 def test_dynamic_shapes_bound_the_graph_count():
     emb = torch.nn.Embedding(50, 16).to("tpu")
     lin = torch.nn.Linear(16, 50).to("tpu")

@@ -106,7 +106,7 @@ def reset_compile_stats() -> None:
         _stats.update(dynamo_graphs=0, forward_graphs=0, backward_graphs=0, inference_graphs=0, nodes_lowered=0,
                       lowering_seconds=0.0, inputs_updated_in_place=0, fast_calls=0, calls=0, first_calls_seconds=0.0,
                       backend_seconds=0.0, routed_from_inductor=0, unsupported_graphs=0, replays=0,
-                      replays_refused=0, replay_templates=0)
+                      replays_refused=0, replay_templates=0, native_gqa=0)
         _replay_off.clear()
 
 
@@ -129,7 +129,9 @@ def compile_stats() -> dict[str, Any]:
     template without recording, ``replay_templates``: templates captured,
     ``replays_refused``: calls a verified template could not take, e.g.
     inputs of another layout; ``replay_off``: why graphs run without replay,
-    ``{reason: graphs}``), and ``recompiles``: Dynamo's recompilations of
+    ``{reason: graphs}``), ``native_gqa``: attention calls over key / value
+    heads a model repeated for the query heads that read the shared heads
+    directly (``enable_gqa``), and ``recompiles``: Dynamo's recompilations of
     each function with the guard that failed (``{"fn (file:line)": [reason,
     ...]}``)."""
     with _lock:
@@ -590,6 +592,68 @@ def _aot_backend() -> Callable[..., Any]:
                         partition_fn=min_cut_rematerialization_partition, keep_inference_input_mutations=True)
 
 
+def _kv_repeat_source(node: Any) -> tuple[Any, int] | None:
+    """(x, rep) when node is ``x[:, :, None].expand(b, kv, rep, t, d).reshape(b,
+    kv * rep, t, d)`` of a 4-D x (GQA's key/value heads repeated for the query
+    heads, head h reading x's head h // rep: the models' ``repeat_kv``)."""
+    if not (isinstance(node, torch.fx.Node) and node.op == "call_method" and node.target == "reshape"):
+        return None
+    exp = node.args[0]
+    if not (isinstance(exp, torch.fx.Node) and exp.op == "call_method" and exp.target == "expand"):
+        return None
+    item = exp.args[0]
+    if not (isinstance(item, torch.fx.Node) and item.op == "call_function" and len(item.args) == 2):
+        return None
+    import operator
+
+    idx = item.args[1]
+    full = slice(None)
+    if item.target is not operator.getitem or not isinstance(idx, tuple) or len(idx) < 3 or idx[:3] != (
+            full, full, None) or any(i != full for i in idx[3:]):
+        return None
+    x = item.args[0]
+    vals = [n.meta.get("example_value") if isinstance(n, torch.fx.Node) else None for n in (x, exp, node)]
+    if any(not isinstance(v, torch.Tensor) for v in vals):
+        return None
+    xs, es, rs = (tuple(v.shape) for v in vals)
+    if len(xs) != 4 or len(es) != 5 or len(rs) != 4 or not all(isinstance(s, int) for s in xs + es + rs):
+        return None  # symbolic sizes (dynamic=True) are left alone: comparing them would add guards
+    b, kv, t, d = xs
+    rep = es[2]
+    if es != (b, kv, rep, t, d) or rs != (b, kv * rep, t, d) or not isinstance(rep, int):
+        return None
+    return x, rep
+
+
+def _native_gqa(gm: torch.fx.GraphModule) -> int:
+    """scaled_dot_product_attention over keys and values whose heads a model
+    repeated for the query heads (``repeat_kv``) reads the unrepeated ones
+    with ``enable_gqa=True``: the same values (head h reads key/value head
+    h // rep either way), without the two repeated copies in the forward pass
+    and the sums over the repeats in the backward pass — the attention kernel
+    reads the shared heads itself. Returns the number of calls rewritten."""
+    n = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not torch._C._nn.scaled_dot_product_attention:
+            continue
+        if len(node.args) < 3 or node.kwargs.get("enable_gqa", False):
+            continue
+        k, v = _kv_repeat_source(node.args[1]), _kv_repeat_source(node.args[2])
+        if k is None or v is None or k[1] != v[1] or k[1] < 2:
+            continue
+        reps = (node.args[1], node.args[2])
+        node.args = (node.args[0], k[0], v[0], *node.args[3:])
+        node.kwargs = {**node.kwargs, "enable_gqa": True}
+        n += 1
+        for r in dict.fromkeys(reps):  # the repeats' own nodes, now unused (not all dead code: in-place updates)
+            for c in (r, r.args[0], r.args[0].args[0]):
+                if not c.users:
+                    gm.graph.erase_node(c)
+    if n:
+        gm.recompile()
+    return n
+
+
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: str | None = None,
                 options: dict[str, Any] | None = None) -> Callable[..., Any]:
     """The Dynamo backend registered as ``"tpu"``. ``mode`` takes
@@ -601,6 +665,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: s
     if options:
         raise ValueError(f"torch.compile(backend='tpu') takes no options (got {sorted(options)})")
     t0 = time.perf_counter()
+    _count("native_gqa", _native_gqa(gm))
     fn = _aot_backend()(gm, example_inputs)  # may restart Dynamo's analysis (an exception): not counted
     _count("backend_seconds", time.perf_counter() - t0)
     _count("dynamo_graphs")
