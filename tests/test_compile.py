@@ -362,6 +362,38 @@ def test_repeated_kv_heads_reach_attention_unrepeated():
     torch.testing.assert_close(kct[:, :, 5:6].cpu(), k)
 
 
+def test_dropout_p0_clones_read_their_source():
+    """dropout(p=0) in training leaves a clone in the traced graph: a copy of a
+    contiguous intermediate that is only read reads its source instead (no
+    copy kernel); clones the graph returns, or of its inputs, stay."""
+    from torch_tpu import profiler
+
+    def f(x, w, y):
+        h = F.dropout(x @ w, p=0.0, training=True) + y
+        t = h.exp()
+        c = t.clone()
+        c.add_(1)
+        return h, c, x.clone(), t.clone()
+
+    torch._dynamo.reset()
+    compiler.reset_compile_stats()
+    torch.manual_seed(0)
+    args = [torch.randn(*s).to("tpu") for s in ((16, 8), (8, 12), (16, 12))]
+    g = torch.compile(f, backend="tpu")
+    g(*args)
+    torch.tpu.synchronize()
+    with profiler.profile() as prof:
+        got = g(*args)
+        torch.tpu.synchronize()
+    ref = f(*args)
+    for a, b in zip(got, ref):
+        assert torch.equal(a.cpu(), b.cpu())
+    assert got[2].data_ptr() != args[0].data_ptr() and got[3].data_ptr() != got[1].data_ptr()
+    assert compiler.compile_stats()["clones_elided"] == 2  # the dropout's and c's (only read: by the add)
+    copies = [k.base_name for k in prof.kernels if k.base_name.startswith("copy")]
+    assert len(copies) == 2, copies  # x.clone() and t.clone(), returned
+
+
 def test_dynamic_shapes_bound_the_graph_count():
     emb = torch.nn.Embedding(50, 16).to("tpu")
     lin = torch.nn.Linear(16, 50).to("tpu")

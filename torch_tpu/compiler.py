@@ -106,7 +106,7 @@ def reset_compile_stats() -> None:
         _stats.update(dynamo_graphs=0, forward_graphs=0, backward_graphs=0, inference_graphs=0, nodes_lowered=0,
                       lowering_seconds=0.0, inputs_updated_in_place=0, fast_calls=0, calls=0, first_calls_seconds=0.0,
                       backend_seconds=0.0, routed_from_inductor=0, unsupported_graphs=0, replays=0,
-                      replays_refused=0, replay_templates=0, native_gqa=0)
+                      replays_refused=0, replay_templates=0, native_gqa=0, clones_elided=0)
         _replay_off.clear()
 
 
@@ -131,7 +131,9 @@ def compile_stats() -> dict[str, Any]:
     inputs of another layout; ``replay_off``: why graphs run without replay,
     ``{reason: graphs}``), ``native_gqa``: attention calls over key / value
     heads a model repeated for the query heads that read the shared heads
-    directly (``enable_gqa``), and ``recompiles``: Dynamo's recompilations of
+    directly (``enable_gqa``), ``clones_elided``: copies of contiguous
+    intermediates only read in the graph (``dropout(p=0)``) that read their
+    source instead, and ``recompiles``: Dynamo's recompilations of
     each function with the guard that failed (``{"fn (file:line)": [reason,
     ...]}``)."""
     with _lock:
@@ -221,9 +223,70 @@ def _reinplace(gm: torch.fx.GraphModule) -> int:
     work per call. Returns the number of ops made in place."""
     folded = _fold_constant_factors(gm)
     done = _reinplace_chains(gm)
-    if done or folded:
+    elided = _elide_clones(gm)
+    _count("clones_elided", elided)
+    if done or folded or elided:
         gm.graph.lint()  # the caller regenerates the code
     return done
+
+
+def _is_mutable(node: torch.fx.Node) -> bool:
+    """Might the call write one of its arguments (unknown callables: yes)?"""
+    import operator
+
+    t = node.target
+    if node.op != "call_function" or t is operator.getitem:
+        return False
+    return not isinstance(t, torch._ops.OpOverload) or t._schema.is_mutable
+
+
+def _elide_clones(gm: torch.fx.GraphModule) -> int:
+    """``clone`` of a contiguous intermediate whose result (and every view of
+    it) is only read inside the graph reads the source instead: what
+    ``dropout(p=0)`` leaves in a training graph (the attention probabilities'
+    and the residual branches' dropout of Llama-style configurations) and
+    matmul's decomposition of an operand already contiguous — a copy a call
+    saved. Not for a clone of (a view of) an input, one that an op mutates or
+    the graph returns (saved for the backward: outputs must not alias), nor in
+    a graph that mutates anything but its inputs. Returns the clones removed."""
+    mutated = set()
+    for node in gm.graph.nodes:
+        if _is_mutable(node):
+            if not isinstance(node.target, torch._ops.OpOverload):
+                return 0
+            for a, arg in zip(node.target._schema.arguments, node.args):
+                if a.alias_info is not None and a.alias_info.is_write:
+                    mutated.add(arg)
+    if any(not isinstance(m, torch.fx.Node) or m.op != "placeholder" for m in mutated):
+        return 0
+
+    def from_input(n: Any) -> bool:
+        while isinstance(n, torch.fx.Node) and n.op == "call_function" and _returns_alias(n) and n.args:
+            n = n.args[0]
+        return not isinstance(n, torch.fx.Node) or n.op != "call_function"
+
+    def only_read(n: torch.fx.Node) -> bool:
+        for u in n.users:
+            if u.op == "output" or _is_mutable(u):
+                return False
+            if _returns_alias(u) and not only_read(u):
+                return False
+        return True
+
+    n_done = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.clone.default or not node.args:
+            continue
+        src = node.args[0]
+        val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+        fmt = node.kwargs.get("memory_format")
+        if (not isinstance(val, torch.Tensor) or fmt not in (None, torch.contiguous_format, torch.preserve_format)
+                or not val.is_contiguous() or from_input(src) or not only_read(node)):
+            continue
+        node.replace_all_uses_with(src)
+        gm.graph.erase_node(node)
+        n_done += 1
+    return n_done
 
 
 def _fold_constant_factors(gm: torch.fx.GraphModule) -> int:
