@@ -57,8 +57,7 @@ static tpurt_devptr node_range(const dnode *d, int k, uint64_t *lo, uint64_t *hi
     *hi = d->freed + 1;
     return d->freed;
   }
-  *lo = d->acc[k].p + (uint64_t)d->acc[k].lo;
-  *hi = d->acc[k].p + (uint64_t)d->acc[k].hi;
+  acc_range(&d->acc[k], lo, hi);
   return d->acc[k].p;
 }
 

@@ -187,6 +187,12 @@ static inline void view_range(const tpurt_view *v, uint64_t *lo, uint64_t *hi) {
   *hi = v->ptr + (uint64_t)h;
 }
 
+/* Byte range [lo, hi) of a kernel's access. */
+static inline void acc_range(const acc *a, uint64_t *lo, uint64_t *hi) {
+  *lo = a->p + (uint64_t)a->lo;
+  *hi = a->p + (uint64_t)a->hi;
+}
+
 /* Local index of a promise of this graph (-1 if p is not one). */
 static inline int local_of(tpurt_devptr p) {
   if (!tpurt__is_promise(p)) return -1;

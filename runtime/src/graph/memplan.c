@@ -162,7 +162,8 @@ int tpurt__unit_writes(const plan *P, const dgraph *G, int u, uint64_t lo, uint6
   if (U->kind == U_FREE) return local_of(G->nodes[U->idx].freed) < 0 && !tpurt__is_promise(lo);
   for (int k = 0, n = opaque_nacc(P, G, U); k < n; k++) {
     const acc *A = opaque_acc(P, G, U, k);
-    uint64_t a = A->p + (uint64_t)A->lo, b = A->p + (uint64_t)A->hi;
+    uint64_t a, b;
+    acc_range(A, &a, &b);
     if (!A->ro && a < hi && lo < b) return 1;
   }
   return 0;

@@ -476,18 +476,20 @@ static int ew_conflicts_node(const dgraph *G, int ni, int q) {
     view_range(&d->views[v], &a, &b);
     for (int k = 0; k < o->nacc; k++) {
       if (o->acc[k].ro && v >= d->nout) continue;
-      uint64_t lo = o->acc[k].p + (uint64_t)o->acc[k].lo, hi = o->acc[k].p + (uint64_t)o->acc[k].hi;
+      uint64_t lo, hi;
+      acc_range(&o->acc[k], &lo, &hi);
       if (a < hi && lo < b) return 1;
     }
   }
   return 0;
 }
 
+/* Does opaque node ni read nothing g writes and write nothing g touches? */
 static int product_independent_of(const gstate *g, const dgraph *G, int ni) {
   const dnode *d = &G->nodes[ni];
-  if (!is_product(G, ni)) return 0;
   for (int k = 0; k < d->nacc; k++) {
-    uint64_t lo = d->acc[k].p + (uint64_t)d->acc[k].lo, hi = d->acc[k].p + (uint64_t)d->acc[k].hi, a, b;
+    uint64_t lo, hi, a, b;
+    acc_range(&d->acc[k], &lo, &hi);
     for (int j = 0; j < g->nw; j++) {
       view_range(g->w[j].v, &a, &b);
       if (a < hi && lo < b) return 0;
@@ -718,8 +720,10 @@ static int units_conflict(const plan *P, const dgraph *G, int a0, int a1, int b0
   for (int u = b0; u < b1; u++) {
     if (P->units[u].kind != U_NODE) continue;
     const dnode *d = &G->nodes[P->units[u].idx];
-    for (int k = 0; k < d->nacc; k++)
-      s[n++] = (bspan){d->acc[k].p + (uint64_t)d->acc[k].lo, d->acc[k].p + (uint64_t)d->acc[k].hi, !d->acc[k].ro};
+    for (int k = 0; k < d->nacc; k++) {
+      acc_range(&d->acc[k], &s[n].lo, &s[n].hi);
+      s[n++].w = !d->acc[k].ro;
+    }
   }
   qsort(s, n, sizeof *s, bspan_cmp);
   size_t m = 0;
@@ -736,7 +740,8 @@ static int units_conflict(const plan *P, const dgraph *G, int a0, int a1, int b0
     if (P->units[u].kind != U_NODE) continue;
     const dnode *d = &G->nodes[P->units[u].idx];
     for (int k = 0; k < d->nacc && !hit; k++) {
-      uint64_t lo = d->acc[k].p + (uint64_t)d->acc[k].lo, hi = d->acc[k].p + (uint64_t)d->acc[k].hi;
+      uint64_t lo, hi;
+      acc_range(&d->acc[k], &lo, &hi);
       size_t a = 0, b = m; /* first span ending after lo */
       while (a < b) {
         size_t c = (a + b) / 2;
@@ -1347,9 +1352,11 @@ static int64_t pair_macs(const plan *P, const dgraph *G, int u) {
 static int nodes_conflict(const dnode *a, const dnode *b) {
   for (int i = 0; i < a->nacc; i++)
     for (int j = 0; j < b->nacc; j++) {
-      const acc *x = &a->acc[i], *y = &b->acc[j];
-      if (x->ro && y->ro) continue;
-      if (x->p + (uint64_t)x->lo < y->p + (uint64_t)y->hi && y->p + (uint64_t)y->lo < x->p + (uint64_t)x->hi) return 1;
+      if (a->acc[i].ro && b->acc[j].ro) continue;
+      uint64_t xl, xh, yl, yh;
+      acc_range(&a->acc[i], &xl, &xh);
+      acc_range(&b->acc[j], &yl, &yh);
+      if (xl < yh && yl < xh) return 1;
     }
   return 0;
 }
@@ -1521,11 +1528,11 @@ plan *tpurt__plan_build(dgraph *G) {
       if (group_add(gs, G, i, d->views)) continue;
       goto fail; /* a single recorded program always fits */
     }
-    if (gs->nn > 0 && hoist_products && is_product(G, i) && (nsunk > 0 || !product_independent_of(gs, G, i))) {
-      sunk[nsunk++] = i; /* after the group (see above) */
-      continue;
-    }
-    if (gs->nn > 0 && hoist_products && product_independent_of(gs, G, i)) {
+    if (gs->nn > 0 && hoist_products && is_product(G, i)) {
+      if (nsunk > 0 || !product_independent_of(gs, G, i)) {
+        sunk[nsunk++] = i; /* after the group (see above) */
+        continue;
+      }
       /* after the hoisted group (its nodes were recorded before this one),
        * before the open group */
       if (hs->nn > 0) {
